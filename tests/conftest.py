@@ -1,0 +1,47 @@
+"""Shared fixtures: a real SeaweedFS store for the session, the demo model, a config."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from thaw.embedded_store import EmbeddedStore, free_port
+from thaw.objstore import S3Endpoint
+
+BUCKET = "thaw-test"
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStore]:
+    """One SeaweedFS server for the whole session (it takes ~4 s to start, ~16 s to stop)."""
+    root = tmp_path_factory.mktemp("store")
+    s = EmbeddedStore(root, s3_port=free_port(), bucket=BUCKET)
+    s.start(timeout_s=90)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(store: EmbeddedStore) -> S3Endpoint:
+    return store.endpoint()
+
+
+@pytest.fixture
+def s3_prefix(request: pytest.FixtureRequest) -> str:
+    """A fresh s3:// prefix per test so tests never see each other's objects."""
+    name = request.node.name.replace("[", "-").replace("]", "").replace("/", "-")[:60]
+    return f"s3://{BUCKET}/tests/{name}-{os.getpid()}-{free_port()}"
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from thaw.demo_model import build_demo_model
+
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    build_demo_model(out)
+    return out

@@ -1,0 +1,100 @@
+"""The `thaw` command line, run as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from thaw.embedded_store import free_port
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
+THAW = [sys.executable, "-m", "thaw.cli.main"]
+
+
+def thaw(*args: str, cwd: Path | None = None, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "THAW_CONFIG"}
+    proc = subprocess.run([*THAW, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"thaw {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def test_help_lists_every_command_with_a_description() -> None:
+    out = thaw("--help").stdout
+    for command in ("up", "config", "store", "demo-model", "push", "models"):
+        line = next((ln for ln in out.splitlines() if ln.strip().startswith(command)), None)
+        assert line is not None, f"{command} missing from --help:\n{out}"
+    for group, subs in {"config": ("check", "hash-key"), "store": ("up", "down", "status"), "models": ("ls",)}.items():
+        sub_out = thaw(group, "--help").stdout
+        for s in subs:
+            assert any(ln.strip().startswith(s) and len(ln.split()) > 1 for ln in sub_out.splitlines()), sub_out
+
+
+def test_version() -> None:
+    assert thaw("--version").stdout.strip() == "thaw 0.1.0"
+
+
+def test_unknown_command_is_usage_error() -> None:
+    proc = thaw("frobnicate", check=False)
+    assert proc.returncode == 2
+    assert "invalid choice: 'frobnicate'" in proc.stderr
+
+
+def test_push_refuses_bad_uri(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(EXAMPLE.read_text())
+    proc = thaw("push", str(tmp_path), "http://x/y", "--config", str(cfg), check=False)
+    assert proc.returncode == 2
+    assert "is not an s3:// URI" in proc.stderr
+
+
+@pytest.mark.integration
+def test_store_push_ls_and_restart_keeps_data(tmp_path: Path, demo_model_dir: Path) -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["data_dir"] = str(tmp_path / "data")
+    data["object_store"]["embedded"]["s3_port"] = free_port()
+    cfg = tmp_path / "thaw.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    c = ("--config", str(cfg))
+    try:
+        up = json.loads(thaw("store", "up", *c).stdout)
+        assert up["endpoint_url"].startswith("http://127.0.0.1:")
+        assert json.loads(thaw("store", "status", *c).stdout)["running"] is True
+
+        pushed = thaw("push", str(demo_model_dir), "s3://thaw/models/demo", *c).stdout.splitlines()
+        lines = [json.loads(ln) for ln in pushed]
+        assert {ln["path"] for ln in lines if ln["event"] == "file_pushed"} >= {"model.safetensors", "config.json"}
+        assert lines[-1]["event"] == "pushed" and lines[-1]["uri"] == "s3://thaw/models/demo"
+
+        listed = json.loads(thaw("models", "ls", "--json", *c).stdout)
+        assert [(m["uri"], m["status"], m["configured_as"]) for m in listed] == [
+            ("s3://thaw/models/demo", "complete", "demo")
+        ]
+        table = thaw("models", "ls", *c).stdout
+        assert "s3://thaw/models/demo" in table and "complete" in table
+
+        assert thaw("store", "down", *c).stdout.strip() == "store stopped"
+        assert thaw("store", "status", *c, check=False).returncode == 3
+
+        thaw("store", "up", *c)
+        again = json.loads(thaw("models", "ls", "--json", *c).stdout)
+        assert again == listed  # restart keeps the data
+    finally:
+        thaw("store", "down", *c, check=False)
+    assert thaw("store", "status", *c, check=False).returncode == 3
+
+
+def test_models_ls_without_store_says_so(tmp_path: Path) -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["data_dir"] = str(tmp_path / "data")
+    cfg = tmp_path / "thaw.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    proc = thaw("models", "ls", "--config", str(cfg), check=False)
+    assert proc.returncode == 3
+    assert "start the store first (`thaw store up`)" in proc.stderr

@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from thaw.cli.main import main
+from thaw.config import ConfigError, hash_api_key, load_config, parse_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
+
+
+def example() -> dict[str, Any]:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def test_example_config_is_valid() -> None:
+    cfg = load_config(EXAMPLE)
+    demo = cfg.model("thaw-demo")
+    assert demo is not None and demo.name == "demo"
+    assert cfg.model("demo") is demo  # by name or served name
+    assert demo.autoscaling.min_replicas == 0
+    assert cfg.object_store.resolved_endpoint_url == "http://127.0.0.1:8333"
+    assert cfg.data_dir.is_absolute()
+    # The example's key hash is the documented demo key.
+    assert cfg.tenants[0].api_key_hashes == [hash_api_key("thaw-demo-key")]
+
+
+def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    node: Any = data
+    parts = path.split(".")
+    for part in parts[:-1]:
+        node = node[int(part)] if part.isdigit() else node[part]
+    last = parts[-1]
+    if last.isdigit():
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected_field", "expected_text"),
+    [
+        ("models.0.autoscaling.max_replicas", 0, "models[0].autoscaling.max_replicas", "greater than 0"),
+        # min 2 > max 1
+        ("models.0.autoscaling.min_replicas", 2, "models[0].autoscaling", "must not exceed max_replicas"),
+        ("models.0.uri", "http://example.com/x", "models[0].uri", "should match pattern"),
+        ("models.0.shape", "gpu-huge", "(top level)", "shape 'gpu-huge' is not declared"),
+        ("models.0.autoscaling.idle_grace_s", -1, "models[0].autoscaling.idle_grace_s", "greater than or equal to 0"),
+        ("models.0.engine.gpu_memory_utilization", 1.5, "models[0].engine.gpu_memory_utilization", "less than or equal to 1"),
+        ("models.0.engine.load_format", "pickle", "models[0].engine.load_format", "'runai_streamer'"),
+        ("models.0.idle_grace", 3, "models[0].idle_grace", "unknown field"),
+        ("shapes.0.price_per_hour_usd", "cheap", "shapes[0].price_per_hour_usd", "valid number"),
+        ("pools.0.standby_min", 5, "pools[0]", "standby_min (5) must not exceed standby_max (1)"),
+        ("tenants.0.api_key_hashes", ["plaintext-key"], "tenants[0].api_key_hashes[0]", "should match pattern"),
+        ("tenants.0.allowed_models", ["nope"], "(top level)", "unknown models ['nope']"),
+        ("object_store.kind", "gcs", "object_store.kind", "'embedded' or 's3'"),
+        ("server.port", 70000, "server.port", "less than or equal to 65535"),
+    ],
+)
+def test_bad_config_names_the_field(path: str, value: Any, expected_field: str, expected_text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(_set(example(), path, value))
+    problems = info.value.problems
+    assert any(p.startswith(f"{expected_field}:") and expected_text in p for p in problems), problems
+
+
+def test_every_problem_is_reported_not_just_the_first() -> None:
+    data = _set(example(), "server.port", 0)
+    data = _set(data, "models.0.max_context_tokens", -5)
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    fields = {p.split(":")[0] for p in info.value.problems}
+    assert {"server.port", "models[0].max_context_tokens"} <= fields
+
+
+def test_duplicate_model_names_rejected() -> None:
+    data = example()
+    data["models"].append(copy.deepcopy(data["models"][0]))
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert any("duplicate name 'demo'" in p for p in info.value.problems)
+
+
+def test_env_references_are_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = EXAMPLE.read_text().replace("port: 8000", "port: ${THAW_TEST_PORT:-8001}")
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert load_config(path).server.port == 8001
+    monkeypatch.setenv("THAW_TEST_PORT", "9123")
+    assert load_config(path).server.port == 9123
+
+
+def test_yaml_syntax_error_says_where(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("shapes:\n  - name: a\n   gpu_type: [\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "line " in info.value.problems[0] and "not valid YAML" in info.value.problems[0]
+
+
+def test_config_check_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "check", str(EXAMPLE)]) == 0
+    assert "ok" in capsys.readouterr().out
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_set(example(), "models.0.autoscaling.max_replicas", -1)))
+    assert main(["config", "check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "models[0].autoscaling.max_replicas: Input should be greater than 0" in err
+
+    assert main(["config", "check", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read file" in capsys.readouterr().err

@@ -1,0 +1,289 @@
+"""`thaw`: the command line. Each command is a thin shell over a library call.
+
+Exit codes: 0 success, 1 the operation failed, 2 bad usage or invalid input
+(config, model directory), 3 the store is not reachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from thaw.config import DEFAULT_CONFIG_PATH, ConfigError, ThawConfig, hash_api_key, load_config
+from thaw.log import setup_logging
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+EXIT_STORE = 3
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _version() -> str:
+    try:
+        return version("thaw")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _config_path(args: argparse.Namespace) -> Path:
+    return Path(args.config or os.environ.get("THAW_CONFIG") or DEFAULT_CONFIG_PATH)
+
+
+def _load(args: argparse.Namespace) -> ThawConfig:
+    try:
+        cfg = load_config(_config_path(args))
+    except ConfigError as exc:
+        raise CliError(str(exc), EXIT_INVALID) from None
+    setup_logging("cli", args.log_level or cfg.log_level)
+    return cfg
+
+
+# -- commands -------------------------------------------------------------------------
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.file)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_INVALID
+    print(
+        f"{args.file}: ok — {len(cfg.models)} model(s), {len(cfg.shapes)} shape(s), "
+        f"{len(cfg.pools)} pool(s), {len(cfg.tenants)} tenant(s); store: {cfg.object_store.kind} "
+        f"({cfg.object_store.resolved_endpoint_url or 'AWS'}, bucket {cfg.object_store.bucket})"
+    )
+    return 0
+
+
+def cmd_config_hash_key(args: argparse.Namespace) -> int:
+    print(hash_api_key(args.key))
+    return 0
+
+
+def _embedded(cfg: ThawConfig):  # type: ignore[no-untyped-def]
+    from thaw.embedded_store import EmbeddedStore
+    from thaw.objstore import embedded_store_root
+
+    if cfg.object_store.kind != "embedded":
+        raise CliError("object_store.kind is 's3': there is no embedded store to manage", EXIT_INVALID)
+    return EmbeddedStore(
+        embedded_store_root(cfg), s3_port=cfg.object_store.embedded.s3_port,
+        bucket=cfg.object_store.bucket, region=cfg.object_store.region,
+    )
+
+
+def cmd_store_up(args: argparse.Namespace) -> int:
+    from thaw.embedded_store import StoreError
+
+    cfg = _load(args)
+    store = _embedded(cfg)
+    try:
+        ep = store.start(timeout_s=cfg.object_store.embedded.startup_timeout_s, detach=True)
+    except StoreError as exc:
+        raise CliError(str(exc), EXIT_STORE) from None
+    print(json.dumps({"endpoint_url": ep.endpoint_url, "bucket": cfg.object_store.bucket,
+                      "pid": store.running_pid(), "data": str(store.data_dir)}))
+    return 0
+
+
+def cmd_store_down(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    stopped = _embedded(cfg).stop()
+    print("store stopped" if stopped else "store was not running")
+    return 0
+
+
+def cmd_store_status(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    store = _embedded(cfg)
+    pid = store.running_pid()
+    print(json.dumps({"running": pid is not None, "pid": pid,
+                      "endpoint_url": store.endpoint().endpoint_url if pid else None}))
+    return 0 if pid else EXIT_STORE
+
+
+def cmd_demo_model(args: argparse.Namespace) -> int:
+    from thaw.demo_model import build_demo_model, describe
+
+    setup_logging("cli", args.log_level or "warning")
+    try:
+        info = build_demo_model(Path(args.out_dir), size=args.size, seed=args.seed, overwrite=args.overwrite)
+    except (ValueError, FileExistsError) as exc:
+        raise CliError(str(exc), EXIT_INVALID) from None
+    print(describe(info.path))
+    return 0
+
+
+def _client(cfg: ThawConfig):  # type: ignore[no-untyped-def]
+    from thaw.objstore import StoreConfigError, resolve_endpoint
+
+    try:
+        return resolve_endpoint(cfg).client()
+    except StoreConfigError as exc:
+        raise CliError(str(exc), EXIT_STORE) from None
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    import botocore.exceptions
+
+    from thaw.cli.progress import JsonLinesProgress, ProgressBar
+    from weight_streaming.manifest import S3UriError, parse_s3_uri
+    from weight_streaming.push import InvalidModelDir, PushError, push_model
+
+    cfg = _load(args)
+    try:
+        parse_s3_uri(args.uri)
+    except S3UriError as exc:
+        raise CliError(str(exc), EXIT_INVALID) from None
+    reporter = ProgressBar(sys.stderr) if sys.stderr.isatty() and not args.json else JsonLinesProgress(sys.stdout)
+    try:
+        manifest = push_model(_client(cfg), Path(args.dir), args.uri,
+                              max_concurrency=args.concurrency, progress=reporter)
+    except PushError as exc:
+        reporter.close()
+        raise CliError(str(exc), EXIT_INVALID if isinstance(exc, InvalidModelDir) else EXIT_FAILED) from None
+    except botocore.exceptions.EndpointConnectionError as exc:
+        reporter.close()
+        raise CliError(f"cannot reach the store: {exc} (is it up? `thaw store up`)", EXIT_STORE) from None
+    reporter.close()
+    summary = {"event": "pushed", "uri": manifest.uri, "files": len(manifest.files),
+               "bytes": manifest.total_bytes, "parameters": manifest.parameter_count, "dtypes": manifest.dtypes}
+    print(json.dumps(summary) if not sys.stdout.isatty() else
+          f"pushed {manifest.uri}: {len(manifest.files)} files, {manifest.total_bytes / 2**20:.1f} MiB, "
+          f"{manifest.parameter_count:,} parameters ({', '.join(manifest.dtypes)})")
+    return 0
+
+
+def cmd_models_ls(args: argparse.Namespace) -> int:
+    import botocore.exceptions
+
+    from weight_streaming.push import list_models
+
+    cfg = _load(args)
+    try:
+        models = list_models(_client(cfg), cfg.object_store.bucket)
+    except botocore.exceptions.EndpointConnectionError as exc:
+        raise CliError(f"cannot reach the store: {exc} (is it up? `thaw store up`)", EXIT_STORE) from None
+    except botocore.exceptions.ClientError as exc:
+        raise CliError(f"cannot list bucket {cfg.object_store.bucket!r}: {exc}", EXIT_STORE) from None
+    configured = {m.uri.rstrip("/"): m.name for m in cfg.models}
+    rows = []
+    for m in models:
+        man = m.manifest
+        rows.append({
+            "uri": m.uri,
+            "status": "complete" if man else "incomplete (no manifest: interrupted push?)",
+            "configured_as": configured.get(m.uri),
+            "bytes": man.total_bytes if man else m.stored_bytes,
+            "parameters": man.parameter_count if man else None,
+            "dtypes": man.dtypes if man else [],
+            "files": len(man.files) if man else None,
+            "pushed_at": man.created_at.isoformat() if man else None,
+        })
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no models in s3://{cfg.object_store.bucket} (push one with `thaw push DIR s3://...`)")
+        return 0
+    print(f"{'URI':40} {'STATUS':10} {'SIZE':>10} {'PARAMS':>12} {'DTYPES':10} {'PUSHED':20} CONFIGURED AS")
+    for r in rows:
+        print(f"{r['uri']:40} {r['status'].split()[0]:10} {r['bytes'] / 2**20:>8.1f}Mi "
+              f"{(format(r['parameters'], ',') if r['parameters'] is not None else '-'):>12} "
+              f"{','.join(r['dtypes']) or '-':10} {(r['pushed_at'] or '-')[:19]:20} {r['configured_as'] or '-'}")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from thaw.cli.up import run_up
+
+    cfg = _load(args)
+    return run_up(cfg, port=args.port)
+
+
+# -- parser -----------------------------------------------------------------------------
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="thaw",
+        description="Thaw: scale-to-zero serving for open-weight LLMs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"thaw {_version()}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", metavar="FILE",
+                        help=f"config file (default: $THAW_CONFIG or {DEFAULT_CONFIG_PATH})")
+    common.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(parent: argparse._SubParsersAction, name: str, help_: str, fn: Handler,  # type: ignore[type-arg]
+            with_common: bool = True) -> argparse.ArgumentParser:
+        p = parent.add_parser(name, help=help_, description=help_, parents=[common] if with_common else [])
+        p.set_defaults(fn=fn)
+        return p
+
+    p = add(sub, "up", "Run the embedded platform on loopback (today: the store and the demo model).", cmd_up)
+    p.add_argument("--port", type=int, default=None, help="activator port (default: server.port)")
+
+    cfg = sub.add_parser("config", help="Check a config file or hash an API key.")
+    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
+    p = add(cfg_sub, "check", "Validate a config file and print its problems, one per line.",
+            cmd_config_check, with_common=False)
+    p.add_argument("file", metavar="FILE")
+    p = add(cfg_sub, "hash-key", "Print the hash of an API key, as stored in tenants[].api_key_hashes.",
+            cmd_config_hash_key, with_common=False)
+    p.add_argument("key", metavar="KEY")
+
+    store = sub.add_parser("store", help="Start, stop or inspect the embedded S3 store (SeaweedFS).")
+    st_sub = store.add_subparsers(dest="store_command", metavar="SUBCOMMAND", required=True)
+    add(st_sub, "up", "Start the embedded store on loopback and create the bucket.", cmd_store_up)
+    add(st_sub, "down", "Stop the embedded store (waits for a clean shutdown).", cmd_store_down)
+    add(st_sub, "status", "Say whether the embedded store is running.", cmd_store_status)
+
+    p = add(sub, "demo-model", "Build the tiny demo Llama (deterministic by seed) as safetensors.",
+            cmd_demo_model)
+    p.add_argument("out_dir", metavar="OUT_DIR")
+    p.add_argument("--size", default="tiny", help="'tiny' (default) or a target size such as 1GiB")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier build in OUT_DIR")
+
+    p = add(sub, "push", "Upload a model directory to the store and write its manifest.", cmd_push)
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("uri", metavar="S3_URI", help="s3://bucket/prefix")
+    p.add_argument("--concurrency", type=int, default=8, help="parallel parts per file (default 8)")
+    p.add_argument("--json", action="store_true", help="JSON lines even on a terminal")
+
+    models = sub.add_parser("models", help="List the models in the store.")
+    m_sub = models.add_subparsers(dest="models_command", metavar="SUBCOMMAND", required=True)
+    p = add(m_sub, "ls", "List model prefixes in the store, with their manifests.", cmd_models_ls)
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except CliError as exc:
+        print(f"thaw: error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""The one config file: object store, models, instance shapes, pools, tenants.
+
+Every consumer reads resolved values from these models; defaults are resolved here,
+once. Units are in field names (``_s``, ``_gib``, ``_usd``). A bad file fails at start
+with one line per problem naming the field (see :func:`format_errors`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+S3Uri = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")]
+Sha256Hex = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+DEFAULT_CONFIG_PATH = Path("examples/thaw.yaml")
+
+
+class _Strict(BaseModel):
+    # A typo in a key is an error, not a silently ignored setting.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Credentials(_Strict):
+    """Where the S3 access key comes from: the environment, a file, or generated.
+
+    ``generated`` is for the embedded store: `thaw store up` creates a key pair once
+    and keeps it under the data directory.
+    """
+
+    source: Literal["env", "file", "generated"] = "generated"
+    access_key_env: str = "AWS_ACCESS_KEY_ID"
+    secret_key_env: str = "AWS_SECRET_ACCESS_KEY"
+    # JSON file with {"access_key": ..., "secret_key": ...}; relative to the data dir.
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _file_needed(self) -> Credentials:
+        if self.source == "file" and self.file is None:
+            raise ValueError("source 'file' needs 'file' (a JSON file with access_key and secret_key)")
+        return self
+
+
+class EmbeddedStore(_Strict):
+    """SeaweedFS started by Thaw on loopback (`thaw store up`, `thaw up`)."""
+
+    s3_port: Annotated[int, Field(ge=1, le=65535)] = 8333
+    startup_timeout_s: PositiveFloat = 60.0
+
+
+class ObjectStore(_Strict):
+    kind: Literal["embedded", "s3"] = "embedded"
+    # Required for kind 's3' with a non-AWS endpoint; for 'embedded' it is derived.
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    bucket: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")] = "thaw"
+    credentials: Credentials = Credentials()
+    embedded: EmbeddedStore = EmbeddedStore()
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> ObjectStore:
+        if self.kind == "embedded" and self.endpoint_url is not None:
+            raise ValueError("endpoint_url is derived for kind 'embedded'; set embedded.s3_port instead")
+        if self.kind == "s3" and self.credentials.source == "generated":
+            raise ValueError("credentials.source 'generated' only applies to kind 'embedded'")
+        return self
+
+    @property
+    def resolved_endpoint_url(self) -> str | None:
+        if self.kind == "embedded":
+            return f"http://127.0.0.1:{self.embedded.s3_port}"
+        return self.endpoint_url
+
+
+class Autoscaling(_Strict):
+    min_replicas: NonNegativeInt = 0
+    max_replicas: PositiveInt = 1
+    # In-flight requests per replica the autoscaler aims for.
+    target_concurrency: PositiveFloat = 8.0
+    # With no request for this long, replicas above min_replicas are released.
+    idle_grace_s: NonNegativeFloat = 300.0
+    # How long a request waits in the cold queue for a replica before a 503.
+    activation_timeout_s: PositiveFloat = 120.0
+    # Bound on the cold queue; beyond it requests get 429.
+    max_queue_length: PositiveInt = 256
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must not exceed max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class EngineArgs(_Strict):
+    """Engine settings Thaw understands; anything else goes in ``extra`` verbatim."""
+
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    enforce_eager: bool = False
+    tensor_parallel_size: PositiveInt = 1
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
+    # CPU engines only: KV-cache size (VLLM_CPU_KVCACHE_SPACE).
+    cpu_kvcache_gib: PositiveFloat = 1.0
+    load_format: Literal["runai_streamer", "thaw", "safetensors"] = "runai_streamer"
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class Model(_Strict):
+    name: Name
+    uri: S3Uri
+    # What clients put in `model`; defaults to `name`.
+    served_name: str | None = None
+    max_context_tokens: PositiveInt = 2048
+    shape: Name
+    engine: EngineArgs = EngineArgs()
+    autoscaling: Autoscaling = Autoscaling()
+    # `thaw up` builds the demo model and pushes it to `uri` when the store has none there.
+    demo_if_missing: bool = False
+
+    @property
+    def resolved_served_name(self) -> str:
+        return self.served_name or self.name
+
+
+class InstanceShape(_Strict):
+    name: Name
+    gpu_type: str = Field(description="e.g. 'h100-80gb', or 'cpu' for the embedded CPU engine")
+    gpu_count: NonNegativeInt
+    gpu_memory_gib: NonNegativeFloat = 0.0
+    host_memory_gib: PositiveFloat
+    price_per_hour_usd: NonNegativeFloat
+
+    @model_validator(mode="after")
+    def _gpu(self) -> InstanceShape:
+        if self.gpu_type != "cpu" and self.gpu_count == 0:
+            raise ValueError(f"gpu_type {self.gpu_type!r} needs gpu_count >= 1 (use gpu_type 'cpu' for none)")
+        if self.gpu_count > 0 and self.gpu_memory_gib <= 0:
+            raise ValueError("gpu_memory_gib must be > 0 when gpu_count >= 1")
+        return self
+
+
+class Pool(_Strict):
+    shape: Name
+    provider: Literal["local", "ec2"] = "local"
+    standby_min: NonNegativeInt = 1
+    standby_max: NonNegativeInt = 1
+    # Caps on the whole pool for this shape (standby + serving).
+    max_instances: PositiveInt = 4
+    budget_usd_per_hour: NonNegativeFloat | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Pool:
+        if self.standby_min > self.standby_max:
+            raise ValueError(
+                f"standby_min ({self.standby_min}) must not exceed standby_max ({self.standby_max})"
+            )
+        if self.standby_max > self.max_instances:
+            raise ValueError(
+                f"standby_max ({self.standby_max}) must not exceed max_instances ({self.max_instances})"
+            )
+        return self
+
+
+class RateLimits(_Strict):
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+    max_concurrent_requests: PositiveInt | None = None
+
+
+class Tenant(_Strict):
+    name: Name
+    # Keys are stored only as hashes: "sha256:<hex>" of the key (see hash_api_key).
+    api_key_hashes: list[Sha256Hex] = Field(min_length=1)
+    # Model names, or ["*"] for every model.
+    allowed_models: list[str] = Field(default_factory=lambda: ["*"])
+    limits: RateLimits = RateLimits()
+
+
+class Server(_Strict):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    max_body_bytes: PositiveInt = 4 * 1024 * 1024
+
+
+class ThawConfig(_Strict):
+    # Relative paths in the file are resolved against the file's directory.
+    data_dir: Path = Path(".thaw")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    server: Server = Server()
+    object_store: ObjectStore = ObjectStore()
+    shapes: list[InstanceShape] = Field(min_length=1)
+    pools: list[Pool] = Field(default_factory=list)
+    models: list[Model] = Field(default_factory=list)
+    tenants: list[Tenant] = Field(default_factory=list)
+
+    @field_validator("shapes", "pools", "models", "tenants")
+    @classmethod
+    def _unique_names(cls, items: list[Any]) -> list[Any]:
+        key = "shape" if items and isinstance(items[0], Pool) else "name"
+        seen: set[str] = set()
+        for item in items:
+            value = getattr(item, key)
+            if value in seen:
+                raise ValueError(f"duplicate {key} {value!r}")
+            seen.add(value)
+        return items
+
+    @model_validator(mode="after")
+    def _references(self) -> ThawConfig:
+        shapes = {s.name for s in self.shapes}
+        for i, m in enumerate(self.models):
+            if m.shape not in shapes:
+                raise ValueError(
+                    f"models[{i}] ({m.name}): shape {m.shape!r} is not declared; declared: {sorted(shapes)}"
+                )
+        for i, p in enumerate(self.pools):
+            if p.shape not in shapes:
+                raise ValueError(
+                    f"pools[{i}]: shape {p.shape!r} is not declared; declared: {sorted(shapes)}"
+                )
+        served: dict[str, str] = {}
+        for m in self.models:
+            other = served.setdefault(m.resolved_served_name, m.name)
+            if other != m.name:
+                raise ValueError(
+                    f"models {other!r} and {m.name!r} share the served name {m.resolved_served_name!r}"
+                )
+        names = {m.name for m in self.models}
+        for i, t in enumerate(self.tenants):
+            unknown = [a for a in t.allowed_models if a != "*" and a not in names]
+            if unknown:
+                raise ValueError(f"tenants[{i}] ({t.name}): allowed_models names unknown models {unknown}")
+        return self
+
+    def model(self, name: str) -> Model | None:
+        for m in self.models:
+            if m.name == name or m.resolved_served_name == name:
+                return m
+        return None
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; ``problems`` holds one line per problem."""
+
+    def __init__(self, path: Path | str, problems: list[str]) -> None:
+        self.path = str(path)
+        self.problems = problems
+        super().__init__(f"{path}: invalid config\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def hash_api_key(key: str) -> str:
+    """The form in which keys are stored in config and compared."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def format_errors(exc: ValidationError) -> list[str]:
+    """One line per problem, each naming the field path (``models[0].autoscaling.max_replicas``)."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        path = ""
+        for part in err["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling)"
+        lines.append(f"{path or '(top level)'}: {msg}")
+    return lines
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand_env(text: str) -> str:
+    # ${VAR} or ${VAR:-default}; an unset VAR without default is left for the
+    # validator to reject rather than silently becoming "".
+    def sub(m: re.Match[str]) -> str:
+        value = os.environ.get(m.group(1))
+        if value is not None:
+            return value
+        return m.group(2) if m.group(2) is not None else m.group(0)
+
+    return _ENV_REF.sub(sub, text)
+
+
+def parse_config(data: Any, *, base_dir: Path | None = None, source: str = "<config>") -> ThawConfig:
+    try:
+        cfg = ThawConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, format_errors(exc)) from None
+    if base_dir is not None and not cfg.data_dir.is_absolute():
+        cfg = cfg.model_copy(update={"data_dir": (base_dir / cfg.data_dir).resolve()})
+    return cfg
+
+
+def load_config(path: Path | str) -> ThawConfig:
+    """Read, expand ``${ENV}`` references in, and validate a YAML config file.
+
+    ``data_dir`` is resolved relative to the current directory (where `thaw` runs),
+    so the example config keeps its data in ``./.thaw``.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(p, [f"cannot read file: {exc.strerror}"]) from None
+    try:
+        data = yaml.safe_load(_expand_env(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(p, [f"{where}not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(p, [f"top level must be a mapping, got {type(data).__name__}"])
+    return parse_config(data, base_dir=Path.cwd(), source=str(p))

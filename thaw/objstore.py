@@ -1,0 +1,97 @@
+"""How to reach the object store: endpoint and credentials, resolved from config."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import botocore.config
+
+from thaw.config import ThawConfig
+
+
+class StoreConfigError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    """How to reach an S3 store: everything a client (boto3, runai streamer) needs."""
+
+    endpoint_url: str | None
+    access_key: str
+    secret_key: str
+    region: str = "us-east-1"
+
+    def client(self, **config: object):  # type: ignore[no-untyped-def]
+        """A boto3 S3 client, path-style, with retries suited to a local store."""
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+            config=botocore.config.Config(
+                **{
+                    "s3": {"addressing_style": "path"},
+                    "retries": {"max_attempts": 5, "mode": "standard"},
+                    **config,
+                }  # type: ignore[arg-type]
+            ),
+        )
+
+    def env(self) -> dict[str, str]:
+        """Environment for child processes (vLLM with the runai streamer, the AWS CLI)."""
+        env = {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_REGION": self.region,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
+        }
+        if self.endpoint_url:
+            env["AWS_ENDPOINT_URL"] = self.endpoint_url
+        return env
+
+
+
+def embedded_store_root(cfg: ThawConfig) -> Path:
+    return cfg.data_dir / "store"
+
+
+def resolve_endpoint(cfg: ThawConfig) -> S3Endpoint:
+    """Endpoint and credentials for ``cfg.object_store``.
+
+    For the embedded store the credentials are the generated ones kept under the data
+    dir (created by `thaw store up`); for S3 they come from the environment or a file.
+    """
+    store = cfg.object_store
+    creds = store.credentials
+    if creds.source == "generated":
+        path = embedded_store_root(cfg) / "credentials.json"
+        if not path.exists():
+            raise StoreConfigError(f"no credentials at {path}: start the store first (`thaw store up`)")
+        data = json.loads(path.read_text())
+        access, secret = data["access_key"], data["secret_key"]
+    elif creds.source == "file":
+        assert creds.file is not None
+        path = creds.file if creds.file.is_absolute() else cfg.data_dir / creds.file
+        try:
+            data = json.loads(path.read_text())
+            access, secret = data["access_key"], data["secret_key"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise StoreConfigError(
+                f"object_store.credentials.file {path}: cannot read access_key/secret_key ({exc})"
+            ) from None
+    else:
+        access = os.environ.get(creds.access_key_env, "")
+        secret = os.environ.get(creds.secret_key_env, "")
+        if not access or not secret:
+            raise StoreConfigError(
+                f"object_store.credentials: set {creds.access_key_env} and {creds.secret_key_env}"
+            )
+    return S3Endpoint(store.resolved_endpoint_url, access, secret, store.region)

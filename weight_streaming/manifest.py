@@ -1,0 +1,147 @@
+"""The manifest Thaw writes next to a model in the store.
+
+``s3://bucket/prefix/thaw-manifest.json`` lists every file of the model (size,
+sha256, the S3 ETag it must have) and summarises each safetensors header. It is
+written last, in one PUT, by `thaw push`: a model with a manifest is complete; a
+prefix without one is an interrupted push and is never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+
+from weight_streaming.safetensors_header import read_header_from_file
+
+MANIFEST_NAME = "thaw-manifest.json"
+MANIFEST_FORMAT = "thaw-manifest/1"
+# Multipart part size used for uploads; the expected ETag depends on it.
+PART_SIZE = 16 * 1024 * 1024
+
+
+class S3UriError(ValueError):
+    pass
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix/`` → ("bucket", "some/prefix"); the prefix may be empty."""
+    if not uri.startswith("s3://"):
+        raise S3UriError(f"{uri!r} is not an s3:// URI")
+    rest = uri[len("s3://") :]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise S3UriError(f"{uri!r} has no bucket")
+    return bucket, prefix.strip("/")
+
+
+def join_key(prefix: str, name: str) -> str:
+    return f"{prefix}/{name}" if prefix else name
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    size: NonNegativeInt
+    sha256: str
+    # What S3 must report for this object when uploaded with PART_SIZE parts.
+    etag: str
+
+
+class SafetensorsSummary(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    tensor_count: NonNegativeInt
+    parameter_count: NonNegativeInt
+    # Parameters per dtype, e.g. {"BF16": 1234}.
+    dtypes: dict[str, NonNegativeInt]
+    data_offset: NonNegativeInt
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    format: Literal["thaw-manifest/1"] = MANIFEST_FORMAT
+    uri: str
+    created_at: datetime
+    files: list[FileEntry]
+    safetensors: dict[str, SafetensorsSummary]
+    parameter_count: NonNegativeInt
+    total_bytes: NonNegativeInt
+    # A few fields of config.json, when present (architecture, sizes, context).
+    config_summary: dict[str, object] = Field(default_factory=dict)
+
+    @property
+    def dtypes(self) -> list[str]:
+        return sorted({d for s in self.safetensors.values() for d in s.dtypes})
+
+
+def expected_etag(path: Path, part_size: int = PART_SIZE) -> tuple[str, str]:
+    """(sha256 hex, S3 ETag) of a file, reading it once.
+
+    A single-part upload's ETag is the MD5 of the object; a multipart upload's is
+    the MD5 of the concatenated part MD5s, followed by ``-<parts>``.
+    """
+    sha = hashlib.sha256()
+    whole = hashlib.md5(usedforsecurity=False)
+    part_digests: list[bytes] = []
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(part_size):
+            sha.update(chunk)
+            whole.update(chunk)
+            part_digests.append(hashlib.md5(chunk, usedforsecurity=False).digest())
+            size += len(chunk)
+    if size < part_size or len(part_digests) <= 1:
+        etag = whole.hexdigest()
+    else:
+        etag = hashlib.md5(b"".join(part_digests), usedforsecurity=False).hexdigest() + f"-{len(part_digests)}"
+    return sha.hexdigest(), etag
+
+
+_CONFIG_KEYS = (
+    "architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "intermediate_size", "vocab_size", "max_position_embeddings", "torch_dtype",
+    "dtype",
+)
+
+
+def model_files(model_dir: Path) -> list[Path]:
+    """The files of a Hugging Face-style model directory that belong in the store."""
+    return sorted(
+        p for p in model_dir.rglob("*")
+        if p.is_file() and p.name != MANIFEST_NAME and not any(part.startswith(".") for part in p.relative_to(model_dir).parts)
+    )
+
+
+def build_manifest(
+    model_dir: Path, uri: str, files: list[FileEntry], now: datetime | None = None
+) -> Manifest:
+    """Build the manifest from already-hashed files; headers are re-read (cheap)."""
+    summaries: dict[str, SafetensorsSummary] = {}
+    for entry in files:
+        if entry.path.endswith(".safetensors"):
+            header = read_header_from_file(str(model_dir / entry.path), source=entry.path)
+            summaries[entry.path] = SafetensorsSummary.model_validate(header.summary())
+    config_summary: dict[str, object] = {}
+    config_path = model_dir / "config.json"
+    if config_path.exists():
+        try:
+            raw = json.loads(config_path.read_text())
+            config_summary = {k: raw[k] for k in _CONFIG_KEYS if k in raw}
+        except (json.JSONDecodeError, OSError):
+            config_summary = {}
+    return Manifest(
+        uri=uri,
+        created_at=now or datetime.now(UTC),
+        files=files,
+        safetensors=summaries,
+        parameter_count=sum(s.parameter_count for s in summaries.values()),
+        total_bytes=sum(f.size for f in files),
+        config_summary=config_summary,
+    )
