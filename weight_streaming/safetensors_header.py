@@ -26,6 +26,9 @@ DTYPE_SIZES: dict[str, int] = {
     "I8": 1,
     "F8_E5M2": 1,
     "F8_E4M3": 1,
+    "F8_E4M3FNUZ": 1,
+    "F8_E5M2FNUZ": 1,
+    "F8_E8M0": 1,
     "I16": 2,
     "U16": 2,
     "F16": 2,
@@ -36,7 +39,10 @@ DTYPE_SIZES: dict[str, int] = {
     "I64": 8,
     "U64": 8,
     "F64": 8,
+    "C64": 8,
 }
+# Sub-byte dtypes the format defines but Thaw does not stream (sizes are in bits).
+UNSUPPORTED_DTYPES = {"F4", "F6_E2M3", "F6_E3M2"}
 
 
 class MalformedSafetensors(ValueError):
@@ -123,7 +129,7 @@ def parse_header(
     if not isinstance(raw, dict):
         raise MalformedSafetensors(f"{source}: header must be a JSON object, got {type(raw).__name__}")
 
-    metadata_raw = raw.pop("__metadata__", None) or {}
+    metadata_raw = raw.pop("__metadata__", {})
     if not isinstance(metadata_raw, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata_raw.items()
     ):
@@ -165,6 +171,8 @@ def _tensor_info(name: str, spec: object, source: str) -> TensorInfo:
     if not isinstance(spec, dict):
         raise MalformedSafetensors(f"{where}: entry must be an object")
     dtype = spec.get("dtype")
+    if dtype in UNSUPPORTED_DTYPES:
+        raise MalformedSafetensors(f"{where}: sub-byte dtype {dtype} is not supported")
     if dtype not in DTYPE_SIZES:
         raise MalformedSafetensors(f"{where}: unknown dtype {dtype!r}")
     shape = spec.get("shape")
