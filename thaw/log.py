@@ -51,7 +51,7 @@ def setup_logging(component: str, level: str = "info", stream: TextIO | None = N
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(lvl)
-    for noisy in ("botocore", "boto3", "s3transfer", "urllib3", "aiobotocore"):
+    for noisy in ("botocore", "boto3", "s3transfer", "urllib3", "aiobotocore", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(component=component)

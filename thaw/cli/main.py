@@ -204,6 +204,30 @@ def cmd_models_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    import httpx
+
+    from thaw.cli.status import render_status
+    from thaw.cli.up import endpoint_file
+
+    cfg = _load(args)
+    path = endpoint_file(cfg)
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise CliError(f"Thaw is not running here (no {path}); start it with `thaw up`", EXIT_STORE) from None
+    try:
+        state = httpx.get(f"{info['control_url']}/v1/state", timeout=5).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise CliError(f"the control plane at {info['control_url']} does not answer ({exc}); "
+                       "is `thaw up` still running?", EXIT_STORE) from None
+    if args.json:
+        print(json.dumps({"endpoint": info, **state}, indent=2))
+    else:
+        print(render_status(info, state))
+    return 0
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from thaw.cli.up import run_up
 
@@ -235,8 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(fn=fn)
         return p
 
-    p = add(sub, "up", "Run the embedded platform on loopback (today: the store and the demo model).", cmd_up)
+    p = add(sub, "up", "Run the embedded platform: store, control plane, activator, standby workers.", cmd_up)
     p.add_argument("--port", type=int, default=None, help="activator port (default: server.port)")
+    p = add(sub, "status", "Show models (replicas, queue, last cold start) and workers of a running `thaw up`.",
+            cmd_status)
+    p.add_argument("--json", action="store_true")
 
     cfg = sub.add_parser("config", help="Check a config file or hash an API key.")
     cfg_sub = cfg.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)

@@ -1,0 +1,54 @@
+"""API key → tenant. Keys exist only as sha256 hashes; comparison is constant-time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+from activator.errors import NotFound, Unauthorized
+from thaw.config import Tenant, ThawConfig
+
+
+@dataclass(frozen=True)
+class Principal:
+    tenant: str
+    allowed_models: frozenset[str]
+
+    def may_use(self, model_name: str) -> bool:
+        return "*" in self.allowed_models or model_name in self.allowed_models
+
+
+class Authenticator:
+    def __init__(self, tenants: list[Tenant]) -> None:
+        self._entries: list[tuple[bytes, Principal]] = []
+        for t in tenants:
+            p = Principal(t.name, frozenset(t.allowed_models))
+            for h in t.api_key_hashes:
+                self._entries.append((bytes.fromhex(h.removeprefix("sha256:")), p))
+
+    @classmethod
+    def from_config(cls, cfg: ThawConfig) -> Authenticator:
+        return cls(cfg.tenants)
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        if not authorization:
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
+        digest = hashlib.sha256(key.strip().encode()).digest()
+        found: Principal | None = None
+        # Compare against every hash, so the time taken does not say which one matched.
+        for h, p in self._entries:
+            if hmac.compare_digest(h, digest) and found is None:
+                found = p
+        if found is None:
+            raise Unauthorized("invalid API key")
+        return found
+
+
+def check_model_access(principal: Principal, model_name: str, requested: str) -> None:
+    """A model the tenant may not use answers exactly like one that does not exist."""
+    if not principal.may_use(model_name):
+        raise NotFound(f"the model {requested!r} does not exist", param="model")

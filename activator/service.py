@@ -1,0 +1,287 @@
+"""Serving one completion request: admission, a replica (hot or via the cold queue), the proxy.
+
+The router in ``activator.app`` only hands the raw request here. Streams are passed
+through byte for byte; a failure before the first byte is retried once on another
+replica, a failure after it becomes an SSE error event followed by ``data: [DONE]``.
+A client that disconnects closes the upstream request, which makes vLLM abort it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from activator.auth import Authenticator, Principal, check_model_access
+from activator.errors import (
+    ApiError,
+    BadRequest,
+    NotFound,
+    PayloadTooLarge,
+    UpstreamError,
+    error_body,
+)
+from activator.metrics import PHASES, ActivatorMetrics
+from activator.routing import Acquired, Replica, RouteWatcher
+from thaw.config import Model, ThawConfig
+from thaw.log import get_logger
+
+log = get_logger()
+
+Kind = Literal["chat", "completions"]
+UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# Headers from the engine that are about the connection, not the content.
+_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
+
+
+def request_id_from(request: Request) -> str:
+    rid = request.headers.get("x-request-id", "")
+    if rid and len(rid) <= 128 and rid.isprintable():
+        return rid
+    return uuid.uuid4().hex
+
+
+@dataclass
+class RequestContext:
+    request_id: str
+    arrival: float
+    model: Model | None = None
+    status: int = 0
+    cold: bool = False
+    queue_s: float = 0.0
+    enqueued_at: float | None = None
+    first_byte_at: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def response_headers(self) -> dict[str, str]:
+        h = {"x-request-id": self.request_id, "x-thaw-cold-start": "true" if self.cold else "false"}
+        if self.cold:
+            h["x-thaw-queue-ms"] = str(round(self.queue_s * 1000))
+        return h
+
+
+class CompletionService:
+    def __init__(
+        self,
+        cfg: ThawConfig,
+        auth: Authenticator,
+        routes: RouteWatcher,
+        metrics: ActivatorMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+        upstream_timeout_s: float = 600.0,
+    ) -> None:
+        self.cfg = cfg
+        self.auth = auth
+        self.routes = routes
+        self.metrics = metrics
+        self.clock = clock
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(upstream_timeout_s, connect=2.0),
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
+        )
+        self._recorded_cold: set[str] = set()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    # -- admission ------------------------------------------------------------------
+    def principal(self, request: Request) -> Principal:
+        return self.auth.authenticate(request.headers.get("authorization"))
+
+    def resolve_model(self, principal: Principal, requested: str) -> Model:
+        model = self.cfg.model(requested)
+        if model is None:
+            raise NotFound(f"the model {requested!r} does not exist", param="model")
+        check_model_access(principal, model.name, requested)
+        return model
+
+    async def read_json(self, request: Request) -> dict[str, Any]:
+        limit = self.cfg.server.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        if not raw:
+            raise BadRequest("request body is empty; send a JSON object")
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest(f"request body must be a JSON object, not {type(body).__name__}")
+        return body
+
+    @staticmethod
+    def validate(kind: Kind, body: dict[str, Any]) -> None:
+        if kind == "chat":
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                raise BadRequest("'messages' must be a non-empty array", param="messages")
+            for i, m in enumerate(msgs):
+                if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                    raise BadRequest(f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
+        else:
+            prompt = body.get("prompt")
+            if prompt is None or (isinstance(prompt, str | list) and len(prompt) == 0):
+                raise BadRequest("'prompt' is required", param="prompt")
+            if not isinstance(prompt, str | list):
+                raise BadRequest("'prompt' must be a string or an array", param="prompt")
+        if "stream" in body and not isinstance(body["stream"], bool):
+            raise BadRequest("'stream' must be a boolean", param="stream")
+        for key in ("max_tokens", "max_completion_tokens", "n"):
+            v = body.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise BadRequest(f"'{key}' must be a positive integer", param=key)
+
+    # -- the request ----------------------------------------------------------------
+    async def handle(self, request: Request, kind: Kind, ctx: RequestContext, path_model: str | None) -> Response:
+        principal = self.principal(request)
+        body = await self.read_json(request)
+        requested = body.get("model")
+        if path_model is not None:
+            if requested is not None and requested != path_model and self.cfg.model(requested) is not self.cfg.model(path_model):
+                raise BadRequest(f"'model' is {requested!r} but the URL is for {path_model!r}", param="model")
+            requested = path_model
+        if not isinstance(requested, str) or not requested:
+            raise BadRequest("'model' is required", param="model")
+        model = self.resolve_model(principal, requested)
+        ctx.model = model
+        self.validate(kind, body)
+        stream = bool(body.get("stream", False))
+
+        st = self.routes.routes[model.name]
+        st.last_request_at = self.clock()
+        # No ready replica: this request is part of a cold start, answered or not.
+        ctx.cold = self.routes.pick(model.name) is None
+        try:
+            acquired = await self.routes.acquire(model, ctx.arrival)
+        finally:
+            if ctx.cold:
+                ctx.queue_s = self.clock() - ctx.arrival
+        ctx.cold, ctx.queue_s = acquired.cold, acquired.queue_s
+        if acquired.cold:
+            ctx.enqueued_at = ctx.arrival  # demand is signalled as the request is queued
+        st.in_flight += 1
+        try:
+            upstream, replica = await self._send(model, kind, body, acquired, ctx)
+        except BaseException:
+            st.in_flight -= 1
+            raise
+        return self._respond(model, upstream, replica, stream, ctx)
+
+    async def _send(
+        self, model: Model, kind: Kind, body: dict[str, Any], acquired: Acquired, ctx: RequestContext
+    ) -> tuple[httpx.Response, Replica]:
+        """Send upstream; a replica that fails before answering is dropped and another tried once."""
+        replica = acquired.replica
+        for attempt in (1, 2):
+            payload = {**body, "model": replica.served_model_name}
+            req = self._http.build_request(
+                "POST", replica.url + UPSTREAM_PATH[kind], json=payload,
+                headers={"x-request-id": ctx.request_id},
+            )
+            replica.outstanding += 1
+            try:
+                return await self._http.send(req, stream=True), replica
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                replica.outstanding -= 1
+                log.warning("upstream_failed_before_first_byte", url=replica.url, attempt=attempt, error=str(exc))
+                self.routes.drop_replica(model.name, replica.url)
+                if attempt == 2:
+                    raise UpstreamError(
+                        f"the replica for {model.resolved_served_name!r} failed before answering; retry"
+                    ) from None
+                again = await self.routes.acquire(model, ctx.arrival)
+                ctx.cold = ctx.cold or again.cold
+                ctx.queue_s = max(ctx.queue_s, again.queue_s)
+                replica = again.replica
+        raise AssertionError("unreachable")
+
+    def _respond(
+        self, model: Model, upstream: httpx.Response, replica: Replica, stream: bool, ctx: RequestContext
+    ) -> Response:
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+        headers.update(ctx.response_headers())
+        ctx.status = upstream.status_code
+        done = False
+
+        async def finish() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            replica.outstanding -= 1
+            self.routes.routes[model.name].in_flight -= 1
+            self.routes.routes[model.name].last_request_at = self.clock()
+            await upstream.aclose()
+
+        async def body_iter() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in upstream.aiter_raw():
+                    if ctx.first_byte_at is None:
+                        self._first_byte(model, replica, ctx)
+                    yield chunk
+            except httpx.HTTPError as exc:
+                log.warning("upstream_failed_mid_stream", url=replica.url, error=str(exc))
+                if ctx.first_byte_at is not None and stream:
+                    err = error_body(502, f"the replica failed mid-stream: {exc}; the answer is incomplete",
+                                     "server_error", None, "upstream_error")
+                    yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+                else:
+                    raise
+            finally:
+                await finish()
+
+        return StreamingResponse(
+            body_iter(), status_code=upstream.status_code, headers=headers,
+            media_type=upstream.headers.get("content-type"), background=BackgroundTask(finish),
+        )
+
+    def _first_byte(self, model: Model, replica: Replica, ctx: RequestContext) -> None:
+        now = self.clock()
+        ctx.first_byte_at = now
+        self.metrics.ttft.labels(model.name).observe(now - ctx.arrival)
+        if ctx.cold and replica.assignment_id and replica.assignment_id not in self._recorded_cold:
+            self._recorded_cold.add(replica.assignment_id)
+            self._record_cold_start(model, replica, ctx, now)
+
+    def _record_cold_start(self, model: Model, replica: Replica, ctx: RequestContext, first_token: float) -> None:
+        """Split request → first token into the named phases, from the worker's milestones."""
+        p = replica.phases
+        marks = [ctx.arrival, ctx.enqueued_at or ctx.arrival, p.get("assigned"), p.get("snapshot_restored"),
+                 p.get("weights_loaded"), p.get("engine_ready"), first_token]
+        phases: dict[str, float] = {}
+        prev = marks[0]
+        for name, mark in zip(PHASES, marks[1:], strict=True):
+            # A missing milestone takes no time; clocks of other machines may be skewed a little.
+            t = prev if mark is None else min(max(mark, prev), first_token)
+            phases[name] = t - prev
+            prev = t
+        total = first_token - ctx.arrival
+        self.metrics.cold_starts.labels(model.name).inc()
+        for name, secs in phases.items():
+            self.metrics.cold_start_seconds.labels(model.name, name).observe(secs)
+        self.metrics.cold_start_seconds.labels(model.name, "total").observe(total)
+        record = {"model": model.name, "request_id": ctx.request_id, "at": ctx.arrival,
+                  "total_s": round(total, 3), "phases_s": {k: round(v, 3) for k, v in phases.items()}}
+        log.info("cold_start", **record)
+        self.routes.record_cold_start(record)
+
+    def observe_end(self, ctx: RequestContext, error: ApiError | None = None) -> None:
+        label = ctx.model.name if ctx.model else "unknown"
+        self.metrics.requests.labels(label, str(error.status if error else ctx.status)).inc()

@@ -1,0 +1,92 @@
+"""A stand-in for vLLM's OpenAI server, for activator unit tests: streams N chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from thaw.embedded_store import free_port
+
+
+class FakeEngine:
+    def __init__(self, name: str = "fake", tokens: int = 5, die_after_chunks: int | None = None) -> None:
+        self.name = name
+        self.tokens = tokens
+        self.die_after_chunks = die_after_chunks
+        self.requests: list[dict[str, Any]] = []
+        self.cancelled = 0
+        self.token_delay_s = 0.0
+        self.app = self._build()
+
+    def _build(self) -> FastAPI:
+        app = FastAPI()
+
+        async def handle(request: Request, kind: str) -> Response:
+            body = await request.json()
+            self.requests.append({"kind": kind, "body": body, "request_id": request.headers.get("x-request-id")})
+            if body.get("model") != "served-demo":
+                return JSONResponse({"error": {"message": "wrong model", "type": "NotFoundError", "param": None,
+                                               "code": 404}}, status_code=404)
+            if not body.get("stream"):
+                text = " ".join(f"tok{i}" for i in range(self.tokens))
+                return JSONResponse({"id": "x", "object": "chat.completion", "model": body["model"],
+                                     "engine": self.name,
+                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                                  "finish_reason": "length"}],
+                                     "usage": {"prompt_tokens": 3, "completion_tokens": self.tokens,
+                                               "total_tokens": 3 + self.tokens}})
+
+            async def gen() -> AsyncIterator[bytes]:
+                try:
+                    for i in range(self.tokens):
+                        if self.die_after_chunks is not None and i >= self.die_after_chunks:
+                            raise RuntimeError("engine died")
+                        chunk = {"id": "x", "object": "chat.completion.chunk", "model": body["model"],
+                                 "choices": [{"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}]}
+                        yield f"data: {json.dumps(chunk)}\n\n".encode()
+                        await asyncio.sleep(self.token_delay_s)
+                    yield b"data: [DONE]\n\n"
+                except asyncio.CancelledError:
+                    self.cancelled += 1
+                    raise
+
+            return StreamingResponse(gen(), media_type="text/event-stream")
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Response:
+            return await handle(request, "chat")
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Response:
+            return await handle(request, "completions")
+
+        return app
+
+
+@contextmanager
+def serve(engine: FakeEngine) -> Iterator[str]:
+    """Run ``engine`` on a free loopback port in a thread; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(engine.app, host="127.0.0.1", port=port, log_config=None,
+                                           access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 10
+    while not server.started:
+        if time.time() > deadline:
+            raise RuntimeError("fake engine did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -1,0 +1,294 @@
+"""The activator against fake engines: admission errors, hot and cold paths, the proxy.
+
+The pool manager is not running here: the route table is applied by hand, which is
+exactly what the activator does with what it long-polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from activator.app import create_app
+from tests.activator.fake_engine import FakeEngine, serve
+from thaw.config import ThawConfig, hash_api_key, parse_config
+from thaw.embedded_store import free_port
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
+KEY, LIMITED_KEY = "key-all", "key-limited"
+
+
+def make_config(**autoscaling: Any) -> ThawConfig:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    demo = data["models"][0]
+    demo["autoscaling"].update({"activation_timeout_s": 2, "max_queue_length": 3, **autoscaling})
+    other = copy.deepcopy(demo)
+    other.update({"name": "other", "served_name": "other", "uri": "s3://thaw/models/other"})
+    data["models"].append(other)
+    data["server"]["max_body_bytes"] = 2000
+    data["tenants"] = [
+        {"name": "all", "api_key_hashes": [hash_api_key(KEY)], "allowed_models": ["*"]},
+        {"name": "limited", "api_key_hashes": [hash_api_key(LIMITED_KEY)], "allowed_models": ["other"]},
+    ]
+    return parse_config(data)
+
+
+def table(version: int, replicas: list[dict[str, Any]] | None = None, **demo: Any) -> dict[str, Any]:
+    entry = {"served_name": "thaw-demo", "replicas": replicas or [], "loading": 0, "failures": 0,
+             "error": None, "backoff_until": None, **demo}
+    return {"version": version, "models": {"demo": entry}}
+
+
+def replica(url: str, wid: str = "w1", assignment: str = "demo-1") -> dict[str, Any]:
+    return {"worker_id": wid, "url": url, "served_model_name": "served-demo", "assignment_id": assignment,
+            "phases": {"assigned": None, "snapshot_restored": None, "weights_loaded": None, "engine_ready": None}}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[tuple[FakeEngine, str]]:
+    e = FakeEngine("one")
+    with serve(e) as url:
+        yield e, url
+
+
+@pytest.fixture
+async def activator() -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+    # Pool manager address that refuses connections: demand signals fail quietly.
+    app = create_app(make_config(), f"http://127.0.0.1:{free_port()}", activator_id="t")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://act") as client:
+        yield app, client
+    await app.state.routes.close()
+    await app.state.service.close()
+
+
+def oai(client: httpx.AsyncClient, key: str = KEY) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url="http://act/v1", api_key=key, http_client=client, max_retries=0)
+
+
+CHAT = {"model": "thaw-demo", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def assert_openai_error(r: httpx.Response, status: int, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"]
+    if code is not None:
+        assert err["code"] == code
+    if param is not None:
+        assert err["param"] == param
+    assert r.headers["x-request-id"]
+    return err
+
+
+async def test_bad_key_is_401(activator: tuple[Any, httpx.AsyncClient]) -> None:
+    _, client = activator
+    r = await client.post("/v1/chat/completions", json=CHAT)
+    assert_openai_error(r, 401, "invalid_api_key")
+    r = await client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer nope"})
+    assert_openai_error(r, 401, "invalid_api_key")
+    with pytest.raises(openai.AuthenticationError):
+        await oai(client, "wrong").chat.completions.create(**CHAT)
+
+
+async def test_unknown_and_forbidden_models_are_404(activator: tuple[Any, httpx.AsyncClient]) -> None:
+    _, client = activator
+    h = {"Authorization": f"Bearer {KEY}"}
+    r = await client.post("/v1/chat/completions", json={**CHAT, "model": "nope"}, headers=h)
+    assert_openai_error(r, 404, "model_not_found", "model")
+    # A model the tenant may not use looks exactly like one that does not exist.
+    r = await client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {LIMITED_KEY}"})
+    err = assert_openai_error(r, 404, "model_not_found", "model")
+    assert err["message"] == "the model 'thaw-demo' does not exist"
+    with pytest.raises(openai.NotFoundError):
+        await oai(client).chat.completions.create(**{**CHAT, "model": "nope"})
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        (b"{not json", None, "not valid JSON"),
+        (b"[1, 2]", None, "must be a JSON object"),
+        (b"", None, "body is empty"),
+        (json.dumps({"model": "thaw-demo"}).encode(), "messages", "non-empty array"),
+        (json.dumps({**CHAT, "stream": "yes"}).encode(), "stream", "must be a boolean"),
+        (json.dumps({**CHAT, "max_tokens": 0}).encode(), "max_tokens", "positive integer"),
+        (json.dumps({"messages": CHAT["messages"]}).encode(), "model", "'model' is required"),
+    ],
+)
+async def test_malformed_body_is_400(activator: tuple[Any, httpx.AsyncClient], body: bytes, param: str | None,
+                                     fragment: str) -> None:
+    _, client = activator
+    r = await client.post("/v1/chat/completions", content=body,
+                          headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    err = assert_openai_error(r, 400, param=param)
+    assert fragment in err["message"]
+
+
+async def test_body_over_limit_is_413(activator: tuple[Any, httpx.AsyncClient]) -> None:
+    _, client = activator
+    big = {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]}
+    r = await client.post("/v1/chat/completions", json=big, headers={"Authorization": f"Bearer {KEY}"})
+    assert_openai_error(r, 413, "request_too_large")
+
+
+async def test_unknown_route_is_openai_404(activator: tuple[Any, httpx.AsyncClient]) -> None:
+    _, client = activator
+    r = await client.get("/v1/nothing-here")
+    assert_openai_error(r, 404)
+
+
+async def test_hot_stream_is_passed_through(activator: tuple[Any, httpx.AsyncClient], engine: tuple[FakeEngine, str]) -> None:
+    app, client = activator
+    fake, url = engine
+    app.state.routes.apply(table(1, [replica(url)]))
+    stream = await oai(client).chat.completions.create(**CHAT, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in stream])
+    assert text == "tok0 tok1 tok2 tok3 tok4 "
+    # The engine saw its own served name, and our request id.
+    assert fake.requests[-1]["body"]["model"] == "served-demo"
+
+    r = await client.post("/v1/chat/completions", json=CHAT,
+                          headers={"Authorization": f"Bearer {KEY}", "x-request-id": "my-id-1"})
+    assert r.status_code == 200
+    assert r.headers["x-request-id"] == "my-id-1"
+    assert r.headers["x-thaw-cold-start"] == "false"
+    assert "x-thaw-queue-ms" not in r.headers
+    assert r.json()["choices"][0]["message"]["content"] == "tok0 tok1 tok2 tok3 tok4"
+    assert fake.requests[-1]["request_id"] == "my-id-1"
+
+    # Per-model base URL.
+    r = await client.post("/m/thaw-demo/v1/completions", json={"prompt": "hello"},
+                          headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200
+    assert fake.requests[-1]["kind"] == "completions"
+    assert fake.requests[-1]["body"] == {"prompt": "hello", "model": "served-demo"}
+    r = await client.post("/m/thaw-demo/v1/completions", json={"prompt": "hello", "model": "other"},
+                          headers={"Authorization": f"Bearer {KEY}"})
+    assert_openai_error(r, 400, param="model")
+
+
+async def test_cold_request_waits_for_the_route_then_streams(
+    activator: tuple[Any, httpx.AsyncClient], engine: tuple[FakeEngine, str]
+) -> None:
+    app, client = activator
+    _, url = engine
+    routes = app.state.routes
+    app.state.routes.apply(table(1, [], loading=1))
+    task = asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                                           headers={"Authorization": f"Bearer {KEY}"}))
+    for _ in range(100):
+        if routes.queue_depth("demo"):
+            break
+        await asyncio.sleep(0.01)
+    assert routes.queue_depth("demo") == 1
+    await asyncio.sleep(0.2)
+    routes.apply(table(2, [replica(url, assignment="demo-7")]))
+    r = await task
+    assert r.status_code == 200
+    assert r.headers["x-thaw-cold-start"] == "true"
+    assert int(r.headers["x-thaw-queue-ms"]) >= 200
+    assert r.text.endswith("data: [DONE]\n\n")
+    metrics = (await client.get("/metrics")).text
+    assert 'thaw_cold_starts_total{model="demo"} 1.0' in metrics
+    for phase in ("queued", "instance_acquired", "snapshot_restored", "weights_loaded", "engine_ready",
+                  "first_token", "total"):
+        assert f'thaw_cold_start_seconds_count{{model="demo",phase="{phase}"}} 1.0' in metrics
+
+
+async def test_full_queue_is_429_and_deadline_is_503(activator: tuple[Any, httpx.AsyncClient]) -> None:
+    app, client = activator
+    app.state.routes.apply(table(1, [], loading=1))
+    h = {"Authorization": f"Bearer {KEY}"}
+    waiting = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT, headers=h)) for _ in range(3)]
+    for _ in range(100):
+        if app.state.routes.queue_depth("demo") == 3:
+            break
+        await asyncio.sleep(0.01)
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=h)
+    assert_openai_error(r, 429, "queue_full")
+    assert int(r.headers["retry-after"]) >= 1
+    # Nothing becomes ready: after activation_timeout_s (2 s) each waiter gets a 503.
+    for resp in await asyncio.gather(*waiting):
+        err = assert_openai_error(resp, 503, "model_unavailable")
+        assert "did not become ready within 2 s" in err["message"]
+        assert int(resp.headers["retry-after"]) >= 1
+        assert resp.headers["x-thaw-cold-start"] == "true"
+
+
+async def test_load_failure_fails_waiters_with_the_reason(activator: tuple[Any, httpx.AsyncClient]) -> None:
+    app, client = activator
+    routes = app.state.routes
+    routes.apply(table(1, [], loading=1))
+    h = {"Authorization": f"Bearer {KEY}"}
+    waiting = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT, headers=h)) for _ in range(2)]
+    for _ in range(100):
+        if routes.queue_depth("demo") == 2:
+            break
+        await asyncio.sleep(0.01)
+    backoff_until = routes.clock() + 4
+    routes.apply(table(2, [], failures=1, error="no model at s3://thaw/models/demo", backoff_until=backoff_until))
+    for resp in await asyncio.gather(*waiting):
+        err = assert_openai_error(resp, 503, "model_unavailable")
+        assert "no model at s3://thaw/models/demo" in err["message"]
+        assert 1 <= int(resp.headers["retry-after"]) <= 4
+    # A new request during the backoff is answered at once, with the same reason.
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=h)
+    assert "no model at s3://thaw/models/demo" in assert_openai_error(r, 503)["message"]
+    models = (await client.get("/v1/models", headers=h)).json()["data"]
+    demo = next(m for m in models if m["id"] == "thaw-demo")
+    assert demo["thaw"]["state"] == "failed"
+
+
+async def test_dead_replica_before_first_byte_is_retried_on_another(
+    activator: tuple[Any, httpx.AsyncClient], engine: tuple[FakeEngine, str]
+) -> None:
+    app, client = activator
+    _, url = engine
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    app.state.routes.apply(table(1, [replica(dead, "w0", "demo-0"), replica(url, "w1", "demo-1")]))
+    for r_ in app.state.routes.routes["demo"].replicas:
+        r_.outstanding = 0 if r_.url == dead else 5  # make sure the dead one is picked first
+    r = await client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200
+    assert [x.url for x in app.state.routes.routes["demo"].replicas] == [url]
+
+
+async def test_failure_after_first_byte_becomes_an_sse_error_then_done(
+    activator: tuple[Any, httpx.AsyncClient]
+) -> None:
+    app, client = activator
+    dying = FakeEngine("dying", tokens=5, die_after_chunks=2)
+    with serve(dying) as url:
+        app.state.routes.apply(table(1, [replica(url)]))
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                              headers={"Authorization": f"Bearer {KEY}"})
+    events = [e for e in r.text.split("\n\n") if e]
+    assert events[0].startswith("data: {") and "tok0" in events[0]
+    assert json.loads(events[-2][len("data: "):])["error"]["code"] == "upstream_error"
+    assert events[-1] == "data: [DONE]"
+
+
+async def test_models_list_shows_state(activator: tuple[Any, httpx.AsyncClient], engine: tuple[FakeEngine, str]) -> None:
+    app, client = activator
+    _, url = engine
+    app.state.routes.apply(table(1, [replica(url)]))
+    data = (await client.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})).json()
+    assert data["object"] == "list"
+    demo = next(m for m in data["data"] if m["id"] == "thaw-demo")
+    assert demo["thaw"] == {"state": "ready", "replicas_ready": 1, "replicas_loading": 0, "queue_depth": 0,
+                            "error": None}
+    limited = (await client.get("/v1/models", headers={"Authorization": f"Bearer {LIMITED_KEY}"})).json()
+    assert [m["id"] for m in limited["data"]] == ["other"]
+    listed = await oai(client).models.list()
+    assert {m.id for m in listed.data} == {"thaw-demo", "other"}

@@ -1,0 +1,251 @@
+"""Scale from zero, end to end: `thaw up` as a real process, the real store, real vLLM (CPU),
+the official openai client. The tests run in order against one running stack."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import BUCKET
+from thaw.embedded_store import EmbeddedStore, free_port
+from thaw.objstore import S3Endpoint
+from weight_streaming.push import push_model
+
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
+KEY = "thaw-demo-key"
+IDLE_GRACE_S = 8
+
+
+@dataclass
+class Stack:
+    proc: subprocess.Popen[bytes]
+    base_url: str
+    control_url: str
+    config: Path
+    log: Path
+    seen_pids: set[int] = field(default_factory=set)
+
+    def client(self, **kw: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key=KEY, max_retries=0, timeout=300, **kw)
+
+    def state(self) -> dict[str, Any]:
+        return httpx.get(f"{self.control_url}/v1/state", timeout=5).json()
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = httpx.get(self.base_url.removesuffix("/v1") + "/metrics", timeout=5).text
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+    def remember_children(self) -> None:
+        try:
+            self.seen_pids.update(c.pid for c in psutil.Process(self.proc.pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+
+    def wait_for(self, what: str, pred: Any, timeout_s: float = 180) -> dict[str, Any]:
+        deadline = time.time() + timeout_s
+        state: dict[str, Any] = {}
+        while time.time() < deadline:
+            self.remember_children()
+            if self.proc.poll() is not None:
+                raise AssertionError(f"thaw up exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
+            state = self.state()
+            if pred(state):
+                return state
+            time.sleep(0.3)
+        raise AssertionError(f"timed out waiting for {what}; last state: {json.dumps(state, indent=1)}")
+
+
+def demo_state(state: dict[str, Any]) -> dict[str, Any]:
+    return next(m for m in state["models"] if m["name"] == "demo")
+
+
+def workers_in(state: dict[str, Any], st: str) -> list[dict[str, Any]]:
+    return [w for w in state["workers"] if w["state"] == st]
+
+
+@pytest.fixture(scope="module")
+def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("e2e")
+    uri = f"s3://{BUCKET}/e2e/demo-{os.getpid()}"
+    push_model(s3.client(), demo_model_dir, uri)
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "thaw.yaml").read_text())
+    cfg["data_dir"] = str(tmp / "data")
+    cfg["server"]["port"] = free_port()
+    cfg["object_store"] = {
+        "kind": "s3", "endpoint_url": s3.endpoint_url, "bucket": BUCKET,
+        "credentials": {"source": "file", "file": str(store.root / "credentials.json")},
+    }
+    demo = cfg["models"][0]
+    demo.update({"uri": uri, "demo_if_missing": False})
+    demo["autoscaling"].update({"idle_grace_s": IDLE_GRACE_S, "activation_timeout_s": 240})
+    ghost = {**demo, "name": "ghost", "served_name": "ghost", "uri": f"s3://{BUCKET}/e2e/nothing-{os.getpid()}",
+             "autoscaling": {**demo["autoscaling"], "activation_timeout_s": 60}}
+    cfg["models"].append(ghost)
+    cfg["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 2})
+    path = tmp / "thaw.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    log = tmp / "thaw-up.log"
+    logf = open(log, "wb")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "thaw.cli.main", "up", "--config", str(path)],
+                            stdout=logf, stderr=subprocess.STDOUT)
+    endpoint = tmp / "data" / "endpoint.json"
+    deadline = time.time() + 60
+    while not endpoint.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise AssertionError(f"thaw up did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    info = json.loads(endpoint.read_text())
+    s = Stack(proc, info["base_url"], info["control_url"], path, log)
+    assert info["api_key"] == KEY and info["model"] == "thaw-demo"
+    try:
+        yield s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            for pid in s.seen_pids:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        logf.close()
+
+
+def test_streamed_request_at_zero_cold_starts_once_then_serves_hot(stack: Stack) -> None:
+    # The standby worker has paid its imports; the model has no replica.
+    stack.wait_for("a standby worker", lambda s: workers_in(s, "standby"))
+    assert demo_state(stack.state())["replicas"] == {}
+
+    t0 = time.time()
+    raw = stack.client().chat.completions.with_raw_response.create(
+        model="thaw-demo", messages=[{"role": "user", "content": "Hello!"}], max_tokens=8, stream=True)
+    assert raw.headers["x-thaw-cold-start"] == "true"
+    assert int(raw.headers["x-thaw-queue-ms"]) > 0
+    chunks = list(raw.parse())
+    cold_s = time.time() - t0
+    assert any(c.choices and c.choices[0].delta.content for c in chunks)
+    m = stack.metrics()
+    assert m[("thaw_cold_starts_total", (("model", "demo"),))] == 1
+    phases = {"queued", "instance_acquired", "snapshot_restored", "weights_loaded", "engine_ready", "first_token", "total"}
+    for phase in phases:
+        assert m[("thaw_cold_start_seconds_count", (("model", "demo"), ("phase", phase)))] == 1, phase
+    # The parts add up to the whole (each is observed once).
+    parts = sum(m[("thaw_cold_start_seconds_sum", (("model", "demo"), ("phase", p)))] for p in phases - {"total"})
+    total = m[("thaw_cold_start_seconds_sum", (("model", "demo"), ("phase", "total")))]
+    assert abs(parts - total) < 0.01 and 0 < total <= cold_s + 0.5
+    # The worker's own milestones were used: loading weights and starting the engine took time.
+    assert m[("thaw_cold_start_seconds_sum", (("model", "demo"), ("phase", "engine_ready")))] > 0
+
+    raw2 = stack.client().chat.completions.with_raw_response.create(
+        model="thaw-demo", messages=[{"role": "user", "content": "Again"}], max_tokens=4)
+    assert raw2.headers["x-thaw-cold-start"] == "false"
+    assert raw2.parse().choices[0].message.content is not None
+    assert stack.metrics()[("thaw_cold_starts_total", (("model", "demo"),))] == 1
+    print(f"\ncold start to last token: {cold_s:.2f}s; phases: {demo_state(stack.state())['last_cold_start']}")
+
+
+def test_idle_model_scales_to_zero_and_worker_returns_to_standby(stack: Stack) -> None:
+    state = stack.wait_for("scale to zero", lambda s: not demo_state(s)["replicas"] and workers_in(s, "standby"),
+                           timeout_s=IDLE_GRACE_S + 90)
+    assert demo_state(state)["replicas"] == {}
+    m = stack.metrics()
+    assert m[("thaw_replicas", (("model", "demo"), ("state", "ready")))] == 0
+
+
+def test_concurrent_requests_during_one_cold_start_share_one_replica(stack: Stack) -> None:
+    before = stack.metrics()[("thaw_cold_starts_total", (("model", "demo"),))]
+    client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=KEY, max_retries=0, timeout=300)
+
+    async def one(i: int) -> tuple[str, str]:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="thaw-demo", messages=[{"role": "user", "content": f"request {i}"}], max_tokens=4, stream=True)
+        stream = raw.parse()
+        if inspect.isawaitable(stream):
+            stream = await stream
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        return raw.headers["x-thaw-cold-start"], text
+
+    async def all_of_them() -> list[tuple[str, str]]:
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    results = asyncio.run(all_of_them())
+    assert len(results) == 8 and all(cold == "true" for cold, _ in results)
+    assert all(text for _, text in results)
+    state = stack.state()
+    assert demo_state(state)["replicas"] == {"ready": 1}
+    # One activation: one more cold start, one replica assigned.
+    assert stack.metrics()[("thaw_cold_starts_total", (("model", "demo"),))] == before + 1
+
+
+def test_error_statuses_are_openai_errors(stack: Stack) -> None:
+    with pytest.raises(openai.NotFoundError) as nf:
+        stack.client().chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    assert nf.value.status_code == 404 and nf.value.body["code"] == "model_not_found"  # type: ignore[index]
+    bad = openai.OpenAI(base_url=stack.base_url, api_key="wrong-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as au:
+        bad.chat.completions.create(model="thaw-demo", messages=[{"role": "user", "content": "x"}])
+    assert au.value.status_code == 401
+    r = httpx.post(f"{stack.base_url}/chat/completions", content=b"{oops",
+                   headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_model_without_weights_fails_fast_with_the_reason(stack: Stack) -> None:
+    t0 = time.time()
+    with pytest.raises(openai.APIStatusError) as info:
+        stack.client().chat.completions.create(model="ghost", messages=[{"role": "user", "content": "x"}])
+    elapsed = time.time() - t0
+    assert info.value.status_code == 503
+    message = info.value.body["message"]  # type: ignore[index]
+    assert "ghost" in message and "no model at" in message, message
+    assert int(info.value.response.headers["retry-after"]) >= 1
+    assert elapsed < 30  # the reason comes with the first backoff, not the activation timeout (60 s)
+    # The platform is fine: health answers and the demo model still serves.
+    assert httpx.get(stack.base_url.removesuffix("/v1") + "/healthz").json()["ok"] is True
+    out = stack.client().chat.completions.create(model="thaw-demo", messages=[{"role": "user", "content": "y"}],
+                                                 max_tokens=2)
+    assert out.choices[0].message.content is not None
+
+
+def test_thaw_status_prints_models_and_workers(stack: Stack) -> None:
+    out = subprocess.run([sys.executable, "-m", "thaw.cli.main", "status", "--config", str(stack.config)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "thaw-demo" in out.stdout and "last cold start" in out.stdout and "WORKERS" in out.stdout
+    assert "ghost" in out.stdout and "no model at" in out.stdout
+
+
+def test_stopping_thaw_up_leaves_no_process(stack: Stack) -> None:
+    stack.remember_children()
+    assert stack.seen_pids, "thaw up had no children to check"
+    stack.proc.send_signal(signal.SIGTERM)
+    stack.proc.wait(timeout=90)
+    deadline = time.time() + 10
+    alive = [p for p in stack.seen_pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    while alive and time.time() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert alive == [], f"left running: {[psutil.Process(p).cmdline() for p in alive]}"
+    assert "thaw up: stopping" in stack.log.read_text()

@@ -1,0 +1,181 @@
+"""The pool policy, stepped by hand: snapshot + state + now in, decisions + state out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from thaw.config import ThawConfig, parse_config
+from warm_pool.policy import (
+    Assign,
+    Launch,
+    ModelActivity,
+    PolicyState,
+    Release,
+    Snapshot,
+    Terminate,
+    WorkerView,
+    backoff_s,
+    decide,
+    desired_replicas,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
+
+
+def config(**autoscaling: Any) -> ThawConfig:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["models"][0]["autoscaling"].update({"idle_grace_s": 60, "max_replicas": 3, "target_concurrency": 4})
+    data["models"][0]["autoscaling"].update(autoscaling)
+    data["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 3})
+    return parse_config(data)
+
+
+def standby(i: int) -> WorkerView:
+    return WorkerView(f"w{i}", "cpu-local", "standby")
+
+
+def serving(i: int, state: str = "ready", model: str = "demo") -> WorkerView:
+    return WorkerView(f"w{i}", "cpu-local", state, model, f"{model}-{i}")  # type: ignore[arg-type]
+
+
+def kinds(decisions: list[Any]) -> list[str]:
+    return [type(d).__name__ for d in decisions]
+
+
+def test_request_at_zero_assigns_a_standby_at_once() -> None:
+    snap = Snapshot((standby(1),), {"demo": ModelActivity(queued=1, last_request_at=100.0)})
+    decisions, state = decide(snap, PolicyState(), config(), now=100.0)
+    # The standby goes to the model, and a new standby is launched to refill the pool.
+    assert decisions == [Assign("w1", "demo", "demo-1"), Launch("cpu-local", "standby")]
+    assert state.assignments == 1
+
+
+def test_no_traffic_no_replicas_nothing_to_do() -> None:
+    snap = Snapshot((standby(1),), {})
+    decisions, _ = decide(snap, PolicyState(), config(), now=100.0)
+    assert decisions == []
+
+
+def test_demand_without_standby_launches_within_caps() -> None:
+    snap = Snapshot((), {"demo": ModelActivity(queued=2, last_request_at=5.0)})
+    decisions, _ = decide(snap, PolicyState(), config(), now=5.0)
+    # One launch for the demand; the standby target (1) is covered by it.
+    assert kinds(decisions) == ["Launch", "Launch"]
+    assert {d.reason for d in decisions if isinstance(d, Launch)} == {"demand", "standby"}
+
+
+def test_a_launching_worker_is_not_launched_again() -> None:
+    snap = Snapshot((WorkerView("launching-1", "cpu-local", "launching"),),
+                    {"demo": ModelActivity(queued=1, last_request_at=5.0)})
+    decisions, _ = decide(snap, PolicyState(), config(), now=5.0)
+    assert decisions == []
+
+
+def test_loading_replica_is_not_duplicated_while_requests_queue() -> None:
+    snap = Snapshot((serving(1, "loading"), standby(2)), {"demo": ModelActivity(queued=3, last_request_at=5.0)})
+    decisions, _ = decide(snap, PolicyState(), config(), now=5.0)
+    # ceil(3 queued / 4 per replica) = 1 replica wanted, one is loading: nothing to assign.
+    assert decisions == []
+
+
+@pytest.mark.parametrize(
+    ("queued", "in_flight", "expected"),
+    [
+        (0, 0, 1),    # recent traffic keeps 1 through the grace period
+        (4, 0, 1),    # ceil(4 / 4) = 1
+        (5, 0, 2),    # ceil(5 / 4) = 2
+        (6, 6, 3),    # ceil(12 / 4) = 3
+        (40, 0, 3),   # ceil(40 / 4) = 10, capped at max_replicas 3
+    ],
+)
+def test_desired_replicas(queued: int, in_flight: int, expected: int) -> None:
+    act = ModelActivity(queued, in_flight, last_request_at=1.0)
+    assert desired_replicas(act, 0, 3, 4.0, idle=False) == expected
+
+
+def test_scale_up_takes_standbys_then_launches() -> None:
+    # 1 ready, demand 9 → ceil(9/4) = 3 wanted: 1 standby assigned, 1 launch for the rest.
+    snap = Snapshot((serving(1), standby(2)), {"demo": ModelActivity(queued=5, in_flight=4, last_request_at=5.0)})
+    decisions, _ = decide(snap, PolicyState(assignments=1), config(), now=5.0)
+    assert Assign("w2", "demo", "demo-2") in decisions
+    assert Launch("cpu-local", "demand") in decisions
+
+
+@pytest.mark.parametrize(
+    ("last_request_at", "in_flight", "released"),
+    [
+        (100.0, 0, True),    # 160 - 100 = 60 s >= idle_grace_s 60: release
+        (100.5, 0, False),   # 59.5 s < 60: keep
+        (100.0, 1, False),   # a request still running: keep
+        (None, 0, True),     # never used (e.g. min_replicas lowered): release
+    ],
+)
+def test_scale_to_zero_after_idle_grace(last_request_at: float | None, in_flight: int, released: bool) -> None:
+    snap = Snapshot((serving(1), standby(2)),
+                    {"demo": ModelActivity(0, in_flight, last_request_at)})
+    decisions, _ = decide(snap, PolicyState(), config(), now=160.0)
+    assert (Release("w1", "demo", "idle") in decisions) is released
+
+
+def test_min_replicas_are_kept_and_filled_without_traffic() -> None:
+    snap = Snapshot((serving(1), standby(2)), {})
+    decisions, _ = decide(snap, PolicyState(), config(min_replicas=2), now=1000.0)
+    assert decisions[0] == Assign("w2", "demo", "demo-1")
+    assert not any(isinstance(d, Release) for d in decisions)
+
+
+def test_failed_load_backs_off_exponentially_and_counts_once() -> None:
+    cfg = config()
+    failed = WorkerView("w1", "cpu-local", "failed", "demo", "demo-0", "no model at s3://x")
+    act = {"demo": ModelActivity(queued=1, last_request_at=10.0)}
+    decisions, state = decide(Snapshot((failed,), act), PolicyState(), cfg, now=10.0)
+    assert Release("w1", "demo", "failed") in decisions
+    ms = state.models["demo"]
+    assert (ms.failures, ms.backoff_until, ms.last_error) == (1, 12.0, "no model at s3://x")  # 10 + 2
+
+    # The same failure seen again on the next tick is not counted twice.
+    _, state = decide(Snapshot((failed,), act), state, cfg, now=10.5)
+    assert state.models["demo"].failures == 1
+
+    # During the backoff a standby is not handed to the model...
+    decisions, state = decide(Snapshot((standby(1),), act), state, cfg, now=11.0)
+    assert not any(isinstance(d, Assign) for d in decisions)
+    # ...after it, it is.
+    decisions, state = decide(Snapshot((standby(1),), act), state, cfg, now=12.0)
+    assert Assign("w1", "demo", "demo-1") in decisions
+
+    # A second failure doubles the wait: 2 * 2 = 4 s.
+    failed2 = WorkerView("w1", "cpu-local", "failed", "demo", "demo-1", "boom")
+    _, state = decide(Snapshot((failed2,), act), state, cfg, now=20.0)
+    assert (state.models["demo"].failures, state.models["demo"].backoff_until) == (2, 24.0)
+
+    # A replica that becomes ready clears the failures.
+    _, state = decide(Snapshot((serving(1),), act), state, cfg, now=30.0)
+    assert state.models["demo"].failures == 0
+
+
+@pytest.mark.parametrize(("failures", "wait"), [(1, 2.0), (2, 4.0), (3, 8.0), (6, 60.0), (10, 60.0)])
+def test_backoff_schedule(failures: int, wait: float) -> None:
+    assert backoff_s(failures) == wait  # 2 * 2**(n-1), capped at 60
+
+
+def test_standby_pool_targets_caps_and_budget() -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["shapes"][0]["price_per_hour_usd"] = 2.0
+    data["pools"][0].update({"standby_min": 3, "standby_max": 3, "max_instances": 4, "budget_usd_per_hour": 5.0})
+    cfg = parse_config(data)
+    decisions, _ = decide(Snapshot((serving(1),), {}), PolicyState(), cfg, now=0.0)
+    # 1 serving ($2) + launches while (total+1) * $2 <= $5: only one more fits.
+    assert decisions == [Release("w1", "demo", "idle"), Launch("cpu-local", "standby")]
+
+
+def test_excess_standby_and_unreachable_workers_are_terminated() -> None:
+    snap = Snapshot((standby(1), standby(2), WorkerView("w3", "cpu-local", "unreachable")), {})
+    decisions, _ = decide(snap, PolicyState(), config(), now=0.0)
+    assert Terminate("w3", "unreachable") in decisions
+    assert Terminate("w2", "excess_standby") in decisions  # standby_max 1: the newest goes
+    assert Terminate("w1", "excess_standby") not in decisions

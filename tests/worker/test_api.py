@@ -1,0 +1,401 @@
+"""The agent's control API and state machine, with a fake engine host and engine.
+
+Fast: no process, no vLLM. The real thing is in test_agent.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from thaw.objstore import S3Endpoint
+from worker.api import create_app
+from worker.host import OnEvent
+from worker.launch import LaunchCommand
+from worker.settings import AgentSettings
+
+SECRET = "s3cr3t-never-shown"
+_pids = itertools.count(1000)
+
+
+@dataclass
+class World:
+    """What the fakes do; a test changes it to script a scenario."""
+
+    hosts: list[FakeHost] = field(default_factory=list)
+    import_on_spawn: bool = True
+    # On launch: "ok" (weights load, then the engine answers), "fail" (a failed
+    # event, then the host exits), "crash" (the host exits with output), "hang".
+    on_launch: str = "ok"
+    healthy: bool = False
+    # in_flight readings, taken in order; the last one repeats.
+    in_flight: list[int | None] = field(default_factory=lambda: [0])
+    manifest: Callable[[S3Endpoint, str], object | None] = lambda store, uri: {"ok": True}
+
+    def next_in_flight(self) -> int | None:
+        return self.in_flight.pop(0) if len(self.in_flight) > 1 else self.in_flight[0]
+
+
+class FakeHost:
+    def __init__(self, world: World, on_event: OnEvent) -> None:
+        self.world = world
+        self.on_event = on_event
+        self.pid = next(_pids)
+        self.launched = False
+        self.launches: list[LaunchCommand] = []
+        self.stops: list[float] = []
+        self.output = ["vllm says hello", "Traceback (most recent call last):", "OSError: boom"]
+        self._rc: int | None = None
+        self._exited = asyncio.Event()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._rc
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.on_event(self, {"event": event, "t": time.time(), **fields})
+
+    def exit(self, code: int) -> None:
+        if self._rc is None:
+            self._rc = code
+            self._exited.set()
+
+    async def launch(self, cmd: LaunchCommand) -> None:
+        self.launched = True
+        self.launches.append(cmd)
+        loop = asyncio.get_running_loop()
+        mode = self.world.on_launch
+        if mode == "ok":
+            loop.call_later(0.01, self.emit, "weights_loaded")
+            loop.call_later(0.02, setattr, self.world, "healthy", True)
+        elif mode == "fail":
+            loop.call_later(0.01, lambda: self.emit("failed", error="FileNotFoundError: NoSuchKey", where="engine_core"))
+        elif mode == "crash":
+            loop.call_later(0.01, self.exit, 1)
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self._rc is not None
+        return self._rc
+
+    async def stop(self, grace_s: float) -> None:
+        self.stops.append(grace_s)
+        self.world.healthy = False
+        self.exit(-15 if grace_s else -9)
+
+    def output_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.output[-lines:])
+
+
+class FakeEngine:
+    def __init__(self, world: World, base_url: str) -> None:
+        self.world = world
+        self.base_url = base_url
+
+    async def healthy(self) -> bool:
+        return self.world.healthy
+
+    async def in_flight(self) -> int | None:
+        return self.world.next_in_flight()
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.fixture
+def world(request: pytest.FixtureRequest) -> World:
+    # A test can start from another world: @pytest.mark.parametrize("world", [...], indirect=True)
+    return getattr(request, "param", None) or World()
+
+
+@pytest.fixture
+async def client(world: World, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async def spawn(on_event: OnEvent) -> FakeHost:
+        h = FakeHost(world, on_event)
+        world.hosts.append(h)
+        if world.import_on_spawn:
+            asyncio.get_running_loop().call_later(0.01, h.emit, "imported")
+        return h
+
+    settings = AgentSettings(worker_id="w1", shape="cpu-small", port=0, data_dir=tmp_path,
+                             ready_poll_s=0.01, in_flight_poll_s=0.01, drain_poll_s=0.01)
+    app = create_app(settings, spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
+                     manifest_reader=lambda store, uri: world.manifest(store, uri))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://agent") as c:
+            yield c
+    # Shutdown stopped the engine host.
+    assert world.hosts and all(h.returncode is not None for h in world.hosts)
+
+
+def assign_body(**over: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "assignment_id": "a1", "model": "demo", "uri": "s3://thaw/models/demo",
+        "served_model_name": "demo-chat", "max_model_len": 512,
+        "engine": {"enforce_eager": True, "cpu_kvcache_gib": 2},
+        "store": {"endpoint_url": "http://127.0.0.1:9", "access_key": "AK", "secret_key": SECRET,
+                  "region": "us-east-1"},
+    }
+    body.update(over)
+    return body
+
+
+async def wait_state(c: httpx.AsyncClient, *states: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = (await c.get("/state")).json()
+        if body["state"] in states:
+            return body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"state {body['state']!r}, wanted {states}: {body}")
+        await asyncio.sleep(0.005)
+
+
+async def ready(c: httpx.AsyncClient) -> dict[str, Any]:
+    await wait_state(c, "standby")
+    r = await c.post("/assign", json=assign_body())
+    assert r.status_code == 202, r.text
+    return await wait_state(c, "ready")
+
+
+# -- start-up, health, metrics -------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [World(import_on_spawn=False)], indirect=True)
+async def test_starting_until_the_engine_host_imported(world: World, client: httpx.AsyncClient) -> None:
+    await asyncio.sleep(0.05)
+    body = (await client.get("/state")).json()
+    assert body["state"] == "starting"
+    assert body["worker_id"] == "w1" and body["shape"] == "cpu-small"
+    assert body["engine_url"] is None and body["model"] is None and body["snapshot"] is None
+    r = await client.post("/assign", json=assign_body())
+    assert r.status_code == 409 and r.json()["state"] == "starting"
+    world.hosts[0].emit("imported")
+    await wait_state(client, "standby")
+
+
+async def test_healthz_and_metrics(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"ok": True}
+    await wait_state(client, "standby")
+    text = (await client.get("/metrics")).text
+    assert 'thaw_worker_state{state="standby"} 1.0' in text
+    assert 'thaw_worker_state{state="starting"} 0.0' in text
+    assert "thaw_worker_engine_start_seconds_count 0.0" in text
+
+
+# -- assign ------------------------------------------------------------------------------
+
+
+async def test_assign_loads_then_ready(world: World, client: httpx.AsyncClient) -> None:
+    await wait_state(client, "standby")
+    t0 = time.time()
+    r = await client.post("/assign", json=assign_body())
+    assert r.status_code == 202
+    assert r.json()["state"] == "loading" and r.json()["assignment_id"] == "a1"
+    body = await wait_state(client, "ready")
+    assert body["model"] == "demo" and body["served_model_name"] == "demo-chat"
+    p = body["phases"]
+    assert t0 <= p["assigned"] <= p["snapshot_restored"] <= p["weights_loaded"] <= p["engine_ready"]
+    assert body["error"] is None and body["in_flight"] == 0
+    cmd = world.hosts[0].launches[0]
+    assert body["engine_url"] == f"http://127.0.0.1:{cmd.port}"
+    assert cmd.uri == "s3://thaw/models/demo" and cmd.served_model_name == "demo-chat"
+    assert cmd.max_model_len == 512 and cmd.engine.enforce_eager
+    assert cmd.env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9"
+    assert cmd.env["AWS_SECRET_ACCESS_KEY"] == SECRET
+    assert cmd.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    # The store's secret never leaves through the API.
+    assert SECRET not in (await client.get("/state")).text
+    assert "thaw_worker_engine_start_seconds_count 1.0" in (await client.get("/metrics")).text
+
+
+async def test_assign_conflicts_unless_standby(client: httpx.AsyncClient) -> None:
+    await ready(client)
+    r = await client.post("/assign", json=assign_body(assignment_id="a2"))
+    assert r.status_code == 409
+    assert r.json()["state"] == "ready" and "ready" in r.json()["error"]
+    # A retried request for the current assignment is not a conflict.
+    r = await client.post("/assign", json=assign_body())
+    assert r.status_code == 202 and r.json()["state"] == "ready"
+
+
+@pytest.mark.parametrize(
+    ("change", "field_name"),
+    [
+        ({"uri": "http://not-s3/x"}, "uri"),
+        ({"max_model_len": 0}, "max_model_len"),
+        ({"engine": {"enforce_eagre": True}}, "engine.enforce_eagre"),
+        ({"store": {"access_key": "AK"}}, "store.secret_key"),
+        ({"assignment_id": ""}, "assignment_id"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+async def test_assign_malformed_body_is_422_naming_the_field(
+    client: httpx.AsyncClient, change: dict[str, Any], field_name: str
+) -> None:
+    await wait_state(client, "standby")
+    r = await client.post("/assign", json=assign_body(**change))
+    assert r.status_code == 422
+    assert field_name in r.json()["error"]
+    assert (await client.get("/state")).json()["state"] == "standby"
+
+
+async def test_assign_without_a_body_is_422(client: httpx.AsyncClient) -> None:
+    r = await client.post("/assign", content=b"not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "error" in r.json()
+
+
+# -- failures --------------------------------------------------------------------------
+
+
+async def test_no_manifest_fails_at_once_and_keeps_the_engine_host(world: World, client: httpx.AsyncClient) -> None:
+    world.manifest = lambda store, uri: None
+    await wait_state(client, "standby")
+    await client.post("/assign", json=assign_body(uri="s3://thaw/models/missing"))
+    body = await wait_state(client, "failed")
+    assert body["error"].startswith("no model at s3://thaw/models/missing")
+    assert "thaw-manifest.json" in body["error"]
+    assert body["assignment_id"] == "a1"
+    # Nothing was launched: the same engine host stands by again after the release.
+    assert world.hosts[0].launches == []
+    r = await client.post("/release", json={})
+    assert r.status_code == 202
+    body = await wait_state(client, "standby")
+    assert body["error"] is None and body["model"] is None
+    assert len(world.hosts) == 1 and world.hosts[0].returncode is None
+
+
+async def test_manifest_read_error_fails(world: World, client: httpx.AsyncClient) -> None:
+    def boom(store: S3Endpoint, uri: str) -> None:
+        raise ConnectionError("store unreachable")
+
+    world.manifest = boom
+    await wait_state(client, "standby")
+    await client.post("/assign", json=assign_body())
+    body = await wait_state(client, "failed")
+    assert "manifest" in body["error"] and "store unreachable" in body["error"]
+
+
+async def test_engine_failure_event_fails_kills_and_prestarts_a_fresh_host(
+    world: World, client: httpx.AsyncClient
+) -> None:
+    world.on_launch = "fail"
+    await wait_state(client, "standby")
+    await client.post("/assign", json=assign_body())
+    body = await wait_state(client, "failed")
+    assert body["error"] == "engine failed to start: FileNotFoundError: NoSuchKey"
+    assert body["engine_url"] is None
+    # The failed host was killed without a grace period, a fresh one started at once.
+    await asyncio.sleep(0.05)
+    assert world.hosts[0].stops == [0.0]
+    assert len(world.hosts) == 2 and world.hosts[1].returncode is None
+    assert (await client.get("/healthz")).status_code == 200
+    assert (await client.post("/release", json={"assignment_id": "a1"})).status_code == 202
+    await wait_state(client, "standby")
+
+
+async def test_engine_host_crash_while_loading_reports_its_output(world: World, client: httpx.AsyncClient) -> None:
+    world.on_launch = "crash"
+    await wait_state(client, "standby")
+    await client.post("/assign", json=assign_body())
+    body = await wait_state(client, "failed")
+    assert body["error"].startswith("engine exited with status 1 while loading")
+    assert "OSError: boom" in body["error"]
+    await client.post("/release", json={})
+    await wait_state(client, "standby")
+    assert len(world.hosts) == 2
+
+
+async def test_engine_death_while_serving_fails(world: World, client: httpx.AsyncClient) -> None:
+    await ready(client)
+    world.hosts[0].exit(-9)
+    body = await wait_state(client, "failed")
+    assert body["error"].startswith("engine exited with status -9 while serving")
+    await client.post("/release", json={})
+    await wait_state(client, "standby")
+
+
+async def test_engine_host_crash_in_standby_is_visible_and_recovers(world: World, client: httpx.AsyncClient) -> None:
+    await wait_state(client, "standby")
+    world.hosts[0].exit(1)
+    body = await wait_state(client, "failed")
+    assert "while standing by" in body["error"] and body["model"] is None
+    # A fresh host was started; a release clears the failure.
+    r = await client.post("/release", json={})
+    assert r.status_code == 202
+    await wait_state(client, "standby")
+    assert len(world.hosts) == 2
+
+
+# -- release -----------------------------------------------------------------------------
+
+
+async def test_release_drains_then_stops_gracefully(world: World, client: httpx.AsyncClient) -> None:
+    await ready(client)
+    world.in_flight = [2, 1, 0, 3, 0, 0]  # the first zero is followed by a new request
+    r = await client.post("/release", json={"assignment_id": "a1", "drain_timeout_s": 5})
+    assert r.status_code == 202 and r.json()["state"] == "draining"
+    body = await wait_state(client, "standby")
+    assert world.in_flight == [0]  # read until two zeros in a row
+    assert world.hosts[0].stops == [10.0]  # SIGTERM with the grace period
+    assert body["model"] is None and body["assignment_id"] is None and body["engine_url"] is None
+    assert body["phases"] == {"assigned": None, "snapshot_restored": None, "weights_loaded": None,
+                              "engine_ready": None}
+    # A second assignment goes to the fresh host.
+    world.healthy = False
+    r = await client.post("/assign", json=assign_body(assignment_id="a2"))
+    assert r.status_code == 202
+    await wait_state(client, "ready")
+    assert len(world.hosts) == 2 and len(world.hosts[1].launches) == 1
+
+
+async def test_release_gives_up_draining_after_the_timeout(world: World, client: httpx.AsyncClient) -> None:
+    await ready(client)
+    world.in_flight = [3]
+    t0 = time.monotonic()
+    await client.post("/release", json={"drain_timeout_s": 0.1})
+    await wait_state(client, "standby")
+    assert 0.1 <= time.monotonic() - t0 < 2.0
+
+
+async def test_release_of_another_assignment_is_409(client: httpx.AsyncClient) -> None:
+    await ready(client)
+    r = await client.post("/release", json={"assignment_id": "someone-else"})
+    assert r.status_code == 409
+    assert r.json()["state"] == "ready" and "someone-else" in r.json()["error"]
+    assert (await client.get("/state")).json()["state"] == "ready"
+
+
+async def test_release_in_standby_is_a_noop(world: World, client: httpx.AsyncClient) -> None:
+    await wait_state(client, "standby")
+    r = await client.post("/release", json={"assignment_id": "old"})
+    assert r.status_code == 200 and r.json()["state"] == "standby"
+    r = await client.post("/release")  # no body at all
+    assert r.status_code == 200
+    assert len(world.hosts) == 1 and world.hosts[0].stops == []
+
+
+async def test_release_while_loading_aborts_the_load(world: World, client: httpx.AsyncClient) -> None:
+    world.on_launch = "hang"
+    await wait_state(client, "standby")
+    await client.post("/assign", json=assign_body())
+    await asyncio.sleep(0.05)
+    assert world.hosts[0].launches
+    r = await client.post("/release", json={})
+    assert r.status_code == 202
+    await wait_state(client, "standby")
+    assert world.hosts[0].stops == [0.0]  # killed, not drained
+
+
+async def test_release_body_validation(client: httpx.AsyncClient) -> None:
+    r = await client.post("/release", json={"drain_timeout_s": -1})
+    assert r.status_code == 422 and "drain_timeout_s" in r.json()["error"]

@@ -1,0 +1,230 @@
+"""The pool policy: a pure function from a snapshot of the world to decisions.
+
+``decide(snapshot, state, cfg, now) -> (decisions, state)``. No I/O, no clock: the
+manager (``warm_pool.manager``) gathers the snapshot, calls this, stores the returned
+state and carries out the decisions. A test can step through ticks by hand.
+
+Rules, per model:
+- demand (queued or in-flight requests) and no replica ready or loading → assign a
+  standby worker of the model's shape now (a request at zero bypasses every delay);
+  with no standby, launch one within the pool's caps;
+- more demand than ``target_concurrency`` per replica → more replicas, up to
+  ``max_replicas``; ``min_replicas`` are kept even without traffic;
+- no request for ``idle_grace_s`` and nothing in flight → release replicas down to
+  ``min_replicas`` (scale to zero);
+- a failed load puts the model in exponential backoff (2 s, 4 s, … capped at 60 s);
+  the failed worker is released back to standby. A successful start resets it.
+Per shape (pool): keep ``standby_min``..``standby_max`` standby workers, never more than
+``max_instances`` in all, nor more than the budget in $/hour.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from thaw.config import InstanceShape, Pool, ThawConfig
+
+WorkerState = Literal[
+    "launching", "starting", "standby", "loading", "ready", "draining", "failed", "unreachable"
+]
+
+BACKOFF_BASE_S = 2.0
+BACKOFF_MAX_S = 60.0
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """What the manager last saw of one worker."""
+
+    id: str
+    shape: str
+    state: WorkerState
+    model: str | None = None
+    assignment_id: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelActivity:
+    """Traffic for one model, summed over the activators that reported it."""
+
+    queued: int = 0
+    in_flight: int = 0
+    last_request_at: float | None = None
+
+    @property
+    def demand(self) -> int:
+        return self.queued + self.in_flight
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    workers: tuple[WorkerView, ...]
+    activity: dict[str, ModelActivity] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    failures: int = 0
+    backoff_until: float = 0.0
+    last_error: str | None = None
+    # The assignment whose failure was last counted, so a failure seen on several
+    # ticks (until the worker is reset) counts once.
+    counted_assignment: str | None = None
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    models: dict[str, ModelState] = field(default_factory=dict)
+    # Incremented for every assignment, to make assignment ids unique.
+    assignments: int = 0
+
+
+# -- decisions (data; the manager carries them out) -----------------------------------
+
+
+@dataclass(frozen=True)
+class Assign:
+    worker_id: str
+    model: str
+    assignment_id: str
+
+
+@dataclass(frozen=True)
+class Release:
+    worker_id: str
+    model: str | None
+    reason: Literal["idle", "failed", "excess"]
+
+
+@dataclass(frozen=True)
+class Launch:
+    shape: str
+    reason: Literal["standby", "demand"]
+
+
+@dataclass(frozen=True)
+class Terminate:
+    worker_id: str
+    reason: Literal["unreachable", "excess_standby"]
+
+
+Decision = Assign | Release | Launch | Terminate
+
+
+def _can_launch(pool: Pool, shape: InstanceShape, total: int) -> bool:
+    """One more instance stays within the pool's instance cap and $/hour budget."""
+    if total >= pool.max_instances:
+        return False
+    if pool.budget_usd_per_hour is not None and shape.price_per_hour_usd > 0:
+        return (total + 1) * shape.price_per_hour_usd <= pool.budget_usd_per_hour
+    return True
+
+_SERVING = ("loading", "ready")
+_STANDBY_LIKE = ("launching", "starting", "standby")
+
+
+def backoff_s(failures: int) -> float:
+    """2, 4, 8, ... seconds, capped: the wait after ``failures`` consecutive failed loads."""
+    return min(BACKOFF_BASE_S * 2 ** max(failures - 1, 0), BACKOFF_MAX_S)
+
+
+def desired_replicas(activity: ModelActivity, min_replicas: int, max_replicas: int,
+                     target_concurrency: float, idle: bool) -> int:
+    """Replicas wanted for this traffic (before idle release), within the bounds."""
+    want = math.ceil(activity.demand / target_concurrency) if activity.demand else 0
+    if not idle and activity.last_request_at is not None:
+        # Recent traffic keeps at least one replica through the grace period.
+        want = max(want, 1)
+    return max(min_replicas, min(max_replicas, want))
+
+
+def decide(
+    snap: Snapshot, state: PolicyState, cfg: ThawConfig, now: float
+) -> tuple[list[Decision], PolicyState]:
+    decisions: list[Decision] = []
+    models = dict(state.models)
+    n_assign = state.assignments
+    free: dict[str, list[WorkerView]] = {}
+    for w in sorted(snap.workers, key=lambda w: w.id):
+        if w.state == "standby":
+            free.setdefault(w.shape, []).append(w)
+
+    # 1. Failed loads: count once, back off, reset the worker.
+    for w in snap.workers:
+        if w.state == "failed":
+            if w.model is not None:
+                ms = models.get(w.model, ModelState())
+                if w.assignment_id is None or w.assignment_id != ms.counted_assignment:
+                    failures = ms.failures + 1
+                    models[w.model] = ModelState(
+                        failures=failures, backoff_until=now + backoff_s(failures),
+                        last_error=w.error, counted_assignment=w.assignment_id,
+                    )
+            decisions.append(Release(w.id, w.model, "failed"))
+        elif w.state == "unreachable":
+            decisions.append(Terminate(w.id, "unreachable"))
+
+    # 2. Per model: scale from zero, up, and down to zero.
+    launches_for_demand: dict[str, int] = {}
+    for m in cfg.models:
+        act = snap.activity.get(m.name, ModelActivity())
+        replicas = [w for w in snap.workers if w.model == m.name and w.state in _SERVING]
+        ready = [w for w in replicas if w.state == "ready"]
+        ms = models.get(m.name, ModelState())
+        if ready and ms.failures:
+            models[m.name] = ms = replace(ms, failures=0, backoff_until=0.0, last_error=None)
+        a = m.autoscaling
+        idle = act.in_flight == 0 and act.queued == 0 and (
+            act.last_request_at is None or now - act.last_request_at >= a.idle_grace_s
+        )
+        want = desired_replicas(act, a.min_replicas, a.max_replicas, a.target_concurrency, idle)
+        if len(replicas) < want:
+            if now < ms.backoff_until:
+                continue
+            for _ in range(want - len(replicas)):
+                pool = free.get(m.shape) or []
+                if pool:
+                    w = pool.pop(0)
+                    n_assign += 1
+                    decisions.append(Assign(w.id, m.name, f"{m.name}-{n_assign}"))
+                else:
+                    launches_for_demand[m.shape] = launches_for_demand.get(m.shape, 0) + 1
+        elif len(replicas) > want and idle:
+            # Release loading replicas first (nobody waits on them), then the newest ready.
+            extra = len(replicas) - want
+            for w in sorted(replicas, key=lambda w: (w.state != "loading", w.id), reverse=False)[:extra]:
+                decisions.append(Release(w.id, m.name, "idle"))
+
+    # 3. Per pool: standby targets within caps and budget.
+    shapes = {s.name: s for s in cfg.shapes}
+    for pool in cfg.pools:
+        shape = shapes[pool.shape]
+        mine = [w for w in snap.workers if w.shape == pool.shape and w.state != "unreachable"]
+        standby = [w for w in mine if w.state in _STANDBY_LIKE]
+        # Standbys just assigned above are no longer standby.
+        assigned_now = {d.worker_id for d in decisions if isinstance(d, Assign)}
+        standby = [w for w in standby if w.id not in assigned_now]
+        total = len(mine)
+
+        # Demand that found no standby: launch, counting standbys already on their way.
+        need = launches_for_demand.get(pool.shape, 0) - len(
+            [w for w in standby if w.state in ("launching", "starting")]
+        )
+        for _ in range(max(need, 0)):
+            if not _can_launch(pool, shape, total):
+                break
+            decisions.append(Launch(pool.shape, "demand"))
+            total += 1
+        for _ in range(pool.standby_min - len(standby)):
+            if not _can_launch(pool, shape, total):
+                break
+            decisions.append(Launch(pool.shape, "standby"))
+            total += 1
+        idle_standby = [w for w in standby if w.state == "standby"]
+        for w in sorted(idle_standby, key=lambda w: w.id, reverse=True)[: max(len(standby) - pool.standby_max, 0)]:
+            decisions.append(Terminate(w.id, "excess_standby"))
+
+    return decisions, PolicyState(models=models, assignments=n_assign)

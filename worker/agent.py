@@ -1,0 +1,447 @@
+"""The worker agent: one per instance, hosting at most one engine at a time.
+
+It keeps one engine host process standing by (vLLM imported, see
+``worker.engine_host``). An assignment checks that the model is in the store,
+sends the launch to that engine host and polls the engine's ``/health`` until it
+answers; a release drains the engine (``/metrics``: nothing running or waiting,
+twice in a row), stops the engine host's process group and starts a fresh engine
+host for the next model. A failure stops the engine host at once and starts a fresh
+one too; the failure stays visible until a release clears it.
+
+The state is never set: the agent records facts (``worker.state.Facts``) and
+derives the state from them, in :meth:`Agent._update` only.
+
+Tasks: host replacements run to completion even when whoever asked for them is
+cancelled (a half-spawned engine host would be an orphan); everything else
+(assignment, release, restarts after a crash) is cancelled on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
+from typing import Any
+
+from thaw.embedded_store import free_port
+from thaw.log import get_logger
+from thaw.objstore import S3Endpoint
+from weight_streaming.push import read_manifest
+from worker.engine_client import EngineClient, HttpEngineClient
+from worker.host import EngineHost, EngineHostProcess, OnEvent
+from worker.launch import (
+    EV_FAILED,
+    EV_IMPORTED,
+    EV_WEIGHTS_LOADED,
+    LaunchCommand,
+    engine_env,
+)
+from worker.metrics import WorkerMetrics
+from worker.schemas import AssignRequest, Phases, ReleaseRequest, StateBody
+from worker.settings import AgentSettings
+from worker.state import Assignment, Facts, WorkerState, derive_state
+
+log = get_logger()
+
+HostSpawner = Callable[[OnEvent], Awaitable[EngineHost]]
+EngineClientFactory = Callable[[str], EngineClient]
+# Synchronous (boto3); the agent runs it in a thread. Returns None when there is no manifest.
+ManifestReader = Callable[[S3Endpoint, str], object | None]
+
+# Characters of engine output quoted in a failure reason.
+REASON_TAIL_CHARS = 1500
+
+
+class Conflict(Exception):
+    """The request does not fit the worker's current state (HTTP 409)."""
+
+    def __init__(self, message: str, state: WorkerState) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+def read_store_manifest(store: S3Endpoint, uri: str) -> object | None:
+    return read_manifest(store.client(), uri)
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        *,
+        spawn_host: HostSpawner | None = None,
+        engine_client: EngineClientFactory = HttpEngineClient,
+        manifest_reader: ManifestReader = read_store_manifest,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.metrics = WorkerMetrics()
+        self._spawn_host = spawn_host or self._spawn_engine_host_process
+        self._engine_client = engine_client
+        self._manifest_reader = manifest_reader
+        self._clock = clock
+        self.started_at = clock()
+        self._facts = Facts()
+        self._state = derive_state(self._facts)
+        self._state_since = self.started_at
+        self.metrics.set_state(self._state)
+        self._host: EngineHost | None = None
+        self._host_lock = asyncio.Lock()
+        self._engine: EngineClient | None = None
+        self._engine_url: str | None = None
+        self._assignment_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()  # cancelled on shutdown
+        self._host_tasks: set[asyncio.Task[Any]] = set()  # awaited on shutdown, never cancelled
+        self._stopping = False
+        # Engine hosts in a row that died before "imported" (restart backoff).
+        self._early_exits = 0
+
+    # -- facts and the derived state ----------------------------------------------
+
+    @property
+    def state(self) -> WorkerState:
+        return self._state
+
+    @property
+    def facts(self) -> Facts:
+        return self._facts
+
+    def _update(self, **changes: Any) -> None:
+        """The one place facts change; logs and exports a state change."""
+        self._facts = replace(self._facts, **changes)
+        new = derive_state(self._facts)
+        if new is not self._state:
+            a = self._facts.assignment
+            log.info(
+                "worker_state", state=new.value, previous=self._state.value,
+                model=a.model if a else None, assignment_id=a.assignment_id if a else None,
+                error=self._facts.failure if new is WorkerState.FAILED else None,
+            )
+            self._state, self._state_since = new, self._clock()
+            self.metrics.set_state(new)
+
+    def view(self) -> StateBody:
+        f, s = self._facts, self.settings
+        a = f.assignment
+        return StateBody(
+            worker_id=s.worker_id,
+            shape=s.shape,
+            state=self._state.value,
+            model=a.model if a else None,
+            assignment_id=a.assignment_id if a else None,
+            served_model_name=a.served_model_name if a else None,
+            engine_url=self._engine_url if self._state is WorkerState.READY else None,
+            started_at=self.started_at,
+            state_since=self._state_since,
+            phases=Phases(
+                assigned=a.assigned_at if a else None,
+                # No snapshots yet: nothing is restored, so this phase ends when the
+                # launch goes to the engine host (it takes no time of its own).
+                snapshot_restored=f.launched_at if a else None,
+                weights_loaded=f.weights_loaded_at if a else None,
+                engine_ready=f.engine_ready_at if a else None,
+            ),
+            snapshot=None,
+            error=f.failure,
+            in_flight=f.in_flight,
+        )
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the first engine host (returns at once; "imported" comes later)."""
+        self._replace_host()
+
+    async def stop(self) -> None:
+        """Cancel what is running, then stop the engine host and its whole group."""
+        self._stopping = True
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*list(self._host_tasks), return_exceptions=True)
+        async with self._host_lock:
+            host, self._host = self._host, None
+            if host is not None:
+                await host.stop(self._grace_s(self._graceful_stop_fits()))
+        await self._close_engine()
+        log.info("agent_stopped")
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        self._host_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("agent_task_failed", task=task.get_name(), exc_info=task.exception())
+
+    # -- engine hosts -------------------------------------------------------------
+
+    async def _spawn_engine_host_process(self, on_event: OnEvent) -> EngineHost:
+        return await EngineHostProcess.spawn(on_event, log_level=self.settings.log_level,
+                                             python=self.settings.python)
+
+    def _grace_s(self, graceful: bool) -> float:
+        return self.settings.host_stop_grace_s if graceful else 0.0
+
+    def _graceful_stop_fits(self) -> bool:
+        """Whether stopping the engine host now deserves a graceful SIGTERM: it is
+        standing by or serving (not loading, not failed)."""
+        f = self._facts
+        return f.failure is None and (f.launched_at is None or f.engine_ready_at is not None)
+
+    def _replace_host(self, graceful: bool = True) -> asyncio.Task[None]:
+        """Stop the current engine host (if any: SIGTERM and a grace period when
+        ``graceful``, else SIGKILL) and start a fresh one.
+
+        Runs as its own task that shutdown waits for instead of cancelling, so a
+        process being spawned is always known to the agent when it stops.
+        """
+        task = asyncio.create_task(self._do_replace_host(graceful), name="replace_host")
+        self._host_tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    async def _do_replace_host(self, graceful: bool) -> None:
+        async with self._host_lock:
+            old, self._host = self._host, None
+            if old is not None:
+                # From here on its events and its exit are not ours to act on.
+                self._update(host_running=False, host_imported=False)
+                await old.stop(self._grace_s(graceful))
+            if self._stopping:
+                return
+            try:
+                host = await self._spawn_host(self._on_host_event)
+            except Exception as exc:  # e.g. the interpreter is gone
+                log.exception("engine_host_spawn_failed")
+                self._early_exits += 1
+                self._note_host_failure(f"cannot start the engine host: {exc}")
+                self._schedule_host_restart()
+                return
+            self._host = host
+            self._update(host_running=True, host_imported=False)
+            self._spawn(self._watch_host(host), name="watch_host")
+
+    def _schedule_host_restart(self) -> None:
+        delay = 0.0
+        if self._early_exits:
+            delay = min(self.settings.host_restart_backoff_max_s, 2.0 ** (self._early_exits - 1))
+
+        async def restart() -> None:
+            await asyncio.sleep(delay)
+            await self._replace_host()
+
+        self._spawn(restart(), name="restart_host")
+
+    def _on_host_event(self, host: EngineHost, event: dict[str, Any]) -> None:
+        if host is not self._host:
+            return  # a host being replaced
+        kind = event["event"]
+        f = self._facts
+        if kind == EV_IMPORTED:
+            self._early_exits = 0
+            self._update(host_imported=True)
+        elif kind == EV_WEIGHTS_LOADED:
+            if f.assignment is not None and f.launched_at is not None and f.weights_loaded_at is None:
+                self._update(weights_loaded_at=float(event.get("t") or self._clock()))
+        elif kind == EV_FAILED:
+            self._fail(f"engine failed to start: {event.get('error') or 'no reason given'}")
+
+    async def _watch_host(self, host: EngineHost) -> None:
+        code = await host.wait()
+        if host is not self._host:
+            return  # stopped on purpose
+        self._host = None
+        f = self._facts
+        self._update(host_running=False, host_imported=False)
+        self._early_exits = 0 if f.host_imported else self._early_exits + 1
+        tail = host.output_tail()[-REASON_TAIL_CHARS:]
+        log.error("engine_host_exited", host_pid=host.pid, returncode=code, output_tail=tail)
+        if f.release_requested_at is None:
+            if f.assignment is None:
+                self._note_host_failure(f"engine host exited with status {code} while standing by: {tail}")
+            elif f.engine_ready_at is None:
+                self._fail(f"engine exited with status {code} while loading: {tail}")
+            else:
+                self._fail(f"engine exited with status {code} while serving: {tail}")
+            self._schedule_host_restart()
+        # During a release, the release flow starts the next engine host.
+
+    def _note_host_failure(self, reason: str) -> None:
+        # Without an assignment there is nothing to stop; the failure is shown until
+        # a release, so whoever manages the pool sees that this worker is unwell.
+        if self._facts.failure is None and self._facts.release_requested_at is None:
+            self._update(failure=reason)
+
+    # -- assignments ----------------------------------------------------------------
+
+    async def assign(self, req: AssignRequest) -> None:
+        """Accept an assignment (raises :class:`Conflict` unless standing by).
+
+        The same ``assignment_id`` again is accepted as a no-op (a retried request).
+        """
+        f = self._facts
+        if (f.assignment is not None and f.assignment.assignment_id == req.assignment_id
+                and f.release_requested_at is None):
+            return
+        if self._state is not WorkerState.STANDBY:
+            raise Conflict(f"worker is {self._state.value}, not standby; it takes an assignment only in standby",
+                           self._state)
+        a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock())
+        self._update(assignment=a, launched_at=None, weights_loaded_at=None, engine_ready_at=None,
+                     failure=None, in_flight=None)
+        log.info("assignment_accepted", assignment_id=a.assignment_id, model=a.model, uri=a.uri)
+        self._assignment_task = self._spawn(self._run_assignment(a, req), name="assignment")
+
+    async def _run_assignment(self, a: Assignment, req: AssignRequest) -> None:
+        try:
+            await self._load_and_serve(a, req)
+        except Exception as exc:  # a bug or an unexpected OS error: visible, not stuck in loading
+            log.exception("assignment_error", assignment_id=a.assignment_id)
+            self._fail(f"internal error in the worker agent: {type(exc).__name__}: {exc}")
+
+    async def _load_and_serve(self, a: Assignment, req: AssignRequest) -> None:
+        s = self.settings
+        store = req.store.endpoint()
+        try:
+            manifest = await asyncio.to_thread(self._manifest_reader, store, req.uri)
+        except Exception as exc:
+            self._fail(f"cannot read the model's manifest at {req.uri}: {exc}")
+            return
+        if manifest is None:
+            self._fail(f"no model at {req.uri} (no thaw-manifest.json: not pushed, or the push was interrupted)")
+            return
+        host = self._host
+        if host is None or not self._facts.host_imported:
+            self._fail("the engine host went away before the launch")
+            return
+        port = free_port()
+        cmd = LaunchCommand(
+            uri=req.uri, served_model_name=req.served_model_name, max_model_len=req.max_model_len,
+            engine=req.engine, port=port,
+            env=engine_env(req.engine, store.env(), str(s.data_dir)),
+        )
+        self._engine_url = f"http://127.0.0.1:{port}"
+        self._engine = engine = self._engine_client(self._engine_url)
+        self._update(launched_at=self._clock())
+        try:
+            await host.launch(cmd)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the engine host died: its watcher reports why
+        deadline = self._clock() + s.load_timeout_s
+        while not await engine.healthy():
+            if self._clock() > deadline:
+                self._fail(f"engine did not answer /health within {s.load_timeout_s:.0f} s of the launch")
+                return
+            await asyncio.sleep(s.ready_poll_s)
+        now = self._clock()
+        self._update(engine_ready_at=now)
+        self.metrics.engine_start.observe(now - a.assigned_at)
+        f = self._facts
+        log.info(
+            "engine_ready", assignment_id=a.assignment_id, model=a.model, engine_url=self._engine_url,
+            total_s=round(now - a.assigned_at, 3),
+            launch_s=round((f.launched_at or now) - a.assigned_at, 3),
+            weights_s=round(f.weights_loaded_at - (f.launched_at or now), 3) if f.weights_loaded_at else None,
+        )
+        while True:  # in_flight, for /state and the pool manager
+            self._update(in_flight=await engine.in_flight())
+            await asyncio.sleep(s.in_flight_poll_s)
+
+    def _fail(self, reason: str) -> None:
+        """The current assignment failed: record why, stop its engine host (if it was
+        launched) and start a fresh one. The first reason wins."""
+        f = self._facts
+        if f.failure is not None or f.release_requested_at is not None or f.assignment is None:
+            return
+        log.error("assignment_failed", assignment_id=f.assignment.assignment_id, model=f.assignment.model,
+                  reason=reason)
+        task = self._assignment_task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        self._update(failure=reason, in_flight=None)
+        self._spawn(self._close_engine(), name="close_engine")
+        if self._host is not None and self._host.launched:
+            self._replace_host(graceful=False)
+
+    async def _close_engine(self) -> None:
+        engine, self._engine, self._engine_url = self._engine, None, None
+        if engine is not None:
+            await engine.aclose()
+
+    # -- releases ---------------------------------------------------------------------
+
+    async def release(self, req: ReleaseRequest) -> bool:
+        """Start releasing the current assignment; False when there was nothing to do.
+
+        Raises :class:`Conflict` for an ``assignment_id`` that is not the current one.
+        """
+        f = self._facts
+        if f.assignment is None:
+            if f.failure is not None:  # an engine host failed while standing by
+                self._update(failure=None)
+                return True
+            return False
+        if req.assignment_id is not None and req.assignment_id != f.assignment.assignment_id:
+            raise Conflict(
+                f"assignment {req.assignment_id!r} is not the current one ({f.assignment.assignment_id!r})",
+                self._state,
+            )
+        if f.release_requested_at is not None:
+            return True  # already releasing
+        if f.failure is not None:
+            # The failed engine host is already being replaced (if it was launched).
+            log.info("release", assignment_id=f.assignment.assignment_id, from_state="failed")
+            self._clear_assignment()
+            return True
+        drain = self._state is WorkerState.READY  # else loading: abort
+        log.info("release", assignment_id=f.assignment.assignment_id, from_state=self._state.value,
+                 drain_timeout_s=req.drain_timeout_s)
+        self._update(release_requested_at=self._clock())
+        self._spawn(self._run_release(drain, req.drain_timeout_s), name="release")
+        return True
+
+    async def _run_release(self, drain: bool, drain_timeout_s: float) -> None:
+        task = self._assignment_task
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        engine = self._engine
+        if drain and engine is not None:
+            await self._drain(engine, drain_timeout_s)
+        await self._close_engine()
+        if self._host is None or self._host.launched:
+            await self._replace_host(graceful=drain)
+        self._clear_assignment()
+
+    async def _drain(self, engine: EngineClient, timeout_s: float) -> None:
+        """Wait until the engine has nothing running or waiting (two readings in a
+        row), or ``timeout_s`` passes, or the engine is gone."""
+        s = self.settings
+        deadline = self._clock() + timeout_s
+        zeros = 0
+        while True:
+            n = await engine.in_flight()
+            self._update(in_flight=n)
+            zeros = zeros + 1 if n == 0 else 0
+            if zeros >= 2:
+                log.info("drained")
+                return
+            if self._host is None or self._host.returncode is not None:
+                log.warning("drain_engine_gone")
+                return
+            if self._clock() >= deadline:
+                log.warning("drain_timeout", in_flight=n, timeout_s=timeout_s)
+                return
+            await asyncio.sleep(s.drain_poll_s)
+
+    def _clear_assignment(self) -> None:
+        self._assignment_task = None
+        self._update(assignment=None, launched_at=None, weights_loaded_at=None, engine_ready_at=None,
+                     release_requested_at=None, failure=None, in_flight=None)

@@ -1,0 +1,183 @@
+"""The engine host: pays vLLM's imports ahead of time, then serves one model.
+
+``python -m worker.engine_host`` is started by the agent (``worker.host``), in its
+own process group. It
+
+1. starts a forkserver that preloads vLLM's engine core (see
+   ``worker.engine_core_entry``) and, meanwhile, imports vLLM's OpenAI server itself;
+2. writes ``{"event": "imported"}`` to stdout and waits for one
+   :class:`~worker.launch.LaunchCommand` JSON line on stdin;
+3. sets the launch's environment and runs vLLM's OpenAI-compatible server
+   in-process until it is told to stop (SIGTERM).
+
+Events go to stdout (``worker.launch``); vLLM's logs go to stderr (the agent sets
+``VLLM_LOGGING_STREAM``). Exit status 0 after a clean stop or an empty stdin, 1
+after a failure (also reported as a ``failed`` event with the root cause).
+
+Heavy imports stay inside functions: a forked engine core imports this module
+again (as ``__mp_main__``) and must not pay for them.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from worker.launch import (
+    EV_FAILED,
+    EV_IMPORTED,
+    EV_LAUNCHED,
+    FORKSERVER_PRELOAD,
+    LaunchCommand,
+    emit_event,
+    forkserver_probe,
+    root_cause,
+    vllm_argv,
+)
+from worker.pdeathsig import die_with_parent
+
+
+def _start_forkserver() -> BaseContext:
+    """Start the forkserver now, so that it imports the engine core's modules while
+    this process imports the API server's (two cores do this in parallel)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([FORKSERVER_PRELOAD])  # type: ignore[attr-defined]
+    multiprocessing.forkserver.ensure_running()
+    return ctx
+
+
+def _forkserver_ready(ctx: BaseContext) -> bool:
+    """Wait for the forkserver's preload and tell whether it worked.
+
+    The forkserver accepts its first request only after its preload, so this also
+    waits for it to finish importing.
+    """
+    p = ctx.Process(target=forkserver_probe, name="thaw-forkserver-probe")  # type: ignore[attr-defined]
+    p.start()
+    p.join()
+    return p.exitcode == 0
+
+
+def _import_server() -> Any:
+    """Import vLLM's OpenAI server; returns the module with ``run_server``."""
+    import uvloop  # noqa: F401
+    import vllm.entrypoints.launchers.api_server.entry as entry
+    import vllm.entrypoints.launchers.cli_args  # noqa: F401
+    import vllm.utils.argparse_utils  # noqa: F401
+
+    # The patched engine core target must be importable under its own name here for
+    # pickling, and importing it now keeps that off the launch path.
+    import worker.engine_core_entry  # noqa: F401
+
+    return entry
+
+
+def _parse_server_args(argv: list[str]) -> Any:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(description="Thaw engine host"))
+
+    def error(message: str) -> Any:
+        # argparse would print usage and exit(2): report the reason instead.
+        raise ValueError(f"invalid engine arguments: {message}")
+
+    parser.error = error  # type: ignore[method-assign]
+    args = parser.parse_args(argv)
+    configure_logging_from_args(args)
+    validate_parsed_serve_args(args)
+    return args
+
+
+def _route_engine_core(ctx: BaseContext | None, env: dict[str, str]) -> None:
+    """Make vLLM start its engine core through Thaw's entry point (environment,
+    events) and, when the forkserver preloaded it, from the forkserver; vLLM's
+    model-class inspection then runs in a forkserver child too."""
+    import vllm.model_executor.models.registry as registry
+    import vllm.v1.engine.utils as engine_utils
+    from vllm.v1.engine.core import EngineCoreProc
+
+    from worker import engine_core_entry
+
+    EngineCoreProc.run_engine_core = staticmethod(  # type: ignore[method-assign]
+        functools.partial(engine_core_entry.run_engine_core, thaw_env=env)
+    )
+    if ctx is None:
+        return
+    # Only the engine core launcher's context: vLLM's executors keep theirs.
+    engine_utils.get_mp_context = lambda: ctx  # type: ignore[attr-defined]
+    registry._run_in_subprocess = functools.partial(_run_in_forkserver_child, ctx)  # type: ignore[attr-defined]
+
+
+def _run_in_forkserver_child(ctx: BaseContext, fn: Any) -> Any:
+    """Drop-in for vLLM's ``registry._run_in_subprocess``: same isolation (the model
+    class is imported in a child, so this process initialises no device), without a
+    fresh interpreter paying vLLM's imports."""
+    import pickle
+    import tempfile
+
+    import cloudpickle
+
+    from worker import engine_core_entry
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.pkl")
+        p = ctx.Process(  # type: ignore[attr-defined]
+            target=engine_core_entry.run_pickled, args=(cloudpickle.dumps(fn), out),
+            name="thaw-model-inspect",
+        )
+        p.start()
+        p.join()
+        if p.exitcode != 0:
+            raise RuntimeError(f"model class inspection failed in a forkserver child (exit status {p.exitcode})")
+        with open(out, "rb") as f:
+            return pickle.load(f)
+
+
+def main() -> int:
+    agent_pid = os.environ.get("THAW_AGENT_PID")
+    die_with_parent(signal.SIGTERM, expected_parent=int(agent_pid) if agent_pid else None)
+    # `kill -USR1 <pid>` prints every thread's stack to stderr (the agent's log at debug).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    t0 = time.monotonic()
+    ctx = _start_forkserver()
+    entry = _import_server()
+    preloaded = _forkserver_ready(ctx)
+    emit_event(EV_IMPORTED, import_s=round(time.monotonic() - t0, 3), preloaded=preloaded)
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0  # the agent closed stdin: stand down
+    try:
+        cmd = LaunchCommand.model_validate_json(line)
+        os.environ.update(cmd.env)
+        args = _parse_server_args(vllm_argv(cmd))
+        _route_engine_core(ctx if preloaded else None, cmd.env)
+        emit_event(EV_LAUNCHED, port=cmd.port)
+        import uvloop
+
+        uvloop.run(entry.run_server(args))
+    except KeyboardInterrupt:
+        # vLLM turns a SIGTERM during start-up into KeyboardInterrupt: we were stopped.
+        return 1
+    except BaseException as exc:  # noqa: BLE001 - report anything before dying
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            return 0
+        traceback.print_exc()
+        emit_event(EV_FAILED, error=root_cause(exc), where="engine_host")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""What the agent and its engine host say to each other, and how a launch becomes vLLM flags.
+
+The agent writes one :class:`LaunchCommand` as a JSON line to the engine host's
+stdin. The engine host (and the engine core process it forks) write events as JSON
+lines to stdout, one ``os.write`` per line so that lines from several processes
+sharing the pipe never interleave (writes up to PIPE_BUF bytes are atomic).
+Anything else on that stdout is a stray print and is treated as log output.
+
+This module is imported by the engine host before vLLM, so it stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from thaw.config import EngineArgs
+
+# Events (the "event" field of a line on the engine host's stdout).
+EV_IMPORTED = "imported"  # ready for a launch; fields: t, import_s, preloaded
+EV_LAUNCHED = "launched"  # launch command accepted; fields: t, port
+EV_WEIGHTS_LOADED = "weights_loaded"  # fields: t
+EV_FAILED = "failed"  # fields: error, where ("engine_host" | "engine_core")
+EVENTS = frozenset({EV_IMPORTED, EV_LAUNCHED, EV_WEIGHTS_LOADED, EV_FAILED})
+
+# Longest error text carried in an event; keeps each line well under PIPE_BUF (4096).
+MAX_ERROR_CHARS = 1500
+
+
+class LaunchCommand(BaseModel):
+    """Everything the engine host needs to start serving one model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uri: str
+    served_model_name: str
+    max_model_len: int
+    engine: EngineArgs
+    port: int
+    host: str = "127.0.0.1"
+    # Set in the engine host's (and the engine core's) environment before vLLM reads it.
+    env: dict[str, str]
+
+
+def vllm_argv(cmd: LaunchCommand) -> list[str]:
+    """The ``vllm serve``-style flags for a launch (parsed by vLLM's own arg parser)."""
+    e = cmd.engine
+    argv = [
+        "--model", cmd.uri,
+        "--load-format", e.load_format,
+        "--served-model-name", cmd.served_model_name,
+        "--max-model-len", str(cmd.max_model_len),
+        "--dtype", e.dtype,
+        "--tensor-parallel-size", str(e.tensor_parallel_size),
+        "--gpu-memory-utilization", str(e.gpu_memory_utilization),
+        "--host", cmd.host,
+        "--port", str(cmd.port),
+        # Same seed on every replica: identical sampling for identical requests.
+        "--seed", "0",
+    ]
+    if e.enforce_eager:
+        argv.append("--enforce-eager")
+    for key, value in e.extra.items():
+        argv.extend(extra_flag(key, value))
+    return argv
+
+
+def extra_flag(key: str, value: Any) -> list[str]:
+    """One ``engine.extra`` entry as flags: ``True`` is a bare flag, ``False`` its
+    ``--no-`` form, lists and dicts are JSON (vLLM parses JSON for structured options)."""
+    flag = "--" + key.replace("_", "-")
+    if value is True:
+        return [flag]
+    if value is False:
+        return ["--no-" + key.replace("_", "-")]
+    if value is None:
+        return []
+    if isinstance(value, dict | list):
+        return [flag, json.dumps(value)]
+    return [flag, str(value)]
+
+
+def engine_env(engine: EngineArgs, store_env: dict[str, str], data_dir: str) -> dict[str, str]:
+    """Environment for one launch: the store's (runai streamer), the CPU KV cache, caches."""
+    return {
+        **store_env,
+        # vLLM reads whole GiB here; round up so the configured space always fits.
+        "VLLM_CPU_KVCACHE_SPACE": str(max(1, math.ceil(engine.cpu_kvcache_gib))),
+        # The executor runs inside the engine core process (no extra worker process).
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "HF_HUB_OFFLINE": "1",
+        # The streamer's copies of config/tokenizer files land here, not in ~/.cache.
+        "VLLM_CACHE_ROOT": os.path.join(data_dir, "vllm-cache"),
+        "VLLM_ASSETS_CACHE": os.path.join(data_dir, "vllm-cache", "assets"),
+    }
+
+
+def encode_event(event: str, **fields: Any) -> bytes:
+    if "error" in fields and isinstance(fields["error"], str):
+        fields["error"] = fields["error"][-MAX_ERROR_CHARS:]
+    return (json.dumps({"event": event, "t": time.time(), "pid": os.getpid(), **fields}) + "\n").encode()
+
+
+def emit_event(event: str, **fields: Any) -> None:
+    """Write one event line to fd 1 in a single write (see the module docstring)."""
+    os.write(1, encode_event(event, **fields))
+
+
+def decode_event(line: str) -> dict[str, Any] | None:
+    """The event on this stdout line, or None for any other output."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(obj, dict) and obj.get("event") in EVENTS:
+        return obj
+    return None
+
+
+def root_cause(exc: BaseException) -> str:
+    """``Type: message`` of the innermost exception in the chain, prefixed by the
+    outermost one when they differ (vLLM wraps loader errors in its own)."""
+    chain = [exc]
+    seen = {id(exc)}
+    cur: BaseException | None = exc
+    while cur is not None:
+        nxt = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
+        if nxt is None or id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        chain.append(nxt)
+        cur = nxt
+
+    def fmt(e: BaseException) -> str:
+        msg = str(e).strip()
+        return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+    inner, outer = fmt(chain[-1]), fmt(chain[0])
+    return inner if inner == outer else f"{inner} (while: {outer})"
+
+
+# The module the engine host's forkserver preloads (see worker.engine_core_entry).
+FORKSERVER_PRELOAD = "worker.engine_core_entry"
+
+
+def forkserver_probe() -> None:
+    """Target of a probe process forked from the engine host's forkserver: exit 0 when
+    the preload is in the forkserver (multiprocessing ignores a failed preload
+    import silently), 3 when it is not."""
+    import sys
+
+    sys.exit(0 if FORKSERVER_PRELOAD in sys.modules else 3)

@@ -1,0 +1,38 @@
+"""The agent's Prometheus metrics, in a registry of its own (no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from worker.state import WorkerState
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.state = Gauge(
+            "thaw_worker_state", "1 for the worker's current state, 0 for the others",
+            ["state"], registry=self.registry,
+        )
+        self.engine_start = Histogram(
+            "thaw_worker_engine_start_seconds",
+            "From an accepted assignment to the engine answering /health",
+            buckets=(0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600),
+            registry=self.registry,
+        )
+        self.set_state(WorkerState.STARTING)
+
+    def set_state(self, current: WorkerState) -> None:
+        for s in WorkerState:
+            self.state.labels(s.value).set(1 if s is current else 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

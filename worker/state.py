@@ -1,0 +1,74 @@
+"""The worker's state, derived by one pure function from independent facts.
+
+Nothing sets the state directly. The agent records facts as they happen (the
+engine host reported "imported", an assignment arrived, the engine answered
+``/health``, a release was asked for, something failed) and :func:`derive_state`
+computes the state from them, so two code paths can never disagree about it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class WorkerState(StrEnum):
+    STARTING = "starting"  # no engine host has finished its imports yet
+    STANDBY = "standby"  # engine host imported, waiting for a model
+    LOADING = "loading"  # an assignment is being launched / loaded
+    READY = "ready"  # the engine answers /health: serving
+    DRAINING = "draining"  # a release is in progress (drain, then stop the engine)
+    FAILED = "failed"  # the last assignment failed; a release clears it
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The model this worker was told to serve (secrets stay out: see ``schemas.AssignRequest``)."""
+
+    assignment_id: str
+    model: str
+    uri: str
+    served_model_name: str
+    assigned_at: float
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Independent observations; each is set in one place by the agent."""
+
+    # An engine host process exists (spawned, not yet seen to exit).
+    host_running: bool = False
+    # That engine host reported "imported": it can take a launch now.
+    host_imported: bool = False
+    assignment: Assignment | None = None
+    # When the launch command went to the engine host (None: not sent yet).
+    launched_at: float | None = None
+    weights_loaded_at: float | None = None
+    # When the engine first answered GET /health with 200.
+    engine_ready_at: float | None = None
+    # When a release of the current assignment was accepted (drain in progress).
+    release_requested_at: float | None = None
+    # Why the last assignment failed (cleared by a release).
+    failure: str | None = None
+    # Requests running + waiting in the engine, from its /metrics (None: unknown).
+    in_flight: int | None = None
+
+
+def derive_state(f: Facts) -> WorkerState:
+    """The worker state for these facts.
+
+    Precedence: a release in progress is ``draining`` even if the engine died while
+    draining (the release finishes either way); a failure is ``failed`` until a
+    release clears it; an assignment is ``loading`` until the engine answers, then
+    ``ready``; without one, the worker is ``standby`` once an engine host has paid
+    its imports, else ``starting``.
+    """
+    if f.release_requested_at is not None:
+        return WorkerState.DRAINING
+    if f.failure is not None:
+        return WorkerState.FAILED
+    if f.assignment is not None:
+        return WorkerState.READY if f.engine_ready_at is not None else WorkerState.LOADING
+    if f.host_running and f.host_imported:
+        return WorkerState.STANDBY
+    return WorkerState.STARTING
