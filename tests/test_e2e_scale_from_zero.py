@@ -101,7 +101,7 @@ def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path, tmp_path_f
     demo.update({"uri": uri, "demo_if_missing": False})
     demo["autoscaling"].update({"idle_grace_s": IDLE_GRACE_S, "activation_timeout_s": 240})
     ghost = {**demo, "name": "ghost", "served_name": "ghost", "uri": f"s3://{BUCKET}/e2e/nothing-{os.getpid()}",
-             "autoscaling": {**demo["autoscaling"], "activation_timeout_s": 60}}
+             "autoscaling": {**demo["autoscaling"], "activation_timeout_s": 240}}
     cfg["models"].append(ghost)
     cfg["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 2})
     path = tmp / "thaw.yaml"
@@ -213,15 +213,14 @@ def test_error_statuses_are_openai_errors(stack: Stack) -> None:
 
 
 def test_model_without_weights_fails_fast_with_the_reason(stack: Stack) -> None:
-    t0 = time.time()
     with pytest.raises(openai.APIStatusError) as info:
         stack.client().chat.completions.create(model="ghost", messages=[{"role": "user", "content": "x"}])
-    elapsed = time.time() - t0
     assert info.value.status_code == 503
     message = info.value.body["message"]  # type: ignore[index]
-    assert "ghost" in message and "no model at" in message, message
+    # The answer is the load failure's reason (from the first backoff), not the
+    # activation timeout's "did not become ready".
+    assert "ghost" in message and "no model at" in message and "did not become ready" not in message, message
     assert int(info.value.response.headers["retry-after"]) >= 1
-    assert elapsed < 30  # the reason comes with the first backoff, not the activation timeout (60 s)
     # The platform is fine: health answers and the demo model still serves.
     assert httpx.get(stack.base_url.removesuffix("/v1") + "/healthz").json()["ok"] is True
     out = stack.client().chat.completions.create(model="thaw-demo", messages=[{"role": "user", "content": "y"}],

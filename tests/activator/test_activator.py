@@ -292,3 +292,38 @@ async def test_models_list_shows_state(activator: tuple[Any, httpx.AsyncClient],
     assert [m["id"] for m in limited["data"]] == ["other"]
     listed = await oai(client).models.list()
     assert {m.id for m in listed.data} == {"thaw-demo", "other"}
+
+
+def test_client_disconnect_aborts_the_upstream_stream(engine: tuple[FakeEngine, str]) -> None:
+    """A real server (not ASGI-in-process): closing the client connection mid-stream must
+    close the upstream request, which is what makes vLLM abort the generation."""
+    import threading
+    import time
+
+    import uvicorn
+
+    slow = FakeEngine("slow", tokens=200)
+    slow.token_delay_s = 0.05
+    app = create_app(make_config(), f"http://127.0.0.1:{free_port()}", activator_id="t2")
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    with serve(slow) as url:
+        deadline = time.time() + 10
+        while not server.started and time.time() < deadline:
+            time.sleep(0.02)
+        app.state.routes.apply(table(1, [replica(url)]))
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json={**CHAT, "stream": True},
+                          headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    break  # got the first token: hang up
+        deadline = time.time() + 10
+        while slow.cancelled == 0 and time.time() < deadline:
+            time.sleep(0.05)
+        assert slow.cancelled == 1
+        # The activator no longer counts it as in flight.
+        assert app.state.routes.routes["demo"].in_flight == 0
+    server.should_exit = True
+    thread.join(timeout=10)
