@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ from activator.errors import (
     error_response,
     internal_error_response,
 )
+from activator.ledger import Ledger, parse_time, query_usage, usage_totals
 from activator.metrics import ActivatorMetrics
 from activator.routing import RouteWatcher
 from activator.service import CompletionService, Kind, RequestContext, request_id_from
@@ -38,8 +40,19 @@ log = get_logger()
 def create_app(cfg: ThawConfig, pool_url: str, *, activator_id: str | None = None) -> FastAPI:
     registry = CollectorRegistry()
     metrics = ActivatorMetrics(registry)
-    routes = RouteWatcher(cfg.models, pool_url, activator_id or f"activator-{uuid.uuid4().hex[:8]}")
-    service = CompletionService(cfg, Authenticator.from_config(cfg), routes, metrics)
+    ledger = Ledger(cfg.ledger_path, group_window_s=cfg.ledger.group_window_ms / 1000)
+
+    def on_replica(up: bool, replica: str, model: str, at: float) -> None:
+        if up:
+            m = cfg.model(model)
+            shape = cfg.shape(m.shape) if m else None
+            ledger.replica_up(replica, model, shape.gpu_count if shape else 0, at)
+        else:
+            ledger.replica_down(replica, at)
+
+    routes = RouteWatcher(cfg.models, pool_url, activator_id or f"activator-{uuid.uuid4().hex[:8]}",
+                          on_replica=on_replica)
+    service = CompletionService(cfg, Authenticator.from_config(cfg), routes, metrics, ledger)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -49,12 +62,14 @@ def create_app(cfg: ThawConfig, pool_url: str, *, activator_id: str | None = Non
         finally:
             await routes.close()
             await service.close()
+            ledger.close()
 
     app = FastAPI(title="thaw activator", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.cfg = cfg
     app.state.routes = routes
     app.state.service = service
     app.state.metrics = metrics
+    app.state.ledger = ledger
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -83,12 +98,19 @@ def create_app(cfg: ThawConfig, pool_url: str, *, activator_id: str | None = Non
             try:
                 response = await service.handle(request, kind, ctx, path_model)
             except ApiError as exc:
+                ctx.status = exc.status
+                await service.record(ctx, exc.code)
                 service.observe_end(ctx, exc)
                 log.info("request_refused", status=exc.status, code=exc.code, message=exc.message,
                          model=ctx.model.name if ctx.model else None)
                 return error_response(exc, ctx.response_headers())
             except Exception:
                 log.exception("request_failed")
+                ctx.status = 500
+                try:
+                    await service.record(ctx, "internal_error")
+                except Exception:
+                    log.exception("ledger_append_failed")
                 service.observe_end(ctx, ApiError("internal"))
                 return internal_error_response(ctx.request_id, ctx.response_headers())
             service.observe_end(ctx)
@@ -141,9 +163,31 @@ def create_app(cfg: ThawConfig, pool_url: str, *, activator_id: str | None = Non
     async def models(request: Request) -> Response:
         return await list_models(request, None)
 
+    @app.get("/v1/models/{model:path}")
+    async def model_by_id(model: str, request: Request) -> Response:
+        rid = request_id_from(request)
+        try:
+            m = service.resolve_model(service.principal(request), model)
+        except ApiError as exc:
+            return error_response(exc, {"x-request-id": rid})
+        return JSONResponse(model_entry(m.name), headers={"x-request-id": rid})
+
     @app.get("/m/{model}/v1/models")
     async def models_for(model: str, request: Request) -> Response:
         return await list_models(request, model)
+
+    @app.get("/v1/usage")
+    async def usage(request: Request, since: str | None = None, until: str | None = None) -> Response:
+        """The caller's own usage records (never another tenant's) and their totals."""
+        rid = request_id_from(request)
+        try:
+            principal = service.principal(request)
+            lo, hi = parse_time(since, "since"), parse_time(until, "until")
+        except ApiError as exc:
+            return error_response(exc, {"x-request-id": rid})
+        records = await asyncio.to_thread(query_usage, cfg.ledger_path, tenant=principal.tenant, since=lo, until=hi)
+        return JSONResponse({"object": "list", "tenant": principal.tenant, "totals": usage_totals(records),
+                             "data": records}, headers={"x-request-id": rid})
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

@@ -67,12 +67,16 @@ class RouteWatcher:
         *,
         clock: Callable[[], float] = time.time,
         report_interval_s: float = 1.0,
+        on_replica: Callable[[bool, str, str, float], None] | None = None,
     ) -> None:
         self.models = {m.name: m for m in models}
         self.pool_url = pool_url.rstrip("/")
         self.activator_id = activator_id
         self.clock = clock
         self.report_interval_s = report_interval_s
+        # Told (up, replica id, model, time) when a replica appears or goes: the ledger
+        # keeps replica lifetimes for GPU-second attribution.
+        self.on_replica = on_replica
         self.routes: dict[str, ModelRoutes] = {m.name: ModelRoutes() for m in models}
         self.version = -1
         self.connected = False
@@ -126,6 +130,13 @@ class RouteWatcher:
                 if prev is not None and prev.assignment_id == rep.assignment_id:
                     rep.outstanding = prev.outstanding
                 st.replicas.append(rep)
+            if self.on_replica is not None:
+                before = {r.assignment_id or r.url for r in old.values()}
+                after = {r.assignment_id or r.url for r in st.replicas}
+                for rid in after - before:
+                    self.on_replica(True, rid, name, now)
+                for rid in before - after:
+                    self.on_replica(False, rid, name, now)
             new_failure = entry["failures"] > st.failures and entry["error"]
             st.loading = entry["loading"]
             st.failures = entry["failures"]

@@ -29,8 +29,10 @@ from activator.errors import (
     UpstreamError,
     error_body,
 )
+from activator.ledger import Ledger, UsageRecord
 from activator.metrics import PHASES, ActivatorMetrics
 from activator.routing import Acquired, Replica, RouteWatcher
+from activator.usage import StreamTap, Usage, usage_from_body
 from thaw.config import Model, ThawConfig
 from thaw.log import get_logger
 
@@ -40,6 +42,24 @@ Kind = Literal["chat", "completions"]
 UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Headers from the engine that are about the connection, not the content.
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
+
+
+_COMMON = {
+    "model", "stream", "stream_options", "n", "stop", "seed", "logprobs", "max_tokens", "temperature",
+    "top_p", "frequency_penalty", "presence_penalty", "logit_bias", "user",
+    # vLLM's own sampling parameters, which its OpenAI server accepts as extras.
+    "top_k", "min_p", "repetition_penalty", "length_penalty", "stop_token_ids", "ignore_eos", "min_tokens",
+    "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
+    "structured_outputs", "priority", "request_id",
+}
+ALLOWED_PARAMS: dict[str, frozenset[str]] = {
+    "chat": frozenset(_COMMON | {
+        "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
+        "parallel_tool_calls", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+        "echo", "documents",
+    }),
+    "completions": frozenset(_COMMON | {"prompt", "suffix", "echo", "best_of", "response_format"}),
+}
 
 
 def request_id_from(request: Request) -> str:
@@ -60,6 +80,12 @@ class RequestContext:
     enqueued_at: float | None = None
     first_byte_at: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    tenant: str | None = None
+    stream: bool = False
+    replica: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    cancelled: bool = False
+    recorded: bool = False
 
     def response_headers(self) -> dict[str, str]:
         h = {"x-request-id": self.request_id, "x-thaw-cold-start": "true" if self.cold else "false"}
@@ -75,6 +101,7 @@ class CompletionService:
         auth: Authenticator,
         routes: RouteWatcher,
         metrics: ActivatorMetrics,
+        ledger: Ledger,
         *,
         clock: Callable[[], float] = time.time,
         upstream_timeout_s: float = 600.0,
@@ -83,6 +110,7 @@ class CompletionService:
         self.auth = auth
         self.routes = routes
         self.metrics = metrics
+        self.ledger = ledger
         self.clock = clock
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(upstream_timeout_s, connect=2.0),
@@ -128,6 +156,10 @@ class CompletionService:
 
     @staticmethod
     def validate(kind: Kind, body: dict[str, Any]) -> None:
+        unknown = sorted(set(body) - ALLOWED_PARAMS[kind])
+        if unknown:
+            raise BadRequest(f"unsupported parameter {unknown[0]!r} for /v1/{'chat/' if kind == 'chat' else ''}"
+                             "completions", param=unknown[0], code="unsupported_parameter")
         if kind == "chat":
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
@@ -151,6 +183,7 @@ class CompletionService:
     # -- the request ----------------------------------------------------------------
     async def handle(self, request: Request, kind: Kind, ctx: RequestContext, path_model: str | None) -> Response:
         principal = self.principal(request)
+        ctx.tenant = principal.tenant
         body = await self.read_json(request)
         requested = body.get("model")
         if path_model is not None:
@@ -162,7 +195,12 @@ class CompletionService:
         model = self.resolve_model(principal, requested)
         ctx.model = model
         self.validate(kind, body)
-        stream = bool(body.get("stream", False))
+        stream = ctx.stream = bool(body.get("stream", False))
+        client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else True
+        if stream:
+            # Always get usage from the engine, for the ledger; the tap forwards the
+            # usage chunk only when the client asked for it.
+            body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
 
         st = self.routes.routes[model.name]
         st.last_request_at = self.clock()
@@ -182,7 +220,10 @@ class CompletionService:
         except BaseException:
             st.in_flight -= 1
             raise
-        return self._respond(model, upstream, replica, stream, ctx)
+        ctx.replica = replica.assignment_id or replica.worker_id
+        if not stream:
+            return await self._respond_whole(model, upstream, replica, ctx)
+        return self._respond(model, upstream, replica, client_wants_usage, ctx)
 
     async def _send(
         self, model: Model, kind: Kind, body: dict[str, Any], acquired: Acquired, ctx: RequestContext
@@ -212,12 +253,38 @@ class CompletionService:
                 replica = again.replica
         raise AssertionError("unreachable")
 
+    async def _respond_whole(
+        self, model: Model, upstream: httpx.Response, replica: Replica, ctx: RequestContext
+    ) -> Response:
+        """A non-streamed answer: read it whole, take its usage, commit the record, answer."""
+        try:
+            content = await upstream.aread()
+            self._first_byte(model, replica, ctx)
+        except httpx.HTTPError as exc:
+            ctx.status = 502
+            raise UpstreamError(f"the replica failed while answering: {exc}") from None
+        finally:
+            replica.outstanding -= 1
+            st = self.routes.routes[model.name]
+            st.in_flight -= 1
+            st.last_request_at = self.clock()
+            await upstream.aclose()
+        ctx.status = upstream.status_code
+        usage_from_body(content, ctx.usage)
+        await self.record(ctx)
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+        headers.update(ctx.response_headers())
+        return Response(content, status_code=upstream.status_code, headers=headers,
+                        media_type=upstream.headers.get("content-type"))
+
     def _respond(
-        self, model: Model, upstream: httpx.Response, replica: Replica, stream: bool, ctx: RequestContext
+        self, model: Model, upstream: httpx.Response, replica: Replica, client_wants_usage: bool,
+        ctx: RequestContext,
     ) -> Response:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
         headers.update(ctx.response_headers())
         ctx.status = upstream.status_code
+        tap = StreamTap(ctx.usage, forward_usage_chunk=client_wants_usage)
         done = False
 
         async def finish() -> None:
@@ -229,18 +296,31 @@ class CompletionService:
             self.routes.routes[model.name].in_flight -= 1
             self.routes.routes[model.name].last_request_at = self.clock()
             await upstream.aclose()
+            if not ctx.recorded:
+                # The client went away (or the stream broke) before the end.
+                ctx.cancelled = not tap.saw_done
+                await self.record(ctx)
 
         async def body_iter() -> AsyncIterator[bytes]:
             try:
                 async for chunk in upstream.aiter_raw():
                     if ctx.first_byte_at is None:
                         self._first_byte(model, replica, ctx)
-                    yield chunk
+                    for event in tap.feed(chunk):
+                        if event.strip() == b"data: [DONE]":
+                            # The guarantee: committed before the client sees the end.
+                            await self.record(ctx)
+                        yield event
+                rest = tap.flush()
+                if rest:
+                    yield rest
             except httpx.HTTPError as exc:
                 log.warning("upstream_failed_mid_stream", url=replica.url, error=str(exc))
-                if ctx.first_byte_at is not None and stream:
+                ctx.status = 502
+                if ctx.first_byte_at is not None:
                     err = error_body(502, f"the replica failed mid-stream: {exc}; the answer is incomplete",
                                      "server_error", None, "upstream_error")
+                    await self.record(ctx, error_code="upstream_error")
                     yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
                 else:
                     raise
@@ -251,6 +331,22 @@ class CompletionService:
             body_iter(), status_code=upstream.status_code, headers=headers,
             media_type=upstream.headers.get("content-type"), background=BackgroundTask(finish),
         )
+
+    async def record(self, ctx: RequestContext, error_code: str | None = None) -> None:
+        """Append this request's usage record once (no-op before authentication)."""
+        if ctx.recorded or ctx.tenant is None:
+            return
+        ctx.recorded = True
+        now = self.clock()
+        await self.ledger.append(UsageRecord(
+            request_id=ctx.request_id, tenant=ctx.tenant, model=ctx.model.name if ctx.model else None,
+            status=ctx.status, error_code=error_code, prompt_tokens=ctx.usage.prompt_tokens,
+            completion_tokens=ctx.usage.completion_tokens, cached_tokens=ctx.usage.cached_tokens,
+            usage_source=ctx.usage.source, queue_ms=round(ctx.queue_s * 1000, 3),
+            ttft_ms=round((ctx.first_byte_at - ctx.arrival) * 1000, 3) if ctx.first_byte_at else None,
+            duration_ms=round((now - ctx.arrival) * 1000, 3), cold_start=ctx.cold, cancelled=ctx.cancelled,
+            stream=ctx.stream, replica=ctx.replica, started_at=ctx.arrival, finished_at=now,
+        ))
 
     def _first_byte(self, model: Model, replica: Replica, ctx: RequestContext) -> None:
         now = self.clock()

@@ -201,11 +201,19 @@ class Server(_Strict):
     max_body_bytes: PositiveInt = 4 * 1024 * 1024
 
 
+class LedgerConfig(_Strict):
+    # SQLite file (WAL); relative paths are under data_dir.
+    path: Path = Path("usage.db")
+    # Records finishing within this window share one commit (one fsync).
+    group_window_ms: NonNegativeFloat = 5.0
+
+
 class ThawConfig(_Strict):
     # Relative paths in the file are resolved against the file's directory.
     data_dir: Path = Path(".thaw")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     server: Server = Server()
+    ledger: LedgerConfig = LedgerConfig()
     object_store: ObjectStore = ObjectStore()
     shapes: list[InstanceShape] = Field(min_length=1)
     pools: list[Pool] = Field(default_factory=list)
@@ -250,6 +258,13 @@ class ThawConfig(_Strict):
             if unknown:
                 raise ValueError(f"tenants[{i}] ({t.name}): allowed_models names unknown models {unknown}")
         return self
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.ledger.path if self.ledger.path.is_absolute() else self.data_dir / self.ledger.path
+
+    def shape(self, name: str) -> InstanceShape | None:
+        return next((s for s in self.shapes if s.name == name), None)
 
     def model(self, name: str) -> Model | None:
         for m in self.models:

@@ -54,6 +54,10 @@ class FakeEngine:
                                  "choices": [{"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}]}
                         yield f"data: {json.dumps(chunk)}\n\n".encode()
                         await asyncio.sleep(self.token_delay_s)
+                    if (body.get("stream_options") or {}).get("include_usage"):
+                        usage = {"prompt_tokens": 3, "completion_tokens": self.tokens,
+                                 "total_tokens": 3 + self.tokens}
+                        yield f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': usage})}\n\n".encode()
                     yield b"data: [DONE]\n\n"
                 except asyncio.CancelledError:
                     self.cancelled += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,9 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 KEY, LIMITED_KEY = "key-all", "key-limited"
 
 
-def make_config(**autoscaling: Any) -> ThawConfig:
+def make_config(data_dir: Path | None = None, **autoscaling: Any) -> ThawConfig:
     data = yaml.safe_load(EXAMPLE.read_text())
+    data["data_dir"] = str(data_dir or Path(tempfile.mkdtemp(prefix="thaw-act-")))
     demo = data["models"][0]
     demo["autoscaling"].update({"activation_timeout_s": 2, "max_queue_length": 3, **autoscaling})
     other = copy.deepcopy(demo)
@@ -69,6 +71,7 @@ async def activator() -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
         yield app, client
     await app.state.routes.close()
     await app.state.service.close()
+    app.state.ledger.close()
 
 
 def oai(client: httpx.AsyncClient, key: str = KEY) -> openai.AsyncOpenAI:
@@ -323,7 +326,89 @@ def test_client_disconnect_aborts_the_upstream_stream(engine: tuple[FakeEngine, 
         while slow.cancelled == 0 and time.time() < deadline:
             time.sleep(0.05)
         assert slow.cancelled == 1
-        # The activator no longer counts it as in flight.
+        # The activator no longer counts it as in flight, and metered it as cancelled.
+        from activator.ledger import query_usage
+
+        deadline = time.time() + 10
+        rows: list[dict[str, Any]] = []
+        while not rows and time.time() < deadline:
+            rows = query_usage(app.state.cfg.ledger_path)
+            time.sleep(0.05)
         assert app.state.routes.routes["demo"].in_flight == 0
+        assert [(r["cancelled"], r["usage_source"]) for r in rows] == [(1, "estimated")]
+        assert rows[0]["completion_tokens"] >= 1
     server.should_exit = True
     thread.join(timeout=10)
+
+
+async def test_every_request_is_metered_with_the_usage_the_client_saw(
+    activator: tuple[Any, httpx.AsyncClient], engine: tuple[FakeEngine, str]
+) -> None:
+    from activator.ledger import query_usage
+
+    app, client = activator
+    _, url = engine
+    app.state.routes.apply(table(1, [replica(url, assignment="demo-9")]))
+    c = oai(client)
+    # Streamed, asking for usage: the client gets the usage chunk.
+    stream = await c.chat.completions.create(**CHAT, stream=True, stream_options={"include_usage": True})
+    chunks = [ch async for ch in stream]
+    seen_usage = [ch.usage for ch in chunks if ch.usage]
+    assert len(seen_usage) == 1 and seen_usage[0].completion_tokens == 5
+    # Streamed, not asking: no usage chunk reaches the client, but it is metered.
+    stream = await c.chat.completions.create(**CHAT, stream=True)
+    assert not [ch async for ch in stream if ch.usage]
+    # Not streamed.
+    out = await c.chat.completions.create(**CHAT)
+    assert out.usage is not None and out.usage.prompt_tokens == 3
+    # Failures after authentication are metered too.
+    with pytest.raises(openai.NotFoundError):
+        await c.chat.completions.create(**{**CHAT, "model": "nope"})
+    with pytest.raises(openai.BadRequestError):
+        await c.chat.completions.create(model="thaw-demo", messages=[])
+    # A bad key is not (there is no tenant to bill).
+    with pytest.raises(openai.AuthenticationError):
+        await oai(client, "wrong").chat.completions.create(**CHAT)
+
+    rows = query_usage(app.state.cfg.ledger_path)
+    assert [(r["status"], r["prompt_tokens"], r["completion_tokens"], r["usage_source"]) for r in rows] == [
+        (200, 3, 5, "engine"), (200, 3, 5, "engine"), (200, 3, 5, "engine"), (404, 0, 0, "none"),
+        (400, 0, 0, "none"),
+    ]
+    assert all(r["tenant"] == "all" and r["replica"] in ("demo-9", None) for r in rows)
+    assert rows[0]["stream"] == 1 and rows[2]["stream"] == 0
+
+    # GET /v1/usage: the caller's own records only.
+    mine = (await client.get("/v1/usage", headers={"Authorization": f"Bearer {KEY}"})).json()
+    assert mine["tenant"] == "all" and mine["totals"]["requests"] == 5 and mine["totals"]["completion_tokens"] == 15
+    theirs = (await client.get("/v1/usage", headers={"Authorization": f"Bearer {LIMITED_KEY}"})).json()
+    assert theirs["totals"]["requests"] == 0 and theirs["data"] == []
+    bad = await client.get("/v1/usage?since=yesterday", headers={"Authorization": f"Bearer {KEY}"})
+    assert_openai_error(bad, 400, param="since")
+
+
+async def test_unsupported_parameter_is_named_and_known_ones_pass(
+    activator: tuple[Any, httpx.AsyncClient], engine: tuple[FakeEngine, str]
+) -> None:
+    app, client = activator
+    fake, url = engine
+    app.state.routes.apply(table(1, [replica(url)]))
+    c = oai(client)
+    with pytest.raises(openai.BadRequestError) as info:
+        await c.chat.completions.create(**CHAT, extra_body={"frobnicate": 1})
+    assert info.value.body["param"] == "frobnicate"  # type: ignore[index]
+    assert info.value.body["code"] == "unsupported_parameter"  # type: ignore[index]
+    await c.chat.completions.create(
+        **CHAT, n=2, stop=["\n"], seed=7, logprobs=True, top_logprobs=2, max_completion_tokens=4,
+        response_format={"type": "json_object"}, temperature=0, extra_body={"top_k": 5})
+    sent = fake.requests[-1]["body"]
+    assert (sent["n"], sent["stop"], sent["seed"], sent["top_logprobs"], sent["top_k"]) == (2, ["\n"], 7, 2, 5)
+    assert sent["response_format"] == {"type": "json_object"}
+
+
+async def test_get_one_model(activator: tuple[Any, httpx.AsyncClient]) -> None:
+    _, client = activator
+    m = await oai(client).models.retrieve("thaw-demo")
+    assert m.id == "thaw-demo"
+    with pytest.raises(openai.NotFoundError):
+        await oai(client, LIMITED_KEY).models.retrieve("thaw-demo")

@@ -1,0 +1,304 @@
+"""The usage ledger: one append-only record per request, in SQLite (WAL).
+
+Durability guarantee: a request's record is committed (WAL, ``synchronous=FULL``)
+before the client receives the end of its answer — the ``data: [DONE]`` of a stream,
+the body of a non-streamed response, or the error body. So any request whose answer a
+client saw complete is in the ledger, even if the activator is SIGKILLed right after.
+Requests cut off by a crash before that point may be missing; cancelled streams are
+recorded when the activator notices the disconnect.
+
+Writes go through one thread that owns the connection and commits in groups: records
+that arrive within ``group_window_s`` of each other share one commit (one fsync), and
+each caller awaits the commit of its own record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from thaw.log import get_logger
+
+log = get_logger()
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS usage (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    request_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    model TEXT,
+    status INTEGER NOT NULL,
+    error_code TEXT,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    cached_tokens INTEGER NOT NULL DEFAULT 0,
+    usage_source TEXT NOT NULL,
+    queue_ms REAL NOT NULL DEFAULT 0,
+    ttft_ms REAL,
+    duration_ms REAL NOT NULL,
+    cold_start INTEGER NOT NULL DEFAULT 0,
+    cancelled INTEGER NOT NULL DEFAULT 0,
+    stream INTEGER NOT NULL DEFAULT 0,
+    replica TEXT,
+    started_at REAL NOT NULL,
+    finished_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_tenant_time ON usage (tenant, started_at);
+CREATE TABLE IF NOT EXISTS replica_intervals (
+    replica TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    gpus INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL
+);
+"""
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    request_id: str
+    tenant: str
+    model: str | None
+    status: int
+    error_code: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    # 'engine': counts reported by the engine; 'estimated': counted by the activator
+    # (a stream cut off before the engine's usage chunk); 'none': no tokens (an error
+    # before any GPU work).
+    usage_source: str
+    queue_ms: float
+    ttft_ms: float | None
+    duration_ms: float
+    cold_start: bool
+    cancelled: bool
+    stream: bool
+    replica: str | None
+    started_at: float
+    finished_at: float
+
+
+_COLUMNS = [f.name for f in fields(UsageRecord)]
+
+
+class Ledger:
+    """Append usage records; ``await append(r)`` returns once ``r`` is committed."""
+
+    def __init__(self, path: Path, *, group_window_s: float = 0.005) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.group_window_s = group_window_s
+        self._queue: queue.Queue[tuple[str, Any, asyncio.Future[None] | None, asyncio.AbstractEventLoop | None] | None] = queue.Queue()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+        if self._error:
+            raise self._error
+
+    @staticmethod
+    def connect(path: Path) -> sqlite3.Connection:
+        conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.executescript(SCHEMA)
+        return conn
+
+    def _run(self) -> None:
+        try:
+            conn = self.connect(self.path)
+        except BaseException as exc:  # surfaced to the constructor
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        while True:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            deadline = time.monotonic() + self.group_window_s
+            stop = False
+            while True:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+                try:
+                    item = self._queue.get(timeout=timeout)
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            error: BaseException | None = None
+            try:
+                conn.execute("BEGIN")
+                for kind, payload, _, _ in batch:
+                    self._write(conn, kind, payload)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                error = exc
+                log.exception("ledger_commit_failed", records=len(batch))
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            for _, _, fut, loop in batch:
+                if fut is not None and loop is not None:
+                    loop.call_soon_threadsafe(_settle, fut, error)
+            if stop:
+                break
+        conn.close()
+
+    @staticmethod
+    def _write(conn: sqlite3.Connection, kind: str, payload: Any) -> None:
+        if kind == "usage":
+            row = asdict(payload)
+            conn.execute(
+                f"INSERT INTO usage ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})",
+                [row[c] for c in _COLUMNS],
+            )
+        elif kind == "replica_up":
+            conn.execute(
+                "INSERT OR IGNORE INTO replica_intervals (replica, model, gpus, started_at) VALUES (?, ?, ?, ?)",
+                payload,
+            )
+        elif kind == "replica_down":
+            conn.execute("UPDATE replica_intervals SET ended_at = ? WHERE replica = ? AND ended_at IS NULL",
+                         payload)
+
+    async def append(self, record: UsageRecord) -> None:
+        """Queue ``record`` and wait until it is committed."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._queue.put(("usage", record, fut, loop))
+        await fut
+
+    def replica_up(self, replica: str, model: str, gpus: int, at: float) -> None:
+        self._queue.put(("replica_up", (replica, model, gpus, at), None, None))
+
+    def replica_down(self, replica: str, at: float) -> None:
+        self._queue.put(("replica_down", (at, replica), None, None))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+
+def _settle(fut: asyncio.Future[None], error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error)
+
+
+# -- reading (the `thaw usage` command and GET /v1/usage) ------------------------------
+
+
+def query_usage(
+    path: Path, *, tenant: str | None = None, since: float | None = None, until: float | None = None
+) -> list[dict[str, Any]]:
+    """Records, oldest first, optionally for one tenant and a time window."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        conn.row_factory = sqlite3.Row
+        where, args = [], []
+        if tenant is not None:
+            where.append("tenant = ?")
+            args.append(tenant)
+        if since is not None:
+            where.append("started_at >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("started_at < ?")
+            args.append(until)
+        sql = "SELECT * FROM usage" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY id"
+        return [dict(r) for r in conn.execute(sql, args)]
+    finally:
+        conn.close()
+
+
+def replica_intervals(path: Path) -> list[dict[str, Any]]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute("SELECT * FROM replica_intervals ORDER BY started_at")]
+    finally:
+        conn.close()
+
+
+def attribute_gpu_seconds(
+    records: Iterable[dict[str, Any]], intervals: Iterable[dict[str, Any]], now: float, bucket_s: float = 60.0
+) -> dict[str, float]:
+    """GPU-seconds per tenant: each replica's time (× its GPUs), split in ``bucket_s``
+    slices among the tenants by their share of the tokens that replica served in the
+    slice. Slices in which a replica served nobody stay unattributed (idle cost)."""
+    tokens: dict[tuple[str, int], dict[str, int]] = {}
+    for r in records:
+        if not r.get("replica"):
+            continue
+        key = (r["replica"], int(r["started_at"] // bucket_s))
+        per = tokens.setdefault(key, {})
+        per[r["tenant"]] = per.get(r["tenant"], 0) + r["prompt_tokens"] + r["completion_tokens"]
+    out: dict[str, float] = {}
+    for iv in intervals:
+        start, end = iv["started_at"], iv["ended_at"] or now
+        b = int(start // bucket_s)
+        while b * bucket_s < end:
+            lo, hi = max(start, b * bucket_s), min(end, (b + 1) * bucket_s)
+            per = tokens.get((iv["replica"], b))
+            total = sum(per.values()) if per else 0
+            if total and hi > lo:
+                gpu_s = (hi - lo) * max(iv["gpus"], 1)
+                for t, n in per.items():  # type: ignore[union-attr]
+                    out[t] = out.get(t, 0.0) + gpu_s * n / total
+            b += 1
+    return out
+
+
+def usage_totals(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Sums over records: requests, tokens, errors, cold starts."""
+    rs = list(records)
+    return {
+        "requests": len(rs),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in rs),
+        "completion_tokens": sum(r["completion_tokens"] for r in rs),
+        "cached_tokens": sum(r["cached_tokens"] for r in rs),
+        "errors": sum(1 for r in rs if r["status"] >= 400),
+        "cancelled": sum(1 for r in rs if r["cancelled"]),
+        "cold_starts": sum(1 for r in rs if r["cold_start"]),
+    }
+
+
+def parse_time(value: str | None, name: str) -> float | None:
+    """Epoch seconds, an ISO 8601 time, or a duration back from now ('15m', '2h', '7d')."""
+    from datetime import datetime
+
+    from activator.errors import BadRequest
+
+    if value is None or value == "":
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if value[-1] in units and value[:-1].replace(".", "", 1).isdigit():
+            return time.time() - float(value[:-1]) * units[value[-1]]
+        try:
+            return float(value)
+        except ValueError:
+            dt = datetime.fromisoformat(value)
+            return dt.timestamp()
+    except ValueError:
+        raise BadRequest(f"'{name}' must be epoch seconds, an ISO time or a duration like 15m/2h/7d",
+                         param=name) from None

@@ -1,0 +1,98 @@
+"""Usage from the engine's answers, without changing the bytes the client gets.
+
+The activator always asks the engine for usage (``stream_options.include_usage``). A
+stream is cut into SSE events; every event is forwarded unchanged except the engine's
+usage-only chunk, which is forwarded only when the client asked for it. Non-streamed
+answers carry ``usage`` in the body.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    # 'engine' once the engine reported counts; 'estimated' from streamed chunks; 'none'.
+    source: str = "none"
+
+    def take(self, usage: dict[str, Any]) -> None:
+        self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        self.completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        self.cached_tokens = int(details.get("cached_tokens") or 0)
+        self.source = "engine"
+
+
+def usage_from_body(body: bytes, usage: Usage) -> None:
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return
+    if isinstance(data, dict) and isinstance(data.get("usage"), dict):
+        usage.take(data["usage"])
+
+
+DONE = b"data: [DONE]"
+
+
+class StreamTap:
+    """Feed upstream bytes in; get the bytes to send out, event by event."""
+
+    def __init__(self, usage: Usage, forward_usage_chunk: bool) -> None:
+        self.usage = usage
+        self.forward_usage_chunk = forward_usage_chunk
+        self._buf = b""
+        self.content_chunks = 0
+        self.saw_done = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Complete events (each with its trailing blank line) to forward, in order."""
+        self._buf += data
+        out = []
+        while True:
+            # SSE events end with a blank line; vLLM uses "\n\n".
+            idx = self._buf.find(b"\n\n")
+            if idx < 0:
+                break
+            event, self._buf = self._buf[: idx + 2], self._buf[idx + 2 :]
+            if self._keep(event):
+                out.append(event)
+        return out
+
+    def flush(self) -> bytes:
+        """Whatever is left (an unterminated event) at the end of the stream."""
+        rest, self._buf = self._buf, b""
+        return rest
+
+    def _keep(self, event: bytes) -> bool:
+        line = event.strip()
+        if line == DONE:
+            self.saw_done = True
+            return True
+        if not line.startswith(b"data: "):
+            return True
+        try:
+            chunk = json.loads(line[6:])
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return True
+        if not isinstance(chunk, dict):
+            return True
+        if isinstance(chunk.get("usage"), dict):
+            self.usage.take(chunk["usage"])
+            if not chunk.get("choices"):
+                # The usage-only chunk the activator asked for on the client's behalf.
+                return self.forward_usage_chunk
+        if chunk.get("choices"):
+            self.content_chunks += 1
+            if self.usage.source != "engine":
+                # Until (unless) the engine reports usage, count what streamed: vLLM
+                # sends one token per chunk unless it batches, so this is an estimate.
+                self.usage.completion_tokens = self.content_chunks
+                self.usage.source = "estimated"
+        return True
