@@ -31,13 +31,18 @@ from activator.ledger import Ledger, parse_time, query_usage, usage_totals
 from activator.metrics import ActivatorMetrics
 from activator.routing import RouteWatcher
 from activator.service import CompletionService, Kind, RequestContext, request_id_from
+from activator.tokens import FileFetcher, TokenCounter
 from thaw.config import ThawConfig
 from thaw.log import bind_request, get_logger
 
 log = get_logger()
 
 
-def create_app(cfg: ThawConfig, pool_url: str, *, activator_id: str | None = None) -> FastAPI:
+def create_app(
+    cfg: ThawConfig, pool_url: str, *, activator_id: str | None = None, store_fetcher: FileFetcher | None = None
+) -> FastAPI:
+    """The activator. ``store_fetcher`` reads a model's tokenizer files from the store
+    (for prompt lengths); without it, prompt lengths are estimated and not checked."""
     registry = CollectorRegistry()
     metrics = ActivatorMetrics(registry)
     ledger = Ledger(cfg.ledger_path, group_window_s=cfg.ledger.group_window_ms / 1000)
@@ -52,7 +57,8 @@ def create_app(cfg: ThawConfig, pool_url: str, *, activator_id: str | None = Non
 
     routes = RouteWatcher(cfg.models, pool_url, activator_id or f"activator-{uuid.uuid4().hex[:8]}",
                           on_replica=on_replica)
-    service = CompletionService(cfg, Authenticator.from_config(cfg), routes, metrics, ledger)
+    tokens = TokenCounter(store_fetcher) if store_fetcher is not None else None
+    service = CompletionService(cfg, Authenticator.from_config(cfg), routes, metrics, ledger, tokens)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

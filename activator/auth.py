@@ -7,13 +7,14 @@ import hmac
 from dataclasses import dataclass
 
 from activator.errors import NotFound, Unauthorized
-from thaw.config import Tenant, ThawConfig
+from thaw.config import RateLimits, Tenant, ThawConfig
 
 
 @dataclass(frozen=True)
 class Principal:
     tenant: str
     allowed_models: frozenset[str]
+    limits: RateLimits = RateLimits()
 
     def may_use(self, model_name: str) -> bool:
         return "*" in self.allowed_models or model_name in self.allowed_models
@@ -23,7 +24,7 @@ class Authenticator:
     def __init__(self, tenants: list[Tenant]) -> None:
         self._entries: list[tuple[bytes, Principal]] = []
         for t in tenants:
-            p = Principal(t.name, frozenset(t.allowed_models))
+            p = Principal(t.name, frozenset(t.allowed_models), t.limits)
             for h in t.api_key_hashes:
                 self._entries.append((bytes.fromhex(h.removeprefix("sha256:")), p))
 

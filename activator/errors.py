@@ -25,6 +25,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after_s: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -32,6 +33,7 @@ class ApiError(Exception):
         if code is not None:
             self.code = code
         self.retry_after_s = retry_after_s
+        self.headers = dict(headers or {})
 
 
 class BadRequest(ApiError):
@@ -67,7 +69,7 @@ def error_body(status: int, message: str, type_: str, param: str | None, code: s
 
 
 def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
-    h = dict(headers or {})
+    h = {**exc.headers, **(headers or {})}
     if exc.retry_after_s is not None:
         h["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
     return JSONResponse(

@@ -30,8 +30,10 @@ from activator.errors import (
     error_body,
 )
 from activator.ledger import Ledger, UsageRecord
+from activator.limits import Admission, RateLimiter
 from activator.metrics import PHASES, ActivatorMetrics
 from activator.routing import Acquired, Replica, RouteWatcher
+from activator.tokens import TokenCounter
 from activator.usage import StreamTap, Usage, usage_from_body
 from thaw.config import Model, ThawConfig
 from thaw.log import get_logger
@@ -86,9 +88,12 @@ class RequestContext:
     usage: Usage = field(default_factory=Usage)
     cancelled: bool = False
     recorded: bool = False
+    admission: Admission | None = None
+    rate_headers: dict[str, str] = field(default_factory=dict)
 
     def response_headers(self) -> dict[str, str]:
-        h = {"x-request-id": self.request_id, "x-thaw-cold-start": "true" if self.cold else "false"}
+        h = {**self.rate_headers, "x-request-id": self.request_id,
+             "x-thaw-cold-start": "true" if self.cold else "false"}
         if self.cold:
             h["x-thaw-queue-ms"] = str(round(self.queue_s * 1000))
         return h
@@ -102,6 +107,7 @@ class CompletionService:
         routes: RouteWatcher,
         metrics: ActivatorMetrics,
         ledger: Ledger,
+        tokens: TokenCounter | None = None,
         *,
         clock: Callable[[], float] = time.time,
         upstream_timeout_s: float = 600.0,
@@ -111,6 +117,8 @@ class CompletionService:
         self.routes = routes
         self.metrics = metrics
         self.ledger = ledger
+        self.tokens = tokens
+        self.limiter = RateLimiter()
         self.clock = clock
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(upstream_timeout_s, connect=2.0),
@@ -197,6 +205,7 @@ class CompletionService:
         self.validate(kind, body)
         stream = ctx.stream = bool(body.get("stream", False))
         client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else True
+        await self.admit(principal.tenant, principal, model, kind, body, ctx)
         if stream:
             # Always get usage from the engine, for the ledger; the tap forwards the
             # usage chunk only when the client asked for it.
@@ -224,6 +233,35 @@ class CompletionService:
         if not stream:
             return await self._respond_whole(model, upstream, replica, ctx)
         return self._respond(model, upstream, replica, client_wants_usage, ctx)
+
+    async def admit(self, tenant: str, principal: Principal, model: Model, kind: Kind, body: dict[str, Any],
+                    ctx: RequestContext) -> None:
+        """Context length with the model's tokenizer, then the tenant's rate limits."""
+        counter = await self.tokens.get(model.uri) if self.tokens else None
+        prompt_tokens: int | None = None
+        if counter is not None:
+            try:
+                prompt_tokens = counter.count(kind, body)
+            except Exception as exc:  # a template that rejects these messages
+                raise BadRequest(f"the messages do not fit the model's chat template: {exc}",
+                                 param="messages" if kind == "chat" else "prompt") from None
+        max_new = body.get("max_completion_tokens") or body.get("max_tokens")
+        n = body.get("n") or 1
+        if prompt_tokens is not None:
+            limit = model.max_context_tokens
+            if prompt_tokens + (max_new or 0) > limit:
+                what = f"{prompt_tokens} in the prompt" + (f" + {max_new} to generate" if max_new else "")
+                raise BadRequest(
+                    f"this model's maximum context length is {limit} tokens; the request needs {what}",
+                    param="max_tokens" if max_new and prompt_tokens < limit else
+                    ("messages" if kind == "chat" else "prompt"),
+                    code="context_length_exceeded",
+                )
+        estimate = prompt_tokens if prompt_tokens is not None else len(json.dumps(body)) // 4
+        # Without max_tokens the engine may generate up to the context: reserve that.
+        reserve = estimate + n * (max_new or max(model.max_context_tokens - estimate, 0))
+        ctx.admission = self.limiter.admit(tenant, model.name, principal.limits, reserve, self.clock())
+        ctx.rate_headers = ctx.admission.headers
 
     async def _send(
         self, model: Model, kind: Kind, body: dict[str, Any], acquired: Acquired, ctx: RequestContext
@@ -338,6 +376,8 @@ class CompletionService:
             return
         ctx.recorded = True
         now = self.clock()
+        if ctx.admission is not None:
+            self.limiter.settle(ctx.admission, ctx.usage.prompt_tokens + ctx.usage.completion_tokens, now)
         await self.ledger.append(UsageRecord(
             request_id=ctx.request_id, tenant=ctx.tenant, model=ctx.model.name if ctx.model else None,
             status=ctx.status, error_code=error_code, prompt_tokens=ctx.usage.prompt_tokens,

@@ -412,3 +412,65 @@ async def test_get_one_model(activator: tuple[Any, httpx.AsyncClient]) -> None:
     assert m.id == "thaw-demo"
     with pytest.raises(openai.NotFoundError):
         await oai(client, LIMITED_KEY).models.retrieve("thaw-demo")
+
+
+async def test_limits_hit_one_tenant_not_another(engine: tuple[FakeEngine, str], tmp_path: Path) -> None:
+    cfg = make_config(tmp_path)
+    data = cfg.model_dump(mode="json")
+    data["tenants"][0]["limits"] = {"requests_per_minute": 2}
+    data["tenants"][1]["allowed_models"] = ["*"]
+    cfg = parse_config(data)
+    app = create_app(cfg, f"http://127.0.0.1:{free_port()}", activator_id="t3")
+    _, url = engine
+    app.state.routes.apply(table(1, [replica(url)]))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
+        a = {"Authorization": f"Bearer {KEY}"}
+        b = {"Authorization": f"Bearer {LIMITED_KEY}"}
+        r1 = await client.post("/v1/chat/completions", json=CHAT, headers=a)
+        assert r1.status_code == 200 and r1.headers["x-ratelimit-remaining-requests"] == "1"
+        assert r1.headers["x-ratelimit-limit-requests"] == "2"
+        assert (await client.post("/v1/chat/completions", json=CHAT, headers=a)).status_code == 200
+        r3 = await client.post("/v1/chat/completions", json=CHAT, headers=a)
+        err = assert_openai_error(r3, 429, "rate_limit_requests")
+        assert "2 requests per minute" in err["message"]
+        assert int(r3.headers["retry-after"]) >= 1 and r3.headers["x-ratelimit-remaining-requests"] == "0"
+        # The other tenant is unaffected.
+        for _ in range(3):
+            assert (await client.post("/v1/chat/completions", json=CHAT, headers=b)).status_code == 200
+    await app.state.routes.close()
+    await app.state.service.close()
+    app.state.ledger.close()
+
+
+async def test_context_length_exceeded_before_any_gpu_work(
+    engine: tuple[FakeEngine, str], demo_model_dir: Path, tmp_path: Path
+) -> None:
+    def fetch(uri: str, name: str) -> bytes | None:
+        p = demo_model_dir / name
+        return p.read_bytes() if p.exists() else None
+
+    fake, url = engine
+    data = make_config(tmp_path).model_dump(mode="json")
+    data["server"]["max_body_bytes"] = 1_000_000
+    app = create_app(parse_config(data), f"http://127.0.0.1:{free_port()}", activator_id="t4",
+                     store_fetcher=fetch)
+    app.state.routes.apply(table(1, [replica(url)]))
+    before = len(fake.requests)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
+        c = oai(client)
+        with pytest.raises(openai.BadRequestError) as info:
+            await c.chat.completions.create(model="thaw-demo", max_tokens=100,
+                                            messages=[{"role": "user", "content": "word " * 3000}])
+        assert info.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
+        assert "maximum context length is 2048 tokens" in info.value.body["message"]  # type: ignore[index]
+        with pytest.raises(openai.BadRequestError) as info:
+            await c.chat.completions.create(model="thaw-demo", max_tokens=2040,
+                                            messages=[{"role": "user", "content": "hello there"}])
+        assert info.value.body["param"] == "max_tokens"  # type: ignore[index]
+        assert len(fake.requests) == before  # refused before reaching the engine
+        ok = await c.chat.completions.create(model="thaw-demo", max_tokens=10,
+                                             messages=[{"role": "user", "content": "hello there"}])
+        assert ok.choices
+    await app.state.routes.close()
+    await app.state.service.close()
+    app.state.ledger.close()

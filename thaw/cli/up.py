@@ -91,7 +91,10 @@ async def serve(cfg: ThawConfig, port: int | None, stop: asyncio.Event) -> int:
     pool_url = f"http://127.0.0.1:{pool_port}"
     act_port = port or cfg.server.port
     pool = _Server(create_pool_app(manager), "127.0.0.1", pool_port)
-    activator = _Server(create_app(cfg, pool_url, activator_id="embedded"), cfg.server.host, act_port)
+    from activator.tokens import s3_fetcher
+
+    app = create_app(cfg, pool_url, activator_id="embedded", store_fetcher=s3_fetcher(store_ep.client()))
+    activator = _Server(app, cfg.server.host, act_port)
 
     tasks = [asyncio.create_task(pool.serve(), name="pool"), asyncio.create_task(activator.serve(), name="activator")]
     while not (pool.started and activator.started):
