@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from activator.errors import ServiceUnavailable, TooManyRequests
+from activator.router import choose
 from thaw.config import Model
 from thaw.log import get_logger
 
@@ -164,11 +165,9 @@ class RouteWatcher:
                 fut.set_result(None)
 
     # -- picking a replica ----------------------------------------------------------
-    def pick(self, model: str) -> Replica | None:
-        st = self.routes[model]
-        if not st.replicas:
-            return None
-        return min(st.replicas, key=lambda r: r.outstanding)
+    def pick(self, model: str, key: str | None = None) -> Replica | None:
+        """A ready replica: prefix affinity with bounded load (``activator.router``)."""
+        return choose(self.routes[model].replicas, key)  # type: ignore[return-value]
 
     def drop_replica(self, model: str, url: str) -> None:
         """Stop using a replica that failed before its first byte, until the next table."""
@@ -185,9 +184,9 @@ class RouteWatcher:
             return "failed"
         return "cold"
 
-    async def acquire(self, model: Model, arrival: float) -> Acquired:
+    async def acquire(self, model: Model, arrival: float, key: str | None = None) -> Acquired:
         """A replica for ``model``, waiting in its cold queue if none is ready."""
-        rep = self.pick(model.name)
+        rep = self.pick(model.name, key)
         if rep is not None:
             return Acquired(rep, cold=False, queue_s=0.0)
         st = self.routes[model.name]
@@ -222,7 +221,7 @@ class RouteWatcher:
             finally:
                 with contextlib.suppress(ValueError):
                     st.waiters.remove(fut)
-            rep = self.pick(model.name)
+            rep = self.pick(model.name, key)
             if rep is not None:
                 return Acquired(rep, cold=True, queue_s=self.clock() - arrival)
             # The replica went away between wake-up and pick: wait again, same deadline.

@@ -32,6 +32,7 @@ from activator.errors import (
 from activator.ledger import Ledger, UsageRecord
 from activator.limits import Admission, RateLimiter
 from activator.metrics import PHASES, ActivatorMetrics
+from activator.router import prefix_key
 from activator.routing import Acquired, Replica, RouteWatcher
 from activator.tokens import TokenCounter
 from activator.usage import StreamTap, Usage, usage_from_body
@@ -215,8 +216,9 @@ class CompletionService:
         st.last_request_at = self.clock()
         # No ready replica: this request is part of a cold start, answered or not.
         ctx.cold = self.routes.pick(model.name) is None
+        key = prefix_key(kind, body)
         try:
-            acquired = await self.routes.acquire(model, ctx.arrival)
+            acquired = await self.routes.acquire(model, ctx.arrival, key)
         finally:
             if ctx.cold:
                 ctx.queue_s = self.clock() - ctx.arrival
@@ -285,7 +287,7 @@ class CompletionService:
                     raise UpstreamError(
                         f"the replica for {model.resolved_served_name!r} failed before answering; retry"
                     ) from None
-                again = await self.routes.acquire(model, ctx.arrival)
+                again = await self.routes.acquire(model, ctx.arrival, prefix_key(kind, body))
                 ctx.cold = ctx.cold or again.cold
                 ctx.queue_s = max(ctx.queue_s, again.queue_s)
                 replica = again.replica
