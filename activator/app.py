@@ -27,6 +27,7 @@ from activator.errors import (
     error_response,
     internal_error_response,
 )
+from activator.keys import snapshot as keys_snapshot
 from activator.ledger import Ledger, parse_time, query_usage, usage_totals
 from activator.metrics import ActivatorMetrics
 from activator.routing import RouteWatcher
@@ -60,12 +61,24 @@ def create_app(
     tokens = TokenCounter(store_fetcher) if store_fetcher is not None else None
     service = CompletionService(cfg, Authenticator.from_config(cfg), routes, metrics, ledger, tokens)
 
+    async def refresh_keys() -> None:
+        # Keys added or revoked with `thaw tenants` take effect within a second.
+        while True:
+            try:
+                active, revoked = await asyncio.to_thread(keys_snapshot, cfg.ledger_path)
+                service.auth.update_dynamic(active, revoked)
+            except Exception as exc:
+                log.warning("key_refresh_failed", error=str(exc))
+            await asyncio.sleep(1.0)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await routes.start()
+        key_task = asyncio.create_task(refresh_keys())
         try:
             yield
         finally:
+            key_task.cancel()
             await routes.close()
             await service.close()
             ledger.close()

@@ -22,11 +22,18 @@ class Principal:
 
 class Authenticator:
     def __init__(self, tenants: list[Tenant]) -> None:
-        self._entries: list[tuple[bytes, Principal]] = []
+        self._tenants = {t.name: Principal(t.name, frozenset(t.allowed_models), t.limits) for t in tenants}
+        self._config_entries: list[tuple[bytes, Principal]] = []
         for t in tenants:
-            p = Principal(t.name, frozenset(t.allowed_models), t.limits)
             for h in t.api_key_hashes:
-                self._entries.append((bytes.fromhex(h.removeprefix("sha256:")), p))
+                self._config_entries.append((bytes.fromhex(h.removeprefix("sha256:")), self._tenants[t.name]))
+        self._entries = list(self._config_entries)
+
+    def update_dynamic(self, active: dict[bytes, str], revoked: set[bytes]) -> None:
+        """Apply the key table (`thaw tenants add|revoke`): new keys work, revoked ones stop."""
+        entries = [(h, p) for h, p in self._config_entries if h not in revoked]
+        entries += [(h, self._tenants[t]) for h, t in active.items() if t in self._tenants and h not in revoked]
+        self._entries = entries
 
     @classmethod
     def from_config(cls, cfg: ThawConfig) -> Authenticator:

@@ -474,3 +474,35 @@ async def test_context_length_exceeded_before_any_gpu_work(
     await app.state.routes.close()
     await app.state.service.close()
     app.state.ledger.close()
+
+
+async def test_keys_added_and_revoked_without_restart(tmp_path: Path, engine: tuple[FakeEngine, str]) -> None:
+    from activator.keys import add_key, revoke
+
+    cfg = make_config(tmp_path)
+    app = create_app(cfg, f"http://127.0.0.1:{free_port()}", activator_id="t5")
+    _, url = engine
+    async with app.router.lifespan_context(app):
+        app.state.routes.apply(table(1, [replica(url)]))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
+            new_key = add_key(cfg.ledger_path, "limited", "ci")
+            h = {"Authorization": f"Bearer {new_key}"}
+
+            async def status_within(key_headers: dict[str, str], want: int) -> int:
+                got = 0
+                for _ in range(40):
+                    got = (await client.get("/v1/models", headers=key_headers)).status_code
+                    if got == want:
+                        break
+                    await asyncio.sleep(0.1)
+                return got
+
+            assert await status_within(h, 200) == 200
+            # The new key belongs to tenant 'limited': it sees only its models.
+            ids = [m["id"] for m in (await client.get("/v1/models", headers=h)).json()["data"]]
+            assert ids == ["other"]
+            assert revoke(cfg.ledger_path, new_key) == 1
+            assert await status_within(h, 401) == 401
+            # A key from the config file can be revoked too.
+            assert revoke(cfg.ledger_path, KEY, tenant_of_config_key="all") == 1
+            assert await status_within({"Authorization": f"Bearer {KEY}"}, 401) == 401
