@@ -48,6 +48,9 @@ class ModelRoutes:
     error: str | None = None
     backoff_until: float | None = None
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    # Requests waiting for a slot on saturated replicas, per tenant, served round-robin.
+    fair: dict[str, deque[tuple[asyncio.Future[Replica], str | None]]] = field(default_factory=dict)
+    fair_order: deque[str] = field(default_factory=deque)
     in_flight: int = 0
     last_request_at: float | None = None
 
@@ -145,6 +148,7 @@ class RouteWatcher:
             st.backoff_until = entry["backoff_until"]
             if st.replicas:
                 self._release_waiters(st)
+                self._dispatch_fair(name)
             elif new_failure:
                 retry = (st.backoff_until - now) if st.backoff_until else TIMEOUT_RETRY_AFTER_S
                 exc = ServiceUnavailable(
@@ -166,8 +170,41 @@ class RouteWatcher:
 
     # -- picking a replica ----------------------------------------------------------
     def pick(self, model: str, key: str | None = None) -> Replica | None:
-        """A ready replica: prefix affinity with bounded load (``activator.router``)."""
-        return choose(self.routes[model].replicas, key)  # type: ignore[return-value]
+        """A ready replica with a free slot: prefix affinity with bounded load."""
+        cap = self.models[model].autoscaling.max_concurrency_per_replica
+        free = [r for r in self.routes[model].replicas if r.outstanding < cap]
+        return choose(free, key)  # type: ignore[return-value]
+
+    def fair_depth(self, model: str) -> int:
+        return sum(len(q) for q in self.routes[model].fair.values())
+
+    def release(self, model: str, replica: Replica) -> None:
+        """A request on ``replica`` ended: free its slot and hand it to the next waiter."""
+        replica.outstanding = max(replica.outstanding - 1, 0)
+        self._dispatch_fair(model)
+
+    def _dispatch_fair(self, model: str) -> None:
+        st = self.routes[model]
+        while st.fair_order:
+            tenant = st.fair_order[0]
+            queue = st.fair.get(tenant)
+            while queue and queue[0][0].done():
+                queue.popleft()  # timed out or cancelled
+            if not queue:
+                st.fair_order.popleft()
+                st.fair.pop(tenant, None)
+                continue
+            rep = self.pick(model, queue[0][1])
+            if rep is None:
+                return  # still saturated
+            fut, _ = queue.popleft()
+            # Round-robin: this tenant goes to the back of the line.
+            st.fair_order.rotate(-1)
+            if not queue:
+                st.fair_order.remove(tenant)
+                st.fair.pop(tenant, None)
+            rep.outstanding += 1
+            fut.set_result(rep)
 
     def drop_replica(self, model: str, url: str) -> None:
         """Stop using a replica that failed before its first byte, until the next table."""
@@ -184,11 +221,55 @@ class RouteWatcher:
             return "failed"
         return "cold"
 
-    async def acquire(self, model: Model, arrival: float, key: str | None = None) -> Acquired:
-        """A replica for ``model``, waiting in its cold queue if none is ready."""
+    async def acquire(self, model: Model, arrival: float, key: str | None = None,
+                      tenant: str = "") -> Acquired:
+        """A replica slot for ``model`` (reserved: ``release`` frees it).
+
+        No replica: wait in the model's cold queue. Replicas all busy: wait in the
+        model's fair queue, served round-robin across tenants.
+        """
+        st = self.routes[model.name]
+        cold = not st.replicas
+        if cold:
+            await self._wait_cold(model, arrival)
         rep = self.pick(model.name, key)
-        if rep is not None:
-            return Acquired(rep, cold=False, queue_s=0.0)
+        if rep is None:
+            rep = await self._wait_fair(model, arrival, key, tenant)
+        else:
+            rep.outstanding += 1
+        return Acquired(rep, cold=cold, queue_s=(self.clock() - arrival) if cold else 0.0)
+
+    async def _wait_fair(self, model: Model, arrival: float, key: str | None, tenant: str) -> Replica:
+        st = self.routes[model.name]
+        a = model.autoscaling
+        if self.fair_depth(model.name) >= a.max_queue_length:
+            raise TooManyRequests(
+                f"model {model.resolved_served_name!r} is at capacity and its queue is full "
+                f"({a.max_queue_length} requests waiting); retry shortly",
+                retry_after_s=QUEUE_FULL_RETRY_AFTER_S,
+            )
+        fut: asyncio.Future[Replica] = asyncio.get_running_loop().create_future()
+        st.fair.setdefault(tenant, deque()).append((fut, key))
+        if tenant not in st.fair_order:
+            st.fair_order.append(tenant)
+        self.signal_demand(model.name)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), max(arrival + a.activation_timeout_s - self.clock(), 0.0))
+        except TimeoutError:
+            if fut.done() and not fut.cancelled():
+                return fut.result()  # handed a slot just as the deadline passed
+            fut.cancel()
+            raise ServiceUnavailable(
+                f"model {model.resolved_served_name!r} stayed at capacity for "
+                f"{a.activation_timeout_s:.0f} s; retry later", retry_after_s=TIMEOUT_RETRY_AFTER_S,
+            ) from None
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(model.name, fut.result())  # the client left after getting a slot
+            fut.cancel()
+            raise
+
+    async def _wait_cold(self, model: Model, arrival: float) -> None:
         st = self.routes[model.name]
         now = self.clock()
         if st.backoff_until and st.backoff_until > now and not st.loading and st.error:
@@ -206,7 +287,7 @@ class RouteWatcher:
             )
         deadline = arrival + a.activation_timeout_s
         loop = asyncio.get_running_loop()
-        while True:
+        while not st.replicas:
             fut: asyncio.Future[None] = loop.create_future()
             st.waiters.append(fut)
             self.signal_demand(model.name)
@@ -221,10 +302,7 @@ class RouteWatcher:
             finally:
                 with contextlib.suppress(ValueError):
                     st.waiters.remove(fut)
-            rep = self.pick(model.name, key)
-            if rep is not None:
-                return Acquired(rep, cold=True, queue_s=self.clock() - arrival)
-            # The replica went away between wake-up and pick: wait again, same deadline.
+            # Woken with no replica (it went away again): wait again, same deadline.
 
     def queue_depth(self, model: str) -> int:
         return len(self.routes[model].waiters)
@@ -250,7 +328,8 @@ class RouteWatcher:
 
     def report_body(self) -> dict[str, Any]:
         return {"activator_id": self.activator_id, "models": {
-            name: {"queued": len(st.waiters), "in_flight": st.in_flight, "last_request_at": st.last_request_at}
+            name: {"queued": len(st.waiters) + self.fair_depth(name), "in_flight": st.in_flight,
+                   "last_request_at": st.last_request_at}
             for name, st in self.routes.items()
         }}
 

@@ -218,7 +218,7 @@ class CompletionService:
         ctx.cold = self.routes.pick(model.name) is None
         key = prefix_key(kind, body)
         try:
-            acquired = await self.routes.acquire(model, ctx.arrival, key)
+            acquired = await self.routes.acquire(model, ctx.arrival, key, ctx.tenant or "")
         finally:
             if ctx.cold:
                 ctx.queue_s = self.clock() - ctx.arrival
@@ -276,18 +276,20 @@ class CompletionService:
                 "POST", replica.url + UPSTREAM_PATH[kind], json=payload,
                 headers={"x-request-id": ctx.request_id},
             )
-            replica.outstanding += 1
             try:
                 return await self._http.send(req, stream=True), replica
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
-                replica.outstanding -= 1
+            except BaseException as exc:
+                # Whatever happened (a dead replica, a cancelled client), the slot is free.
+                self.routes.release(model.name, replica)
+                if not isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
+                    raise
                 log.warning("upstream_failed_before_first_byte", url=replica.url, attempt=attempt, error=str(exc))
                 self.routes.drop_replica(model.name, replica.url)
                 if attempt == 2:
                     raise UpstreamError(
                         f"the replica for {model.resolved_served_name!r} failed before answering; retry"
                     ) from None
-                again = await self.routes.acquire(model, ctx.arrival, prefix_key(kind, body))
+                again = await self.routes.acquire(model, ctx.arrival, prefix_key(kind, body), ctx.tenant or "")
                 ctx.cold = ctx.cold or again.cold
                 ctx.queue_s = max(ctx.queue_s, again.queue_s)
                 replica = again.replica
@@ -304,7 +306,7 @@ class CompletionService:
             ctx.status = 502
             raise UpstreamError(f"the replica failed while answering: {exc}") from None
         finally:
-            replica.outstanding -= 1
+            self.routes.release(model.name, replica)
             st = self.routes.routes[model.name]
             st.in_flight -= 1
             st.last_request_at = self.clock()
@@ -332,7 +334,7 @@ class CompletionService:
             if done:
                 return
             done = True
-            replica.outstanding -= 1
+            self.routes.release(model.name, replica)
             self.routes.routes[model.name].in_flight -= 1
             self.routes.routes[model.name].last_request_at = self.clock()
             await upstream.aclose()

@@ -101,6 +101,9 @@ class Autoscaling(_Strict):
     activation_timeout_s: PositiveFloat = 120.0
     # Bound on the cold queue; beyond it requests get 429.
     max_queue_length: PositiveInt = 256
+    # Requests one replica gets at a time; beyond it requests wait in the model's fair
+    # queue (round-robin across tenants), which also counts as demand for scaling up.
+    max_concurrency_per_replica: PositiveInt = 64
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:

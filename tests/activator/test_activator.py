@@ -506,3 +506,39 @@ async def test_keys_added_and_revoked_without_restart(tmp_path: Path, engine: tu
             # A key from the config file can be revoked too.
             assert revoke(cfg.ledger_path, KEY, tenant_of_config_key="all") == 1
             assert await status_within({"Authorization": f"Bearer {KEY}"}, 401) == 401
+
+
+async def test_fair_queue_round_robins_tenants_when_saturated(tmp_path: Path) -> None:
+    data = make_config(tmp_path).model_dump(mode="json")
+    data["models"][0]["autoscaling"].update({"max_concurrency_per_replica": 1, "max_queue_length": 50,
+                                             "activation_timeout_s": 60})
+    data["tenants"][1]["allowed_models"] = ["*"]
+    app = create_app(parse_config(data), f"http://127.0.0.1:{free_port()}", activator_id="t6")
+    slow = FakeEngine("slow", tokens=3)
+    slow.token_delay_s = 0.05
+    with serve(slow) as url:
+        app.state.routes.apply(table(1, [replica(url)]))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act",
+                                     timeout=60) as client:
+            def send(key: str, tag: str) -> asyncio.Task[httpx.Response]:
+                body = {"model": "thaw-demo", "stream": True, "messages": [{"role": "user", "content": tag}]}
+                return asyncio.create_task(client.post("/v1/chat/completions", json=body,
+                                                       headers={"Authorization": f"Bearer {key}"}))
+
+            burst = [send(KEY, f"A{i}") for i in range(5)]
+            for _ in range(100):  # A0 is on the replica, A1..A4 wait
+                if app.state.routes.fair_depth("demo") == 4:
+                    break
+                await asyncio.sleep(0.01)
+            assert app.state.routes.fair_depth("demo") == 4
+            b = send(LIMITED_KEY, "B0")
+            results = await asyncio.gather(*burst, b)
+        assert all(r.status_code == 200 for r in results)
+    order = [r["body"]["messages"][0]["content"] for r in slow.requests]
+    # A0 was running; then round-robin between A's queue and B's: A1, then B0.
+    # B waited behind one queued request of the bursting tenant, not four.
+    assert order[:3] == ["A0", "A1", "B0"], order
+    assert order.index("B0") - 1 <= 1
+    await app.state.routes.close()
+    await app.state.service.close()
+    app.state.ledger.close()
