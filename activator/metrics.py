@@ -23,3 +23,6 @@ class ActivatorMetrics:
                               ["model"], buckets=_SECONDS, registry=registry)
         self.requests = Counter("thaw_requests_total", "Requests answered, by HTTP status",
                                 ["model", "status"], registry=registry)
+        self.upstream_retries = Counter("thaw_upstream_retries_total",
+                                        "Requests retried on another replica after one failed before its first byte",
+                                        ["model"], registry=registry)

@@ -97,6 +97,8 @@ class RequestContext:
              "x-thaw-cold-start": "true" if self.cold else "false"}
         if self.cold:
             h["x-thaw-queue-ms"] = str(round(self.queue_s * 1000))
+        if self.replica:
+            h["x-thaw-replica"] = self.replica
         return h
 
 
@@ -284,6 +286,7 @@ class CompletionService:
                 if not isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
                     raise
                 log.warning("upstream_failed_before_first_byte", url=replica.url, attempt=attempt, error=str(exc))
+                self.metrics.upstream_retries.labels(model.name).inc()
                 self.routes.drop_replica(model.name, replica.url)
                 if attempt == 2:
                     raise UpstreamError(

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,61 +18,15 @@ import httpx
 import openai
 import psutil
 import pytest
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import BUCKET
-from thaw.embedded_store import EmbeddedStore, free_port
+from tests.e2e_stack import KEY, Stack, running_stack
+from thaw.embedded_store import EmbeddedStore
 from thaw.objstore import S3Endpoint
-from weight_streaming.push import push_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
-KEY = "thaw-demo-key"
 IDLE_GRACE_S = 8
-
-
-@dataclass
-class Stack:
-    proc: subprocess.Popen[bytes]
-    base_url: str
-    control_url: str
-    config: Path
-    log: Path
-    seen_pids: set[int] = field(default_factory=set)
-
-    def client(self, **kw: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url, api_key=KEY, max_retries=0, timeout=300, **kw)
-
-    def state(self) -> dict[str, Any]:
-        return httpx.get(f"{self.control_url}/v1/state", timeout=5).json()
-
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        text = httpx.get(self.base_url.removesuffix("/v1") + "/metrics", timeout=5).text
-        out = {}
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-        return out
-
-    def remember_children(self) -> None:
-        try:
-            self.seen_pids.update(c.pid for c in psutil.Process(self.proc.pid).children(recursive=True))
-        except psutil.NoSuchProcess:
-            pass
-
-    def wait_for(self, what: str, pred: Any, timeout_s: float = 180) -> dict[str, Any]:
-        deadline = time.time() + timeout_s
-        state: dict[str, Any] = {}
-        while time.time() < deadline:
-            self.remember_children()
-            if self.proc.poll() is not None:
-                raise AssertionError(f"thaw up exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
-            state = self.state()
-            if pred(state):
-                return state
-            time.sleep(0.3)
-        raise AssertionError(f"timed out waiting for {what}; last state: {json.dumps(state, indent=1)}")
 
 
 def demo_state(state: dict[str, Any]) -> dict[str, Any]:
@@ -87,50 +39,16 @@ def workers_in(state: dict[str, Any], st: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("e2e")
-    uri = f"s3://{BUCKET}/e2e/demo-{os.getpid()}"
-    push_model(s3.client(), demo_model_dir, uri)
-    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "thaw.yaml").read_text())
-    cfg["data_dir"] = str(tmp / "data")
-    cfg["server"]["port"] = free_port()
-    cfg["object_store"] = {
-        "kind": "s3", "endpoint_url": s3.endpoint_url, "bucket": BUCKET,
-        "credentials": {"source": "file", "file": str(store.root / "credentials.json")},
-    }
-    demo = cfg["models"][0]
-    demo.update({"uri": uri, "demo_if_missing": False})
-    demo["autoscaling"].update({"idle_grace_s": IDLE_GRACE_S, "activation_timeout_s": 240})
-    ghost = {**demo, "name": "ghost", "served_name": "ghost", "uri": f"s3://{BUCKET}/e2e/nothing-{os.getpid()}",
-             "autoscaling": {**demo["autoscaling"], "activation_timeout_s": 240}}
-    cfg["models"].append(ghost)
-    cfg["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 2})
-    path = tmp / "thaw.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    log = tmp / "thaw-up.log"
-    logf = open(log, "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "thaw.cli.main", "up", "--config", str(path)],
-                            stdout=logf, stderr=subprocess.STDOUT)
-    endpoint = tmp / "data" / "endpoint.json"
-    deadline = time.time() + 60
-    while not endpoint.exists():
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise AssertionError(f"thaw up did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    info = json.loads(endpoint.read_text())
-    s = Stack(proc, info["base_url"], info["control_url"], path, log)
-    assert info["api_key"] == KEY and info["model"] == "thaw-demo"
-    try:
+    def configure(cfg: dict[str, Any], uri: str) -> None:
+        demo = cfg["models"][0]
+        demo["autoscaling"].update({"idle_grace_s": IDLE_GRACE_S, "activation_timeout_s": 240})
+        ghost = {**demo, "name": "ghost", "served_name": "ghost", "uri": f"s3://{BUCKET}/e2e/nothing-{os.getpid()}",
+                 "autoscaling": {**demo["autoscaling"], "activation_timeout_s": 240}}
+        cfg["models"].append(ghost)
+        cfg["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 2})
+
+    with running_stack(store, s3, demo_model_dir, tmp_path_factory.mktemp("e2e"), configure) as s:
         yield s
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            for pid in s.seen_pids:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        logf.close()
 
 
 def test_streamed_request_at_zero_cold_starts_once_then_serves_hot(stack: Stack) -> None:

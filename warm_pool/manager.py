@@ -361,6 +361,7 @@ class PoolManager:
             })
         workers = [{
             "id": w.handle.id, "shape": w.handle.shape, "state": w.view.state, "model": w.view.model,
+            "assignment_id": w.view.assignment_id, "engine_url": w.state_body.get("engine_url"),
             "uptime_s": round(now - w.launched_at, 1), "error": w.view.error,
             "control_url": w.handle.control_url,
         } for w in sorted(self.workers.values(), key=lambda w: w.handle.id)]
