@@ -38,6 +38,14 @@ class RangeSource(Protocol):
         ...
 
 
+# Optional, so not in the Protocol:
+# - ``abort() -> None``: the streamer calls it when a load fails, before waiting for its
+#   reader threads, so a source that blocks a reader (e.g. one hashing chunks in file
+#   order) can release it.
+# - ``aligned_chunks: bool``: True asks the streamer to cut chunks at multiples of
+#   ``chunk_bytes`` in file offsets (object stores serve part-aligned ranges faster).
+
+
 def check_range(offset: int, length: int, size: int, where: str) -> None:
     """Refuse a read outside ``[0, size)`` before any bytes move."""
     if offset < 0 or length < 0 or offset + length > size:

@@ -36,19 +36,20 @@ from typing import Any
 
 import torch
 
+from weight_streaming.host_pool import HostBufferPool
 from weight_streaming.safetensors_header import (
     MalformedSafetensors,
     SafetensorsHeader,
     TensorInfo,
     header_length,
     parse_header,
-    read_header_from_file,
 )
 from weight_streaming.sources import FileRangeSource, RangeSource, StreamError
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_CONCURRENCY",
+    "HostBufferPool",
     "LoadResult",
     "LoadStats",
     "MalformedSafetensors",
@@ -139,8 +140,8 @@ def torch_dtype(st_dtype: str) -> torch.dtype:
 def read_header(source: RangeSource, *, name: str | None = None) -> SafetensorsHeader:
     """Read and validate the header of any :class:`RangeSource`."""
     where = name or repr(source)
-    if isinstance(source, FileRangeSource):
-        return read_header_from_file(source.path, source=where)
+    # A FileRangeSource is read through its open descriptor like any other source (not
+    # reopened by path): a cache entry evicted after it was opened still reads whole.
     try:
         size = source.size()
         probe = bytearray(min(size, _HEADER_PROBE_BYTES))
@@ -230,10 +231,13 @@ def load_many(
     tp_rank: int = 0,
     tp_size: int = 1,
     shard_dims: ShardDimFn | None = None,
+    host_pool: HostBufferPool | None = None,
 ) -> LoadResult:
     """Load several safetensors files as one model; chunks of all files share one pool.
 
     A tensor name present in two files is refused (it would silently shadow).
+    ``host_pool`` (CPU target only): take the host buffers from this pool of memory
+    faulted in ahead of time, instead of fresh memory (see :mod:`weight_streaming.host_pool`).
     """
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
@@ -260,7 +264,7 @@ def load_many(
             )
         _check_unique_names(plans)
         chunks = _cut_chunks(plans, chunk_bytes)
-        buffers = _read_all(plans, chunks, target, concurrency, progress)
+        buffers = _read_all(plans, chunks, target, concurrency, progress, host_pool)
     finally:
         for fs in opened:
             fs.close()
@@ -406,10 +410,19 @@ def _check_unique_names(plans: Sequence[_FilePlan]) -> None:
 def _cut_chunks(plans: Sequence[_FilePlan], chunk_bytes: int) -> list[_Chunk]:
     chunks: list[_Chunk] = []
     for i, plan in enumerate(plans):
+        # A source that sets ``aligned_chunks`` (S3) gets chunk boundaries at multiples of
+        # chunk_bytes in the file: an object store serves ranges that match its stored
+        # parts with less work (loopback SeaweedFS, 16 MiB ranges of a 16 MiB-part
+        # object: 0.63 vs 0.59 GiB/s, and 0.64 vs 0.52 in a quieter run).
+        aligned = bool(getattr(plan.source, "aligned_chunks", False))
         for file_offset, length, buf_offset in plan.segments:
-            for off in range(0, length, chunk_bytes):
+            off = 0
+            while off < length:
                 n = min(chunk_bytes, length - off)
+                if aligned:
+                    n = min(n, chunk_bytes - (file_offset + off) % chunk_bytes)
                 chunks.append(_Chunk(i, file_offset + off, n, buf_offset + off))
+                off += n
     return chunks
 
 
@@ -422,16 +435,29 @@ def _read_all(
     target: torch.device,
     concurrency: int,
     progress: ProgressFn | None,
+    host_pool: HostBufferPool | None = None,
 ) -> list[torch.Tensor]:
     """Fill one buffer per file (on ``target``) with the planned bytes."""
     if target.type == "cuda":
         buffers = [_cuda.empty(p.buf_bytes, target) for p in plans]
         reader: _Reader = _CudaReader(plans, buffers, chunks, target, concurrency)
     else:
-        buffers = [torch.empty(p.buf_bytes, dtype=torch.uint8) for p in plans]
+        if host_pool is not None:
+            buffers = host_pool.take_many([p.buf_bytes for p in plans])
+        else:
+            buffers = [torch.empty(p.buf_bytes, dtype=torch.uint8) for p in plans]
         reader = _HostReader(plans, buffers)
+
+    def abort_sources() -> None:
+        for plan in plans:
+            abort = getattr(plan.source, "abort", None)
+            if abort is not None:
+                abort()
+
     try:
-        _run_pool(reader, chunks, min(concurrency, max(1, len(chunks))), progress)
+        _run_pool(
+            reader, chunks, min(concurrency, max(1, len(chunks))), progress, on_abort=abort_sources
+        )
     finally:
         reader.finish()
     return buffers
@@ -572,7 +598,11 @@ def _read_chunk(plan: _FilePlan, chunk: _Chunk, view: memoryview) -> None:
 
 
 def _run_pool(
-    reader: _Reader, chunks: Sequence[_Chunk], threads: int, progress: ProgressFn | None
+    reader: _Reader,
+    chunks: Sequence[_Chunk],
+    threads: int,
+    progress: ProgressFn | None,
+    on_abort: Callable[[], None] | None = None,
 ) -> None:
     if not chunks:
         return
@@ -601,6 +631,10 @@ def _run_pool(
             stop.set()
             for fut in pending:
                 fut.cancel()
+            # Before the pool's exit waits for its threads: a source whose reader is
+            # blocked (waiting for an earlier chunk that will now never come) lets go.
+            if on_abort is not None:
+                on_abort()
             raise
 
 
