@@ -124,6 +124,8 @@ class EngineArgs(_Strict):
     # CPU engines only: KV-cache size (VLLM_CPU_KVCACHE_SPACE).
     cpu_kvcache_gib: PositiveFloat = 1.0
     load_format: Literal["runai_streamer", "thaw", "safetensors"] = "runai_streamer"
+    # Restore/capture compile-cache snapshots for this model (compiled mode only).
+    snapshots: bool = True
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

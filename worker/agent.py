@@ -8,6 +8,13 @@ twice in a row), stops the engine host's process group and starts a fresh engine
 host for the next model. A failure stops the engine host at once and starts a fresh
 one too; the failure stays visible until a release clears it.
 
+Engine snapshots (``snapshotter``): before a compiled-mode launch the agent restores
+the model's compile caches for its fingerprint from the store into the engine's cache
+root (``phases.snapshot_restored`` ends then); once the engine is ready it counts the
+kernels the engine compiled anyway and, when there was no usable snapshot, captures
+one in the background. A snapshot only ever makes a start faster: any problem with
+one is logged and the engine builds its caches as usual.
+
 The state is never set: the agent records facts (``worker.state.Facts``) and
 derives the state from them, in :meth:`Agent._update` only.
 
@@ -19,14 +26,29 @@ cancelled (a half-spawned engine host would be an orphan); everything else
 from __future__ import annotations
 
 import asyncio
+import shutil
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
 
+from snapshotter.archive import kernel_files
+from snapshotter.fingerprint import Fingerprint, fingerprint_inputs, fingerprint_of
+from snapshotter.ops import (
+    CAPTURE_AFTER,
+    CaptureResult,
+    CaptureStatus,
+    RestoreResult,
+    RestoreStatus,
+    StoreSnapshots,
+)
+from snapshotter.store import SnapshotLocation
 from thaw.embedded_store import free_port
 from thaw.log import get_logger
 from thaw.objstore import S3Endpoint
+from weight_streaming.manifest import Manifest
 from weight_streaming.push import read_manifest
 from worker.engine_client import EngineClient, HttpEngineClient
 from worker.host import EngineHost, EngineHostProcess, OnEvent
@@ -38,9 +60,9 @@ from worker.launch import (
     engine_env,
 )
 from worker.metrics import WorkerMetrics
-from worker.schemas import AssignRequest, Phases, ReleaseRequest, StateBody
+from worker.schemas import AssignRequest, Phases, ReleaseRequest, SnapshotView, StateBody
 from worker.settings import AgentSettings
-from worker.state import Assignment, Facts, WorkerState, derive_state
+from worker.state import Assignment, Facts, SnapshotFacts, WorkerState, derive_state
 
 log = get_logger()
 
@@ -51,6 +73,29 @@ ManifestReader = Callable[[S3Endpoint, str], object | None]
 
 # Characters of engine output quoted in a failure reason.
 REASON_TAIL_CHARS = 1500
+
+
+class SnapshotOps(Protocol):
+    """Snapshot I/O (``snapshotter.ops.StoreSnapshots``); synchronous, run in threads."""
+
+    def runtime(self, python: str) -> dict[str, Any]: ...
+    def restore(self, store: S3Endpoint, loc: SnapshotLocation, fp: Fingerprint, cache_root: Path,
+                work_dir: Path, cancelled: threading.Event) -> RestoreResult: ...
+    def capture(self, store: S3Endpoint, loc: SnapshotLocation, fp: Fingerprint, cache_root: Path,
+                work_dir: Path, *, created_by: str, replace: bool) -> CaptureResult: ...
+
+
+@dataclass(frozen=True)
+class _SnapshotJob:
+    """What the agent needs after the engine is ready: count its compiles, maybe capture."""
+
+    fp: Fingerprint
+    loc: SnapshotLocation
+    store: S3Endpoint
+    cache_root: Path
+    status: RestoreStatus
+    # Kernel binaries in the cache root before the launch.
+    kernels_before: frozenset[str]
 
 
 class Conflict(Exception):
@@ -73,6 +118,7 @@ class Agent:
         spawn_host: HostSpawner | None = None,
         engine_client: EngineClientFactory = HttpEngineClient,
         manifest_reader: ManifestReader = read_store_manifest,
+        snapshots: SnapshotOps | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -80,6 +126,7 @@ class Agent:
         self._spawn_host = spawn_host or self._spawn_engine_host_process
         self._engine_client = engine_client
         self._manifest_reader = manifest_reader
+        self._snapshots: SnapshotOps = snapshots or StoreSnapshots()
         self._clock = clock
         self.started_at = clock()
         self._facts = Facts()
@@ -136,13 +183,12 @@ class Agent:
             state_since=self._state_since,
             phases=Phases(
                 assigned=a.assigned_at if a else None,
-                # No snapshots yet: nothing is restored, so this phase ends when the
-                # launch goes to the engine host (it takes no time of its own).
-                snapshot_restored=f.launched_at if a else None,
+                # When the restore finished, or was skipped (then it took no time).
+                snapshot_restored=f.snapshot_restored_at if a else None,
                 weights_loaded=f.weights_loaded_at if a else None,
                 engine_ready=f.engine_ready_at if a else None,
             ),
-            snapshot=None,
+            snapshot=_snapshot_view(f.snapshot) if a and f.snapshot else None,
             error=f.failure,
             in_flight=f.in_flight,
         )
@@ -152,6 +198,8 @@ class Agent:
     async def start(self) -> None:
         """Start the first engine host (returns at once; "imported" comes later)."""
         self._replace_host()
+        # Downloads and archives left by a previous agent that died mid-way.
+        await asyncio.to_thread(shutil.rmtree, self.settings.snapshot_work_dir, True)
 
     async def stop(self) -> None:
         """Cancel what is running, then stop the engine host and its whole group."""
@@ -294,8 +342,8 @@ class Agent:
             raise Conflict(f"worker is {self._state.value}, not standby; it takes an assignment only in standby",
                            self._state)
         a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock())
-        self._update(assignment=a, launched_at=None, weights_loaded_at=None, engine_ready_at=None,
-                     failure=None, in_flight=None)
+        self._update(assignment=a, snapshot_restored_at=None, snapshot=None, launched_at=None,
+                     weights_loaded_at=None, engine_ready_at=None, failure=None, in_flight=None)
         log.info("assignment_accepted", assignment_id=a.assignment_id, model=a.model, uri=a.uri)
         self._assignment_task = self._spawn(self._run_assignment(a, req), name="assignment")
 
@@ -317,6 +365,8 @@ class Agent:
         if manifest is None:
             self._fail(f"no model at {req.uri} (no thaw-manifest.json: not pushed, or the push was interrupted)")
             return
+        cache_root = s.engine_cache_root(a.model)
+        job = await self._restore_snapshot(a, req, manifest, store, cache_root)
         host = self._host
         if host is None or not self._facts.host_imported:
             self._fail("the engine host went away before the launch")
@@ -325,7 +375,8 @@ class Agent:
         cmd = LaunchCommand(
             uri=req.uri, served_model_name=req.served_model_name, max_model_len=req.max_model_len,
             engine=req.engine, port=port,
-            env=engine_env(req.engine, store.env(), str(s.data_dir)),
+            env=engine_env(req.engine, store.env(), str(s.data_dir), cache_root=str(cache_root),
+                           assets_dir=str(s.engine_assets_dir)),
         )
         self._engine_url = f"http://127.0.0.1:{port}"
         self._engine = engine = self._engine_client(self._engine_url)
@@ -349,10 +400,130 @@ class Agent:
             total_s=round(now - a.assigned_at, 3),
             launch_s=round((f.launched_at or now) - a.assigned_at, 3),
             weights_s=round(f.weights_loaded_at - (f.launched_at or now), 3) if f.weights_loaded_at else None,
+            snapshot=f.snapshot.status if f.snapshot else None,
         )
+        if job is not None:
+            # Its own task: serving does not wait for it, and a release does not cancel it.
+            self._spawn(self._after_ready(a, job), name="snapshot_after_ready")
         while True:  # in_flight, for /state and the pool manager
             self._update(in_flight=await engine.in_flight())
             await asyncio.sleep(s.in_flight_poll_s)
+
+    # -- snapshots ----------------------------------------------------------------------
+
+    async def _restore_snapshot(
+        self, a: Assignment, req: AssignRequest, manifest: object, store: S3Endpoint, cache_root: Path,
+    ) -> _SnapshotJob | None:
+        """Restore the engine's compile caches for this launch, or record why not.
+
+        Ends the ``snapshot_restored`` phase. Returns what the agent needs once the
+        engine is ready, or None when snapshots do not apply to this launch.
+        """
+        s = self.settings
+        reason = None
+        if not s.snapshots:
+            reason = "snapshots are off on this worker"
+        elif not (req.snapshots and req.engine.snapshots):
+            reason = "snapshots are off for this model"
+        elif req.engine.enforce_eager:
+            reason = "eager mode (enforce_eager): vLLM compiles nothing, so there is no cache to snapshot"
+        if reason is not None:
+            log.info("snapshot_disabled", assignment_id=a.assignment_id, model=a.model, reason=reason)
+            self._update(snapshot=SnapshotFacts(RestoreStatus.DISABLED.value, reason=reason),
+                         snapshot_restored_at=self._clock())
+            return None
+
+        t0 = self._clock()
+        fp: Fingerprint | None = None
+        try:
+            config_sha = _config_sha256(manifest)
+            runtime = await asyncio.to_thread(self._snapshots.runtime, s.python)
+            fp = fingerprint_of(fingerprint_inputs(
+                runtime=runtime, model_uri=req.uri, model_config_sha256=config_sha, engine=req.engine,
+                max_model_len=req.max_model_len, engine_assets_dir=str(s.engine_assets_dir),
+            ))
+        except Exception as exc:  # the snapshot is an optimisation: start without it
+            result = RestoreResult(RestoreStatus.SKIPPED_ERROR, f"cannot compute the fingerprint: {exc}")
+        else:
+            loc = SnapshotLocation.for_model(req.uri, a.model, fp.id)
+            self._update(snapshot=SnapshotFacts(RestoreStatus.RESTORING.value, fingerprint=fp.id))
+            result = await self._run_restore(store, loc, fp, cache_root)
+        seconds = round(self._clock() - t0, 3)
+        log_fn = log.warning if result.status.value.startswith("skipped") else log.info
+        log_fn("snapshot_restore", assignment_id=a.assignment_id, model=a.model, status=result.status.value,
+               fingerprint=fp.id if fp else None, seconds=seconds, bytes=result.bytes, files=result.files,
+               reason=result.reason)
+        self._update(
+            snapshot=SnapshotFacts(result.status.value, fingerprint=fp.id if fp else None, seconds=seconds,
+                                   bytes=result.bytes, reason=result.reason),
+            snapshot_restored_at=self._clock(),
+        )
+        if fp is None:
+            return None
+        before = await asyncio.to_thread(kernel_files, cache_root)
+        return _SnapshotJob(fp, loc, store, cache_root, result.status, frozenset(before))
+
+    async def _run_restore(self, store: S3Endpoint, loc: SnapshotLocation, fp: Fingerprint,
+                           cache_root: Path) -> RestoreResult:
+        s = self.settings
+        # The thread outlives a timeout or a cancellation; this tells it to leave the
+        # cache root alone and clean up after itself.
+        cancelled = threading.Event()
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(self._snapshots.restore, store, loc, fp, cache_root, s.snapshot_work_dir,
+                                  cancelled),
+                s.snapshot_restore_timeout_s,
+            )
+        except TimeoutError:
+            cancelled.set()
+            return RestoreResult(RestoreStatus.SKIPPED_ERROR,
+                                 f"the restore took longer than {s.snapshot_restore_timeout_s:g} s")
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        except Exception as exc:  # the store: unreachable, access denied, ...
+            return RestoreResult(RestoreStatus.SKIPPED_ERROR,
+                                 f"cannot read the snapshot at {loc.uri}: {type(exc).__name__}: {exc}")
+
+    def _set_snapshot(self, a: Assignment, **changes: Any) -> None:
+        """Amend the snapshot facts, if ``a`` is still the current assignment."""
+        f = self._facts
+        if f.assignment is a and f.snapshot is not None:
+            self._update(snapshot=replace(f.snapshot, **changes))
+
+    async def _after_ready(self, a: Assignment, job: _SnapshotJob) -> None:
+        """Count what the engine compiled during its start; capture a snapshot when
+        the start found no usable one."""
+        s = self.settings
+        after = await asyncio.to_thread(kernel_files, job.cache_root)
+        compiled = len(after - job.kernels_before)
+        self._set_snapshot(a, compiled_kernels=compiled)
+        log.info("snapshot_compile_check", assignment_id=a.assignment_id, model=a.model,
+                 fingerprint=job.fp.id, status=job.status.value, compiled_kernels=compiled)
+        # Restored, yet the engine compiled: vLLM keyed its cache on something the
+        # fingerprint does not cover (e.g. a change in how the engine is started).
+        # This start's cache holds what it needed: it replaces the snapshot.
+        unused = job.status is RestoreStatus.RESTORED and compiled > 0
+        if unused:
+            log.warning("snapshot_unused", assignment_id=a.assignment_id, model=a.model,
+                        fingerprint=job.fp.id, compiled_kernels=compiled)
+        if job.status not in CAPTURE_AFTER and not unused:
+            return
+        self._set_snapshot(a, capture=CaptureStatus.RUNNING.value)
+        t0 = self._clock()
+        try:
+            result = await asyncio.to_thread(
+                self._snapshots.capture, job.store, job.loc, job.fp, job.cache_root, s.snapshot_work_dir,
+                created_by=s.worker_id, replace=job.status is not RestoreStatus.MISSING,
+            )
+        except Exception as exc:  # the store; serving is not affected
+            result = CaptureResult(CaptureStatus.FAILED, f"{type(exc).__name__}: {exc}")
+        log_fn = log.warning if result.status is CaptureStatus.FAILED else log.info
+        log_fn("snapshot_capture", assignment_id=a.assignment_id, model=a.model, fingerprint=job.fp.id,
+               uri=job.loc.uri, status=result.status.value, bytes=result.bytes,
+               seconds=round(self._clock() - t0, 3), reason=result.reason)
+        self._set_snapshot(a, capture=result.status.value)
 
     def _fail(self, reason: str) -> None:
         """The current assignment failed: record why, stop its engine host (if it was
@@ -443,5 +614,20 @@ class Agent:
 
     def _clear_assignment(self) -> None:
         self._assignment_task = None
-        self._update(assignment=None, launched_at=None, weights_loaded_at=None, engine_ready_at=None,
-                     release_requested_at=None, failure=None, in_flight=None)
+        self._update(assignment=None, snapshot_restored_at=None, snapshot=None, launched_at=None,
+                     weights_loaded_at=None, engine_ready_at=None, release_requested_at=None, failure=None,
+                     in_flight=None)
+
+
+def _config_sha256(manifest: object) -> str:
+    """sha256 of the model's config.json, from its store manifest (nothing downloaded)."""
+    if isinstance(manifest, Manifest):
+        for entry in manifest.files:
+            if entry.path == "config.json":
+                return entry.sha256
+    raise ValueError("the model's manifest lists no config.json")
+
+
+def _snapshot_view(f: SnapshotFacts) -> SnapshotView:
+    return SnapshotView(fingerprint=f.fingerprint, status=f.status, seconds=f.seconds, bytes=f.bytes,
+                        reason=f.reason, compiled_kernels=f.compiled_kernels, capture=f.capture)

@@ -85,9 +85,16 @@ def extra_flag(key: str, value: Any) -> list[str]:
     return [flag, str(value)]
 
 
-def engine_env(engine: EngineArgs, store_env: dict[str, str], data_dir: str) -> dict[str, str]:
-    """Environment for one launch: the store's (runai streamer), the CPU KV cache, caches."""
-    return {
+def engine_env(
+    engine: EngineArgs, store_env: dict[str, str], data_dir: str, *,
+    cache_root: str | None = None, assets_dir: str | None = None,
+) -> dict[str, str]:
+    """Environment for one launch: the store's (runai streamer), the CPU KV cache, caches.
+
+    ``cache_root`` and ``assets_dir`` (the agent's choice, see ``AgentSettings``) replace
+    the defaults under ``data_dir``.
+    """
+    env = {
         **store_env,
         # vLLM reads whole GiB here; round up so the configured space always fits.
         "VLLM_CPU_KVCACHE_SPACE": str(max(1, math.ceil(engine.cpu_kvcache_gib))),
@@ -98,6 +105,15 @@ def engine_env(engine: EngineArgs, store_env: dict[str, str], data_dir: str) -> 
         "VLLM_CACHE_ROOT": os.path.join(data_dir, "vllm-cache"),
         "VLLM_ASSETS_CACHE": os.path.join(data_dir, "vllm-cache", "assets"),
     }
+    if cache_root is not None:
+        env["VLLM_CACHE_ROOT"] = cache_root
+        # Inductor's own caches (FX graphs, AOTAutograd, C++ kernels) under it too, not
+        # in /tmp/torchinductor_<user>: vLLM redirects them only on its AOT path, and
+        # a snapshot of the cache root must hold them.
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, "torchinductor")
+    if assets_dir is not None:
+        env["VLLM_ASSETS_CACHE"] = assets_dir
+    return env
 
 
 def encode_event(event: str, **fields: Any) -> bytes:
@@ -149,6 +165,8 @@ def root_cause(exc: BaseException) -> str:
 
 # The module the engine host's forkserver preloads (see worker.engine_core_entry).
 FORKSERVER_PRELOAD = "worker.engine_core_entry"
+# Set to "1" in the forkserver's environment only: the preload's one-off work runs there.
+FORKSERVER_ENV = "THAW_FORKSERVER"
 
 
 def forkserver_probe() -> None:

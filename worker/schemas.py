@@ -35,6 +35,9 @@ class AssignRequest(_Body):
     max_model_len: PositiveInt
     engine: EngineArgs = EngineArgs()
     store: StoreSpec
+    # Restore the engine's compile caches from a snapshot before the launch and capture
+    # them after it (compiled mode only; see snapshotter). False: the engine starts cold.
+    snapshots: bool = True
 
 
 class ReleaseRequest(_Body):
@@ -52,6 +55,21 @@ class Phases(BaseModel):
     engine_ready: float | None = None
 
 
+class SnapshotView(BaseModel):
+    """The current assignment's engine snapshot (see ``worker.state.SnapshotFacts``)."""
+
+    fingerprint: str | None
+    # restoring | restored | local | missing | skipped_mismatch | skipped_corrupt |
+    # skipped_error | disabled
+    status: str
+    seconds: float | None
+    bytes: int | None
+    reason: str | None
+    compiled_kernels: int | None
+    # running | uploaded | exists | empty | failed (None: no capture for this start)
+    capture: str | None
+
+
 class StateBody(BaseModel):
     worker_id: str
     shape: str
@@ -64,7 +82,7 @@ class StateBody(BaseModel):
     started_at: float
     state_since: float
     phases: Phases
-    # Reserved for engine snapshots (not built yet): always None.
-    snapshot: None = None
+    # The current assignment's snapshot restore (and capture); None without an assignment.
+    snapshot: SnapshotView | None = None
     error: str | None
     in_flight: int | None

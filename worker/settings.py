@@ -6,6 +6,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+# See AgentSettings.engine_assets_dir.
+ENGINE_ASSETS_DIR = Path("/tmp/thaw-vllm-assets")
+
 
 @dataclass(frozen=True)
 class AgentSettings:
@@ -29,3 +32,23 @@ class AgentSettings:
     host_stop_grace_s: float = 10.0
     # Longest wait before restarting an engine host that keeps dying before "imported".
     host_restart_backoff_max_s: float = 30.0
+    # Engine snapshots (compile caches in the store, see snapshotter): restored before a
+    # compiled-mode launch, captured after one that found none.
+    snapshots: bool = True
+    # A restore still running after this is abandoned; the engine then compiles as usual.
+    snapshot_restore_timeout_s: float = 300.0
+    # Where vLLM mirrors a model's config and tokenizer files from the store. Shared by
+    # every worker on the machine, on purpose: vLLM's compile-cache key includes the
+    # model's local path, so a path under the worker's own data dir would make every
+    # snapshot useless to any other worker (and to `thaw snapshot build`).
+    engine_assets_dir: Path = ENGINE_ASSETS_DIR
+
+    def engine_cache_root(self, model: str) -> Path:
+        """The engine's VLLM_CACHE_ROOT for ``model``: one per model, so a snapshot holds
+        that model's compile caches only."""
+        return self.data_dir / "vllm-cache" / "models" / model
+
+    @property
+    def snapshot_work_dir(self) -> Path:
+        """Downloads, staging and archives of snapshots (next to the caches: same file system)."""
+        return self.data_dir / "snapshot-work"

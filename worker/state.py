@@ -33,6 +33,26 @@ class Assignment:
 
 
 @dataclass(frozen=True)
+class SnapshotFacts:
+    """What happened to the engine snapshot of the current assignment (``snapshotter``)."""
+
+    # snapshotter.ops.RestoreStatus values: restoring, restored, local, missing,
+    # skipped_mismatch, skipped_corrupt, skipped_error, disabled.
+    status: str
+    fingerprint: str | None = None
+    # How long the restore took (lookup, download, unpack) and the archive bytes it fetched.
+    seconds: float | None = None
+    bytes: int | None = None
+    # Why it was skipped, disabled or missing.
+    reason: str | None = None
+    # Compiled kernel binaries the engine wrote during this start (0: every kernel came
+    # from the cache); None until the engine is ready, or in eager mode.
+    compiled_kernels: int | None = None
+    # snapshotter.ops.CaptureStatus values, once a capture started after the start.
+    capture: str | None = None
+
+
+@dataclass(frozen=True)
 class Facts:
     """Independent observations; each is set in one place by the agent."""
 
@@ -41,6 +61,9 @@ class Facts:
     # That engine host reported "imported": it can take a launch now.
     host_imported: bool = False
     assignment: Assignment | None = None
+    # When the snapshot restore finished or was skipped (None: not yet).
+    snapshot_restored_at: float | None = None
+    snapshot: SnapshotFacts | None = None
     # When the launch command went to the engine host (None: not sent yet).
     launched_at: float | None = None
     weights_loaded_at: float | None = None

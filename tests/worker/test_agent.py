@@ -268,6 +268,10 @@ def test_assign_serves_the_model(agent: Agent, s3: S3Endpoint, demo_uri: str) ->
     agent.record_descendants()
     with agent.http() as c:
         assert "thaw_worker_engine_start_seconds_count 1.0" in c.get("/metrics").text
+        # in_flight is sampled from the engine every second: wait for a fresh reading.
+        deadline = time.time() + 15
+        while c.get("/state").json()["in_flight"] != 0 and time.time() < deadline:
+            time.sleep(0.2)
         assert c.get("/state").json()["in_flight"] == 0
 
 

@@ -228,6 +228,104 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_usage(args: argparse.Namespace) -> int:
+    import csv
+    import time
+
+    from activator.errors import ApiError
+    from activator.ledger import (
+        attribute_gpu_seconds,
+        parse_time,
+        query_usage,
+        replica_intervals,
+        usage_totals,
+    )
+
+    cfg = _load(args)
+    path = cfg.ledger_path
+    if not path.exists():
+        raise CliError(f"no usage ledger at {path} yet (it is created when the activator starts)", EXIT_FAILED)
+    try:
+        since, until = parse_time(args.since, "since"), parse_time(args.until, "until")
+    except ApiError as exc:
+        raise CliError(exc.message, EXIT_INVALID) from None
+    records = query_usage(path, tenant=args.tenant, since=since, until=until)
+    if args.format == "csv":
+        writer = csv.writer(sys.stdout)
+        if records:
+            writer.writerow(records[0].keys())
+        for r in records:
+            writer.writerow(r.values())
+        return 0
+    gpu = attribute_gpu_seconds(records, replica_intervals(path), now=time.time())
+    tenants = sorted({r["tenant"] for r in records})
+    per_tenant = {t: {**usage_totals(r for r in records if r["tenant"] == t),
+                      "gpu_seconds": round(gpu.get(t, 0.0), 3)} for t in tenants}
+    if args.format == "json":
+        print(json.dumps({"tenants": per_tenant, "records": records}, indent=2))
+        return 0
+    print(f"{'TENANT':16} {'REQUESTS':>8} {'PROMPT':>9} {'COMPLETION':>10} {'CACHED':>8} {'ERRORS':>6} "
+          f"{'COLD':>5} {'GPU-S':>9}")
+    for t, v in per_tenant.items():
+        print(f"{t:16} {v['requests']:>8} {v['prompt_tokens']:>9} {v['completion_tokens']:>10} "
+              f"{v['cached_tokens']:>8} {v['errors']:>6} {v['cold_starts']:>5} {v['gpu_seconds']:>9.1f}")
+    if not per_tenant:
+        print("no usage in that window")
+    return 0
+
+
+def cmd_tenants_add(args: argparse.Namespace) -> int:
+    from activator.keys import add_key
+
+    cfg = _load(args)
+    if args.tenant not in {t.name for t in cfg.tenants}:
+        raise CliError(f"no tenant {args.tenant!r} in the config; declared: {sorted(t.name for t in cfg.tenants)}",
+                       EXIT_INVALID)
+    key = add_key(cfg.ledger_path, args.tenant, args.label)
+    print(key)
+    print(f"key for tenant {args.tenant!r} (shown once; stored only as a hash; active within a second)",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_tenants_revoke(args: argparse.Namespace) -> int:
+    from activator.keys import revoke
+
+    cfg = _load(args)
+    h = args.key.removeprefix("sha256:")
+    owner = next((t.name for t in cfg.tenants for k in t.api_key_hashes
+                  if k in (f"sha256:{h}", hash_api_key(args.key))), None)
+    n = revoke(cfg.ledger_path, args.key, tenant_of_config_key=owner)
+    if n == 0:
+        raise CliError("no such active key (give the key, its sha256, or the prefix `thaw tenants ls` shows)",
+                       EXIT_INVALID)
+    print(f"revoked {n} key(s); in effect within a second")
+    return 0
+
+
+def cmd_tenants_ls(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from activator.keys import list_keys
+
+    cfg = _load(args)
+    rows = list_keys(cfg.ledger_path)
+    revoked = {r.hash for r in rows if r.revoked_at}
+    print(f"{'TENANT':16} {'MODELS':24} {'KEY':14} {'SOURCE':8} STATUS")
+    for t in cfg.tenants:
+        models = ",".join(t.allowed_models)[:24]
+        for h in t.api_key_hashes:
+            hx = h.removeprefix("sha256:")
+            print(f"{t.name:16} {models:24} {hx[:12] + '…':14} {'config':8} "
+                  f"{'revoked' if hx in revoked else 'active'}")
+        for r in rows:
+            if r.tenant == t.name and r.label != "config":
+                when = datetime.fromtimestamp(r.created_at, UTC).strftime("%Y-%m-%d %H:%M")
+                print(f"{t.name:16} {models:24} {r.prefix + '…':14} {'added':8} "
+                      f"{'revoked' if r.revoked_at else 'active'} (added {when}{', ' + r.label if r.label else ''})")
+    return 0
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from thaw.cli.up import run_up
 
@@ -292,6 +390,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("uri", metavar="S3_URI", help="s3://bucket/prefix")
     p.add_argument("--concurrency", type=int, default=8, help="parallel parts per file (default 8)")
     p.add_argument("--json", action="store_true", help="JSON lines even on a terminal")
+
+    # Commands whose arguments live with their code (light imports only at parser time).
+    from loadtests import bench_cold_start, bench_stream
+    from snapshotter import cli as snapshot_cli
+
+    bench = sub.add_parser("bench", help="Run a benchmark (baseline and Thaw in one run) and write JSON.")
+    b_sub = bench.add_subparsers(dest="bench_command", metavar="SUBCOMMAND", required=True)
+    for name, mod, help_ in (
+        ("cold-start", bench_cold_start, "Request at zero to first token: plain vLLM from S3 vs Thaw's tiers."),
+        ("stream", bench_stream, "Weights from the store: ceiling vs Thaw's streamer vs runai vs boto3+safetensors."),
+    ):
+        p = add(b_sub, name, help_, mod.run)
+        mod.add_arguments(p)
+
+    snap = sub.add_parser("snapshot", help="Build, list or remove engine snapshots (compile caches) in the store.")
+    s_sub = snap.add_subparsers(dest="snapshot_command", metavar="SUBCOMMAND", required=True)
+    for name, help_ in snapshot_cli.COMMANDS.items():
+        p = add(s_sub, name, help_, getattr(snapshot_cli, f"cmd_{name}"))
+        snapshot_cli.add_arguments(name, p)
+
+    p = add(sub, "usage", "Usage per tenant from the ledger (tokens, errors, cold starts, GPU-seconds).",
+            cmd_usage)
+    p.add_argument("--tenant", default=None)
+    p.add_argument("--since", default=None, help="epoch seconds, ISO time, or a duration back (15m, 2h, 7d)")
+    p.add_argument("--until", default=None)
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+
+    ten = sub.add_parser("tenants", help="Add, revoke or list tenants' API keys (no restart needed).")
+    t_sub = ten.add_subparsers(dest="tenants_command", metavar="SUBCOMMAND", required=True)
+    p = add(t_sub, "add", "Create an API key for a tenant of the config; prints it once.", cmd_tenants_add)
+    p.add_argument("tenant", metavar="TENANT")
+    p.add_argument("--label", default=None, help="a note kept with the key (who it is for)")
+    p = add(t_sub, "revoke", "Revoke a key (the key, its sha256, or its listed prefix).", cmd_tenants_revoke)
+    p.add_argument("key", metavar="KEY")
+    add(t_sub, "ls", "List tenants and their keys (prefixes and hashes only).", cmd_tenants_ls)
 
     models = sub.add_parser("models", help="List the models in the store.")
     m_sub = models.add_subparsers(dest="models_command", metavar="SUBCOMMAND", required=True)
