@@ -224,16 +224,24 @@ def query_usage(
         if until is not None:
             where.append("started_at < ?")
             args.append(until)
+        if not _has_table(conn, "usage"):
+            return []  # the file exists (e.g. keys were added) but nothing was metered yet
         sql = "SELECT * FROM usage" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY id"
         return [dict(r) for r in conn.execute(sql, args)]
     finally:
         conn.close()
 
 
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
 def replica_intervals(path: Path) -> list[dict[str, Any]]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     try:
         conn.row_factory = sqlite3.Row
+        if not _has_table(conn, "replica_intervals"):
+            return []
         return [dict(r) for r in conn.execute("SELECT * FROM replica_intervals ORDER BY started_at")]
     finally:
         conn.close()

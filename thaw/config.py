@@ -123,7 +123,8 @@ class EngineArgs(_Strict):
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
     # CPU engines only: KV-cache size (VLLM_CPU_KVCACHE_SPACE).
     cpu_kvcache_gib: PositiveFloat = 1.0
-    load_format: Literal["runai_streamer", "thaw", "safetensors"] = "runai_streamer"
+    # Chosen by measurement (docs/BENCHMARKS.md): Thaw's loader beat runai at every size tried.
+    load_format: Literal["runai_streamer", "thaw", "safetensors"] = "thaw"
     # Restore/capture compile-cache snapshots for this model (compiled mode only).
     snapshots: bool = True
     extra: dict[str, Any] = Field(default_factory=dict)

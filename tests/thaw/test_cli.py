@@ -27,13 +27,16 @@ def thaw(*args: str, cwd: Path | None = None, check: bool = True, timeout: float
 
 def test_help_lists_every_command_with_a_description() -> None:
     out = thaw("--help").stdout
-    for command in ("up", "config", "store", "demo-model", "push", "models"):
+    for command in ("up", "status", "config", "store", "demo-model", "push", "bench", "snapshot", "usage",
+                    "tenants", "models"):
         line = next((ln for ln in out.splitlines() if ln.strip().startswith(command)), None)
         assert line is not None, f"{command} missing from --help:\n{out}"
-    for group, subs in {"config": ("check", "hash-key"), "store": ("up", "down", "status"), "models": ("ls",)}.items():
+    for group, subs in {"config": ("check", "hash-key"), "store": ("up", "down", "status"), "models": ("ls",),
+                        "bench": ("cold-start", "stream"), "snapshot": ("build", "ls", "rm"),
+                        "tenants": ("add", "revoke", "ls")}.items():
         sub_out = thaw(group, "--help").stdout
         for s in subs:
-            assert any(ln.strip().startswith(s) and len(ln.split()) > 1 for ln in sub_out.splitlines()), sub_out
+            assert any(ln.strip().split()[:1] == [s] for ln in sub_out.splitlines() if ln.strip()), sub_out
 
 
 def test_version() -> None:
@@ -98,3 +101,23 @@ def test_models_ls_without_store_says_so(tmp_path: Path) -> None:
     proc = thaw("models", "ls", "--config", str(cfg), check=False)
     assert proc.returncode == 3
     assert "start the store first (`thaw store up`)" in proc.stderr
+
+
+def test_tenants_and_usage_commands(tmp_path: Path) -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["data_dir"] = str(tmp_path / "data")
+    cfg = tmp_path / "thaw.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    c = ("--config", str(cfg))
+    assert thaw("usage", *c, check=False).returncode == 1  # no ledger yet: says so
+    key = thaw("tenants", "add", "demo", "--label", "ci", *c).stdout.strip()
+    assert key.startswith("thaw-")
+    listed = thaw("tenants", "ls", *c).stdout
+    assert key[:9] in listed and "active" in listed and "ci" in listed
+    assert "revoked 1 key" in thaw("tenants", "revoke", key, *c).stdout
+    assert "revoked" in thaw("tenants", "ls", *c).stdout
+    bad = thaw("tenants", "add", "nobody", *c, check=False)
+    assert bad.returncode == 2 and "no tenant 'nobody'" in bad.stderr
+    # The ledger file exists now (keys live in it): an empty window is fine.
+    assert "no usage in that window" in thaw("usage", "--since", "1h", *c).stdout
+    assert thaw("usage", "--since", "yesterday", *c, check=False).returncode == 2
