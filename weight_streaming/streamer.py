@@ -612,7 +612,13 @@ def _run_pool(
     def task(chunk: _Chunk) -> int:
         if stop.is_set():  # another chunk failed: do not start new reads
             return 0
-        reader.read(chunk)
+        try:
+            reader.read(chunk)
+        except BaseException:
+            # Stop the other readers at once, not when the main thread gets round to
+            # noticing (on a busy machine that can be many chunks later).
+            stop.set()
+            raise
         return chunk.length
 
     done_bytes = 0
