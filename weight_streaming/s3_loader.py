@@ -501,7 +501,28 @@ def _parallel(fn: Any, items: Sequence[Any], concurrency: int) -> dict[Any, Any]
 # --- source wrappers ----------------------------------------------------------------
 
 
-class _TeeSource:
+class _WrappedSource:
+    """A RangeSource that adds to another's reads; everything else passes through."""
+
+    _inner: RangeSource
+
+    def size(self) -> int:
+        return self._inner.size()
+
+    @property
+    def aligned_chunks(self) -> bool:
+        return bool(getattr(self._inner, "aligned_chunks", False))
+
+    def abort(self) -> None:
+        abort = getattr(self._inner, "abort", None)
+        if abort is not None:
+            abort()
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+
+class _TeeSource(_WrappedSource):
     """Reads through ``inner`` and sends each data chunk to a cache file as it lands.
 
     ``later``: queue the write (the view must stay valid: the final host buffer);
@@ -515,13 +536,6 @@ class _TeeSource:
         self._writer = writer
         self._data_offset = data_offset
         self._later = later
-
-    def size(self) -> int:
-        return self._inner.size()
-
-    @property
-    def aligned_chunks(self) -> bool:
-        return bool(getattr(self._inner, "aligned_chunks", False))
 
     def read_into(self, offset: int, view: memoryview) -> None:
         self._inner.read_into(offset, view)
@@ -537,16 +551,7 @@ class _TeeSource:
             log.warning("cache_write_failed", object=self._writer.uri, error=str(exc))
             self._writer.mark_failed()
 
-    def abort(self) -> None:
-        abort = getattr(self._inner, "abort", None)
-        if abort is not None:
-            abort()
-
-    def __repr__(self) -> str:
-        return repr(self._inner)
-
-
-class _Sha256Source:
+class _Sha256Source(_WrappedSource):
     """Hashes the file's data in file order as the (parallel, unordered) chunks land.
 
     A reader whose chunk is not next waits (inside ``read_into``, so its buffer stays
@@ -569,13 +574,6 @@ class _Sha256Source:
         self._cond = threading.Condition()
         self._aborted = False
         self._checked = False
-
-    def size(self) -> int:
-        return self._inner.size()
-
-    @property
-    def aligned_chunks(self) -> bool:
-        return bool(getattr(self._inner, "aligned_chunks", False))
 
     def read_into(self, offset: int, view: memoryview) -> None:
         self._inner.read_into(offset, view)
@@ -602,9 +600,7 @@ class _Sha256Source:
         with self._cond:
             self._aborted = True
             self._cond.notify_all()
-        abort = getattr(self._inner, "abort", None)
-        if abort is not None:
-            abort()
+        super().abort()
 
     def check_complete(self) -> None:
         """After the load: every byte was hashed and the digest matched."""
@@ -624,9 +620,6 @@ class _Sha256Source:
                 self._from_cache,
             )
         self._checked = True
-
-    def __repr__(self) -> str:
-        return repr(self._inner)
 
 
 def _hashing(
