@@ -68,7 +68,7 @@ def test_inputs_survive_a_json_round_trip_unchanged() -> None:
         ("tensor parallel size", inputs(engine=EngineArgs(tensor_parallel_size=2))),
         ("max model len", inputs(max_model_len=4096)),
         ("eager", inputs(engine=EngineArgs(enforce_eager=True))),
-        ("load format", inputs(engine=EngineArgs(load_format="thaw"))),
+        ("load format", inputs(engine=EngineArgs(load_format="runai_streamer"))),
         ("extra engine arg", inputs(engine=EngineArgs(extra={"max_num_seqs": 8}))),
         ("compilation config", inputs(engine=EngineArgs(extra={"compilation_config": {"level": 0}}))),
     ],
