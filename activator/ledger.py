@@ -7,9 +7,11 @@ client saw complete is in the ledger, even if the activator is SIGKILLed right a
 Requests cut off by a crash before that point may be missing; cancelled streams are
 recorded when the activator notices the disconnect.
 
-Writes go through one thread that owns the connection and commits in groups: records
-that arrive within ``group_window_s`` of each other share one commit (one fsync), and
-each caller awaits the commit of its own record.
+Writes go through one thread that owns the connection and commits in groups: the
+records that queued up while the previous commit ran share the next one (one fsync),
+so a busy activator commits in batches without a lone record ever waiting for company;
+``group_window_s`` (default 0) adds a wait for more records before each commit. Each
+caller awaits the commit of its own record.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ _COLUMNS = [f.name for f in fields(UsageRecord)]
 class Ledger:
     """Append usage records; ``await append(r)`` returns once ``r`` is committed."""
 
-    def __init__(self, path: Path, *, group_window_s: float = 0.005) -> None:
+    def __init__(self, path: Path, *, group_window_s: float = 0.0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.group_window_s = group_window_s
@@ -129,13 +131,18 @@ class Ledger:
             deadline = time.monotonic() + self.group_window_s
             stop = False
             while True:
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
-                    break
+                # Everything queued meanwhile (records that arrived during the last
+                # commit) joins this one; then wait out the window, if one is set.
                 try:
-                    item = self._queue.get(timeout=timeout)
+                    item = self._queue.get_nowait()
                 except queue.Empty:
-                    break
+                    timeout = deadline - time.monotonic()
+                    if timeout <= 0:
+                        break
+                    try:
+                        item = self._queue.get(timeout=timeout)
+                    except queue.Empty:
+                        break
                 if item is None:
                     stop = True
                     break

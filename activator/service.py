@@ -35,7 +35,7 @@ from activator.metrics import PHASES, ActivatorMetrics
 from activator.router import prefix_key
 from activator.routing import Acquired, Replica, RouteWatcher
 from activator.tokens import TokenCounter
-from activator.usage import StreamTap, Usage, usage_from_body
+from activator.usage import DONE, StreamTap, Usage, usage_from_body
 from thaw.config import Model, ThawConfig
 from thaw.log import get_logger
 
@@ -351,11 +351,18 @@ class CompletionService:
                 async for chunk in upstream.aiter_raw():
                     if ctx.first_byte_at is None:
                         self._first_byte(model, replica, ctx)
+                    # The events of one upstream read go out in one write.
+                    out = bytearray()
                     for event in tap.feed(chunk):
-                        if event.strip() == b"data: [DONE]":
+                        if event.strip() == DONE:
+                            if out:
+                                yield bytes(out)
+                                out.clear()
                             # The guarantee: committed before the client sees the end.
                             await self.record(ctx)
-                        yield event
+                        out += event
+                    if out:
+                        yield bytes(out)
                 rest = tap.flush()
                 if rest:
                     yield rest

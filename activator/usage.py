@@ -9,6 +9,7 @@ answers carry ``usage`` in the body.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ def usage_from_body(body: bytes, usage: Usage) -> None:
 
 
 DONE = b"data: [DONE]"
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 
 
 class StreamTap:
@@ -53,16 +55,19 @@ class StreamTap:
 
     def feed(self, data: bytes) -> list[bytes]:
         """Complete events (each with its trailing blank line) to forward, in order."""
-        self._buf += data
+        buf = self._buf + data if self._buf else data
         out = []
+        start = 0
         while True:
             # SSE events end with a blank line; vLLM uses "\n\n".
-            idx = self._buf.find(b"\n\n")
+            idx = buf.find(b"\n\n", start)
             if idx < 0:
                 break
-            event, self._buf = self._buf[: idx + 2], self._buf[idx + 2 :]
+            event = buf[start: idx + 2]
+            start = idx + 2
             if self._keep(event):
                 out.append(event)
+        self._buf = buf[start:]
         return out
 
     def flush(self) -> bytes:
@@ -77,6 +82,11 @@ class StreamTap:
             return True
         if not line.startswith(b"data: "):
             return True
+        if b'"usage"' not in line:
+            # The common case, a token chunk: counted without parsing it.
+            if b'"choices"' in line and not _NO_CHOICES.search(line):
+                self._count_content()
+            return True
         try:
             chunk = json.loads(line[6:])
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -89,10 +99,13 @@ class StreamTap:
                 # The usage-only chunk the activator asked for on the client's behalf.
                 return self.forward_usage_chunk
         if chunk.get("choices"):
-            self.content_chunks += 1
-            if self.usage.source != "engine":
-                # Until (unless) the engine reports usage, count what streamed: vLLM
-                # sends one token per chunk unless it batches, so this is an estimate.
-                self.usage.completion_tokens = self.content_chunks
-                self.usage.source = "estimated"
+            self._count_content()
         return True
+
+    def _count_content(self) -> None:
+        self.content_chunks += 1
+        if self.usage.source != "engine":
+            # Until (unless) the engine reports usage, count what streamed: vLLM
+            # sends one token per chunk unless it batches, so this is an estimate.
+            self.usage.completion_tokens = self.content_chunks
+            self.usage.source = "estimated"

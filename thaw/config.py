@@ -210,8 +210,9 @@ class Server(_Strict):
 class LedgerConfig(_Strict):
     # SQLite file (WAL); relative paths are under data_dir.
     path: Path = Path("usage.db")
-    # Records finishing within this window share one commit (one fsync).
-    group_window_ms: NonNegativeFloat = 5.0
+    # Extra wait for more records before a commit; records that queued while the
+    # previous commit ran always share the next one (one fsync).
+    group_window_ms: NonNegativeFloat = 0.0
 
 
 class ThawConfig(_Strict):
