@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON lines even on a terminal")
 
     # Commands whose arguments live with their code (light imports only at parser time).
-    from loadtests import bench_cold_start, bench_stream
+    from loadtests import bench_activator, bench_cold_start, bench_stream
     from snapshotter import cli as snapshot_cli
 
     bench = sub.add_parser("bench", help="Run a benchmark (baseline and Thaw in one run) and write JSON.")
@@ -400,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, mod, help_ in (
         ("cold-start", bench_cold_start, "Request at zero to first token: plain vLLM from S3 vs Thaw's tiers."),
         ("stream", bench_stream, "Weights from the store: ceiling vs Thaw's streamer vs runai vs boto3+safetensors."),
+        ("activator", bench_activator, "What the activator adds in front of a replica, with vllm-router as a peer."),
     ):
         p = add(b_sub, name, help_, mod.run)
         mod.add_arguments(p)

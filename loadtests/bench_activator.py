@@ -1,0 +1,486 @@
+"""`thaw bench activator`: what the activator adds in front of a replica, and vllm-router as a peer.
+
+    thaw bench activator --out bench_activator.json [--rates 50,100,200,...] [--duration-s 6]
+
+One run starts, on loopback:
+
+- a minimal fast upstream (:mod:`loadtests.fast_upstream`) that streams ``--tokens``
+  one-token SSE chunks per request in vLLM's shape; it also serves the activator's
+  route table, naming itself as the model's one ready replica;
+- the activator (the real app of `thaw up`: auth, limits, tokens estimate, routing,
+  SSE proxy, usage tap, SQLite ledger), one uvicorn process pinned to one core;
+- ``vllm-router`` (the Rust router from PyPI, policy ``cache_aware``) in front of the
+  same upstream, pinned to the same core.
+
+The load generator (open loop, Poisson arrivals, seeded) and the upstream share the
+other core. For each offered rate, in ascending order, it runs ``--duration-s`` of
+streaming chat completions straight at the upstream (``direct``), then through the
+activator, then through the router, and records per request the latency from the
+*scheduled* send time (so a proxy that falls behind is charged for its queue) to the
+first body byte (TTFT) and to the end of the stream, and the tokens received.
+
+Reported per target and rate: achieved rate, errors, p50/p99 TTFT and latency,
+streamed tokens/s, the proxy's CPU time per request; for the proxies, the *added*
+p50/p99 latency and TTFT (proxy minus direct at the same rate). A proxy *sustains*
+a rate when every request succeeded and its added p99 latency is under
+``--p99-budget-ms`` (10 ms); as latencies count from the scheduled send time, a proxy
+that falls behind the arrivals fails this. A proxy stops after two rates in a row it
+does not sustain. ``max_sustained_rps`` is the
+highest rate it sustained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from thaw.config import hash_api_key
+from thaw.embedded_store import free_port
+
+DEFAULT_RATES = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200)
+API_KEY = "bench-key"
+MODEL = "bench"
+TARGETS = ("direct", "activator", "vllm_router")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of `thaw bench activator` (``--config`` and ``--log-level`` come from the CLI)."""
+    p.add_argument("--out", default=None, metavar="FILE", help="write the JSON report here")
+    p.add_argument("--rates", default=",".join(map(str, DEFAULT_RATES)),
+                   help="offered request rates per second, ascending (default %(default)s)")
+    p.add_argument("--duration-s", type=float, default=6.0, help="seconds of load per rate and target")
+    p.add_argument("--tokens", type=int, default=32, help="tokens streamed per request (default 32)")
+    p.add_argument("--itl-ms", type=float, default=0.0, help="upstream pause between tokens (default 0)")
+    p.add_argument("--p99-budget-ms", type=float, default=10.0,
+                   help="added p99 latency under which a rate counts as sustained (default 10)")
+    p.add_argument("--no-router", action="store_true", help="skip vllm-router")
+    p.add_argument("--seed", type=int, default=1)
+
+
+def run(args: argparse.Namespace) -> int:
+    rates = sorted({float(r) for r in str(args.rates).split(",") if r.strip()})
+    if not rates or rates[0] <= 0:
+        print("--rates needs positive numbers", file=sys.stderr)
+        return 2
+    router_bin = None if args.no_router else shutil.which("vllm-router") or _venv_bin("vllm-router")
+    if not args.no_router and router_bin is None:
+        print("vllm-router is not installed (pip install vllm-router, or --no-router)", file=sys.stderr)
+        return 2
+    report = asyncio.run(_bench(args, rates, router_bin))
+    text = json.dumps(report, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    _print_summary(report)
+    return 0
+
+
+def _venv_bin(name: str) -> str | None:
+    p = Path(sys.executable).with_name(name)
+    return str(p) if p.exists() else None
+
+
+# -- processes under test -------------------------------------------------------------
+def _cores() -> tuple[set[int] | None, set[int] | None]:
+    """(proxy core, load generator + upstream cores); None where the machine has one core."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    return {cpus[0]}, set(cpus[1:])
+
+
+def _pinned(cmd: list[str], cores: set[int] | None) -> list[str]:
+    if cores is None or shutil.which("taskset") is None:
+        return cmd
+    return ["taskset", "-c", ",".join(map(str, sorted(cores))), *cmd]
+
+
+def activator_config(work: Path, port: int) -> dict[str, Any]:
+    """A config for the activator alone: one tenant with limits far above the load (so
+    the buckets run but never refuse), one model whose replica is the upstream."""
+    return {
+        "data_dir": str(work / "data"),
+        "log_level": "warning",
+        "server": {"host": "127.0.0.1", "port": port},
+        "object_store": {"kind": "s3", "endpoint_url": "http://127.0.0.1:9", "bucket": "unused",
+                         "credentials": {"source": "env"}},
+        "shapes": [{"name": "cpu", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 1,
+                    "price_per_hour_usd": 0}],
+        "pools": [{"shape": "cpu", "provider": "local", "standby_min": 0, "standby_max": 0,
+                   "max_instances": 1, "budget_usd_per_hour": 0}],
+        "models": [{"name": MODEL, "uri": "s3://unused/bench", "shape": "cpu",
+                    "autoscaling": {"min_replicas": 1, "max_replicas": 1,
+                                    "max_concurrency_per_replica": 100000, "max_queue_length": 100000}}],
+        "tenants": [{"name": "bench", "api_key_hashes": [hash_api_key(API_KEY)],
+                     "limits": {"requests_per_minute": 100_000_000, "tokens_per_minute": 1_000_000_000,
+                                "max_concurrent_requests": 100000}}],
+    }
+
+
+def serve_activator(config: Path, pool_url: str) -> None:
+    """The activator process of the benchmark (``--serve-activator``): `thaw up`'s app and
+    uvicorn settings, with ``pool_url`` (the upstream's fixed route table) as its pool."""
+    import uvicorn
+    import yaml
+
+    from activator.app import create_app
+    from thaw.config import ThawConfig
+    from thaw.log import setup_logging
+
+    cfg = ThawConfig.model_validate(yaml.safe_load(config.read_text()))
+    setup_logging("activator", cfg.log_level)
+    app = create_app(cfg, pool_url, activator_id="bench")
+    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_config=None, access_log=False,
+                timeout_graceful_shutdown=5)
+
+
+@contextmanager
+def _process(cmd: list[str], log: Path, ready_url: str, timeout_s: float = 30.0) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{' '.join(cmd)} exited ({proc.returncode}): {log.read_text()[-2000:]}")
+                try:
+                    if httpx.get(ready_url, timeout=1.0).status_code < 500:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{' '.join(cmd)} not ready after {timeout_s:.0f} s: {log.read_text()[-2000:]}")
+                time.sleep(0.2)
+            yield proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (from /proc)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        procs = [p, *p.children(recursive=True)]
+        return sum(sum(q.cpu_times()[:2]) for q in procs)
+    except psutil.Error:
+        return 0.0
+
+
+# -- load generator -------------------------------------------------------------------
+@dataclass
+class Sample:
+    ok: bool
+    ttft_s: float
+    latency_s: float
+    tokens: int
+    error: str | None = None
+
+
+async def _one(session: Any, url: str, body: bytes, headers: dict[str, str], scheduled: float) -> Sample:
+    first = None
+    buf = bytearray()
+    try:
+        async with session.post(url, data=body, headers=headers) as resp:
+            if resp.status != 200:
+                text = await resp.text()
+                return Sample(False, 0.0, time.perf_counter() - scheduled, 0, f"{resp.status}: {text[:200]}")
+            async for chunk in resp.content.iter_any():
+                if first is None:
+                    first = time.perf_counter()
+                buf += chunk
+    except Exception as exc:  # noqa: BLE001 - every failure is a sample
+        return Sample(False, 0.0, time.perf_counter() - scheduled, 0, f"{type(exc).__name__}: {exc}")
+    end = time.perf_counter()
+    tokens = buf.count(b'"content":" tok"')
+    done = buf.rstrip().endswith(b"data: [DONE]")
+    return Sample(done, (first or end) - scheduled, end - scheduled, tokens, None if done else "no [DONE]")
+
+
+async def _load(base_url: str, rate: float, duration_s: float, tokens: int, seed: int) -> tuple[list[Sample], float]:
+    """Open-loop Poisson arrivals at ``rate`` for ``duration_s``; returns the samples and
+    the wall seconds from the first send to the last answer."""
+    import aiohttp
+
+    rng = random.Random(seed)
+    body = json.dumps({"model": MODEL, "stream": True, "max_tokens": tokens,
+                       "messages": [{"role": "system", "content": "You are a benchmark."},
+                                    {"role": "user", "content": "Say tok."}]}).encode()
+    headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
+    url = base_url + "/v1/chat/completions"
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+        tasks = []
+        start = time.perf_counter()
+        t = start
+        while True:
+            t += rng.expovariate(rate)
+            if t - start >= duration_s:
+                break
+            delay = t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_one(session, url, body, headers, t)))
+        samples = await asyncio.gather(*tasks)
+        return list(samples), time.perf_counter() - start
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))
+    return xs[k]
+
+
+def summarize(samples: list[Sample], rate: float, duration_s: float, wall_s: float, cpu_s: float | None) -> dict[str, Any]:
+    ok = [s for s in samples if s.ok]
+    lat = [s.latency_s for s in ok]
+    ttft = [s.ttft_s for s in ok]
+    errors = [s.error for s in samples if not s.ok]
+    ms = 1000.0
+    return {
+        "offered_rps": rate,
+        "requests": len(samples),
+        "achieved_rps": len(ok) / duration_s,
+        "errors": len(errors),
+        "error_examples": sorted(set(e for e in errors if e))[:3],
+        "latency_p50_ms": _scale(_pct(lat, 50), ms),
+        "latency_p99_ms": _scale(_pct(lat, 99), ms),
+        "ttft_p50_ms": _scale(_pct(ttft, 50), ms),
+        "ttft_p99_ms": _scale(_pct(ttft, 99), ms),
+        "tokens_per_s": sum(s.tokens for s in ok) / wall_s if wall_s > 0 else None,
+        "proxy_cpu_ms_per_request": (cpu_s * ms / len(samples)) if cpu_s is not None and samples else None,
+    }
+
+
+def _scale(v: float | None, k: float) -> float | None:
+    return None if v is None else v * k
+
+
+def added(proxy: dict[str, Any], direct: dict[str, Any]) -> dict[str, float | None]:
+    """The proxy's figures minus the direct path's at the same rate."""
+    out: dict[str, float | None] = {}
+    for k in ("latency_p50_ms", "latency_p99_ms", "ttft_p50_ms", "ttft_p99_ms"):
+        a, b = proxy.get(k), direct.get(k)
+        out[f"added_{k}"] = None if a is None or b is None else a - b
+    return out
+
+
+def sustained(point: dict[str, Any], budget_ms: float) -> bool:
+    # Latency counts from the scheduled send time, so a proxy that falls behind the
+    # arrivals shows it here; errors would hide that, so there must be none.
+    return (point["errors"] == 0 and point.get("added_latency_p99_ms") is not None
+            and point["added_latency_p99_ms"] < budget_ms)
+
+
+async def _bench(args: argparse.Namespace, rates: list[float], router_bin: str | None) -> dict[str, Any]:
+    proxy_cores, gen_cores = _cores()
+    before = os.sched_getaffinity(0)
+    if gen_cores is not None:
+        os.sched_setaffinity(0, gen_cores)
+    try:
+        return await _bench_in(args, rates, router_bin, proxy_cores, gen_cores)
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+async def _bench_in(args: argparse.Namespace, rates: list[float], router_bin: str | None,
+                    proxy_cores: set[int] | None, gen_cores: set[int] | None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="thaw-bench-activator-") as tmp:
+        work = Path(tmp)
+        import yaml
+
+        up_port, act_port, router_port = free_port(), free_port(), free_port()
+        cfg_path = work / "activator.yaml"
+        cfg_path.write_text(yaml.safe_dump(activator_config(work, act_port)))
+        upstream_url = f"http://127.0.0.1:{up_port}"
+        py = sys.executable
+        up_cmd = _pinned([py, "-m", "loadtests.fast_upstream", "--port", str(up_port), "--model", MODEL,
+                          "--tokens", str(args.tokens), "--itl-ms", str(args.itl_ms)], gen_cores)
+        act_cmd = _pinned([py, "-m", "loadtests.bench_activator", "--serve-activator", str(cfg_path),
+                           "--pool-url", upstream_url], proxy_cores)
+        with _process(up_cmd, work / "upstream.log", upstream_url + "/health"), \
+                _process(act_cmd, work / "activator.log", f"http://127.0.0.1:{act_port}/healthz") as act:
+            base = {"direct": upstream_url, "activator": f"http://127.0.0.1:{act_port}"}
+            pids: dict[str, int | None] = {"direct": None, "activator": act.pid}
+            router_ctx = None
+            if router_bin is not None:
+                router_cmd = _pinned([router_bin, "--host", "127.0.0.1", "--port", str(router_port),
+                                      "--worker-urls", upstream_url, "--policy", "cache_aware",
+                                      "--log-level", "warning", "--max-concurrent-requests", "100000",
+                                      "--queue-size", "100000", "--disable-retries"], proxy_cores)
+                router_ctx = _process(router_cmd, work / "router.log", f"http://127.0.0.1:{router_port}/health")
+                router = router_ctx.__enter__()
+                base["vllm_router"] = f"http://127.0.0.1:{router_port}"
+                pids["vllm_router"] = router.pid
+            try:
+                return await _sweep(args, rates, base, pids, proxy_cores, gen_cores)
+            finally:
+                if router_ctx is not None:
+                    router_ctx.__exit__(None, None, None)
+
+
+async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, str], pids: dict[str, int | None],
+                 proxy_cores: set[int] | None, gen_cores: set[int] | None) -> dict[str, Any]:
+    targets = [t for t in TARGETS if t in base]
+    # Warm every path (connections, caches, the ledger file) before measuring.
+    for t in targets:
+        await _load(base[t], 50.0, 1.0, args.tokens, args.seed)
+    results: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
+    misses = {t: 0 for t in targets if t != "direct"}
+    for i, rate in enumerate(rates):
+        live = [t for t in targets if t == "direct" or misses[t] < 2]
+        if live == ["direct"]:
+            break
+        direct: dict[str, Any] | None = None
+        for t in live:
+            pid = pids.get(t)
+            cpu0 = _cpu_s(pid) if pid else None
+            samples, wall = await _load(base[t], rate, args.duration_s, args.tokens, args.seed + i)
+            cpu = (_cpu_s(pid) - cpu0) if pid and cpu0 is not None else None
+            point = summarize(samples, rate, args.duration_s, wall, cpu)
+            if t == "direct":
+                direct = point
+            else:
+                assert direct is not None
+                point.update(added(point, direct))
+                point["sustained"] = sustained(point, args.p99_budget_ms)
+                misses[t] = 0 if point["sustained"] else misses[t] + 1
+            results[t].append(point)
+            print(_line(t, point), file=sys.stderr, flush=True)
+    summary = {t: _target_summary(results[t], rates) for t in targets if t != "direct"}
+    return {
+        "benchmark": "activator",
+        "params": {"rates": rates, "duration_s": args.duration_s, "tokens": args.tokens, "itl_ms": args.itl_ms,
+                   "p99_budget_ms": args.p99_budget_ms, "seed": args.seed,
+                   "proxy_cores": sorted(proxy_cores) if proxy_cores else None,
+                   "generator_and_upstream_cores": sorted(gen_cores) if gen_cores else None,
+                   "vllm_router_policy": "cache_aware" if "vllm_router" in base else None},
+        "environment": _environment(),
+        "results": results,
+        "summary": summary,
+        "ratios": _ratios(results, summary),
+    }
+
+
+def _target_summary(points: list[dict[str, Any]], rates: list[float]) -> dict[str, Any]:
+    ok = [p for p in points if p.get("sustained")]
+    best = max((p["offered_rps"] for p in ok), default=None)
+    # A proxy that sustained the highest rate tried was not measured to its limit.
+    return {"max_sustained_rps": best, "lower_bound_only": best is not None and best == rates[-1],
+            "rates_tried": [p["offered_rps"] for p in points]}
+
+
+def _common(results: dict[str, list[dict[str, Any]]], a: str, b: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    pb = {p["offered_rps"]: p for p in results.get(b, [])}
+    return [(p, pb[p["offered_rps"]]) for p in results.get(a, []) if p["offered_rps"] in pb]
+
+
+def _ratios(results: dict[str, list[dict[str, Any]]], summary: dict[str, Any]) -> dict[str, float | None]:
+    """Ratios of the same run: activator over vllm-router and over the direct path."""
+    out: dict[str, float | None] = {}
+    act = summary.get("activator", {}).get("max_sustained_rps")
+    rt = summary.get("vllm_router", {}).get("max_sustained_rps")
+    out["max_sustained_rps_activator_over_router"] = (act / rt) if act and rt else None
+    # At the lowest rate every target ran: latency and tokens/s against direct and the router.
+    first = {t: pts[0] for t, pts in results.items() if pts}
+    d, a, r = first.get("direct"), first.get("activator"), first.get("vllm_router")
+
+    def div(x: float | None, y: float | None) -> float | None:
+        return None if x is None or y is None or y == 0 else x / y
+
+    if d and a:
+        out["latency_p50_activator_over_direct_at_lowest_rate"] = div(a["latency_p50_ms"], d["latency_p50_ms"])
+        out["tokens_per_s_activator_over_direct_at_lowest_rate"] = div(a["tokens_per_s"], d["tokens_per_s"])
+    if a and r:
+        out["added_p50_ms_activator_over_router_at_lowest_rate"] = div(
+            a.get("added_latency_p50_ms"), r.get("added_latency_p50_ms"))
+        out["cpu_per_request_activator_over_router_median"] = _median_ratio(
+            [div(x["proxy_cpu_ms_per_request"], y["proxy_cpu_ms_per_request"])
+             for x, y in _common(results, "activator", "vllm_router")])
+    return out
+
+
+def _median_ratio(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _environment() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def v(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "uvicorn": v("uvicorn"), "fastapi": v("fastapi"), "httpx": v("httpx"), "uvloop": v("uvloop"),
+            "vllm_router": v("vllm-router"), "aiohttp": v("aiohttp")}
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _line(target: str, p: dict[str, Any]) -> str:
+    extra = ""
+    if "added_latency_p99_ms" in p:
+        extra = (f"  added p50 {_fmt(p['added_latency_p50_ms'], '.2f')} p99 {_fmt(p['added_latency_p99_ms'], '.2f')} ms"
+                 f"  {'ok' if p['sustained'] else 'MISS'}")
+    return (f"{target:12s} {p['offered_rps']:7.0f} rps: got {p['achieved_rps']:7.1f}, err {p['errors']},"
+            f" ttft p50 {_fmt(p['ttft_p50_ms'], '.2f')} p99 {_fmt(p['ttft_p99_ms'], '.2f')},"
+            f" lat p50 {_fmt(p['latency_p50_ms'], '.2f')} p99 {_fmt(p['latency_p99_ms'], '.2f')} ms,"
+            f" {_fmt(p['tokens_per_s'], '.0f')} tok/s, cpu/req {_fmt(p['proxy_cpu_ms_per_request'], '.2f')} ms{extra}")
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    for t, s in report["summary"].items():
+        bound = " (the highest rate tried: a lower bound)" if s["lower_bound_only"] else ""
+        print(f"{t}: max sustained {_fmt(s['max_sustained_rps'], '.0f')} rps "
+              f"(added p99 < {report['params']['p99_budget_ms']:.0f} ms, no errors){bound}")
+    for k, v in report["ratios"].items():
+        print(f"  {k}: {_fmt(v, '.3f')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--serve-activator", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--pool-url", default=None, help=argparse.SUPPRESS)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    if args.serve_activator is not None:
+        serve_activator(args.serve_activator, args.pool_url)
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""`thaw bench activator`: the report's arithmetic, the fast upstream, and one short real run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from loadtests import bench_activator as bench
+from loadtests.fast_upstream import Upstream, serve
+from thaw.embedded_store import free_port
+
+
+def samples(latencies_ms: list[float], ttft_ms: float = 1.0) -> list[bench.Sample]:
+    return [bench.Sample(True, ttft_ms / 1000, lat / 1000, 32) for lat in latencies_ms]
+
+
+def test_summary_percentiles_and_rates() -> None:
+    # 100 requests with latencies 1..100 ms over 2 s: p50 is the 50th value of the
+    # sorted list (index round(0.5 * 99) = 50 -> 51 ms), p99 index round(0.99 * 99) = 98 -> 99 ms.
+    point = bench.summarize(samples([float(i) for i in range(1, 101)]), 50.0, 2.0, 2.0, 0.2)
+    assert point["latency_p50_ms"] == pytest.approx(51.0)
+    assert point["latency_p99_ms"] == pytest.approx(99.0)
+    assert point["achieved_rps"] == 50.0  # 100 ok / 2 s
+    assert point["tokens_per_s"] == 1600.0  # 100 x 32 / 2 s
+    assert point["proxy_cpu_ms_per_request"] == pytest.approx(2.0)  # 0.2 s / 100
+
+
+def test_failures_count_as_errors_not_latency() -> None:
+    s = samples([1.0, 2.0]) + [bench.Sample(False, 0.0, 0.5, 0, "502: bad")]
+    point = bench.summarize(s, 10.0, 1.0, 1.0, None)
+    assert point["errors"] == 1 and point["error_examples"] == ["502: bad"]
+    assert point["latency_p99_ms"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    ("proxy_p99", "errors", "ok"),
+    [
+        (14.0, 0, True),   # 14 - 5 = 9 ms added < 10
+        (15.0, 0, False),  # 15 - 5 = 10 ms added: not under the budget
+        (6.0, 1, False),   # any error fails the rate
+    ],
+)
+def test_sustained_needs_no_errors_and_added_p99_under_budget(proxy_p99: float, errors: int, ok: bool) -> None:
+    direct = {"latency_p50_ms": 2.0, "latency_p99_ms": 5.0, "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0}
+    proxy = {"latency_p50_ms": 4.0, "latency_p99_ms": proxy_p99, "ttft_p50_ms": 2.0, "ttft_p99_ms": 3.0,
+             "errors": errors}
+    proxy.update(bench.added(proxy, direct))
+    assert proxy["added_latency_p50_ms"] == 2.0
+    assert bench.sustained(proxy, 10.0) is ok
+
+
+async def test_fast_upstream_streams_tokens_usage_and_done() -> None:
+    port = free_port()
+    ready = asyncio.Event()
+    task = asyncio.create_task(serve(Upstream(port, "m", 3, 0.0), ready))
+    await ready.wait()
+    try:
+        got, _ = await bench._load(f"http://127.0.0.1:{port}", 200.0, 0.1, 3, seed=1)
+        assert got and all(s.ok and s.tokens == 3 for s in got)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = json.dumps({"stream": True, "max_tokens": 2, "stream_options": {"include_usage": True}}).encode()
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        raw = await reader.read()
+        writer.close()
+        assert raw.count(b'"text":" tok"') == 2
+        assert b'"usage":{"prompt_tokens": 8, "completion_tokens": 2' in raw
+        assert raw.rstrip().endswith(b"0")  # the chunked body's last chunk
+    finally:
+        task.cancel()
+
+
+@pytest.mark.integration
+def test_one_short_real_run_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "a.json"
+    args = argparse.Namespace(out=str(out), rates="20", duration_s=1.0, tokens=4, itl_ms=0.0, p99_budget_ms=1e9,
+                              no_router=shutil.which("vllm-router") is None and bench._venv_bin("vllm-router") is None,
+                              seed=1)
+    assert bench.run(args) == 0
+    report = json.loads(out.read_text())
+    assert set(report["results"]) >= {"direct", "activator"}
+    act = report["results"]["activator"][0]
+    assert act["errors"] == 0 and act["requests"] > 5 and act["tokens_per_s"] > 0
+    assert act["added_latency_p50_ms"] is not None and act["proxy_cpu_ms_per_request"] > 0
+    assert report["summary"]["activator"]["max_sustained_rps"] == 20.0
+    assert "max_sustained_rps_activator_over_router" in report["ratios"]
