@@ -428,7 +428,9 @@ class CompletionService:
             self.metrics.cold_start_seconds.labels(model.name, name).observe(secs)
         self.metrics.cold_start_seconds.labels(model.name, "total").observe(total)
         record = {"model": model.name, "request_id": ctx.request_id, "at": ctx.arrival,
-                  "total_s": round(total, 3), "phases_s": {k: round(v, 3) for k, v in phases.items()}}
+                  "total_s": round(total, 3), "phases_s": {k: round(v, 3) for k, v in phases.items()},
+                  # Woken from the asleep tier rather than loaded.
+                  "woken": p.get("woken") is not None}
         log.info("cold_start", **record)
         self.routes.record_cold_start(record)
 

@@ -104,6 +104,13 @@ class Autoscaling(_Strict):
     # Requests one replica gets at a time; beyond it requests wait in the model's fair
     # queue (round-robin across tenants), which also counts as demand for scaling up.
     max_concurrency_per_replica: PositiveInt = 64
+    # GPU only. An idle replica is put to sleep (vLLM sleep mode level 1: weights moved
+    # to host memory, KV cache dropped, the instance kept) instead of released, and the
+    # next request wakes it rather than loading the model again. It stays asleep this
+    # long, then is released. 0: off (release at once). Asleep instances count toward
+    # the pool's max_instances and budget, not its standby targets; another model that
+    # finds no standby takes one (reloading) rather than launch an instance.
+    asleep_ttl_s: NonNegativeFloat = 0.0
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
@@ -251,6 +258,13 @@ class ThawConfig(_Strict):
             if p.shape not in shapes:
                 raise ValueError(
                     f"pools[{i}]: shape {p.shape!r} is not declared; declared: {sorted(shapes)}"
+                )
+        for i, m in enumerate(self.models):
+            shape = self.shape(m.shape)
+            if m.autoscaling.asleep_ttl_s > 0 and shape is not None and shape.gpu_count == 0:
+                raise ValueError(
+                    f"models[{i}] ({m.name}): autoscaling.asleep_ttl_s needs vLLM's sleep mode, which needs a "
+                    f"GPU; shape {m.shape!r} has none (set asleep_ttl_s to 0)"
                 )
         served: dict[str, str] = {}
         for m in self.models:

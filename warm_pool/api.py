@@ -39,6 +39,7 @@ class ColdStartRecord(BaseModel):
     at: float
     total_s: float
     phases_s: dict[str, float]
+    woken: bool = False
 
 
 def create_pool_app(manager: PoolManager, *, manage_lifecycle: bool = True) -> FastAPI:

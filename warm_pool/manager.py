@@ -28,6 +28,7 @@ from warm_pool.policy import (
     ModelActivity,
     PolicyState,
     Release,
+    Sleep,
     Snapshot,
     Terminate,
     WorkerView,
@@ -185,6 +186,7 @@ class PoolManager:
             w.view = WorkerView(
                 id=w.handle.id, shape=w.handle.shape, state=body["state"], model=body.get("model"),
                 assignment_id=body.get("assignment_id"), error=body.get("error"),
+                since=body.get("state_since"),
             )
 
         await asyncio.gather(*(poll(w) for w in self.workers.values() if w.handle.id not in self._busy))
@@ -214,6 +216,11 @@ class PoolManager:
             w = self.workers[d.worker_id]
             w.view = WorkerView(w.handle.id, w.handle.shape, "draining", None, None)
             self._spawn(self._release(w, d), busy=w.handle.id)
+        elif isinstance(d, Sleep):
+            w = self.workers[d.worker_id]
+            w.view = WorkerView(w.handle.id, w.handle.shape, "asleep", d.model, w.view.assignment_id,
+                                since=self.clock())
+            self._spawn(self._sleep(w, d), busy=w.handle.id)
         elif isinstance(d, Terminate):
             self.workers.pop(d.worker_id, None)
             self._spawn(self.provider.terminate(d.worker_id))
@@ -259,6 +266,8 @@ class PoolManager:
             "served_model_name": model.resolved_served_name,
             "max_model_len": model.max_context_tokens,
             "engine": model.engine.model_dump(mode="json"),
+            # The asleep tier needs the engine started with sleep mode.
+            "sleep_mode": model.autoscaling.asleep_ttl_s > 0,
             "store": {"endpoint_url": self.store.endpoint_url, "access_key": self.store.access_key,
                       "secret_key": self.store.secret_key, "region": self.store.region},
         }
@@ -269,6 +278,12 @@ class PoolManager:
             return
         w.state_body = r.json()
         log.info("worker_assigned", worker_id=w.handle.id, model=model.name, assignment_id=d.assignment_id)
+
+    async def _sleep(self, w: _Worker, d: Sleep) -> None:
+        r = await self._http.post(f"{w.handle.control_url}/sleep",
+                                  json={"assignment_id": w.view.assignment_id, "drain_timeout_s": 30.0})
+        if r.status_code >= 400:
+            log.warning("sleep_refused", worker_id=w.handle.id, status=r.status_code, body=r.text[:500])
 
     async def _release(self, w: _Worker, d: Release) -> None:
         r = await self._http.post(f"{w.handle.control_url}/release",

@@ -14,8 +14,13 @@ Rules, per model:
   ``min_replicas`` (scale to zero);
 - a failed load puts the model in exponential backoff (2 s, 4 s, … capped at 60 s);
   the failed worker is released back to standby. A successful start resets it.
-Per shape (pool): keep ``standby_min``..``standby_max`` standby workers, never more than
-``max_instances`` in all, nor more than the budget in $/hour.
+- with ``asleep_ttl_s`` (GPU): an idle replica is put to sleep instead of released;
+  demand for its model wakes it (an ``Assign`` to the asleep worker) before any standby
+  is used; after ``asleep_ttl_s`` asleep it is released. Another model that finds no
+  standby reclaims an asleep worker (``Release``) rather than launch an instance.
+Per shape (pool): keep ``standby_min``..``standby_max`` standby workers (ones draining
+back to standby count; asleep ones do not), never more than ``max_instances`` in all
+(asleep ones count), nor more than the budget in $/hour.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Literal
 from thaw.config import InstanceShape, Pool, ThawConfig
 
 WorkerState = Literal[
-    "launching", "starting", "standby", "loading", "ready", "draining", "failed", "unreachable"
+    "launching", "starting", "standby", "loading", "ready", "draining", "asleep", "failed", "unreachable"
 ]
 
 BACKOFF_BASE_S = 2.0
@@ -44,6 +49,8 @@ class WorkerView:
     model: str | None = None
     assignment_id: str | None = None
     error: str | None = None
+    # When the worker entered its current state (for "asleep": when it was put to sleep).
+    since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,15 @@ class Assign:
 class Release:
     worker_id: str
     model: str | None
-    reason: Literal["idle", "failed", "excess"]
+    reason: Literal["idle", "failed", "excess", "asleep_expired", "reclaimed"]
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Put an idle replica to sleep (vLLM sleep mode): it keeps the model, off the GPU."""
+
+    worker_id: str
+    model: str
 
 
 @dataclass(frozen=True)
@@ -111,7 +126,7 @@ class Terminate:
     reason: Literal["unreachable", "excess_standby"]
 
 
-Decision = Assign | Release | Launch | Terminate
+Decision = Assign | Release | Sleep | Launch | Terminate
 
 
 def _can_launch(pool: Pool, shape: InstanceShape, total: int) -> bool:
@@ -123,7 +138,10 @@ def _can_launch(pool: Pool, shape: InstanceShape, total: int) -> bool:
     return True
 
 _SERVING = ("loading", "ready")
-_STANDBY_LIKE = ("launching", "starting", "standby")
+# Instances that are, or are about to be, standing by (a draining worker ends in
+# standby). Asleep workers are not: they are a tier of their own, bounded by their TTL
+# and the pool's caps, reclaimed for another model only when no standby is free.
+_STANDBY_LIKE = ("launching", "starting", "standby", "draining")
 
 
 def backoff_s(failures: int) -> float:
@@ -167,6 +185,32 @@ def decide(
         elif w.state == "unreachable":
             decisions.append(Terminate(w.id, "unreachable"))
 
+    # Asleep workers: released once past their model's asleep_ttl_s, else kept for a wake.
+    asleep: dict[str, list[WorkerView]] = {}
+    gone: set[str] = set()  # asleep workers released this tick
+    for w in sorted(snap.workers, key=lambda w: (w.since or 0.0, w.id)):
+        if w.state != "asleep":
+            continue
+        m_cfg = cfg.model(w.model) if w.model else None
+        ttl = m_cfg.autoscaling.asleep_ttl_s if m_cfg else 0.0
+        if m_cfg is None or ttl <= 0 or (w.since is not None and now - w.since >= ttl):
+            decisions.append(Release(w.id, w.model, "asleep_expired"))
+            gone.add(w.id)
+        else:
+            asleep.setdefault(m_cfg.name, []).append(w)
+
+    def reclaim(shape: str, for_model: str) -> bool:
+        """Release the longest-asleep worker of another model on ``shape`` for reuse."""
+        for name, ws in asleep.items():
+            if name == for_model:
+                continue
+            for w in ws:
+                if w.shape == shape and w.id not in gone:
+                    decisions.append(Release(w.id, w.model, "reclaimed"))
+                    gone.add(w.id)
+                    return True
+        return False
+
     # 2. Per model: scale from zero, up, and down to zero.
     launches_for_demand: dict[str, int] = {}
     for m in cfg.models:
@@ -184,19 +228,31 @@ def decide(
         if len(replicas) < want:
             if now < ms.backoff_until:
                 continue
+            sleeping = [w for w in reversed(asleep.get(m.name, [])) if w.id not in gone]
             for _ in range(want - len(replicas)):
-                pool = free.get(m.shape) or []
-                if pool:
-                    w = pool.pop(0)
-                    n_assign += 1
+                standbys = free.get(m.shape) or []
+                n_assign += 1
+                if sleeping:
+                    # Waking the model where it sleeps beats loading it anywhere.
+                    w = sleeping.pop(0)
+                    gone.add(w.id)
+                    decisions.append(Assign(w.id, m.name, f"{m.name}-{n_assign}"))
+                elif standbys:
+                    w = standbys.pop(0)
                     decisions.append(Assign(w.id, m.name, f"{m.name}-{n_assign}"))
                 else:
-                    launches_for_demand[m.shape] = launches_for_demand.get(m.shape, 0) + 1
+                    n_assign -= 1
+                    if not reclaim(m.shape, m.name):
+                        launches_for_demand[m.shape] = launches_for_demand.get(m.shape, 0) + 1
         elif len(replicas) > want and idle:
-            # Release loading replicas first (nobody waits on them), then the newest ready.
+            # Release loading replicas first (nobody waits on them), then the newest ready;
+            # with an asleep tier, ready ones go to sleep instead.
             extra = len(replicas) - want
             for w in sorted(replicas, key=lambda w: (w.state != "loading", w.id), reverse=False)[:extra]:
-                decisions.append(Release(w.id, m.name, "idle"))
+                if w.state == "ready" and a.asleep_ttl_s > 0:
+                    decisions.append(Sleep(w.id, m.name))
+                else:
+                    decisions.append(Release(w.id, m.name, "idle"))
 
     # 3. Per pool: standby targets within caps and budget.
     shapes = {s.name: s for s in cfg.shapes}
@@ -204,14 +260,15 @@ def decide(
         shape = shapes[pool.shape]
         mine = [w for w in snap.workers if w.shape == pool.shape and w.state != "unreachable"]
         standby = [w for w in mine if w.state in _STANDBY_LIKE]
-        # Standbys just assigned above are no longer standby.
+        # Standbys just assigned above are no longer standby (nor asleep ones just woken).
         assigned_now = {d.worker_id for d in decisions if isinstance(d, Assign)}
         standby = [w for w in standby if w.id not in assigned_now]
         total = len(mine)
 
-        # Demand that found no standby: launch, counting standbys already on their way.
+        # Demand that found no standby: launch, counting standbys already on their way
+        # (a draining worker, unless it is going to sleep, ends in standby).
         need = launches_for_demand.get(pool.shape, 0) - len(
-            [w for w in standby if w.state in ("launching", "starting")]
+            [w for w in standby if w.state in ("launching", "starting", "draining")]
         )
         for _ in range(max(need, 0)):
             if not _can_launch(pool, shape, total):

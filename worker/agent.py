@@ -50,7 +50,7 @@ from thaw.log import get_logger
 from thaw.objstore import S3Endpoint
 from weight_streaming.manifest import Manifest
 from weight_streaming.push import read_manifest
-from worker.engine_client import EngineClient, HttpEngineClient
+from worker.engine_client import EngineClient, EngineError, HttpEngineClient
 from worker.host import EngineHost, EngineHostProcess, OnEvent
 from worker.launch import (
     EV_FAILED,
@@ -60,7 +60,14 @@ from worker.launch import (
     engine_env,
 )
 from worker.metrics import WorkerMetrics
-from worker.schemas import AssignRequest, Phases, ReleaseRequest, SnapshotView, StateBody
+from worker.schemas import (
+    AssignRequest,
+    Phases,
+    ReleaseRequest,
+    SleepRequest,
+    SnapshotView,
+    StateBody,
+)
 from worker.settings import AgentSettings
 from worker.state import Assignment, Facts, SnapshotFacts, WorkerState, derive_state
 
@@ -138,6 +145,9 @@ class Agent:
         self._engine: EngineClient | None = None
         self._engine_url: str | None = None
         self._assignment_task: asyncio.Task[None] | None = None
+        # The request behind the engine now running (a wake-up must match it).
+        self._launched: AssignRequest | None = None
+        self._sleep_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # cancelled on shutdown
         self._host_tasks: set[asyncio.Task[Any]] = set()  # awaited on shutdown, never cancelled
         self._stopping = False
@@ -187,6 +197,7 @@ class Agent:
                 snapshot_restored=f.snapshot_restored_at if a else None,
                 weights_loaded=f.weights_loaded_at if a else None,
                 engine_ready=f.engine_ready_at if a else None,
+                woken=f.woken_at if a else None,
             ),
             snapshot=_snapshot_view(f.snapshot) if a and f.snapshot else None,
             error=f.failure,
@@ -250,6 +261,10 @@ class Agent:
         Runs as its own task that shutdown waits for instead of cancelling, so a
         process being spawned is always known to the agent when it stops.
         """
+        if self._host is not None and self._facts.host_imported:
+            # Not standing by from now on: the host that imported is on its way out (a
+            # release right after a failure must not see "standby" before the new one).
+            self._update(host_imported=False)
         task = asyncio.create_task(self._do_replace_host(graceful), name="replace_host")
         self._host_tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -338,9 +353,13 @@ class Agent:
         if (f.assignment is not None and f.assignment.assignment_id == req.assignment_id
                 and f.release_requested_at is None):
             return
+        if self._state is WorkerState.ASLEEP:
+            self._wake(req)
+            return
         if self._state is not WorkerState.STANDBY:
             raise Conflict(f"worker is {self._state.value}, not standby; it takes an assignment only in standby",
                            self._state)
+        self._launched = req
         a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock())
         self._update(assignment=a, snapshot_restored_at=None, snapshot=None, launched_at=None,
                      weights_loaded_at=None, engine_ready_at=None, failure=None, in_flight=None)
@@ -374,9 +393,9 @@ class Agent:
         port = free_port()
         cmd = LaunchCommand(
             uri=req.uri, served_model_name=req.served_model_name, max_model_len=req.max_model_len,
-            engine=req.engine, port=port,
+            engine=req.engine, port=port, sleep_mode=req.sleep_mode,
             env=engine_env(req.engine, store.env(), str(s.data_dir), cache_root=str(cache_root),
-                           assets_dir=str(s.engine_assets_dir)),
+                           assets_dir=str(s.engine_assets_dir), sleep_mode=req.sleep_mode),
         )
         self._engine_url = f"http://127.0.0.1:{port}"
         self._engine = engine = self._engine_client(self._engine_url)
@@ -546,6 +565,84 @@ class Agent:
         if engine is not None:
             await engine.aclose()
 
+    # -- the asleep tier (vLLM sleep mode) -----------------------------------------------
+
+    async def sleep(self, req: SleepRequest) -> bool:
+        """Put the ready engine to sleep, keeping the model; False if it already is.
+
+        The worker is ``asleep`` at once (the pool manager routes nothing to it); the
+        engine drains, then sleeps. The next assignment of the same model wakes it.
+        """
+        f = self._facts
+        if f.assignment is None or self._state not in (WorkerState.READY, WorkerState.ASLEEP):
+            raise Conflict(f"worker is {self._state.value}; only a ready engine can be put to sleep", self._state)
+        if req.assignment_id is not None and req.assignment_id != f.assignment.assignment_id:
+            raise Conflict(
+                f"assignment {req.assignment_id!r} is not the current one ({f.assignment.assignment_id!r})",
+                self._state,
+            )
+        if self._state is WorkerState.ASLEEP:
+            return False
+        if self._launched is None or not self._launched.sleep_mode:
+            raise Conflict("the engine was not started with sleep mode (sleep_mode in the assignment)", self._state)
+        log.info("sleep", assignment_id=f.assignment.assignment_id, level=req.level)
+        self._update(sleep_requested_at=self._clock())
+        self._sleep_task = self._spawn(self._run_sleep(req), name="sleep")
+        return True
+
+    async def _run_sleep(self, req: SleepRequest) -> None:
+        engine = self._engine
+        if engine is None:
+            return
+        await self._drain(engine, req.drain_timeout_s)
+        t0 = self._clock()
+        try:
+            await engine.sleep(req.level)
+        except EngineError as exc:
+            self._fail(f"putting the engine to sleep failed: {exc}")
+            return
+        self.metrics.sleep_seconds.observe(self._clock() - t0)
+        log.info("engine_asleep", level=req.level, seconds=round(self._clock() - t0, 3))
+
+    def _wake(self, req: AssignRequest) -> None:
+        """An assignment for the model asleep here: wake the engine instead of loading."""
+        launched, cur = self._launched, self._facts.assignment
+        assert launched is not None and cur is not None
+        same = (req.model, req.uri, req.served_model_name, req.max_model_len, req.engine) == (
+            launched.model, launched.uri, launched.served_model_name, launched.max_model_len, launched.engine)
+        if not same:
+            raise Conflict(f"worker is asleep with model {cur.model!r} ({cur.uri}); release it before "
+                           f"assigning another model or other engine settings", self._state)
+        a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock())
+        self._update(assignment=a, sleep_requested_at=None, snapshot_restored_at=None, snapshot=None,
+                     launched_at=None, weights_loaded_at=None, engine_ready_at=None, woken_at=None,
+                     failure=None)
+        log.info("assignment_accepted", assignment_id=a.assignment_id, model=a.model, uri=a.uri, wake=True)
+        self._spawn(self._run_wake(a), name="wake")
+
+    async def _run_wake(self, a: Assignment) -> None:
+        sleeping = self._sleep_task
+        if sleeping is not None:
+            await asyncio.gather(sleeping, return_exceptions=True)  # still going to sleep
+        engine = self._engine
+        if self._facts.failure is not None or self._facts.assignment != a:
+            return
+        if engine is None:
+            self._fail("the engine went away while asleep")
+            return
+        try:
+            await engine.wake_up()
+        except EngineError as exc:
+            self._fail(f"waking the engine failed: {exc}")
+            return
+        if self._facts.assignment != a:
+            return  # released meanwhile
+        now = self._clock()
+        self._update(engine_ready_at=now, woken_at=now)
+        self.metrics.engine_start.observe(now - a.assigned_at)
+        log.info("engine_ready", assignment_id=a.assignment_id, model=a.model, engine_url=self._engine_url,
+                 total_s=round(now - a.assigned_at, 3), woken=True)
+
     # -- releases ---------------------------------------------------------------------
 
     async def release(self, req: ReleaseRequest) -> bool:
@@ -579,10 +676,10 @@ class Agent:
         return True
 
     async def _run_release(self, drain: bool, drain_timeout_s: float) -> None:
-        task = self._assignment_task
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        for task in (self._assignment_task, self._sleep_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         engine = self._engine
         if drain and engine is not None:
             await self._drain(engine, drain_timeout_s)
@@ -614,9 +711,11 @@ class Agent:
 
     def _clear_assignment(self) -> None:
         self._assignment_task = None
+        self._sleep_task = None
+        self._launched = None
         self._update(assignment=None, snapshot_restored_at=None, snapshot=None, launched_at=None,
                      weights_loaded_at=None, engine_ready_at=None, release_requested_at=None, failure=None,
-                     in_flight=None)
+                     in_flight=None, sleep_requested_at=None, woken_at=None)
 
 
 def _config_sha256(manifest: object) -> str:

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 from worker.agent import Agent, Conflict
 from worker.metrics import CONTENT_TYPE
-from worker.schemas import AssignRequest, ReleaseRequest, StateBody
+from worker.schemas import AssignRequest, ReleaseRequest, SleepRequest, StateBody
 from worker.settings import AgentSettings
 
 router = APIRouter()
@@ -47,6 +47,13 @@ async def assign(body: AssignRequest, request: Request) -> StateBody:
 async def release(request: Request, body: ReleaseRequest | None = None) -> JSONResponse:
     agent = _agent(request)
     started = await agent.release(body or ReleaseRequest())
+    return JSONResponse(agent.view().model_dump(mode="json"), status_code=202 if started else 200)
+
+
+@router.post("/sleep", response_model=StateBody)
+async def sleep(request: Request, body: SleepRequest | None = None) -> JSONResponse:
+    agent = _agent(request)
+    started = await agent.sleep(body or SleepRequest())
     return JSONResponse(agent.view().model_dump(mode="json"), status_code=202 if started else 200)
 
 

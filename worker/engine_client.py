@@ -11,9 +11,15 @@ from prometheus_client.parser import text_string_to_metric_families
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
+class EngineError(Exception):
+    """The engine refused or failed an operation (sleep, wake-up)."""
+
+
 class EngineClient(Protocol):
     async def healthy(self) -> bool: ...
     async def in_flight(self) -> int | None: ...
+    async def sleep(self, level: int) -> None: ...
+    async def wake_up(self) -> None: ...
     async def aclose(self) -> None: ...
 
 
@@ -42,6 +48,32 @@ class HttpEngineClient:
         if r.status_code != 200:
             return None
         return parse_in_flight(r.text)
+
+    async def sleep(self, level: int) -> None:
+        """vLLM's ``POST /sleep`` (an engine started with ``--enable-sleep-mode`` and
+        ``VLLM_SERVER_DEV_MODE=1``): level 1 moves the weights to host memory and drops
+        the KV cache. Returns once the engine sleeps."""
+        await self._post("/sleep", {"level": str(level)}, what="sleep")
+
+    async def wake_up(self) -> None:
+        """vLLM's ``POST /wake_up``: weights back on the device, KV cache reallocated."""
+        body = await self._post("/wake_up", {}, what="wake up")
+        if body.get("status") not in (None, "awake"):
+            raise EngineError(f"engine did not fully wake up: {body}")
+
+    async def _post(self, path: str, params: dict[str, str], what: str) -> dict[str, object]:
+        try:
+            # Moving a large model's weights takes a while: no short timeout here.
+            r = await self._http.post(path, params=params, timeout=600.0)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"engine {what} failed: {exc}") from None
+        if r.status_code != 200:
+            raise EngineError(f"engine {what} answered {r.status_code}: {r.text[:500]}")
+        try:
+            body = r.json()
+        except ValueError:
+            return {}
+        return body if isinstance(body, dict) else {}
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -45,6 +45,8 @@ class LaunchCommand(BaseModel):
     host: str = "127.0.0.1"
     # Set in the engine host's (and the engine core's) environment before vLLM reads it.
     env: dict[str, str]
+    # vLLM sleep mode (GPU): the engine can be put to sleep and woken (the asleep tier).
+    sleep_mode: bool = False
 
 
 def vllm_argv(cmd: LaunchCommand) -> list[str]:
@@ -65,6 +67,8 @@ def vllm_argv(cmd: LaunchCommand) -> list[str]:
     ]
     if e.enforce_eager:
         argv.append("--enforce-eager")
+    if cmd.sleep_mode:
+        argv.append("--enable-sleep-mode")
     for key, value in e.extra.items():
         argv.extend(extra_flag(key, value))
     return argv
@@ -87,7 +91,7 @@ def extra_flag(key: str, value: Any) -> list[str]:
 
 def engine_env(
     engine: EngineArgs, store_env: dict[str, str], data_dir: str, *,
-    cache_root: str | None = None, assets_dir: str | None = None,
+    cache_root: str | None = None, assets_dir: str | None = None, sleep_mode: bool = False,
 ) -> dict[str, str]:
     """Environment for one launch: the store's (runai streamer), the CPU KV cache, caches.
 
@@ -113,6 +117,9 @@ def engine_env(
         env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, "torchinductor")
     if assets_dir is not None:
         env["VLLM_ASSETS_CACHE"] = assets_dir
+    if sleep_mode:
+        # vLLM serves /sleep and /wake_up only in its dev mode.
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     return env
 
 

@@ -28,6 +28,12 @@ class WorkerMetrics:
             buckets=(0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600),
             registry=self.registry,
         )
+        self.sleep_seconds = Histogram(
+            "thaw_worker_engine_sleep_seconds",
+            "Putting an idle engine to sleep (vLLM sleep mode), after it drained",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+            registry=self.registry,
+        )
         self.set_state(WorkerState.STARTING)
 
     def set_state(self, current: WorkerState) -> None:

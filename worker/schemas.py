@@ -38,12 +38,24 @@ class AssignRequest(_Body):
     # Restore the engine's compile caches from a snapshot before the launch and capture
     # them after it (compiled mode only; see snapshotter). False: the engine starts cold.
     snapshots: bool = True
+    # Start the engine with vLLM's sleep mode, so that it can be put to sleep when idle
+    # (the asleep tier, GPU only) and woken by the next assignment of the same model.
+    sleep_mode: bool = False
 
 
 class ReleaseRequest(_Body):
     # None: whatever is assigned now.
     assignment_id: str | None = None
     drain_timeout_s: NonNegativeFloat = 30.0
+
+
+class SleepRequest(_Body):
+    # None: whatever is assigned now.
+    assignment_id: str | None = None
+    drain_timeout_s: NonNegativeFloat = 30.0
+    # vLLM sleep level: 1 keeps the weights in host memory (a wake-up copies them back);
+    # 2 drops them (a wake-up must reload). The asleep tier uses 1.
+    level: Annotated[int, Field(ge=1, le=2)] = 1
 
 
 class Phases(BaseModel):
@@ -53,6 +65,8 @@ class Phases(BaseModel):
     snapshot_restored: float | None = None
     weights_loaded: float | None = None
     engine_ready: float | None = None
+    # When this assignment woke the engine from sleep instead of loading it (None: loaded).
+    woken: float | None = None
 
 
 class SnapshotView(BaseModel):

@@ -18,6 +18,7 @@ class WorkerState(StrEnum):
     LOADING = "loading"  # an assignment is being launched / loaded
     READY = "ready"  # the engine answers /health: serving
     DRAINING = "draining"  # a release is in progress (drain, then stop the engine)
+    ASLEEP = "asleep"  # the engine holds the model asleep (vLLM sleep mode); a wake serves it again
     FAILED = "failed"  # the last assignment failed; a release clears it
 
 
@@ -75,6 +76,11 @@ class Facts:
     failure: str | None = None
     # Requests running + waiting in the engine, from its /metrics (None: unknown).
     in_flight: int | None = None
+    # When putting the engine to sleep was asked for (it drains first, then sleeps);
+    # cleared by the wake-up of the next assignment of the model, or by a release.
+    sleep_requested_at: float | None = None
+    # When this assignment woke a sleeping engine instead of loading the model.
+    woken_at: float | None = None
 
 
 def derive_state(f: Facts) -> WorkerState:
@@ -82,14 +88,17 @@ def derive_state(f: Facts) -> WorkerState:
 
     Precedence: a release in progress is ``draining`` even if the engine died while
     draining (the release finishes either way); a failure is ``failed`` until a
-    release clears it; an assignment is ``loading`` until the engine answers, then
-    ``ready``; without one, the worker is ``standby`` once an engine host has paid
-    its imports, else ``starting``.
+    release clears it; a sleep asked for is ``asleep`` at once (no new requests are
+    routed to it; it drains, then sleeps); an assignment is ``loading`` until the
+    engine answers, then ``ready``; without one, the worker is ``standby`` once an
+    engine host has paid its imports, else ``starting``.
     """
     if f.release_requested_at is not None:
         return WorkerState.DRAINING
     if f.failure is not None:
         return WorkerState.FAILED
+    if f.assignment is not None and f.sleep_requested_at is not None:
+        return WorkerState.ASLEEP
     if f.assignment is not None:
         return WorkerState.READY if f.engine_ready_at is not None else WorkerState.LOADING
     if f.host_running and f.host_imported:

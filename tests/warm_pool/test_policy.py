@@ -15,6 +15,7 @@ from warm_pool.policy import (
     ModelActivity,
     PolicyState,
     Release,
+    Sleep,
     Snapshot,
     Terminate,
     WorkerView,
@@ -179,3 +180,83 @@ def test_excess_standby_and_unreachable_workers_are_terminated() -> None:
     assert Terminate("w3", "unreachable") in decisions
     assert Terminate("w2", "excess_standby") in decisions  # standby_max 1: the newest goes
     assert Terminate("w1", "excess_standby") not in decisions
+
+
+# -- the asleep tier (GPU: vLLM sleep mode) -----------------------------------------------
+def gpu_config(**autoscaling: Any) -> ThawConfig:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["shapes"] = [{"name": "cpu-local", "gpu_type": "l40s-48gb", "gpu_count": 1, "gpu_memory_gib": 48,
+                       "host_memory_gib": 64, "price_per_hour_usd": 0}]
+    data["models"][0]["autoscaling"].update({"idle_grace_s": 60, "asleep_ttl_s": 600, **autoscaling})
+    other = {**data["models"][0], "name": "other", "served_name": "other", "uri": "s3://thaw/models/other"}
+    data["models"].append(other)
+    data["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 3})
+    return parse_config(data)
+
+
+def asleep(i: int, since: float, model: str = "demo") -> WorkerView:
+    return WorkerView(f"w{i}", "cpu-local", "asleep", model, f"{model}-{i}", since=since)
+
+
+def test_idle_replica_goes_to_sleep_instead_of_release() -> None:
+    # Last request at 0, idle_grace_s 60: at 61 the replica is idle.
+    snap = Snapshot((serving(1), standby(2)), {"demo": ModelActivity(last_request_at=0.0)})
+    decisions, _ = decide(snap, PolicyState(), gpu_config(), now=61.0)
+    assert decisions == [Sleep("w1", "demo")]
+
+
+def test_a_loading_replica_is_released_not_put_to_sleep() -> None:
+    snap = Snapshot((serving(1, "loading"), standby(2)), {"demo": ModelActivity(last_request_at=0.0)})
+    decisions, _ = decide(snap, PolicyState(), gpu_config(), now=61.0)
+    assert decisions == [Release("w1", "demo", "idle")]
+
+
+def test_demand_wakes_the_asleep_replica_before_using_a_standby() -> None:
+    snap = Snapshot((asleep(1, since=100.0), standby(2)), {"demo": ModelActivity(queued=1, last_request_at=200.0)})
+    decisions, state = decide(snap, PolicyState(), gpu_config(), now=200.0)
+    assert decisions == [Assign("w1", "demo", "demo-1")]  # the standby stays for others
+    assert state.assignments == 1
+
+
+def test_asleep_replica_is_released_after_its_ttl() -> None:
+    # Asleep since 100, asleep_ttl_s 600: kept at 699, released at 700.
+    snap = Snapshot((asleep(1, since=100.0), standby(2)), {"demo": ModelActivity(last_request_at=0.0)})
+    assert decide(snap, PolicyState(), gpu_config(), now=699.0)[0] == []
+    assert decide(snap, PolicyState(), gpu_config(), now=700.0)[0] == [Release("w1", "demo", "asleep_expired")]
+
+
+def test_asleep_worker_of_a_model_without_the_tier_is_released() -> None:
+    snap = Snapshot((asleep(1, since=100.0), standby(2)), {})
+    decisions, _ = decide(snap, PolicyState(), gpu_config(asleep_ttl_s=0), now=101.0)
+    assert decisions == [Release("w1", "demo", "asleep_expired")]
+
+
+def test_another_model_without_a_standby_reclaims_an_asleep_worker_instead_of_launching() -> None:
+    # No standby: "other" takes demo's asleep worker (released now, assigned once standby).
+    snap = Snapshot((asleep(1, since=100.0), serving(2, model="other")),
+                    {"other": ModelActivity(queued=9, last_request_at=200.0)})
+    cfg = gpu_config(target_concurrency=4, max_replicas=3)
+    decisions, _ = decide(snap, PolicyState(), cfg, now=200.0)
+    # ceil(9 / 4) = 3 replicas wanted for "other", 1 serving: 2 more. One reclaims the
+    # asleep worker, one launches: 2 instances + 1 = max_instances (3), so the standby
+    # target gets none.
+    assert Release("w1", "demo", "reclaimed") in decisions
+    assert [d.reason for d in decisions if isinstance(d, Launch)] == ["demand"]
+
+
+def test_asleep_workers_do_not_count_as_standbys() -> None:
+    snap = Snapshot((asleep(1, since=100.0),), {})
+    decisions, _ = decide(snap, PolicyState(), gpu_config(), now=101.0)
+    assert decisions == [Launch("cpu-local", "standby")]
+
+
+def test_a_draining_worker_counts_as_a_standby_on_its_way() -> None:
+    snap = Snapshot((WorkerView("w1", "cpu-local", "draining"),), {})
+    assert decide(snap, PolicyState(), gpu_config(), now=101.0)[0] == []
+
+
+def test_asleep_tier_needs_a_gpu_shape() -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["models"][0]["autoscaling"]["asleep_ttl_s"] = 60
+    with pytest.raises(Exception, match="asleep_ttl_s needs vLLM's sleep mode, which needs a GPU"):
+        parse_config(data)

@@ -18,6 +18,7 @@ import pytest
 
 from thaw.objstore import S3Endpoint
 from worker.api import create_app
+from worker.engine_client import EngineError
 from worker.host import OnEvent
 from worker.launch import LaunchCommand
 from worker.settings import AgentSettings
@@ -39,6 +40,13 @@ class World:
     # in_flight readings, taken in order; the last one repeats.
     in_flight: list[int | None] = field(default_factory=lambda: [0])
     manifest: Callable[[S3Endpoint, str], object | None] = lambda store, uri: {"ok": True}
+
+    # The engine's sleep mode: calls seen, and errors to raise.
+    sleeps: list[int] = field(default_factory=list)
+    wakes: int = 0
+    asleep: bool = False
+    sleep_error: str | None = None
+    wake_error: str | None = None
 
     def next_in_flight(self) -> int | None:
         return self.in_flight.pop(0) if len(self.in_flight) > 1 else self.in_flight[0]
@@ -105,6 +113,18 @@ class FakeEngine:
 
     async def in_flight(self) -> int | None:
         return self.world.next_in_flight()
+
+    async def sleep(self, level: int) -> None:
+        self.world.sleeps.append(level)
+        if self.world.sleep_error:
+            raise EngineError(self.world.sleep_error)
+        self.world.asleep = True
+
+    async def wake_up(self) -> None:
+        self.world.wakes += 1
+        if self.world.wake_error:
+            raise EngineError(self.world.wake_error)
+        self.world.asleep = False
 
     async def aclose(self) -> None:
         pass
@@ -348,7 +368,7 @@ async def test_release_drains_then_stops_gracefully(world: World, client: httpx.
     assert world.in_flight == [0]  # read until two zeros in a row
     assert world.hosts[0].stops == [10.0]  # SIGTERM with the grace period
     assert body["model"] is None and body["assignment_id"] is None and body["engine_url"] is None
-    assert body["phases"] == {"assigned": None, "snapshot_restored": None, "weights_loaded": None,
+    assert body["phases"] == {"assigned": None, "snapshot_restored": None, "weights_loaded": None, "woken": None,
                               "engine_ready": None}
     # A second assignment goes to the fresh host.
     world.healthy = False
@@ -399,3 +419,85 @@ async def test_release_while_loading_aborts_the_load(world: World, client: httpx
 async def test_release_body_validation(client: httpx.AsyncClient) -> None:
     r = await client.post("/release", json={"drain_timeout_s": -1})
     assert r.status_code == 422 and "drain_timeout_s" in r.json()["error"]
+
+
+# -- the asleep tier (vLLM sleep mode) ----------------------------------------------------
+
+
+async def sleepy(c: httpx.AsyncClient) -> dict[str, Any]:
+    await wait_state(c, "standby")
+    r = await c.post("/assign", json=assign_body(sleep_mode=True))
+    assert r.status_code == 202, r.text
+    return await wait_state(c, "ready")
+
+
+async def test_sleep_mode_reaches_the_engine_launch(world: World, client: httpx.AsyncClient) -> None:
+    await sleepy(client)
+    cmd = world.hosts[0].launches[0]
+    assert cmd.sleep_mode and cmd.env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+async def test_sleep_then_the_same_model_wakes_instead_of_loading(world: World, client: httpx.AsyncClient) -> None:
+    await sleepy(client)
+    world.in_flight = [1, 0, 0]  # one request still running: it drains first
+    r = await client.post("/sleep", json={"assignment_id": "a1"})
+    assert r.status_code == 202 and r.json()["state"] == "asleep"
+    assert r.json()["engine_url"] is None  # nothing is routed to it
+    for _ in range(200):
+        if world.asleep:
+            break
+        await asyncio.sleep(0.005)
+    assert world.sleeps == [1] and world.next_in_flight() == 0
+    assert (await client.post("/sleep", json={})).status_code == 200  # already asleep
+    t0 = time.time()
+    r = await client.post("/assign", json=assign_body(assignment_id="a2", sleep_mode=True))
+    assert r.status_code == 202
+    body = await wait_state(client, "ready")
+    assert body["assignment_id"] == "a2" and world.wakes == 1 and not world.asleep
+    assert t0 <= body["phases"]["assigned"] <= body["phases"]["woken"] == body["phases"]["engine_ready"]
+    assert body["phases"]["weights_loaded"] is None  # nothing was loaded
+    assert len(world.hosts) == 1 and len(world.hosts[0].launches) == 1 and not world.hosts[0].stops
+    assert "thaw_worker_engine_sleep_seconds_count 1.0" in (await client.get("/metrics")).text
+
+
+async def test_sleep_needs_a_ready_engine_started_with_sleep_mode(client: httpx.AsyncClient) -> None:
+    await wait_state(client, "standby")
+    r = await client.post("/sleep", json={})
+    assert r.status_code == 409 and r.json()["state"] == "standby"
+    await ready(client)  # no sleep_mode
+    r = await client.post("/sleep", json={})
+    assert r.status_code == 409 and "sleep mode" in r.json()["error"]
+    r = await client.post("/sleep", json={"assignment_id": "other"})
+    assert r.status_code == 409
+
+
+async def test_asleep_worker_refuses_another_model_and_releases_to_standby(
+    world: World, client: httpx.AsyncClient
+) -> None:
+    await sleepy(client)
+    assert (await client.post("/sleep", json={})).status_code == 202
+    r = await client.post("/assign", json=assign_body(assignment_id="a2", model="other",
+                                                      uri="s3://thaw/models/other", sleep_mode=True))
+    assert r.status_code == 409 and "release it" in r.json()["error"]
+    r = await client.post("/release", json={})
+    assert r.status_code == 202
+    body = await wait_state(client, "standby")
+    assert body["model"] is None and world.wakes == 0
+    assert world.hosts[0].stops  # the sleeping engine was stopped, a fresh host stands by
+    assert len(world.hosts) == 2
+
+
+async def test_a_failed_sleep_or_wake_fails_the_worker_with_the_reason(world: World, client: httpx.AsyncClient) -> None:
+    await sleepy(client)
+    world.sleep_error = "CUDA error: out of memory"
+    await client.post("/sleep", json={})
+    body = await wait_state(client, "failed")
+    assert "putting the engine to sleep failed: CUDA error: out of memory" in body["error"]
+    await client.post("/release", json={})
+    world.sleep_error = None
+    await sleepy(client)
+    await client.post("/sleep", json={})
+    world.wake_error = "engine crashed"
+    await client.post("/assign", json=assign_body(assignment_id="a3", sleep_mode=True))
+    body = await wait_state(client, "failed")
+    assert "waking the engine failed: engine crashed" in body["error"]
