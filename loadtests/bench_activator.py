@@ -25,8 +25,11 @@ p50/p99 latency and TTFT (proxy minus direct at the same rate). A proxy *sustain
 a rate when every request succeeded and its added p99 latency is under
 ``--p99-budget-ms`` (10 ms); as latencies count from the scheduled send time, a proxy
 that falls behind the arrivals fails this. A proxy stops after two rates in a row it
-does not sustain. ``max_sustained_rps`` is the
-highest rate it sustained.
+does not sustain. ``max_sustained_rps`` is the highest rate it sustained. Each point
+runs ``--duration-s`` or ``--min-requests`` requests, whichever is longer (a p99 of a
+few hundred samples is mostly noise). The sweep ends at the first rate where the
+direct path's own p99 passes the budget: there the generator and the upstream, not
+the proxy, are the limit (``generator_saturated``).
 """
 
 from __future__ import annotations
@@ -66,7 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, metavar="FILE", help="write the JSON report here")
     p.add_argument("--rates", default=",".join(map(str, DEFAULT_RATES)),
                    help="offered request rates per second, ascending (default %(default)s)")
-    p.add_argument("--duration-s", type=float, default=6.0, help="seconds of load per rate and target")
+    p.add_argument("--duration-s", type=float, default=6.0,
+                   help="seconds of load per rate and target, at least (default 6)")
+    p.add_argument("--min-requests", type=int, default=1000,
+                   help="requests per rate and target, at least: a p99 needs about a thousand (default 1000)")
     p.add_argument("--tokens", type=int, default=32, help="tokens streamed per request (default 32)")
     p.add_argument("--itl-ms", type=float, default=0.0, help="upstream pause between tokens (default 0)")
     p.add_argument("--p99-budget-ms", type=float, default=10.0,
@@ -359,14 +365,22 @@ async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, s
         if live == ["direct"]:
             break
         direct: dict[str, Any] | None = None
+        duration = max(args.duration_s, args.min_requests / rate)
         for t in live:
             pid = pids.get(t)
             cpu0 = _cpu_s(pid) if pid else None
-            samples, wall = await _load(base[t], rate, args.duration_s, args.tokens, args.seed + i)
+            samples, wall = await _load(base[t], rate, duration, args.tokens, args.seed + i)
             cpu = (_cpu_s(pid) - cpu0) if pid and cpu0 is not None else None
-            point = summarize(samples, rate, args.duration_s, wall, cpu)
+            point = summarize(samples, rate, duration, wall, cpu)
             if t == "direct":
                 direct = point
+                if point["latency_p99_ms"] is None or point["latency_p99_ms"] >= args.p99_budget_ms:
+                    # The load generator and the upstream (one core) are the limit here:
+                    # nothing in front of them can be judged at this rate or above.
+                    point["generator_saturated"] = True
+                    results[t].append(point)
+                    print(_line(t, point) + "  (generator saturated: sweep ends)", file=sys.stderr, flush=True)
+                    break
             else:
                 assert direct is not None
                 point.update(added(point, direct))
@@ -374,10 +388,13 @@ async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, s
                 misses[t] = 0 if point["sustained"] else misses[t] + 1
             results[t].append(point)
             print(_line(t, point), file=sys.stderr, flush=True)
-    summary = {t: _target_summary(results[t], rates) for t in targets if t != "direct"}
+        if results["direct"] and results["direct"][-1].get("generator_saturated"):
+            break
+    summary = {t: _target_summary(results[t], results["direct"]) for t in targets if t != "direct"}
     return {
         "benchmark": "activator",
-        "params": {"rates": rates, "duration_s": args.duration_s, "tokens": args.tokens, "itl_ms": args.itl_ms,
+        "params": {"rates": rates, "duration_s": args.duration_s, "min_requests": args.min_requests,
+                   "tokens": args.tokens, "itl_ms": args.itl_ms,
                    "p99_budget_ms": args.p99_budget_ms, "seed": args.seed,
                    "proxy_cores": sorted(proxy_cores) if proxy_cores else None,
                    "generator_and_upstream_cores": sorted(gen_cores) if gen_cores else None,
@@ -389,11 +406,13 @@ async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, s
     }
 
 
-def _target_summary(points: list[dict[str, Any]], rates: list[float]) -> dict[str, Any]:
+def _target_summary(points: list[dict[str, Any]], direct: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [p for p in points if p.get("sustained")]
     best = max((p["offered_rps"] for p in ok), default=None)
-    # A proxy that sustained the highest rate tried was not measured to its limit.
-    return {"max_sustained_rps": best, "lower_bound_only": best is not None and best == rates[-1],
+    # A proxy still sustaining the highest rate the generator could offer was not
+    # measured to its limit.
+    judged = [d["offered_rps"] for d in direct if not d.get("generator_saturated")]
+    return {"max_sustained_rps": best, "lower_bound_only": best is not None and best == max(judged, default=None),
             "rates_tried": [p["offered_rps"] for p in points]}
 
 

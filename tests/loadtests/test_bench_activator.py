@@ -78,7 +78,8 @@ async def test_fast_upstream_streams_tokens_usage_and_done() -> None:
 @pytest.mark.integration
 def test_one_short_real_run_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "a.json"
-    args = argparse.Namespace(out=str(out), rates="20", duration_s=1.0, tokens=4, itl_ms=0.0, p99_budget_ms=1e9,
+    args = argparse.Namespace(out=str(out), rates="20", duration_s=1.0, min_requests=10, tokens=4, itl_ms=0.0,
+                              p99_budget_ms=1e9,
                               no_router=shutil.which("vllm-router") is None and bench._venv_bin("vllm-router") is None,
                               seed=1)
     assert bench.run(args) == 0
