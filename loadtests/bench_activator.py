@@ -24,8 +24,9 @@ streamed tokens/s, the proxy's CPU time per request; for the proxies, the *added
 p50/p99 latency and TTFT (proxy minus direct at the same rate). A proxy *sustains*
 a rate when every request succeeded and its added p99 latency is under
 ``--p99-budget-ms`` (10 ms); as latencies count from the scheduled send time, a proxy
-that falls behind the arrivals fails this. A proxy stops after two rates in a row it
-does not sustain. ``max_sustained_rps`` is the highest rate it sustained. Each point
+that falls behind the arrivals fails this. ``max_sustained_rps`` is the highest rate
+it sustained. A proxy is measured at higher rates until it is overloaded (errors, or
+an added p50 past the budget) at two rates in a row. Each point
 runs ``--duration-s`` or ``--min-requests`` requests, whichever is longer (a p99 of a
 few hundred samples is mostly noise). The sweep ends at the first rate where the
 direct path's own p99 passes the budget: there the generator and the upstream, not
@@ -340,7 +341,10 @@ async def _bench_in(args: argparse.Namespace, rates: list[float], router_bin: st
                 router_cmd = _pinned([router_bin, "--host", "127.0.0.1", "--port", str(router_port),
                                       "--worker-urls", upstream_url, "--policy", "cache_aware",
                                       "--log-level", "warning", "--max-concurrent-requests", "100000",
-                                      "--queue-size", "100000", "--disable-retries"], proxy_cores)
+                                      "--queue-size", "100000", "--disable-retries",
+                                      # Its metrics listener has a fixed default port.
+                                      "--prometheus-host", "127.0.0.1",
+                                      "--prometheus-port", str(free_port())], proxy_cores)
                 router_ctx = _process(router_cmd, work / "router.log", f"http://127.0.0.1:{router_port}/health")
                 router = router_ctx.__enter__()
                 base["vllm_router"] = f"http://127.0.0.1:{router_port}"
@@ -372,9 +376,13 @@ async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, s
             samples, wall = await _load(base[t], rate, duration, args.tokens, args.seed + i)
             cpu = (_cpu_s(pid) - cpu0) if pid and cpu0 is not None else None
             point = summarize(samples, rate, duration, wall, cpu)
+            if t == "direct" and not _within(point, args.p99_budget_ms):
+                # Once more before concluding: a shared machine has its moments.
+                samples, wall = await _load(base[t], rate, duration, args.tokens, args.seed + i)
+                point = summarize(samples, rate, duration, wall, None)
             if t == "direct":
                 direct = point
-                if point["latency_p99_ms"] is None or point["latency_p99_ms"] >= args.p99_budget_ms:
+                if not _within(point, args.p99_budget_ms):
                     # The load generator and the upstream (one core) are the limit here:
                     # nothing in front of them can be judged at this rate or above.
                     point["generator_saturated"] = True
@@ -385,7 +393,11 @@ async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, s
                 assert direct is not None
                 point.update(added(point, direct))
                 point["sustained"] = sustained(point, args.p99_budget_ms)
-                misses[t] = 0 if point["sustained"] else misses[t] + 1
+                # Keep measuring a proxy that misses the p99 budget (its figures at more
+                # rates are the point); stop once it is overloaded: errors, or a median
+                # past the budget.
+                overloaded = point["errors"] > 0 or (point["added_latency_p50_ms"] or 0) >= args.p99_budget_ms
+                misses[t] = misses[t] + 1 if overloaded else 0
             results[t].append(point)
             print(_line(t, point), file=sys.stderr, flush=True)
         if results["direct"] and results["direct"][-1].get("generator_saturated"):
@@ -404,6 +416,10 @@ async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, s
         "summary": summary,
         "ratios": _ratios(results, summary),
     }
+
+
+def _within(point: dict[str, Any], budget_ms: float) -> bool:
+    return point["errors"] == 0 and point["latency_p99_ms"] is not None and point["latency_p99_ms"] < budget_ms
 
 
 def _target_summary(points: list[dict[str, Any]], direct: list[dict[str, Any]]) -> dict[str, Any]:
