@@ -147,7 +147,9 @@ class Agent:
         self._assignment_task: asyncio.Task[None] | None = None
         # The request behind the engine now running (a wake-up must match it).
         self._launched: AssignRequest | None = None
+        # Putting the engine to sleep, or waking it (one at a time: a wake waits for the sleep).
         self._sleep_task: asyncio.Task[None] | None = None
+        self._wake_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # cancelled on shutdown
         self._host_tasks: set[asyncio.Task[Any]] = set()  # awaited on shutdown, never cancelled
         self._stopping = False
@@ -618,7 +620,7 @@ class Agent:
                      launched_at=None, weights_loaded_at=None, engine_ready_at=None, woken_at=None,
                      failure=None)
         log.info("assignment_accepted", assignment_id=a.assignment_id, model=a.model, uri=a.uri, wake=True)
-        self._spawn(self._run_wake(a), name="wake")
+        self._wake_task = self._spawn(self._run_wake(a), name="wake")
 
     async def _run_wake(self, a: Assignment) -> None:
         sleeping = self._sleep_task
@@ -633,7 +635,8 @@ class Agent:
         try:
             await engine.wake_up()
         except EngineError as exc:
-            self._fail(f"waking the engine failed: {exc}")
+            if self._facts.assignment == a:
+                self._fail(f"waking the engine failed: {exc}")
             return
         if self._facts.assignment != a:
             return  # released meanwhile
@@ -676,7 +679,7 @@ class Agent:
         return True
 
     async def _run_release(self, drain: bool, drain_timeout_s: float) -> None:
-        for task in (self._assignment_task, self._sleep_task):
+        for task in (self._assignment_task, self._sleep_task, self._wake_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -711,7 +714,7 @@ class Agent:
 
     def _clear_assignment(self) -> None:
         self._assignment_task = None
-        self._sleep_task = None
+        self._sleep_task = self._wake_task = None
         self._launched = None
         self._update(assignment=None, snapshot_restored_at=None, snapshot=None, launched_at=None,
                      weights_loaded_at=None, engine_ready_at=None, release_requested_at=None, failure=None,
