@@ -221,7 +221,8 @@ def query_usage(
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     try:
         conn.row_factory = sqlite3.Row
-        where, args = [], []
+        where: list[str] = []
+        args: list[str | float] = []
         if tenant is not None:
             where.append("tenant = ?")
             args.append(tenant)
@@ -273,11 +274,11 @@ def attribute_gpu_seconds(
         b = int(start // bucket_s)
         while b * bucket_s < end:
             lo, hi = max(start, b * bucket_s), min(end, (b + 1) * bucket_s)
-            per = tokens.get((iv["replica"], b))
-            total = sum(per.values()) if per else 0
+            per = tokens.get((iv["replica"], b)) or {}
+            total = sum(per.values())
             if total and hi > lo:
                 gpu_s = (hi - lo) * max(iv["gpus"], 1)
-                for t, n in per.items():  # type: ignore[union-attr]
+                for t, n in per.items():
                     out[t] = out.get(t, 0.0) + gpu_s * n / total
             b += 1
     return out

@@ -413,11 +413,11 @@ class CompletionService:
     def _record_cold_start(self, model: Model, replica: Replica, ctx: RequestContext, first_token: float) -> None:
         """Split request → first token into the named phases, from the worker's milestones."""
         p = replica.phases
-        marks = [ctx.arrival, ctx.enqueued_at or ctx.arrival, p.get("assigned"), p.get("snapshot_restored"),
-                 p.get("weights_loaded"), p.get("engine_ready"), first_token]
+        marks: list[float | None] = [ctx.enqueued_at or ctx.arrival, p.get("assigned"), p.get("snapshot_restored"),
+                                     p.get("weights_loaded"), p.get("engine_ready"), first_token]
         phases: dict[str, float] = {}
-        prev = marks[0]
-        for name, mark in zip(PHASES, marks[1:], strict=True):
+        prev = ctx.arrival
+        for name, mark in zip(PHASES, marks, strict=True):
             # A missing milestone takes no time; clocks of other machines may be skewed a little.
             t = prev if mark is None else min(max(mark, prev), first_token)
             phases[name] = t - prev

@@ -329,7 +329,7 @@ class PoolManager:
                 "loading": loading,
                 "failures": ms.failures if ms else 0,
                 "error": ms.last_error if ms and ms.failures else None,
-                "backoff_until": ms.backoff_until if in_backoff else None,
+                "backoff_until": ms.backoff_until if ms and in_backoff else None,
             }
         return models
 
