@@ -41,6 +41,28 @@ async def test_append_commits_and_groups(tmp_path: Path) -> None:
         ledger.close()
 
 
+async def test_records_queued_during_a_commit_share_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commits: list[int] = []
+    connect = Ledger.connect
+
+    def counting(path: Path) -> sqlite3.Connection:
+        conn = connect(path)
+        conn.set_trace_callback(lambda sql: commits.append(1) if sql == "COMMIT" else None)
+        return conn
+
+    monkeypatch.setattr(Ledger, "connect", staticmethod(counting))
+    ledger = Ledger(tmp_path / "u.db")  # no group window: nothing waits for company
+    try:
+        await asyncio.gather(*(ledger.append(record(i)) for i in range(200)))
+        assert len(query_usage(tmp_path / "u.db")) == 200
+        # Appended faster than one commit takes: most share a commit.
+        assert 1 <= len(commits) < 50
+    finally:
+        ledger.close()
+
+
 def test_totals() -> None:
     rows = [record(1).__dict__, record(2, status=503, prompt_tokens=0, completion_tokens=0).__dict__,
             record(3, cancelled=True, cold_start=True).__dict__]
