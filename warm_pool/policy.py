@@ -280,8 +280,11 @@ def decide(
                 break
             decisions.append(Launch(pool.shape, "standby"))
             total += 1
+        # Over the maximum: terminate idle standbys, but not because of draining workers
+        # (a standby ready now beats one that still has to start its engine host).
         idle_standby = [w for w in standby if w.state == "standby"]
-        for w in sorted(idle_standby, key=lambda w: w.id, reverse=True)[: max(len(standby) - pool.standby_max, 0)]:
+        excess = len([w for w in standby if w.state != "draining"]) - pool.standby_max
+        for w in sorted(idle_standby, key=lambda w: w.id, reverse=True)[: max(excess, 0)]:
             decisions.append(Terminate(w.id, "excess_standby"))
 
     return decisions, PolicyState(models=models, assignments=n_assign)

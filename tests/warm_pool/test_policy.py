@@ -255,6 +255,12 @@ def test_a_draining_worker_counts_as_a_standby_on_its_way() -> None:
     assert decide(snap, PolicyState(), gpu_config(), now=101.0)[0] == []
 
 
+def test_a_draining_worker_does_not_make_a_ready_standby_excess() -> None:
+    # standby_max 1: one standby + one draining is not over it (the standby is usable now).
+    snap = Snapshot((standby(1), WorkerView("w2", "cpu-local", "draining")), {})
+    assert decide(snap, PolicyState(), gpu_config(), now=101.0)[0] == []
+
+
 def test_asleep_tier_needs_a_gpu_shape() -> None:
     data = yaml.safe_load(EXAMPLE.read_text())
     data["models"][0]["autoscaling"]["asleep_ttl_s"] = 60
