@@ -283,7 +283,9 @@ class PoolManager:
         r = await self._http.post(f"{w.handle.control_url}/sleep",
                                   json={"assignment_id": w.view.assignment_id, "drain_timeout_s": 30.0})
         if r.status_code >= 400:
+            # E.g. an engine started without sleep mode: release it rather than ask again.
             log.warning("sleep_refused", worker_id=w.handle.id, status=r.status_code, body=r.text[:500])
+            await self._release(w, Release(d.worker_id, d.model, "idle"))
 
     async def _release(self, w: _Worker, d: Release) -> None:
         r = await self._http.post(f"{w.handle.control_url}/release",

@@ -266,7 +266,7 @@ def decide(
         total = len(mine)
 
         # Demand that found no standby: launch, counting standbys already on their way
-        # (a draining worker, unless it is going to sleep, ends in standby).
+        # (a draining worker ends in standby; one put to sleep reports "asleep" at once).
         need = launches_for_demand.get(pool.shape, 0) - len(
             [w for w in standby if w.state in ("launching", "starting", "draining")]
         )
