@@ -133,3 +133,27 @@ async def test_idle_replica_sleeps_and_the_next_request_wakes_it(
     assert replica["phases"]["woken"] is not None
     assert len(world.hosts[0].launches) == 1  # loaded once, woken once
     assert provider.launched == launched
+
+
+async def test_a_replica_that_cannot_sleep_is_released_instead(
+    manager: tuple[PoolManager, InProcessProvider], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    m, provider = manager
+    post = m._http.post
+
+    async def without_sleep_mode(url: str, **kw: Any) -> Any:
+        # An engine started without sleep mode (as by a config that changed under it).
+        if url.endswith("/assign"):
+            kw["json"] = {**kw["json"], "sleep_mode": False}
+        return await post(url, **kw)
+
+    monkeypatch.setattr(m._http, "post", without_sleep_mode)
+    await until("a standby", lambda: "standby" in states(m).values(), m)
+    m.demand("demo")
+    await until("a ready replica", lambda: m.routes["models"].get("demo", {}).get("replicas"), m)
+    home = m.routes["models"]["demo"]["replicas"][0]["worker_id"]
+    # Idle: the sleep is refused (409), so the replica is released to standby (or, as an
+    # excess standby, terminated).
+    await until("released", lambda: states(m).get(home) in ("standby", None)
+                and not m.routes["models"]["demo"]["replicas"], m)
+    assert provider.worlds[home].sleeps == []
