@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +58,7 @@ import httpx
 
 from thaw.config import hash_api_key
 from thaw.embedded_store import free_port
+from worker.pdeathsig import die_with_parent
 
 DEFAULT_RATES = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200)
 API_KEY = "bench-key"
@@ -161,7 +162,8 @@ def serve_activator(config: Path, pool_url: str) -> None:
 @contextmanager
 def _process(cmd: list[str], log: Path, ready_url: str, timeout_s: float = 30.0) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "wb") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_child_of(os.getpid()))
         try:
             deadline = time.monotonic() + timeout_s
             while True:
@@ -184,6 +186,14 @@ def _process(cmd: list[str], log: Path, ready_url: str, timeout_s: float = 30.0)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+
+
+def _child_of(parent: int) -> Callable[[], None]:
+    """For ``preexec_fn``: the process dies with the benchmark even if the benchmark is
+    killed before it can stop it (vllm-router renames itself, so no pkill finds it)."""
+    def tie() -> None:
+        die_with_parent(signal.SIGTERM, expected_parent=parent)
+    return tie
 
 
 def _cpu_s(pid: int) -> float:

@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from thaw.embedded_store import free_port
+from worker.pdeathsig import die_with_parent
 
 BODY = json.dumps({"model": "bench", "stream": True, "max_tokens": 1,
                    "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -155,7 +157,9 @@ def _spawn(args: list[str], core: int | None, port: int) -> subprocess.Popen[byt
     cmd = [sys.executable, *args]
     if core is not None:
         cmd = ["taskset", "-c", str(core), *cmd]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = os.getpid()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: die_with_parent(signal.SIGTERM, expected_parent=parent))
     deadline = time.monotonic() + 30
     while True:
         try:
