@@ -42,23 +42,18 @@ import os
 import platform
 import random
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from loadtests.procs import pinned, serving
 from thaw.config import hash_api_key
 from thaw.embedded_store import free_port
-from worker.pdeathsig import die_with_parent
 
 DEFAULT_RATES = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200)
 API_KEY = "bench-key"
@@ -114,12 +109,6 @@ def _cores() -> tuple[set[int] | None, set[int] | None]:
     return {cpus[0]}, set(cpus[1:])
 
 
-def _pinned(cmd: list[str], cores: set[int] | None) -> list[str]:
-    if cores is None or shutil.which("taskset") is None:
-        return cmd
-    return ["taskset", "-c", ",".join(map(str, sorted(cores))), *cmd]
-
-
 def activator_config(work: Path, port: int) -> dict[str, Any]:
     """A config for the activator alone: one tenant with limits far above the load (so
     the buckets run but never refuse), one model whose replica is the upstream."""
@@ -157,43 +146,6 @@ def serve_activator(config: Path, pool_url: str) -> None:
     app = create_app(cfg, pool_url, activator_id="bench")
     uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_config=None, access_log=False,
                 timeout_graceful_shutdown=5)
-
-
-@contextmanager
-def _process(cmd: list[str], log: Path, ready_url: str, timeout_s: float = 30.0) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "wb") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_child_of(os.getpid()))
-        try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{' '.join(cmd)} exited ({proc.returncode}): {log.read_text()[-2000:]}")
-                try:
-                    if httpx.get(ready_url, timeout=1.0).status_code < 500:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{' '.join(cmd)} not ready after {timeout_s:.0f} s: {log.read_text()[-2000:]}")
-                time.sleep(0.2)
-            yield proc
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-
-
-def _child_of(parent: int) -> Callable[[], None]:
-    """For ``preexec_fn``: the process dies with the benchmark even if the benchmark is
-    killed before it can stop it (vllm-router renames itself, so no pkill finds it)."""
-    def tie() -> None:
-        die_with_parent(signal.SIGTERM, expected_parent=parent)
-    return tie
 
 
 def _cpu_s(pid: int) -> float:
@@ -338,32 +290,28 @@ async def _bench_in(args: argparse.Namespace, rates: list[float], router_bin: st
         cfg_path.write_text(yaml.safe_dump(activator_config(work, act_port)))
         upstream_url = f"http://127.0.0.1:{up_port}"
         py = sys.executable
-        up_cmd = _pinned([py, "-m", "loadtests.fast_upstream", "--port", str(up_port), "--model", MODEL,
-                          "--tokens", str(args.tokens), "--itl-ms", str(args.itl_ms)], gen_cores)
-        act_cmd = _pinned([py, "-m", "loadtests.bench_activator", "--serve-activator", str(cfg_path),
-                           "--pool-url", upstream_url], proxy_cores)
-        with _process(up_cmd, work / "upstream.log", upstream_url + "/health"), \
-                _process(act_cmd, work / "activator.log", f"http://127.0.0.1:{act_port}/healthz") as act:
+        up_cmd = pinned([py, "-m", "loadtests.fast_upstream", "--port", str(up_port), "--model", MODEL,
+                         "--tokens", str(args.tokens), "--itl-ms", str(args.itl_ms)], gen_cores)
+        act_cmd = pinned([py, "-m", "loadtests.bench_activator", "--serve-activator", str(cfg_path),
+                          "--pool-url", upstream_url], proxy_cores)
+        with ExitStack() as procs:
+            procs.enter_context(serving(up_cmd, work / "upstream.log", upstream_url + "/health"))
+            act = procs.enter_context(serving(act_cmd, work / "activator.log", f"http://127.0.0.1:{act_port}/healthz"))
             base = {"direct": upstream_url, "activator": f"http://127.0.0.1:{act_port}"}
             pids: dict[str, int | None] = {"direct": None, "activator": act.pid}
-            router_ctx = None
             if router_bin is not None:
-                router_cmd = _pinned([router_bin, "--host", "127.0.0.1", "--port", str(router_port),
-                                      "--worker-urls", upstream_url, "--policy", "cache_aware",
-                                      "--log-level", "warning", "--max-concurrent-requests", "100000",
-                                      "--queue-size", "100000", "--disable-retries",
-                                      # Its metrics listener has a fixed default port.
-                                      "--prometheus-host", "127.0.0.1",
-                                      "--prometheus-port", str(free_port())], proxy_cores)
-                router_ctx = _process(router_cmd, work / "router.log", f"http://127.0.0.1:{router_port}/health")
-                router = router_ctx.__enter__()
+                router_cmd = pinned([router_bin, "--host", "127.0.0.1", "--port", str(router_port),
+                                     "--worker-urls", upstream_url, "--policy", "cache_aware",
+                                     "--log-level", "warning", "--max-concurrent-requests", "100000",
+                                     "--queue-size", "100000", "--disable-retries",
+                                     # Its metrics listener has a fixed default port.
+                                     "--prometheus-host", "127.0.0.1",
+                                     "--prometheus-port", str(free_port())], proxy_cores)
+                router = procs.enter_context(
+                    serving(router_cmd, work / "router.log", f"http://127.0.0.1:{router_port}/health"))
                 base["vllm_router"] = f"http://127.0.0.1:{router_port}"
                 pids["vllm_router"] = router.pid
-            try:
-                return await _sweep(args, rates, base, pids, proxy_cores, gen_cores)
-            finally:
-                if router_ctx is not None:
-                    router_ctx.__exit__(None, None, None)
+            return await _sweep(args, rates, base, pids, proxy_cores, gen_cores)
 
 
 async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, str], pids: dict[str, int | None],

@@ -44,7 +44,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from loadtests.procs import kill_group, start, tail
 
 BASELINE = "baseline"
 NO_SNAPSHOT = "standby_no_snapshot"
@@ -230,27 +231,6 @@ def stream_chat(base_url: str, model: str, *, api_key: str | None, request_id: s
             "text": "".join(text), "headers": resp_headers}
 
 
-def _tail(path: Path, chars: int = 1500) -> str:
-    """The end of a log file, for an error message (the work dir may be gone later)."""
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return f"(no log at {path})"
-
-
-def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the process group ``proc`` leads, SIGKILL whatever is left after ``grace_s``."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(grace_s)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(10)
-
-
 # --- (a) the baseline ------------------------------------------------------------------------
 
 
@@ -293,27 +273,25 @@ class Baseline:
         port = free_port()
         log_path = self.logs / f"server-{self.n}.log"
         url = f"http://127.0.0.1:{port}"
-        with open(log_path, "wb") as logf:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(baseline_cmd(sys.executable, self.uri, port, eager=self.eager), env=self.env(),
-                                    stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                deadline = time.monotonic() + self.timeout_s
-                while True:
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"the vLLM server exited ({proc.returncode}):\n{_tail(log_path)}")
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"no /health within {self.timeout_s:.0f} s:\n{_tail(log_path)}")
-                    with contextlib.suppress(httpx.HTTPError):
-                        if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                            break
-                    time.sleep(0.1)
-                health = time.perf_counter() - t0
-                r = stream_chat(f"{url}/v1", "baseline", api_key=None, request_id=uuid.uuid4().hex,
-                                timeout_s=self.timeout_s)
-                ttft = health + r["ttft_s"]
-            finally:
-                _kill_group(proc, 15)
+        t0 = time.perf_counter()
+        proc = start(baseline_cmd(sys.executable, self.uri, port, eager=self.eager), log_path, env=self.env())
+        try:
+            deadline = time.monotonic() + self.timeout_s
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the vLLM server exited ({proc.returncode}):\n{tail(log_path)}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no /health within {self.timeout_s:.0f} s:\n{tail(log_path)}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                        break
+                time.sleep(0.1)
+            health = time.perf_counter() - t0
+            r = stream_chat(f"{url}/v1", "baseline", api_key=None, request_id=uuid.uuid4().hex,
+                            timeout_s=self.timeout_s)
+            ttft = health + r["ttft_s"]
+        finally:
+            kill_group(proc, 15)
         return {"ttft_s": round(ttft, 4), "phases_s": {"server_ready": round(health, 4),
                                                       "first_token": round(ttft - health, 4)},
                 "log": str(log_path)}
@@ -401,11 +379,11 @@ class Stack:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _kill_group(self.proc, 60)
+            kill_group(self.proc, 60)
 
     def _check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"thaw up exited ({self.proc.returncode}):\n{_tail(self.log_path)}")
+            raise RuntimeError(f"thaw up exited ({self.proc.returncode}):\n{tail(self.log_path)}")
 
     def state(self) -> dict[str, Any]:
         import httpx

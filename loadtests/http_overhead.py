@@ -25,18 +25,16 @@ import asyncio
 import json
 import os
 import resource
-import signal
-import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
+from loadtests.procs import pinned, serving
 from thaw.embedded_store import free_port
-from worker.pdeathsig import die_with_parent
 
 BODY = json.dumps({"model": "bench", "stream": True, "max_tokens": 1,
                    "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -135,6 +133,10 @@ def _serve_asgi(kind: str, port: int) -> None:
                     await send({"type": m["type"] + ".complete"})
                     if done:
                         return
+            if scope["method"] != "POST":  # the readiness probe
+                await send({"type": "http.response.start", "status": 404, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return
             body = b""
             while True:
                 m = await receive()
@@ -151,55 +153,30 @@ def _serve_asgi(kind: str, port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
 
 
-def _spawn(args: list[str], core: int | None, port: int) -> subprocess.Popen[bytes]:
-    import httpx
-
-    cmd = [sys.executable, *args]
-    if core is not None:
-        cmd = ["taskset", "-c", str(core), *cmd]
-    parent = os.getpid()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=lambda: die_with_parent(signal.SIGTERM, expected_parent=parent))
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/", timeout=1.0)
-            return proc
-        except httpx.HTTPError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"{' '.join(cmd)} did not start") from None
-            time.sleep(0.1)
-
-
 def run(n: int) -> dict[str, float]:
     cpus = sorted(os.sched_getaffinity(0))
-    mine, other = (cpus[0], cpus[1]) if len(cpus) > 1 else (None, None)
+    mine, other = ({cpus[0]}, {cpus[1]}) if len(cpus) > 1 else (None, None)
     before = os.sched_getaffinity(0)
     out: dict[str, float] = {}
+    py = sys.executable
     try:
-        if mine is not None:
-            os.sched_setaffinity(0, {mine})
-        port = free_port()
-        up = _spawn(["-m", "loadtests.fast_upstream", "--port", str(port), "--tokens", "1"], other, port)
-        try:
-            url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            out["client_httpx_ms"] = asyncio.run(client_httpx(url, n)) * 1000
-            out["client_aiohttp_ms"] = asyncio.run(client_aiohttp(url, n)) * 1000
-        finally:
-            up.terminate()
-            up.wait()
-        if other is not None:
-            os.sched_setaffinity(0, {other})
-        for kind in ("fastapi", "raw_asgi"):
+        with tempfile.TemporaryDirectory(prefix="thaw-http-overhead-") as tmp:
+            if mine is not None:
+                os.sched_setaffinity(0, mine)
             port = free_port()
-            srv = _spawn(["-m", "loadtests.http_overhead", "--serve", kind, "--port", str(port)], mine, port)
-            try:
-                out[f"server_{kind}_ms"] = asyncio.run(
-                    drive(f"http://127.0.0.1:{port}/v1/chat/completions", srv.pid, n)) * 1000
-            finally:
-                srv.terminate()
-                srv.wait()
+            with serving(pinned([py, "-m", "loadtests.fast_upstream", "--port", str(port), "--tokens", "1"], other),
+                         Path(tmp) / "upstream.log", f"http://127.0.0.1:{port}/health"):
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                out["client_httpx_ms"] = asyncio.run(client_httpx(url, n)) * 1000
+                out["client_aiohttp_ms"] = asyncio.run(client_aiohttp(url, n)) * 1000
+            if other is not None:
+                os.sched_setaffinity(0, other)
+            for kind in ("fastapi", "raw_asgi"):
+                port = free_port()
+                cmd = pinned([py, "-m", "loadtests.http_overhead", "--serve", kind, "--port", str(port)], mine)
+                with serving(cmd, Path(tmp) / f"{kind}.log", f"http://127.0.0.1:{port}/") as srv:
+                    out[f"server_{kind}_ms"] = asyncio.run(
+                        drive(f"http://127.0.0.1:{port}/v1/chat/completions", srv.pid, n)) * 1000
     finally:
         os.sched_setaffinity(0, before)
     return out
