@@ -8,16 +8,17 @@ manager is SIGKILLed, and its own process group so its engine goes with it.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from thaw.embedded_store import free_port
 from thaw.log import get_logger
+from worker.pdeathsig import die_with_parent
 
 log = get_logger()
 
@@ -39,14 +40,13 @@ class Provider(Protocol):
     async def close(self) -> None: ...
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec.
-    PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-    os.setsid()
+def _tie_to(parent: int) -> Callable[[], None]:
+    """For ``preexec_fn`` (runs in the child between fork and exec): die with ``parent``,
+    in a process group of its own."""
+    def tie() -> None:
+        die_with_parent(signal.SIGTERM, expected_parent=parent)
+        os.setsid()
+    return tie
 
 
 class LocalProvider:
@@ -74,7 +74,7 @@ class LocalProvider:
                 sys.executable, "-m", "worker", "--port", str(port), "--worker-id", worker_id,
                 "--shape", shape, "--data-dir", str(wdir), "--log-level", self.log_level,
                 stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_tie_to(os.getpid()),
             )
         finally:
             logf.close()
