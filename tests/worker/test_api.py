@@ -180,9 +180,9 @@ async def wait_state(c: httpx.AsyncClient, *states: str, timeout_s: float = 5.0)
         await asyncio.sleep(0.005)
 
 
-async def ready(c: httpx.AsyncClient) -> dict[str, Any]:
+async def ready(c: httpx.AsyncClient, **over: Any) -> dict[str, Any]:
     await wait_state(c, "standby")
-    r = await c.post("/assign", json=assign_body())
+    r = await c.post("/assign", json=assign_body(**over))
     assert r.status_code == 202, r.text
     return await wait_state(c, "ready")
 
@@ -424,21 +424,14 @@ async def test_release_body_validation(client: httpx.AsyncClient) -> None:
 # -- the asleep tier (vLLM sleep mode) ----------------------------------------------------
 
 
-async def sleepy(c: httpx.AsyncClient) -> dict[str, Any]:
-    await wait_state(c, "standby")
-    r = await c.post("/assign", json=assign_body(sleep_mode=True))
-    assert r.status_code == 202, r.text
-    return await wait_state(c, "ready")
-
-
 async def test_sleep_mode_reaches_the_engine_launch(world: World, client: httpx.AsyncClient) -> None:
-    await sleepy(client)
+    await ready(client, sleep_mode=True)
     cmd = world.hosts[0].launches[0]
     assert cmd.sleep_mode and cmd.env["VLLM_SERVER_DEV_MODE"] == "1"
 
 
 async def test_sleep_then_the_same_model_wakes_instead_of_loading(world: World, client: httpx.AsyncClient) -> None:
-    await sleepy(client)
+    await ready(client, sleep_mode=True)
     world.in_flight = [1, 0, 0]  # one request still running: it drains first
     r = await client.post("/sleep", json={"assignment_id": "a1"})
     assert r.status_code == 202 and r.json()["state"] == "asleep"
@@ -474,7 +467,7 @@ async def test_sleep_needs_a_ready_engine_started_with_sleep_mode(client: httpx.
 async def test_asleep_worker_refuses_another_model_and_releases_to_standby(
     world: World, client: httpx.AsyncClient
 ) -> None:
-    await sleepy(client)
+    await ready(client, sleep_mode=True)
     assert (await client.post("/sleep", json={})).status_code == 202
     r = await client.post("/assign", json=assign_body(assignment_id="a2", model="other",
                                                       uri="s3://thaw/models/other", sleep_mode=True))
@@ -488,14 +481,14 @@ async def test_asleep_worker_refuses_another_model_and_releases_to_standby(
 
 
 async def test_a_failed_sleep_or_wake_fails_the_worker_with_the_reason(world: World, client: httpx.AsyncClient) -> None:
-    await sleepy(client)
+    await ready(client, sleep_mode=True)
     world.sleep_error = "CUDA error: out of memory"
     await client.post("/sleep", json={})
     body = await wait_state(client, "failed")
     assert "putting the engine to sleep failed: CUDA error: out of memory" in body["error"]
     await client.post("/release", json={})
     world.sleep_error = None
-    await sleepy(client)
+    await ready(client, sleep_mode=True)
     await client.post("/sleep", json={})
     world.wake_error = "engine crashed"
     await client.post("/assign", json=assign_body(assignment_id="a3", sleep_mode=True))
