@@ -102,6 +102,15 @@ class RequestContext:
         return h
 
 
+def upstream_client(timeout_s: float = 600.0) -> httpx.AsyncClient:
+    """The client the activator proxies to replicas with (``loadtests.http_overhead``
+    measures this very one)."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s, connect=2.0),
+        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
+    )
+
+
 class CompletionService:
     def __init__(
         self,
@@ -123,10 +132,7 @@ class CompletionService:
         self.tokens = tokens
         self.limiter = RateLimiter()
         self.clock = clock
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(upstream_timeout_s, connect=2.0),
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
-        )
+        self._http = upstream_client(upstream_timeout_s)
         self._recorded_cold: set[str] = set()
 
     async def close(self) -> None:

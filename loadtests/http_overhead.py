@@ -54,11 +54,9 @@ async def _closed_loop(one: Any, n: int) -> None:
 
 
 async def client_httpx(url: str, n: int) -> float:
-    import httpx
+    from activator.service import upstream_client
 
-    # As activator.service.CompletionService builds it.
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=2.0),
-                                 limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)) as c:
+    async with upstream_client() as c:
         async def one() -> None:
             req = c.build_request("POST", url, content=BODY, headers={"content-type": "application/json"})
             r = await c.send(req, stream=True)
