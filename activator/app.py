@@ -41,10 +41,12 @@ log = get_logger()
 
 
 def create_app(
-    cfg: ThawConfig, pool_url: str, *, activator_id: str | None = None, store_fetcher: FileFetcher | None = None
+    cfg: ThawConfig, pool_url: str, *, activator_id: str | None = None, store_fetcher: FileFetcher | None = None,
+    token: str | None = None,
 ) -> FastAPI:
     """The activator. ``store_fetcher`` reads a model's tokenizer files from the store
-    (for prompt lengths); without it, prompt lengths are estimated and not checked."""
+    (for prompt lengths); without it, prompt lengths are estimated and not checked.
+    ``token``: the cluster token its calls to the controller carry."""
     registry = CollectorRegistry()
     metrics = ActivatorMetrics(registry)
     ledger = Ledger(cfg.ledger_path, group_window_s=cfg.ledger.group_window_ms / 1000)
@@ -58,7 +60,7 @@ def create_app(
             ledger.replica_down(replica, at)
 
     routes = RouteWatcher(cfg.models, pool_url, activator_id or f"activator-{uuid.uuid4().hex[:8]}",
-                          on_replica=on_replica)
+                          token=token, on_replica=on_replica)
     tokens = TokenCounter(store_fetcher) if store_fetcher is not None else None
     service = CompletionService(cfg, Authenticator.from_config(cfg), routes, metrics, ledger, tokens)
 

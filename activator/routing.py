@@ -18,11 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from pydantic import BaseModel
 
 from activator.errors import ServiceUnavailable, TooManyRequests
 from activator.router import choose
+from thaw.auth import bearer
 from thaw.config import Model
 from thaw.log import get_logger
+from thaw.wire import ActivityReport, ColdStartRecord, DemandSignal, ModelActivityReport, RouteTable
 
 log = get_logger()
 
@@ -69,6 +72,7 @@ class RouteWatcher:
         pool_url: str,
         activator_id: str,
         *,
+        token: str | None = None,
         clock: Callable[[], float] = time.time,
         report_interval_s: float = 1.0,
         on_replica: Callable[[bool, str, str, float], None] | None = None,
@@ -83,8 +87,12 @@ class RouteWatcher:
         self.on_replica = on_replica
         self.routes: dict[str, ModelRoutes] = {m.name: ModelRoutes() for m in models}
         self.version = -1
+        # The controller start the table came from: a restarted controller counts its
+        # versions from 1 again, so a new epoch is taken whatever its version.
+        self.epoch: str | None = None
         self.connected = False
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(65.0, connect=2.0))
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(65.0, connect=2.0),
+                                       headers=bearer(token) if token else None)
         self._tasks: list[asyncio.Task[None]] = []
         self._side: set[asyncio.Task[Any]] = set()
 
@@ -104,33 +112,40 @@ class RouteWatcher:
     async def _watch(self) -> None:
         while True:
             try:
-                r = await self._http.get(f"{self.pool_url}/v1/routes",
-                                         params={"since": self.version, "wait_s": 25})
+                params: dict[str, Any] = {"since": self.version, "wait_s": 25}
+                if self.epoch is not None:
+                    params["epoch"] = self.epoch
+                r = await self._http.get(f"{self.pool_url}/v1/routes", params=params)
                 r.raise_for_status()
-                self.apply(r.json())
+                self.apply(RouteTable.model_validate_json(r.content))
+                if not self.connected:
+                    log.info("controller_connected", epoch=self.epoch, version=self.version)
                 self.connected = True
             except asyncio.CancelledError:
                 raise
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
+            except (httpx.HTTPError, ValueError) as exc:
+                # Keep serving from the last table: hot models stay hot while the
+                # controller is away; cold requests wait within their deadline.
                 if self.connected:
-                    log.warning("pool_unreachable", error=str(exc))
+                    log.warning("pool_unreachable", error=str(exc) or type(exc).__name__)
                 self.connected = False
                 await asyncio.sleep(0.5)
 
-    def apply(self, table: dict[str, Any]) -> None:
-        """Take in a route table from the pool manager and wake or fail waiters."""
-        self.version = int(table["version"])
+    def apply(self, table: RouteTable) -> None:
+        """Take in a route table from the controller and wake or fail waiters."""
+        self.version = table.version
+        self.epoch = table.epoch
         now = self.clock()
-        for name, entry in table["models"].items():
+        for name, entry in table.models.items():
             st = self.routes.get(name)
             if st is None:
                 continue
             old = {r.url: r for r in st.replicas}
             st.replicas = []
-            for r in entry["replicas"]:
-                prev = old.get(r["url"])
-                rep = Replica(r["worker_id"], r["url"], r["served_model_name"], r.get("assignment_id"),
-                              r.get("phases") or {})
+            for r in entry.replicas:
+                prev = old.get(r.url)
+                rep = Replica(r.worker_id, r.url, r.served_model_name, r.assignment_id,
+                              r.phases.model_dump())
                 if prev is not None and prev.assignment_id == rep.assignment_id:
                     rep.outstanding = prev.outstanding
                 st.replicas.append(rep)
@@ -141,11 +156,11 @@ class RouteWatcher:
                     self.on_replica(True, rid, name, now)
                 for rid in before - after:
                     self.on_replica(False, rid, name, now)
-            new_failure = entry["failures"] > st.failures and entry["error"]
-            st.loading = entry["loading"]
-            st.failures = entry["failures"]
-            st.error = entry["error"]
-            st.backoff_until = entry["backoff_until"]
+            new_failure = entry.failures > st.failures and entry.error
+            st.loading = entry.loading
+            st.failures = entry.failures
+            st.error = entry.error
+            st.backoff_until = entry.backoff_until
             if st.replicas:
                 self._release_waiters(st)
                 self._dispatch_fair(name)
@@ -309,29 +324,31 @@ class RouteWatcher:
 
     # -- telling the pool manager ---------------------------------------------------
     def signal_demand(self, model: str) -> None:
-        task = asyncio.create_task(self._post("/v1/demand", {"model": model}))
+        task = asyncio.create_task(self._post("/v1/demand", DemandSignal(model=model)))
         self._side.add(task)
         task.add_done_callback(self._side.discard)
 
-    async def _post(self, path: str, body: dict[str, Any]) -> None:
+    async def _post(self, path: str, body: BaseModel) -> None:
         try:
-            r = await self._http.post(f"{self.pool_url}{path}", json=body, timeout=5.0)
+            r = await self._http.post(f"{self.pool_url}{path}", content=body.model_dump_json(),
+                                      headers={"content-type": "application/json"}, timeout=5.0)
             if r.status_code >= 400:
                 log.warning("pool_post_refused", path=path, status=r.status_code)
         except httpx.HTTPError as exc:
-            log.warning("pool_post_failed", path=path, error=str(exc))
+            if self.connected:  # while the controller is away, the watcher has said so
+                log.warning("pool_post_failed", path=path, error=str(exc) or type(exc).__name__)
 
-    def record_cold_start(self, record: dict[str, Any]) -> None:
+    def record_cold_start(self, record: ColdStartRecord) -> None:
         task = asyncio.create_task(self._post("/v1/cold_starts", record))
         self._side.add(task)
         task.add_done_callback(self._side.discard)
 
-    def report_body(self) -> dict[str, Any]:
-        return {"activator_id": self.activator_id, "models": {
-            name: {"queued": len(st.waiters) + self.fair_depth(name), "in_flight": st.in_flight,
-                   "last_request_at": st.last_request_at}
+    def report_body(self) -> ActivityReport:
+        return ActivityReport(activator_id=self.activator_id, models={
+            name: ModelActivityReport(queued=len(st.waiters) + self.fair_depth(name), in_flight=st.in_flight,
+                                      last_request_at=st.last_request_at)
             for name, st in self.routes.items()
-        }}
+        })
 
     async def _report_loop(self) -> None:
         while True:

@@ -38,6 +38,7 @@ from activator.tokens import TokenCounter
 from activator.usage import DONE, StreamTap, Usage, usage_from_body
 from thaw.config import Model, ThawConfig
 from thaw.log import get_logger
+from thaw.wire import ColdStartRecord
 
 log = get_logger()
 
@@ -433,11 +434,11 @@ class CompletionService:
         for name, secs in phases.items():
             self.metrics.cold_start_seconds.labels(model.name, name).observe(secs)
         self.metrics.cold_start_seconds.labels(model.name, "total").observe(total)
-        record = {"model": model.name, "request_id": ctx.request_id, "at": ctx.arrival,
-                  "total_s": round(total, 3), "phases_s": {k: round(v, 3) for k, v in phases.items()},
-                  # Woken from the asleep tier rather than loaded.
-                  "woken": p.get("woken") is not None}
-        log.info("cold_start", **record)
+        record = ColdStartRecord(model=model.name, request_id=ctx.request_id, at=ctx.arrival,
+                                 total_s=round(total, 3), phases_s={k: round(v, 3) for k, v in phases.items()},
+                                 # Woken from the asleep tier rather than loaded.
+                                 woken=p.get("woken") is not None)
+        log.info("cold_start", **record.model_dump())
         self.routes.record_cold_start(record)
 
     def observe_end(self, ctx: RequestContext, error: ApiError | None = None) -> None:

@@ -110,7 +110,7 @@ def s3_fetcher(client: Any) -> FileFetcher:
     """A FileFetcher over a boto3 S3 client."""
     import botocore.exceptions
 
-    from weight_streaming.manifest import join_key, parse_s3_uri
+    from thaw.s3uri import join_key, parse_s3_uri
 
     def fetch(uri: str, name: str) -> bytes | None:
         bucket, prefix = parse_s3_uri(uri)

@@ -388,7 +388,10 @@ class Stack:
     def state(self) -> dict[str, Any]:
         import httpx
 
-        return httpx.get(f"{self.control_url}/v1/state", timeout=10).json()  # type: ignore[no-any-return]
+        from thaw.auth import bearer, local_token
+
+        return httpx.get(f"{self.control_url}/v1/state", timeout=10,  # type: ignore[no-any-return]
+                         headers=bearer(local_token(self.data_dir))).json()
 
     def wait_standby(self, model: str) -> dict[str, Any]:
         """Until ``model`` has no replica and the worker stands by; returns that worker."""
@@ -409,9 +412,11 @@ class Stack:
 
     def cache_root(self, worker_id: str, model: str) -> Path:
         """Where the worker keeps ``model``'s engine caches (the agent's layout)."""
+        from thaw.objstore import S3Endpoint
         from worker.settings import AgentSettings
 
-        settings = AgentSettings(worker_id=worker_id, shape=SHAPE, port=0, data_dir=self.worker_dir(worker_id))
+        settings = AgentSettings(worker_id=worker_id, shape=SHAPE, port=0, data_dir=self.worker_dir(worker_id),
+                                 store=S3Endpoint(None, None, None))
         fn: Callable[[str], Path] | None = getattr(settings, "engine_cache_root", None)
         return Path(fn(model)) if fn else self.worker_dir(worker_id) / "vllm-cache"
 
@@ -439,7 +444,10 @@ class Stack:
         worker = next((w for w in st["workers"] if w["model"] == model), None)
         if worker is not None:
             with contextlib.suppress(httpx.HTTPError, ValueError):
-                sample["snapshot"] = httpx.get(f"{worker['control_url']}/state", timeout=5).json().get("snapshot")
+                from thaw.auth import bearer, local_token
+
+                sample["snapshot"] = httpx.get(f"{worker['control_url']}/state", timeout=5,
+                                               headers=bearer(local_token(self.data_dir))).json().get("snapshot")
         return sample
 
     def _snapshot_keys(self, model: str) -> list[str]:
@@ -480,7 +488,7 @@ def _store(args: argparse.Namespace, work: Path) -> Iterator[Store]:
     _log("starting an embedded store (SeaweedFS)")
     ep = es.start(timeout_s=90)
     try:
-        assert ep.endpoint_url is not None
+        assert ep.endpoint_url is not None and ep.access_key and ep.secret_key
         yield Store(ep.endpoint_url, ep.access_key, ep.secret_key, es.root / "credentials.json", args.bucket)
     finally:
         es.stop()

@@ -89,8 +89,9 @@ class Upstream:
     def route_table(self) -> dict[str, Any]:
         replica = {"worker_id": "upstream", "url": self.url, "served_model_name": self.model,
                    "assignment_id": "bench", "phases": {}}
-        return {"version": 1, "models": {self.model: {
-            "replicas": [replica], "loading": 0, "failures": 0, "error": None, "backoff_until": None}}}
+        return {"epoch": "bench", "version": 1, "models": {self.model: {
+            "served_name": self.model, "replicas": [replica], "loading": 0, "failures": 0, "error": None,
+            "backoff_until": None}}}
 
     async def complete(self, chat: bool, req: dict[str, Any], w: asyncio.StreamWriter) -> None:
         n = int(req.get("max_completion_tokens") or req.get("max_tokens") or self.tokens)

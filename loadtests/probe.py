@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx
 
+from thaw.auth import bearer, local_token
+
 
 def _stream_ttft(base_url: str, key: str, model: str, prompt: str) -> tuple[float, float, str, dict[str, str]]:
     """(ttft_s, total_s, text, headers) of one streamed chat completion."""
@@ -43,8 +45,12 @@ def _stream_ttft(base_url: str, key: str, model: str, prompt: str) -> tuple[floa
     return (ttft if ttft is not None else total), total, "".join(text), headers
 
 
+# The cluster token of the `thaw up` being probed (set from --endpoint's directory).
+HEADERS: dict[str, str] = {}
+
+
 def _state(control_url: str) -> dict[str, Any]:
-    return httpx.get(f"{control_url}/v1/state", timeout=10).json()  # type: ignore[no-any-return]
+    return httpx.get(f"{control_url}/v1/state", timeout=10, headers=HEADERS).json()  # type: ignore[no-any-return]
 
 
 def _model_state(control_url: str, model: str) -> dict[str, Any]:
@@ -67,6 +73,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     info = json.loads(args.endpoint.read_text())
+    HEADERS.update(bearer(local_token(args.endpoint.parent)))
     base, key, model, control = info["base_url"], info["api_key"], info["model"], info["control_url"]
     cold, hot = [], []
     for cycle in range(args.cycles):

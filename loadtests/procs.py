@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from worker.pdeathsig import die_with_parent
+from thaw.process import die_with_parent
 
 
 def tail(path: Path, chars: int = 1500) -> str:

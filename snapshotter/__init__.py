@@ -4,5 +4,5 @@
 - :mod:`snapshotter.archive` — pack a cache root, unpack an archive without trusting it;
 - :mod:`snapshotter.store` — layout and manifest (``thaw-snapshot/1``) in the object store;
 - :mod:`snapshotter.ops` — restore before an engine start, capture after one (the worker's use);
-- :mod:`snapshotter.cli` — ``thaw snapshot build|ls|rm``.
+- ``thaw snapshot build|ls|rm`` lives in :mod:`thaw.cli.snapshot` (it runs a worker agent).
 """

@@ -75,7 +75,7 @@ def fingerprint_inputs(
         "model_config_sha256": model_config_sha256,
         "engine_assets_dir": engine_assets_dir,
         "dtype": engine.dtype,
-        "tensor_parallel_size": engine.tensor_parallel_size,
+        "tensor_parallel_size": engine.tensor_parallel_size or 1,
         "max_model_len": max_model_len,
         "enforce_eager": engine.enforce_eager,
         "load_format": engine.load_format,

@@ -25,7 +25,7 @@ from boto3.s3.transfer import TransferConfig
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
 
 from snapshotter.archive import ArchiveInfo, CorruptArchive, sha256_file
-from weight_streaming.manifest import parse_s3_uri
+from thaw.s3uri import parse_s3_uri
 
 SNAPSHOT_FORMAT = "thaw-snapshot/1"
 SNAPSHOTS_PREFIX = "snapshots"

@@ -21,6 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import BUCKET
+from thaw.auth import bearer, local_token
 from thaw.embedded_store import EmbeddedStore, free_port
 from thaw.objstore import S3Endpoint
 from weight_streaming.push import push_model
@@ -35,13 +36,19 @@ class Stack:
     control_url: str
     config: Path
     log: Path
+    data_dir: Path
     seen_pids: set[int] = field(default_factory=set)
 
     def client(self, **kw: Any) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.base_url, api_key=KEY, max_retries=0, timeout=300, **kw)
 
+    def token(self) -> str:
+        return local_token(self.data_dir)
+
     def state(self) -> dict[str, Any]:
-        return httpx.get(f"{self.control_url}/v1/state", timeout=5).json()
+        r = httpx.get(f"{self.control_url}/v1/state", timeout=5, headers=bearer(self.token()))
+        r.raise_for_status()
+        return r.json()  # type: ignore[no-any-return]
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         text = httpx.get(self.base_url.removesuffix("/v1") + "/metrics", timeout=5).text
@@ -83,6 +90,7 @@ def running_stack(
     cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "thaw.yaml").read_text())
     cfg["data_dir"] = str(tmp / "data")
     cfg["server"]["port"] = free_port()
+    cfg["controller"] = {"port": free_port()}
     cfg["object_store"] = {
         "kind": "s3", "endpoint_url": s3.endpoint_url, "bucket": BUCKET,
         "credentials": {"source": "file", "file": str(store.root / "credentials.json")},
@@ -103,7 +111,7 @@ def running_stack(
             raise AssertionError(f"thaw up did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.2)
     info = json.loads(endpoint.read_text())
-    s = Stack(proc, info["base_url"], info["control_url"], path, log)
+    s = Stack(proc, info["base_url"], info["control_url"], path, log, tmp / "data")
     assert info["api_key"] == KEY and info["model"] == "thaw-demo"
     try:
         yield s

@@ -80,7 +80,7 @@ def test_a_burst_of_one_prefix_is_moved_by_the_load_bound(stack: Stack) -> None:
 
 def test_replica_killed_before_first_byte_is_served_elsewhere_transparently(stack: Stack) -> None:
     home = ask(stack, "C", "first")
-    worker = next(w for w in stack.state()["workers"] if w.get("assignment_id") == home)
+    worker = next(w for w in stack.state()["worker_details"] if w["assignment_id"] == home)
     port = urlparse(worker["engine_url"]).port
     victims = [c.pid for c in psutil.net_connections("tcp")
                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid]

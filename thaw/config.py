@@ -22,6 +22,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -126,7 +127,8 @@ class EngineArgs(_Strict):
 
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     enforce_eager: bool = False
-    tensor_parallel_size: PositiveInt = 1
+    # None: the shape's gpu_count (one engine spans every GPU of its instance).
+    tensor_parallel_size: PositiveInt | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
     # CPU engines only: KV-cache size (VLLM_CPU_KVCACHE_SPACE).
     cpu_kvcache_gib: PositiveFloat = 1.0
@@ -161,6 +163,9 @@ class InstanceShape(_Strict):
     gpu_memory_gib: NonNegativeFloat = 0.0
     host_memory_gib: PositiveFloat
     price_per_hour_usd: NonNegativeFloat
+    # An instance of this shape that has not registered (heartbeat) this long after its
+    # launch is terminated and replaced.
+    boot_timeout_s: PositiveFloat = 600.0
 
     @model_validator(mode="after")
     def _gpu(self) -> InstanceShape:
@@ -171,9 +176,35 @@ class InstanceShape(_Strict):
         return self
 
 
+class Ec2Pool(_Strict):
+    """Where and how the ``ec2`` provider launches a pool's instances."""
+
+    region: Annotated[str, Field(min_length=1)]
+    # Launch template name, or its id (lt-...). It carries the AMI, the instance profile
+    # (the worker's role), security groups and disks; Thaw adds the rest.
+    launch_template: Annotated[str, Field(min_length=1)]
+    launch_template_version: str = "$Default"
+    # Tried in order on a capacity error, for each instance type in turn.
+    subnets: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    instance_types: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    market: Literal["on-demand", "spot"] = "on-demand"
+    # With market spot: when no spot capacity is left anywhere, launch on-demand.
+    spot_fallback_to_on_demand: bool = True
+    # The EC2 API endpoint; None: AWS's for the region (set for a VPC endpoint or tests).
+    endpoint_url: str | None = None
+    # The port `thaw worker` listens on for the controller on these instances.
+    worker_port: Annotated[int, Field(ge=1, le=65535)] = 8200
+    # Extra seconds between retries after a launch found no capacity anywhere:
+    # backoff_base_s, doubled per consecutive failure, capped at backoff_max_s.
+    backoff_base_s: PositiveFloat = 30.0
+    backoff_max_s: PositiveFloat = 600.0
+
+
 class Pool(_Strict):
     shape: Name
     provider: Literal["local", "ec2"] = "local"
+    # Required with provider 'ec2'.
+    ec2: Ec2Pool | None = None
     standby_min: NonNegativeInt = 1
     standby_max: NonNegativeInt = 1
     # Caps on the whole pool for this shape (standby + serving).
@@ -190,6 +221,11 @@ class Pool(_Strict):
             raise ValueError(
                 f"standby_max ({self.standby_max}) must not exceed max_instances ({self.max_instances})"
             )
+        if self.provider == "ec2" and self.ec2 is None:
+            raise ValueError("provider 'ec2' needs an 'ec2' section (region, launch_template, subnets, "
+                             "instance_types)")
+        if self.provider != "ec2" and self.ec2 is not None:
+            raise ValueError(f"an 'ec2' section needs provider 'ec2' (this pool's provider is {self.provider!r})")
         return self
 
 
@@ -214,6 +250,40 @@ class Server(_Strict):
     max_body_bytes: PositiveInt = 4 * 1024 * 1024
 
 
+class Cluster(_Strict):
+    """What the controller, activators and workers of one deployment share."""
+
+    # Tags instances (thaw:cluster) and names the deployment; one controller per name.
+    name: Name = "thaw"
+    # The bearer token every control-plane call carries. None: read the SSM parameter
+    # below, else generated on first start into <data_dir>/cluster-token (mode 0600), so
+    # services on one machine share it.
+    token: SecretStr | None = None
+    # Name of an SSM SecureString parameter holding the token (AWS deployments).
+    token_ssm_parameter: str | None = None
+    # Workers report their state this often (and at once on every change).
+    heartbeat_interval_s: PositiveFloat = 2.0
+    # A worker not heard from for this long is unreachable (then replaced).
+    worker_timeout_s: PositiveFloat = 15.0
+    # EC2 workers: the config file they run with (uploaded by the operator; fetched at
+    # boot with the instance role), and the pip requirement that installs Thaw there.
+    worker_config_uri: S3Uri | None = None
+    worker_package: str | None = None
+
+
+class ControllerConfig(_Strict):
+    """`thaw controller`: where it listens, and how the others reach it."""
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8100
+    # How activators and workers reach it; None: http://{host}:{port}.
+    url: str | None = None
+
+    @property
+    def resolved_url(self) -> str:
+        return (self.url or f"http://{self.host}:{self.port}").rstrip("/")
+
+
 class LedgerConfig(_Strict):
     # SQLite file (WAL); relative paths are under data_dir.
     path: Path = Path("usage.db")
@@ -227,12 +297,32 @@ class ThawConfig(_Strict):
     data_dir: Path = Path(".thaw")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     server: Server = Server()
+    cluster: Cluster = Cluster()
+    controller: ControllerConfig = ControllerConfig()
     ledger: LedgerConfig = LedgerConfig()
     object_store: ObjectStore = ObjectStore()
     shapes: list[InstanceShape] = Field(min_length=1)
     pools: list[Pool] = Field(default_factory=list)
     models: list[Model] = Field(default_factory=list)
     tenants: list[Tenant] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensor_parallel(cls, data: Any) -> Any:
+        """A model's engine spans its shape's GPUs unless its engine says otherwise
+        (resolved here once, so every consumer reads one number)."""
+        if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+            return data
+        gpus: dict[Any, int] = {s.get("name"): s["gpu_count"] for s in data.get("shapes") or []
+                                if isinstance(s, dict) and isinstance(s.get("gpu_count"), int)}
+        models = []
+        for m in data["models"]:
+            if isinstance(m, dict) and m.get("shape") in gpus and isinstance(m.get("engine", {}), dict):
+                engine: dict[str, Any] = m.get("engine", {})
+                if engine.get("tensor_parallel_size") is None:
+                    m = {**m, "engine": {**engine, "tensor_parallel_size": max(gpus[m["shape"]], 1)}}
+            models.append(m)
+        return {**data, "models": models}
 
     @field_validator("shapes", "pools", "models", "tenants")
     @classmethod
@@ -259,8 +349,19 @@ class ThawConfig(_Strict):
                 raise ValueError(
                     f"pools[{i}]: shape {p.shape!r} is not declared; declared: {sorted(shapes)}"
                 )
+            if p.provider == "ec2" and self.controller.url is None:
+                raise ValueError(
+                    f"pools[{i}] (ec2): set controller.url to the address its instances reach the "
+                    "controller at (their workers register there)"
+                )
         for i, m in enumerate(self.models):
             shape = self.shape(m.shape)
+            tp = m.engine.tensor_parallel_size or 1
+            if shape is not None and shape.gpu_count > 0 and tp > shape.gpu_count:
+                raise ValueError(
+                    f"models[{i}] ({m.name}): engine.tensor_parallel_size {tp} needs {tp} GPUs; shape "
+                    f"{m.shape!r} has {shape.gpu_count}"
+                )
             if m.autoscaling.asleep_ttl_s > 0 and shape is not None and shape.gpu_count == 0:
                 raise ValueError(
                     f"models[{i}] ({m.name}): autoscaling.asleep_ttl_s needs vLLM's sleep mode, which needs a "
@@ -283,6 +384,9 @@ class ThawConfig(_Strict):
     @property
     def ledger_path(self) -> Path:
         return self.ledger.path if self.ledger.path.is_absolute() else self.data_dir / self.ledger.path
+
+    def pool(self, shape: str) -> Pool | None:
+        return next((p for p in self.pools if p.shape == shape), None)
 
     def shape(self, name: str) -> InstanceShape | None:
         return next((s for s in self.shapes if s.name == name), None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import boto3
@@ -19,11 +19,15 @@ class StoreConfigError(RuntimeError):
 
 @dataclass(frozen=True)
 class S3Endpoint:
-    """How to reach an S3 store: everything a client (boto3, runai streamer) needs."""
+    """How to reach an S3 store: everything a client (boto3, runai streamer) needs.
+
+    Without keys, clients use the AWS default credential chain (an instance role).
+    """
 
     endpoint_url: str | None
-    access_key: str
-    secret_key: str
+    access_key: str | None
+    # Never in a repr (logs, tracebacks).
+    secret_key: str | None = field(repr=False)
     region: str = "us-east-1"
 
     def client(self, **config: object):  # type: ignore[no-untyped-def]
@@ -46,17 +50,28 @@ class S3Endpoint:
     def env(self) -> dict[str, str]:
         """Environment for child processes (vLLM with the runai streamer, the AWS CLI)."""
         env = {
-            "AWS_ACCESS_KEY_ID": self.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.secret_key,
             "AWS_DEFAULT_REGION": self.region,
             "AWS_REGION": self.region,
-            "AWS_EC2_METADATA_DISABLED": "true",
             "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
         }
+        if self.access_key and self.secret_key:
+            # Explicit keys: nothing should look for an instance role.
+            env.update({"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
+                        "AWS_EC2_METADATA_DISABLED": "true"})
         if self.endpoint_url:
             env["AWS_ENDPOINT_URL"] = self.endpoint_url
         return env
 
+
+
+def worker_endpoint(cfg: ThawConfig, environ: dict[str, str] | None = None) -> S3Endpoint:
+    """How a worker reaches the store: the config's endpoint with credentials from the
+    worker's own environment (the local provider puts the store's keys there), else the
+    AWS default chain (the instance role). Never from the controller."""
+    env = os.environ if environ is None else environ
+    access, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    store = cfg.object_store
+    return S3Endpoint(store.resolved_endpoint_url, access or None, secret or None, store.region)
 
 
 def embedded_store_root(cfg: ThawConfig) -> Path:

@@ -1,48 +1,38 @@
-"""The pool manager's HTTP API: activators report traffic and long-poll routes; ops read state.
+"""The controller's HTTP API: workers heartbeat, activators report traffic and long-poll
+routes, operators read the pool's status and events.
 
-Routers hold no logic: each endpoint hands over to ``PoolManager``.
+Routers hold no logic: each endpoint hands over to ``PoolManager``. Every endpoint but
+``/healthz`` needs the cluster token (``thaw.auth.ClusterAuth``).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field, NonNegativeInt
 
-from warm_pool.manager import PoolManager
+from thaw.auth import ClusterAuth
+from thaw.wire import (
+    ActivityReport,
+    ColdStartRecord,
+    DemandSignal,
+    HeartbeatReply,
+    PoolEvents,
+    PoolStatus,
+    RouteTable,
+    WorkerStatus,
+)
+from warm_pool.manager import PoolManager, UnknownInstance
 from warm_pool.policy import ModelActivity
 
 
-class ModelReport(BaseModel):
-    queued: NonNegativeInt = 0
-    in_flight: NonNegativeInt = 0
-    last_request_at: float | None = None
+def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle: bool = True) -> FastAPI:
+    """The controller's app. ``token`` None (in-process tests only) checks no token."""
 
-
-class ActivityReport(BaseModel):
-    activator_id: str = Field(min_length=1, max_length=200)
-    models: dict[str, ModelReport]
-
-
-class DemandSignal(BaseModel):
-    model: str
-
-
-class ColdStartRecord(BaseModel):
-    model: str
-    request_id: str
-    at: float
-    total_s: float
-    phases_s: dict[str, float]
-    woken: bool = False
-
-
-def create_pool_app(manager: PoolManager, *, manage_lifecycle: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if manage_lifecycle:
@@ -53,12 +43,26 @@ def create_pool_app(manager: PoolManager, *, manage_lifecycle: bool = True) -> F
             if manage_lifecycle:
                 await manager.close()
 
-    app = FastAPI(title="thaw pool manager", lifespan=lifespan)
+    app = FastAPI(title="thaw controller", lifespan=lifespan)
     app.state.manager = manager
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or '(body)'}: {e.get('msg')}"
+                    for e in exc.errors()]
+        return JSONResponse({"error": "invalid request: " + "; ".join(problems)}, status_code=422)
+
     @app.get("/healthz")
-    async def healthz() -> dict[str, bool]:
-        return {"ok": True}
+    async def healthz() -> dict[str, object]:
+        return {"ok": True, "epoch": manager.epoch, "adopted": manager.adopted}
+
+    @app.post("/v1/workers/heartbeat", response_model=HeartbeatReply)
+    async def heartbeat(body: WorkerStatus) -> Response:
+        try:
+            reply = manager.heartbeat(body)
+        except UnknownInstance as exc:
+            return JSONResponse({"error": str(exc)}, status_code=403)
+        return JSONResponse(reply.model_dump(mode="json"))
 
     @app.post("/v1/reports", status_code=204)
     async def report(body: ActivityReport) -> Response:
@@ -69,29 +73,41 @@ def create_pool_app(manager: PoolManager, *, manage_lifecycle: bool = True) -> F
 
     @app.post("/v1/demand", status_code=202)
     async def demand(body: DemandSignal) -> JSONResponse:
-        if manager.cfg.model(body.model) is None:
+        model = manager.cfg.model(body.model)
+        if model is None:
             return JSONResponse({"error": f"unknown model {body.model!r}"}, status_code=404)
-        manager.demand(manager.cfg.model(body.model).name)  # type: ignore[union-attr]
+        manager.demand(model.name)
         return JSONResponse({"accepted": True}, status_code=202)
 
     @app.post("/v1/cold_starts", status_code=204)
     async def cold_start(body: ColdStartRecord) -> Response:
-        manager.record_cold_start(body.model, body.model_dump())
+        manager.record_cold_start(body)
         return Response(status_code=204)
 
-    @app.get("/v1/routes")
-    async def routes(since: int = Query(-1), wait_s: float = Query(0.0, ge=0.0, le=60.0)) -> dict[str, Any]:
-        # Long poll: answer as soon as the table's version passes `since`, or after wait_s.
-        if wait_s > 0:
-            return await manager.wait_routes(since, wait_s)
-        return manager.routes
+    @app.get("/v1/routes", response_model=RouteTable)
+    async def routes(since: int = Query(-1), epoch: str | None = Query(None),
+                     wait_s: float = Query(0.0, ge=0.0, le=60.0)) -> Response:
+        # Long poll: answer as soon as the table's version passes `since` (at once for a
+        # watcher that knew another epoch), or after wait_s.
+        table = await manager.wait_routes(since, epoch, wait_s)
+        if table is None:
+            return JSONResponse({"error": "the controller is adopting the fleet after its start; retry shortly"},
+                                status_code=503, headers={"Retry-After": "1"})
+        return Response(table.model_dump_json(), media_type="application/json")
 
-    @app.get("/v1/state")
-    async def state() -> dict[str, Any]:
-        return manager.status()
+    @app.get("/v1/state", response_model=PoolStatus)
+    async def state() -> Response:
+        return Response(manager.status().model_dump_json(), media_type="application/json")
+
+    @app.get("/v1/events", response_model=PoolEvents)
+    async def events(since: float = Query(0.0)) -> Response:
+        body = PoolEvents(events=[e for e in manager.events if e.at >= since])
+        return Response(body.model_dump_json(), media_type="application/json")
 
     @app.get("/metrics")
-    async def metrics(request: Request) -> Response:
+    async def metrics() -> Response:
         return Response(generate_latest(manager.registry), media_type=CONTENT_TYPE_LATEST)
 
+    if token is not None:
+        app.add_middleware(ClusterAuth, token=token)
     return app

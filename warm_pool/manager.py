@@ -1,9 +1,14 @@
 """The pool manager: the stateful shell around ``warm_pool.policy.decide``.
 
-It gathers facts (workers' ``/state``, activators' traffic reports), calls the policy,
-carries out its decisions through the provider and the workers' control APIs, and
-publishes the route table (ready replicas per model, plus why a model is failing)
-that activators long-poll.
+It records facts (the providers' instances, workers' heartbeats, activators' traffic
+reports, the control calls it made), derives each worker's view from them
+(``warm_pool.view``), calls the policy, carries out its decisions through the
+providers and :class:`~warm_pool.control.WorkerControl`, and publishes the route table
+(ready replicas per model, plus why a model is failing) that activators long-poll.
+
+A restart does no harm: on start it lists the providers' instances, waits one
+heartbeat interval (``adopt_grace_s``) for their workers to report, adopts what is
+loading and serving, and only then decides or publishes routes.
 """
 
 from __future__ import annotations
@@ -11,16 +16,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import uuid
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, replace
 from typing import Any
 
-import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from thaw.config import ThawConfig
 from thaw.log import get_logger
-from thaw.objstore import S3Endpoint
+from thaw.wire import (
+    AssignRequest,
+    ColdStartRecord,
+    HeartbeatReply,
+    ModelRoute,
+    ModelRow,
+    PoolEvent,
+    PoolStatus,
+    ReleaseRequest,
+    ReplicaRoute,
+    RouteTable,
+    ShapeRow,
+    SleepRequest,
+    WorkerDetail,
+    WorkerRow,
+    WorkerState,
+    WorkerStatus,
+)
+from warm_pool.control import ControlError, WorkerControl
 from warm_pool.policy import (
     Assign,
     Decision,
@@ -33,29 +57,34 @@ from warm_pool.policy import (
     Terminate,
     WorkerView,
     decide,
+    launch_backoff_s,
 )
-from warm_pool.providers import Provider, WorkerHandle
+from warm_pool.providers import CapacityError, Instance, Provider
+from warm_pool.view import Intent, WorkerFacts, derive_view
 
 log = get_logger()
 
 REPORT_TTL_S = 10.0
-# A worker that has not answered /state for this long is unreachable.
-UNREACHABLE_AFTER_S = 15.0
+EVENTS_KEPT = 5000
+# Launch failures other than capacity (API errors) pause a shape this long, doubling.
+LAUNCH_ERROR_BACKOFF_S = (5.0, 120.0)
 
 
-@dataclass
-class _Worker:
-    handle: WorkerHandle
-    launched_at: float
-    view: WorkerView
-    state_body: dict[str, Any] = field(default_factory=dict)
-    last_seen: float | None = None
+class UnknownInstance(Exception):
+    """A heartbeat from an instance that no provider of this cluster launched (403)."""
 
 
 @dataclass
 class _Report:
     at: float
     models: dict[str, ModelActivity]
+
+
+@dataclass(frozen=True)
+class _ShapeBackoff:
+    failures: int
+    until: float
+    reason: str
 
 
 class PoolMetrics:
@@ -65,55 +94,160 @@ class PoolMetrics:
         self.tick = Histogram("thaw_pool_policy_seconds", "Time spent in one policy decision", registry=registry,
                               buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1))
         self.backoff = Gauge("thaw_model_backoff_seconds", "Seconds left in a model's load backoff", ["model"], registry=registry)
+        self.launch_backoff = Gauge("thaw_pool_launch_backoff_seconds",
+                                    "Seconds left before a shape launches again (capacity errors)", ["shape"],
+                                    registry=registry)
+        self.launch_failures = Counter("thaw_pool_launch_failures_total", "Launches that failed, by shape and cause",
+                                       ["shape", "cause"], registry=registry)
+        self.heartbeats = Counter("thaw_pool_heartbeats_total", "Worker heartbeats, by outcome", ["outcome"],
+                                  registry=registry)
+        self.adopted = Gauge("thaw_pool_adopted", "1 once the controller has adopted the fleet after its start",
+                             registry=registry)
 
 
 class PoolManager:
     def __init__(
         self,
         cfg: ThawConfig,
-        provider: Provider,
-        store: S3Endpoint,
+        providers: dict[str, Provider],
+        control: WorkerControl,
         *,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
         poll_interval_s: float = 0.25,
+        adopt_grace_s: float | None = None,
+        refresh_interval_s: float | None = None,
+        epoch: str | None = None,
     ) -> None:
+        """``providers`` maps each pool's shape to the provider that runs it."""
         self.cfg = cfg
-        self.provider = provider
-        self.store = store
+        self.providers = providers
+        self.control = control
         self.clock = clock
         self.poll_interval_s = poll_interval_s
+        # One heartbeat interval and a margin: long enough for every live worker to report.
+        self.adopt_grace_s = (cfg.cluster.heartbeat_interval_s * 1.5 + 0.5) if adopt_grace_s is None else adopt_grace_s
+        # How often the providers are asked what exists: a local process list is cheap; a
+        # DescribeInstances per second would spend the account's EC2 API budget.
+        if refresh_interval_s is None:
+            refresh_interval_s = 1.0 if all(p.kind == "local" for p in providers.values()) else 10.0
+        self.refresh_interval_s = refresh_interval_s
+        self.epoch = epoch or uuid.uuid4().hex[:8]
         self.registry = registry or CollectorRegistry()
         self.metrics = PoolMetrics(self.registry)
-        self.state = PolicyState()
-        self.workers: dict[str, _Worker] = {}
+        self.state = PolicyState(epoch=self.epoch)
+        self.facts: dict[str, WorkerFacts] = {}
+        # Workers being terminated: their last heartbeats must not bring them back.
+        self.gone: set[str] = set()
         self.reports: dict[str, _Report] = {}
         self.demand_at: dict[str, float] = {}
-        self.cold_starts: dict[str, dict[str, Any]] = {}
-        self.routes: dict[str, Any] = {"version": 0, "models": {}}
+        self.cold_starts: dict[str, ColdStartRecord] = {}
+        self.shape_backoff: dict[str, _ShapeBackoff] = {}
+        self.events: deque[PoolEvent] = deque(maxlen=EVENTS_KEPT)
+        self.adopt_until: float | None = None
+        self.adopted = False
+        # Models found serving at adoption, and when (see step()).
+        self.adopted_serving: dict[str, float] = {}
+        self.routes = RouteTable(epoch=self.epoch, version=0, models={})
         self._routes_changed = asyncio.Condition()
         self._wake = asyncio.Event()
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=1.0))
         self._task: asyncio.Task[None] | None = None
         self._inflight_ops: set[asyncio.Task[None]] = set()
         self._busy: set[str] = set()  # workers with a control call in flight
+        self._refreshed_at = 0.0
+        self._closing = False
 
     # -- lifecycle ------------------------------------------------------------------
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="pool-manager")
+    async def start(self, *, loop: bool = True) -> None:
+        """List what the providers run, then start the loop (which decides nothing until
+        the adoption grace has passed). ``loop=False``: the caller calls :meth:`step`."""
+        now = self.clock()
+        for inst in await self._list_instances():
+            self._observe(inst.worker_id, inst.shape, instance=inst, adopted_at=now)
+        self.adopt_until = now + self.adopt_grace_s
+        log.info("controller_started", epoch=self.epoch, instances=len(self.facts),
+                 adopt_grace_s=self.adopt_grace_s)
+        if loop:
+            self._task = asyncio.create_task(self._run(), name="pool-manager")
 
-    async def close(self) -> None:
+    async def stop_deciding(self) -> None:
+        """The first step of a shutdown: no more decisions (heartbeats stop arriving as the
+        server closes, and silence must not read as dead workers), and long polls answer
+        now instead of holding the shutdown up."""
+        self._closing = True
         if self._task:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            self._task = None
+        async with self._routes_changed:
+            self._routes_changed.notify_all()
+
+    async def close(self) -> None:
+        """Stop deciding. Instances and workers are left as they are: the next controller
+        adopts them."""
+        await self.stop_deciding()
         for t in list(self._inflight_ops):
             t.cancel()
         await asyncio.gather(*self._inflight_ops, return_exceptions=True)
-        await self.provider.close()
-        await self._http.aclose()
+        for p in self._unique_providers():
+            await p.close()
+        await self.control.close()
+
+    def _unique_providers(self) -> list[Provider]:
+        out: list[Provider] = []
+        for p in self.providers.values():
+            if all(p is not q for q in out):
+                out.append(p)
+        return out
+
+    async def _list_instances(self) -> list[Instance]:
+        found: list[Instance] = []
+        for p in self._unique_providers():
+            try:
+                found.extend(await p.instances())
+            except Exception:
+                log.exception("provider_list_failed", provider=p.kind)
+        return found
+
+    # -- facts (the one place they change) -----------------------------------------
+    def _observe(self, worker_id: str, shape: str, **changes: Any) -> WorkerFacts:
+        cur = self.facts.get(worker_id) or WorkerFacts(worker_id, shape)
+        new = replace(cur, **changes)
+        self.facts[worker_id] = new
+        return new
+
+    def _forget(self, worker_id: str) -> None:
+        self.facts.pop(worker_id, None)
 
     # -- inputs ---------------------------------------------------------------------
+    def heartbeat(self, status: WorkerStatus) -> HeartbeatReply:
+        """A worker's heartbeat. Raises :class:`UnknownInstance` for an instance no
+        provider here launched (a worker on a local pool may register itself)."""
+        now = self.clock()
+        if status.worker_id in self.gone:
+            self.metrics.heartbeats.labels("gone").inc()
+            raise UnknownInstance(f"worker {status.worker_id!r} is being terminated")
+        f = self.facts.get(status.worker_id)
+        if f is None:
+            f = next((x for x in self.facts.values()
+                      if x.instance is not None and x.instance.instance_id == status.instance_id), None)
+        if f is None or (f.instance is not None and f.instance.instance_id != status.instance_id):
+            pool = self.cfg.pool(status.shape)
+            if pool is None or pool.provider != "local":
+                self.metrics.heartbeats.labels("refused").inc()
+                raise UnknownInstance(
+                    f"instance {status.instance_id!r} (worker {status.worker_id!r}) was not launched by this "
+                    f"cluster's providers")
+            log.info("worker_registered", worker_id=status.worker_id, instance_id=status.instance_id,
+                     shape=status.shape, control_url=status.control_url)
+        prev = f.status if f is not None else None
+        self._observe(status.worker_id, status.shape, status=status, heard_at=now)
+        self.metrics.heartbeats.labels("accepted").inc()
+        if prev is None or prev.state != status.state or prev.engine_url != status.engine_url:
+            self._wake.set()
+        return HeartbeatReply(controller_epoch=self.epoch, interval_s=self.cfg.cluster.heartbeat_interval_s)
+
     def report(self, activator_id: str, models: dict[str, ModelActivity]) -> None:
         self.reports[activator_id] = _Report(self.clock(), models)
         if any(a.queued for a in models.values()):
@@ -124,8 +258,8 @@ class PoolManager:
         self.demand_at[model] = self.clock()
         self._wake.set()
 
-    def record_cold_start(self, model: str, record: dict[str, Any]) -> None:
-        self.cold_starts[model] = record
+    def record_cold_start(self, record: ColdStartRecord) -> None:
+        self.cold_starts[record.model] = record
 
     def activity(self, now: float) -> dict[str, ModelActivity]:
         out: dict[str, ModelActivity] = {}
@@ -137,6 +271,10 @@ class PoolManager:
                 cur = out.get(name, ModelActivity())
                 last = max(filter(None, (cur.last_request_at, a.last_request_at)), default=None)
                 out[name] = ModelActivity(cur.queued + a.queued, cur.in_flight + a.in_flight, last)
+        for name, at in self.adopted_serving.items():
+            cur = out.get(name, ModelActivity())
+            last = max(filter(None, (cur.last_request_at, at)), default=None)
+            out[name] = ModelActivity(cur.queued, cur.in_flight, last)
         for name, at in self.demand_at.items():
             cur = out.get(name, ModelActivity())
             # A demand signal counts as one queued request until a report covers it.
@@ -145,13 +283,27 @@ class PoolManager:
             out[name] = ModelActivity(cur.queued + (1 if recent else 0), cur.in_flight, last)
         return out
 
+    # -- the derived view -----------------------------------------------------------
+    def views(self, now: float) -> dict[str, WorkerView]:
+        timeout = self.cfg.cluster.worker_timeout_s
+        heard = [f.heard_at for f in self.facts.values() if f.heard_at is not None]
+        if heard and now - max(heard) > timeout:
+            # Not one worker heard from in that time: more likely this controller is cut
+            # off (or was stalled) than every worker dead. Silence proves nothing now; the
+            # providers still report exits and stops.
+            timeout = float("inf")
+        out = {}
+        for wid, f in self.facts.items():
+            shape = self.cfg.shape(f.shape)
+            out[wid] = derive_view(f, now, boot_timeout_s=shape.boot_timeout_s if shape else 600.0,
+                                   worker_timeout_s=timeout)
+        return out
+
     # -- the loop -------------------------------------------------------------------
     async def _run(self) -> None:
         while True:
             try:
-                await self._poll_workers()
-                self._tick()
-                await self._publish_routes()
+                await self.step()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -160,72 +312,114 @@ class PoolManager:
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
             self._wake.clear()
 
-    async def _poll_workers(self) -> None:
+    async def step(self) -> None:
+        """One turn of the loop: refresh what the providers say, adopt the fleet once the
+        grace has passed, then decide, act and publish routes (a test drives this with
+        its own clock)."""
+        await self._refresh_instances()
         now = self.clock()
+        if not self.adopted and self.adopt_until is not None and now >= self.adopt_until:
+            self.adopted = True
+            self.metrics.adopted.set(1)
+            views = self.views(now)
+            # A model found serving counts as used just now: its idle grace starts at the
+            # adoption, so no replica is released because the controller restarted (the
+            # activators' reports that say otherwise may not have arrived yet).
+            for v in views.values():
+                if v.model is not None and v.state in (WorkerState.READY, WorkerState.LOADING):
+                    self.adopted_serving[v.model] = now
+            log.info("fleet_adopted", workers=len(views), states=_count(v.state for v in views.values()),
+                     serving=sorted(self.adopted_serving))
+        if self.adopted:
+            self._tick()
+            await self._publish_routes()
 
-        async def poll(w: _Worker) -> None:
-            code = self.provider.exited(w.handle.id)
-            if code is not None:
-                w.view = WorkerView(w.handle.id, w.handle.shape, "unreachable", w.view.model,
-                                    w.view.assignment_id, f"worker process exited with status {code}")
-                return
-            try:
-                r = await self._http.get(f"{w.handle.control_url}/state")
-                r.raise_for_status()
-                body = r.json()
-            except (httpx.HTTPError, ValueError):
-                never = w.last_seen is None
-                since = now - (w.launched_at if never else w.last_seen)  # type: ignore[operator]
-                limit = 120.0 if never else UNREACHABLE_AFTER_S  # a new agent imports for a while
-                if since > limit:
-                    w.view = WorkerView(w.handle.id, w.handle.shape, "unreachable", w.view.model,
-                                        w.view.assignment_id, "worker stopped answering")
-                return
-            w.last_seen = now
-            w.state_body = body
-            w.view = WorkerView(
-                id=w.handle.id, shape=w.handle.shape, state=body["state"], model=body.get("model"),
-                assignment_id=body.get("assignment_id"), error=body.get("error"),
-                since=body.get("state_since"),
-            )
+    async def settle(self) -> None:
+        """Wait for the control calls and launches in flight (tests)."""
+        while self._inflight_ops:
+            await asyncio.gather(*list(self._inflight_ops), return_exceptions=True)
 
-        await asyncio.gather(*(poll(w) for w in self.workers.values() if w.handle.id not in self._busy))
+    async def _refresh_instances(self) -> None:
+        """What the providers say of the machines: exits, stops, instances gone."""
+        now = self.clock()
+        if now - self._refreshed_at < self.refresh_interval_s:
+            return
+        self._refreshed_at = now
+        listed = {i.worker_id: i for i in await self._list_instances()}
+        for wid, f in list(self.facts.items()):
+            inst = listed.get(wid)
+            if inst is not None:
+                if inst != f.instance:
+                    self._observe(wid, f.shape, instance=inst)
+            elif f.instance is not None and f.launch_requested_at is None and wid not in self._busy:
+                # The provider no longer has it (terminated outside Thaw).
+                log.warning("instance_vanished", worker_id=wid, instance_id=f.instance.instance_id)
+                self._forget(wid)
 
     def _tick(self) -> None:
         now = self.clock()
-        snap = Snapshot(workers=tuple(w.view for w in self.workers.values()), activity=self.activity(now))
+        views = self.views(now)
+        blocked = {s: b.until for s, b in self.shape_backoff.items() if b.until > now}
+        snap = Snapshot(workers=tuple(views.values()), activity=self.activity(now), launch_blocked_until=blocked)
         t0 = time.perf_counter()
         decisions, self.state = decide(snap, self.state, self.cfg, now)
         self.metrics.tick.observe(time.perf_counter() - t0)
         for d in decisions:
-            self._carry_out(d)
-        self._export(now)
+            self._carry_out(d, snap, views, now)
+        self._export(now, views)
 
-    def _carry_out(self, d: Decision) -> None:
+    def _event(self, d: Decision | None, kind: str, reason: str, *, outcome: str = "started",
+               worker_id: str | None = None, model: str | None = None, shape: str | None = None,
+               inputs: dict[str, Any] | None = None) -> None:
+        ev = PoolEvent(at=self.clock(), kind=kind, reason=reason, worker_id=worker_id, model=model, shape=shape,
+                       outcome=outcome, inputs=inputs or {})
+        self.events.append(ev)
+        log.info("pool_decision" if d is not None else "pool_event", **ev.model_dump(exclude_none=True))
+
+    def _inputs(self, snap: Snapshot, views: dict[str, WorkerView], model: str | None, shape: str | None) -> dict[str, Any]:
+        """What led to a decision: the model's traffic and the worker states behind it."""
+        out: dict[str, Any] = {}
+        if model is not None:
+            a = snap.activity.get(model, ModelActivity())
+            out["activity"] = {"queued": a.queued, "in_flight": a.in_flight, "last_request_at": a.last_request_at}
+            out["replicas"] = _count(v.state for v in views.values() if v.model == model)
+        if shape is not None:
+            out["shape_workers"] = _count(v.state for v in views.values() if v.shape == shape)
+        return out
+
+    def _carry_out(self, d: Decision, snap: Snapshot, views: dict[str, WorkerView], now: float) -> None:
         kind = type(d).__name__.lower()
-        self.metrics.decisions.labels(kind, getattr(d, "reason", "demand")).inc()
-        log.info("pool_decision", kind=kind, **{k: v for k, v in d.__dict__.items()})
+        reason = getattr(d, "reason", "demand")
+        self.metrics.decisions.labels(kind, reason).inc()
+        wid = getattr(d, "worker_id", None)
+        model = getattr(d, "model", None)
+        shape = d.shape if isinstance(d, Launch) else (views[wid].shape if wid in views else None)
+        self._event(d, kind, reason, worker_id=wid, model=model, shape=shape,
+                    inputs=self._inputs(snap, views, model, shape))
         if isinstance(d, Launch):
-            self._spawn(self._launch(d.shape))
+            worker_id = f"w-{uuid.uuid4().hex[:10]}"
+            self._observe(worker_id, d.shape, launch_requested_at=now)
+            self._spawn(self._launch(worker_id, d.shape), busy=worker_id)
         elif isinstance(d, Assign):
-            w = self.workers[d.worker_id]
-            # Optimistic: the next decide must not hand this worker out again.
-            w.view = WorkerView(w.handle.id, w.handle.shape, "loading", d.model, d.assignment_id)
-            self._spawn(self._assign(w, d), busy=w.handle.id)
+            f = self.facts[d.worker_id]
+            self._observe(d.worker_id, f.shape, intent=Intent("assign", now, d.model, d.assignment_id))
+            self._spawn(self._assign(d), busy=d.worker_id)
         elif isinstance(d, Release):
-            w = self.workers[d.worker_id]
-            w.view = WorkerView(w.handle.id, w.handle.shape, "draining", None, None)
-            self._spawn(self._release(w, d), busy=w.handle.id)
+            f = self.facts[d.worker_id]
+            self._observe(d.worker_id, f.shape, intent=Intent("release", now, d.model, views[d.worker_id].assignment_id))
+            self._spawn(self._release(d.worker_id), busy=d.worker_id)
         elif isinstance(d, Sleep):
-            w = self.workers[d.worker_id]
-            w.view = WorkerView(w.handle.id, w.handle.shape, "asleep", d.model, w.view.assignment_id,
-                                since=self.clock())
-            self._spawn(self._sleep(w, d), busy=w.handle.id)
+            f = self.facts[d.worker_id]
+            self._observe(d.worker_id, f.shape, intent=Intent("sleep", now, d.model, views[d.worker_id].assignment_id))
+            self._spawn(self._sleep(d), busy=d.worker_id)
         elif isinstance(d, Terminate):
-            self.workers.pop(d.worker_id, None)
-            self._spawn(self.provider.terminate(d.worker_id))
+            gone = self.facts.get(d.worker_id)
+            self._forget(d.worker_id)
+            self.gone.add(d.worker_id)
+            if gone is not None:
+                self._spawn(self._terminate(gone))
 
-    def _spawn(self, coro: Any, busy: str | None = None) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], busy: str | None = None) -> None:
         async def run() -> None:
             try:
                 await coro
@@ -242,144 +436,242 @@ class PoolManager:
         self._inflight_ops.add(task)
         task.add_done_callback(self._inflight_ops.discard)
 
-    async def _launch(self, shape: str) -> None:
-        now = self.clock()
-        placeholder = f"launching-{shape}-{now}"
-        # Count the launch as a worker right away so the next tick does not launch again.
-        self.workers[placeholder] = _Worker(WorkerHandle(placeholder, shape, ""), now,
-                                            WorkerView(placeholder, shape, "launching"))
-        self._busy.add(placeholder)
-        try:
-            handle = await self.provider.launch(shape)
-        finally:
-            self.workers.pop(placeholder, None)
-            self._busy.discard(placeholder)
-        self.workers[handle.id] = _Worker(handle, self.clock(), WorkerView(handle.id, shape, "starting"))
+    def _control_url(self, worker_id: str) -> str | None:
+        f = self.facts.get(worker_id)
+        if f is None:
+            return None
+        if f.status is not None:
+            return f.status.control_url
+        return f.instance.control_url if f.instance is not None else None
 
-    async def _assign(self, w: _Worker, d: Assign) -> None:
-        model = self.cfg.model(d.model)
-        assert model is not None
-        body = {
-            "assignment_id": d.assignment_id,
-            "model": model.name,
-            "uri": model.uri,
-            "served_model_name": model.resolved_served_name,
-            "max_model_len": model.max_context_tokens,
-            "engine": model.engine.model_dump(mode="json"),
-            # The asleep tier needs the engine started with sleep mode.
-            "sleep_mode": model.autoscaling.asleep_ttl_s > 0,
-            "store": {"endpoint_url": self.store.endpoint_url, "access_key": self.store.access_key,
-                      "secret_key": self.store.secret_key, "region": self.store.region},
-        }
-        r = await self._http.post(f"{w.handle.control_url}/assign", json=body)
-        if r.status_code >= 400:
-            log.warning("assign_refused", worker_id=w.handle.id, status=r.status_code, body=r.text[:500])
-            w.view = WorkerView(w.handle.id, w.handle.shape, "starting")  # re-read on the next poll
+    async def _launch(self, worker_id: str, shape: str) -> None:
+        provider = self.providers.get(shape)
+        if provider is None:
+            self._forget(worker_id)
+            log.error("no_provider", shape=shape)
             return
-        w.state_body = r.json()
-        log.info("worker_assigned", worker_id=w.handle.id, model=model.name, assignment_id=d.assignment_id)
+        try:
+            inst = await provider.launch(shape, worker_id)
+        except CapacityError as exc:
+            self._forget(worker_id)
+            self._launch_failed(shape, "capacity", str(exc), worker_id)
+            return
+        except Exception as exc:
+            self._forget(worker_id)
+            self._launch_failed(shape, "error", f"{type(exc).__name__}: {exc}", worker_id)
+            return
+        self.shape_backoff.pop(shape, None)
+        self._observe(worker_id, shape, instance=inst, launch_requested_at=None)
+        self._event(None, "launched", "provider", worker_id=worker_id, shape=shape, outcome="done",
+                    inputs={"instance_id": inst.instance_id, **dict(inst.detail)})
 
-    async def _sleep(self, w: _Worker, d: Sleep) -> None:
-        r = await self._http.post(f"{w.handle.control_url}/sleep",
-                                  json={"assignment_id": w.view.assignment_id, "drain_timeout_s": 30.0})
-        if r.status_code >= 400:
+    def _launch_failed(self, shape: str, cause: str, message: str, worker_id: str) -> None:
+        prev = self.shape_backoff.get(shape)
+        failures = (prev.failures if prev else 0) + 1
+        pool = self.cfg.pool(shape)
+        if cause == "capacity" and pool is not None and pool.ec2 is not None:
+            base, cap = pool.ec2.backoff_base_s, pool.ec2.backoff_max_s
+        else:
+            base, cap = LAUNCH_ERROR_BACKOFF_S
+        pause = launch_backoff_s(failures, base, cap)
+        self.shape_backoff[shape] = _ShapeBackoff(failures, self.clock() + pause, message)
+        self.metrics.launch_failures.labels(shape, cause).inc()
+        log.warning("launch_failed", shape=shape, cause=cause, error=message, failures=failures, backoff_s=pause)
+        self._event(None, "launch", cause, worker_id=worker_id, shape=shape, outcome="failed",
+                    inputs={"error": message, "failures": failures, "backoff_s": pause})
+
+    def _control_failed(self, worker_id: str, what: str, exc: ControlError) -> None:
+        f = self.facts.get(worker_id)
+        if f is not None:
+            self._observe(worker_id, f.shape, intent=None)  # the next heartbeat is the truth
+        log.warning(f"{what}_refused", worker_id=worker_id, status=exc.status, error=str(exc))
+
+    def _answered(self, worker_id: str, status: WorkerStatus) -> None:
+        f = self.facts.get(worker_id)
+        if f is not None and worker_id not in self.gone:
+            self._observe(worker_id, f.shape, status=status, heard_at=self.clock())
+
+    async def _assign(self, d: Assign) -> None:
+        model = self.cfg.model(d.model)
+        url = self._control_url(d.worker_id)
+        assert model is not None
+        if url is None:
+            self._control_failed(d.worker_id, "assign", ControlError("no control URL yet"))
+            return
+        req = AssignRequest(
+            assignment_id=d.assignment_id, model=model.name, uri=model.uri,
+            served_model_name=model.resolved_served_name, max_model_len=model.max_context_tokens,
+            engine=model.engine,
+            # The asleep tier needs the engine started with sleep mode.
+            sleep_mode=model.autoscaling.asleep_ttl_s > 0,
+        )
+        try:
+            status = await self.control.assign(url, req)
+        except ControlError as exc:
+            self._control_failed(d.worker_id, "assign", exc)
+            return
+        self._answered(d.worker_id, status)
+        log.info("worker_assigned", worker_id=d.worker_id, model=model.name, assignment_id=d.assignment_id)
+
+    async def _sleep(self, d: Sleep) -> None:
+        url = self._control_url(d.worker_id)
+        f = self.facts.get(d.worker_id)
+        if url is None or f is None:
+            return
+        try:
+            status = await self.control.sleep(url, SleepRequest(assignment_id=f.intent.assignment_id if f.intent else None))
+        except ControlError as exc:
             # E.g. an engine started without sleep mode: release it rather than ask again.
-            log.warning("sleep_refused", worker_id=w.handle.id, status=r.status_code, body=r.text[:500])
-            await self._release(w, Release(d.worker_id, d.model, "idle"))
+            self._control_failed(d.worker_id, "sleep", exc)
+            self._observe(d.worker_id, f.shape, intent=Intent("release", self.clock(), d.model,
+                                                              f.intent.assignment_id if f.intent else None))
+            await self._release(d.worker_id)
+            return
+        self._answered(d.worker_id, status)
 
-    async def _release(self, w: _Worker, d: Release) -> None:
-        r = await self._http.post(f"{w.handle.control_url}/release",
-                                  json={"assignment_id": None, "drain_timeout_s": 30.0})
-        if r.status_code >= 400:
-            log.warning("release_refused", worker_id=w.handle.id, status=r.status_code, body=r.text[:500])
+    async def _release(self, worker_id: str) -> None:
+        url = self._control_url(worker_id)
+        if url is None:
+            return
+        try:
+            status = await self.control.release(url, ReleaseRequest(assignment_id=None, drain_timeout_s=30.0))
+        except ControlError as exc:
+            self._control_failed(worker_id, "release", exc)
+            return
+        self._answered(worker_id, status)
+
+    async def _terminate(self, f: WorkerFacts) -> None:
+        provider = self.providers.get(f.shape)
+        try:
+            if f.instance is not None and provider is not None:
+                await provider.terminate(f.instance.instance_id)
+            elif f.status is not None:
+                # A worker that registered itself: nobody to terminate it, so release it.
+                with contextlib.suppress(ControlError):
+                    await self.control.release(f.status.control_url, ReleaseRequest())
+        finally:
+            self.gone.discard(f.worker_id)
 
     # -- outputs --------------------------------------------------------------------
-    def _export(self, now: float) -> None:
+    def _export(self, now: float, views: dict[str, WorkerView]) -> None:
         counts: dict[tuple[str, str], int] = {}
-        for w in self.workers.values():
-            counts[(w.handle.shape, w.view.state)] = counts.get((w.handle.shape, w.view.state), 0) + 1
+        for v in views.values():
+            counts[(v.shape, v.state.value)] = counts.get((v.shape, v.state.value), 0) + 1
         self.metrics.workers.clear()
         for (shape, st), n in counts.items():
             self.metrics.workers.labels(shape, st).set(n)
         for m in self.cfg.models:
             ms = self.state.models.get(m.name)
             self.metrics.backoff.labels(m.name).set(max((ms.backoff_until - now) if ms else 0.0, 0.0))
+        for p in self.cfg.pools:
+            b = self.shape_backoff.get(p.shape)
+            self.metrics.launch_backoff.labels(p.shape).set(max(b.until - now, 0.0) if b else 0.0)
 
-    def route_table(self) -> dict[str, Any]:
-        now = self.clock()
-        models: dict[str, Any] = {}
+    def route_table(self, now: float) -> dict[str, ModelRoute]:
+        views = self.views(now)
+        models: dict[str, ModelRoute] = {}
         for m in self.cfg.models:
             ready, loading = [], 0
-            for w in self.workers.values():
-                if w.view.model != m.name:
+            for wid, v in views.items():
+                if v.model != m.name:
                     continue
-                if w.view.state == "ready" and w.state_body.get("engine_url"):
-                    ready.append({
-                        "worker_id": w.handle.id,
-                        "url": w.state_body["engine_url"],
-                        "served_model_name": w.state_body.get("served_model_name") or m.resolved_served_name,
-                        "assignment_id": w.view.assignment_id,
-                        "phases": w.state_body.get("phases") or {},
-                    })
-                elif w.view.state == "loading":
+                st = self.facts[wid].status
+                if v.state is WorkerState.READY and st is not None and st.engine_url:
+                    ready.append(ReplicaRoute(worker_id=wid, url=st.engine_url,
+                                              served_model_name=st.served_model_name or m.resolved_served_name,
+                                              assignment_id=v.assignment_id, phases=st.phases))
+                elif v.state is WorkerState.LOADING:
                     loading += 1
             ms = self.state.models.get(m.name)
             in_backoff = ms is not None and ms.backoff_until > now
-            models[m.name] = {
-                "served_name": m.resolved_served_name,
-                "replicas": sorted(ready, key=lambda r: r["worker_id"]),
-                "loading": loading,
-                "failures": ms.failures if ms else 0,
-                "error": ms.last_error if ms and ms.failures else None,
-                "backoff_until": ms.backoff_until if ms and in_backoff else None,
-            }
+            models[m.name] = ModelRoute(
+                served_name=m.resolved_served_name, replicas=sorted(ready, key=lambda r: r.worker_id),
+                loading=loading, failures=ms.failures if ms else 0,
+                error=ms.last_error if ms and ms.failures else None,
+                backoff_until=ms.backoff_until if ms and in_backoff else None,
+            )
         return models
 
     async def _publish_routes(self) -> None:
-        models = self.route_table()
-        # Only the parts activators act on decide whether the version moves.
-        def key(t: dict[str, Any]) -> Any:
-            return {n: (tuple(r["url"] for r in v["replicas"]), v["loading"], v["failures"], v["error"],
-                        v["backoff_until"] is not None) for n, v in t.items()}
+        models = self.route_table(self.clock())
 
-        if key(models) != key(self.routes["models"]):
+        # Only the parts activators act on decide whether the version moves.
+        def key(t: dict[str, ModelRoute]) -> Any:
+            return {n: (tuple(r.url for r in v.replicas), v.loading, v.failures, v.error,
+                        v.backoff_until is not None) for n, v in t.items()}
+
+        if key(models) != key(self.routes.models) or self.routes.version == 0:
             async with self._routes_changed:
-                self.routes = {"version": self.routes["version"] + 1, "models": models}
+                self.routes = RouteTable(epoch=self.epoch, version=self.routes.version + 1, models=models)
                 self._routes_changed.notify_all()
         else:
-            self.routes = {"version": self.routes["version"], "models": models}
+            self.routes = RouteTable(epoch=self.epoch, version=self.routes.version, models=models)
 
-    async def wait_routes(self, since: int, timeout_s: float) -> dict[str, Any]:
-        """The route table once its version is past ``since`` (or after ``timeout_s``)."""
+    async def wait_routes(self, since: int, epoch: str | None, timeout_s: float) -> RouteTable | None:
+        """The route table once its version is past ``since`` (at once for a watcher of
+        another epoch), or after ``timeout_s``; None before the fleet is adopted."""
+        def ready() -> bool:
+            return self._closing or (self.routes.version > 0 and (epoch != self.epoch or self.routes.version > since))
+
         async with self._routes_changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._routes_changed.wait_for(lambda: self.routes["version"] > since), timeout_s
-                )
-            return self.routes
+                await asyncio.wait_for(self._routes_changed.wait_for(ready), timeout_s)
+        return self.routes if self.routes.version > 0 else None
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> PoolStatus:
         now = self.clock()
         act = self.activity(now)
-        routes = self.route_table()
+        views = self.views(now)
+        routes = self.route_table(now)
+        shapes = []
+        for p in self.cfg.pools:
+            shape = self.cfg.shape(p.shape)
+            mine = [v for v in views.values() if v.shape == p.shape]
+            billed = [v for v in mine if v.state not in (WorkerState.STOPPED, WorkerState.UNREACHABLE)]
+            b = self.shape_backoff.get(p.shape)
+            provider = self.providers.get(p.shape)
+            pstatus = getattr(provider, "status", None)
+            shapes.append(ShapeRow(
+                shape=p.shape, provider=p.provider, counts=_count(v.state for v in mine),
+                standby_min=p.standby_min, standby_max=p.standby_max, max_instances=p.max_instances,
+                budget_usd_per_hour=p.budget_usd_per_hour,
+                spend_usd_per_hour=round(len(billed) * (shape.price_per_hour_usd if shape else 0.0), 4),
+                backoff_until=b.until if b and b.until > now else None,
+                backoff_reason=b.reason if b and b.until > now else None,
+                provider_status=(pstatus().get(p.shape, {}) if callable(pstatus) else {}),
+            ))
         models = []
         for m in self.cfg.models:
-            reps: dict[str, int] = {}
-            for w in self.workers.values():
-                if w.view.model == m.name:
-                    reps[w.view.state] = reps.get(w.view.state, 0) + 1
             a = act.get(m.name, ModelActivity())
             r = routes[m.name]
-            models.append({
-                "name": m.name, "served_name": m.resolved_served_name, "replicas": reps,
-                "queued": a.queued, "in_flight": a.in_flight, "last_request_at": a.last_request_at,
-                "error": r["error"], "backoff_until": r["backoff_until"],
-                "last_cold_start": self.cold_starts.get(m.name),
-            })
-        workers = [{
-            "id": w.handle.id, "shape": w.handle.shape, "state": w.view.state, "model": w.view.model,
-            "assignment_id": w.view.assignment_id, "engine_url": w.state_body.get("engine_url"),
-            "uptime_s": round(now - w.launched_at, 1), "error": w.view.error,
-            "control_url": w.handle.control_url,
-        } for w in sorted(self.workers.values(), key=lambda w: w.handle.id)]
-        return {"now": now, "models": models, "workers": workers}
+            models.append(ModelRow(
+                name=m.name, served_name=m.resolved_served_name,
+                replicas=_count(v.state for v in views.values() if v.model == m.name),
+                queued=a.queued, in_flight=a.in_flight, last_request_at=a.last_request_at,
+                error=r.error, backoff_until=r.backoff_until, last_cold_start=self.cold_starts.get(m.name),
+            ))
+        workers, details = [], []
+        for wid in sorted(views):
+            v, f = views[wid], self.facts[wid]
+            born = f.instance.launched_at if f.instance else (f.launch_requested_at or
+                                                              (f.status.started_at if f.status else now))
+            workers.append(WorkerRow(id=wid, instance_id=f.instance.instance_id if f.instance else
+                                     (f.status.instance_id if f.status else None),
+                                     control_url=self._control_url(wid), state=v.state, model=v.model,
+                                     age_s=round(max(now - born, 0.0), 1)))
+            details.append(WorkerDetail(
+                id=wid, shape=v.shape, assignment_id=v.assignment_id,
+                engine_url=f.status.engine_url if f.status else None, error=v.error,
+                last_heartbeat_s_ago=round(now - f.heard_at, 1) if f.heard_at else None,
+                provider_state=f.instance.state.value if f.instance else None,
+            ))
+        return PoolStatus(now=now, controller_epoch=self.epoch, adopted=self.adopted, shapes=shapes,
+                          models=models, workers=workers, worker_details=details)
+
+
+def _count(states: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in states:
+        key = s.value if isinstance(s, WorkerState) else str(s)
+        out[key] = out.get(key, 0) + 1
+    return out

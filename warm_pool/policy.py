@@ -30,10 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from thaw.config import InstanceShape, Pool, ThawConfig
-
-WorkerState = Literal[
-    "launching", "starting", "standby", "loading", "ready", "draining", "asleep", "failed", "unreachable"
-]
+from thaw.wire import WorkerState
 
 BACKOFF_BASE_S = 2.0
 BACKOFF_MAX_S = 60.0
@@ -70,6 +67,8 @@ class ModelActivity:
 class Snapshot:
     workers: tuple[WorkerView, ...]
     activity: dict[str, ModelActivity] = field(default_factory=dict)
+    # Shapes whose launches are paused until then (capacity errors): shape -> epoch s.
+    launch_blocked_until: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -87,6 +86,8 @@ class PolicyState:
     models: dict[str, ModelState] = field(default_factory=dict)
     # Incremented for every assignment, to make assignment ids unique.
     assignments: int = 0
+    # The controller's start id, in assignment ids: unique across controller restarts.
+    epoch: str = ""
 
 
 # -- decisions (data; the manager carries them out) -----------------------------------
@@ -144,6 +145,11 @@ _SERVING = ("loading", "ready")
 _STANDBY_LIKE = ("launching", "starting", "standby", "draining")
 
 
+def launch_backoff_s(failures: int, base_s: float, max_s: float) -> float:
+    """The pause in a shape's launches after ``failures`` launches in a row found no capacity."""
+    return min(base_s * 2 ** max(failures - 1, 0), max_s)
+
+
 def backoff_s(failures: int) -> float:
     """2, 4, 8, ... seconds, capped: the wait after ``failures`` consecutive failed loads."""
     return min(BACKOFF_BASE_S * 2 ** max(failures - 1, 0), BACKOFF_MAX_S)
@@ -165,6 +171,7 @@ def decide(
     decisions: list[Decision] = []
     models = dict(state.models)
     n_assign = state.assignments
+    tag = f"{state.epoch}-" if state.epoch else ""
     free: dict[str, list[WorkerView]] = {}
     for w in sorted(snap.workers, key=lambda w: w.id):
         if w.state == "standby":
@@ -236,10 +243,10 @@ def decide(
                     # Waking the model where it sleeps beats loading it anywhere.
                     w = sleeping.pop(0)
                     gone.add(w.id)
-                    decisions.append(Assign(w.id, m.name, f"{m.name}-{n_assign}"))
+                    decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}"))
                 elif standbys:
                     w = standbys.pop(0)
-                    decisions.append(Assign(w.id, m.name, f"{m.name}-{n_assign}"))
+                    decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}"))
                 else:
                     n_assign -= 1
                     if not reclaim(m.shape, m.name):
@@ -258,7 +265,8 @@ def decide(
     shapes = {s.name: s for s in cfg.shapes}
     for pool in cfg.pools:
         shape = shapes[pool.shape]
-        mine = [w for w in snap.workers if w.shape == pool.shape and w.state != "unreachable"]
+        # Stopped instances cost no compute: they count toward nothing here.
+        mine = [w for w in snap.workers if w.shape == pool.shape and w.state not in ("unreachable", "stopped")]
         standby = [w for w in mine if w.state in _STANDBY_LIKE]
         # Standbys just assigned above are no longer standby (nor asleep ones just woken).
         assigned_now = {d.worker_id for d in decisions if isinstance(d, Assign)}
@@ -270,12 +278,14 @@ def decide(
         need = launches_for_demand.get(pool.shape, 0) - len(
             [w for w in standby if w.state in ("launching", "starting", "draining")]
         )
-        for _ in range(max(need, 0)):
+        # No capacity lately: the shape is backed off, nothing launches.
+        blocked = now < snap.launch_blocked_until.get(pool.shape, 0.0)
+        for _ in range(0 if blocked else max(need, 0)):
             if not _can_launch(pool, shape, total):
                 break
             decisions.append(Launch(pool.shape, "demand"))
             total += 1
-        for _ in range(pool.standby_min - len(standby)):
+        for _ in range(0 if blocked else pool.standby_min - len(standby)):
             if not _can_launch(pool, shape, total):
                 break
             decisions.append(Launch(pool.shape, "standby"))
@@ -287,4 +297,4 @@ def decide(
         for w in sorted(idle_standby, key=lambda w: w.id, reverse=True)[: max(excess, 0)]:
             decisions.append(Terminate(w.id, "excess_standby"))
 
-    return decisions, PolicyState(models=models, assignments=n_assign)
+    return decisions, PolicyState(models=models, assignments=n_assign, epoch=state.epoch)

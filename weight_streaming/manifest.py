@@ -16,31 +16,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
+from thaw.s3uri import S3UriError, join_key, parse_s3_uri
 from weight_streaming.safetensors_header import read_header_from_file
+
+__all__ = ["S3UriError", "join_key", "parse_s3_uri"]  # re-exported for the loaders
 
 MANIFEST_NAME = "thaw-manifest.json"
 MANIFEST_FORMAT = "thaw-manifest/1"
 # Multipart part size used for uploads; the expected ETag depends on it.
 PART_SIZE = 16 * 1024 * 1024
-
-
-class S3UriError(ValueError):
-    pass
-
-
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """``s3://bucket/some/prefix/`` → ("bucket", "some/prefix"); the prefix may be empty."""
-    if not uri.startswith("s3://"):
-        raise S3UriError(f"{uri!r} is not an s3:// URI")
-    rest = uri[len("s3://") :]
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise S3UriError(f"{uri!r} has no bucket")
-    return bucket, prefix.strip("/")
-
-
-def join_key(prefix: str, name: str) -> str:
-    return f"{prefix}/{name}" if prefix else name
 
 
 class FileEntry(BaseModel):

@@ -1,55 +1,99 @@
-"""``python -m worker``: run one worker agent (see ``worker.agent``)."""
+"""`thaw worker` (also ``python -m worker``): the agent on one instance (see ``worker.agent``).
+
+It serves the control API, heartbeats to the controller, and takes the object store's
+credentials from its own environment (never from the controller).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
-import uvicorn
 
+from thaw.auth import TokenError, cluster_token
+from thaw.config import DEFAULT_CONFIG_PATH, ConfigError, ThawConfig, load_config
 from thaw.log import get_logger, setup_logging
-from worker.api import create_app
+from thaw.objstore import worker_endpoint
 from worker.settings import AgentSettings
 
+DEFAULT_PORT = 8200
 
-def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
-    p = argparse.ArgumentParser(prog="python -m worker", description="Thaw worker agent")
-    p.add_argument("--port", type=int, required=True, help="control API port")
-    p.add_argument("--worker-id", required=True)
-    p.add_argument("--shape", required=True, help="instance shape name (from the config)")
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--controller", metavar="URL", default=None,
+                   help="the controller's URL (default: controller.url in the config)")
+    p.add_argument("--shape", required=True, help="this instance's shape (a name from the config)")
+    p.add_argument("--instance-id", default=None,
+                   help="the provider's id of this machine (EC2: from instance metadata); "
+                        "default: HOSTNAME-PORT")
+    p.add_argument("--worker-id", default=None, help="default: the instance id")
     p.add_argument("--host", default="127.0.0.1", help="control API address (default: %(default)s)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="control API port (default: %(default)s)")
+    p.add_argument("--advertise-host", default=None, metavar="ADDR",
+                   help="the address the controller and activators reach this worker at (default: --host)")
     p.add_argument("--data-dir", type=Path, default=None,
-                   help="engine caches (default: .thaw/workers/WORKER_ID)")
-    a = p.parse_args(argv)
-    data_dir = (a.data_dir or Path(".thaw") / "workers" / a.worker_id).resolve()
-    return AgentSettings(worker_id=a.worker_id, shape=a.shape, port=a.port, host=a.host,
-                         log_level=a.log_level, data_dir=data_dir)
+                   help="engine caches (default: DATA_DIR/workers/WORKER_ID)")
+    p.add_argument("--exit-when-orphaned-s", type=float, default=None,
+                   help="exit when the controller has accepted no heartbeat for this long (default: never)")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    settings = parse_args(argv)
+def settings_from(args: argparse.Namespace, cfg: ThawConfig) -> AgentSettings:
+    if args.host in ("0.0.0.0", "::") and not args.advertise_host:
+        raise ValueError(f"--host {args.host} listens everywhere: give --advertise-host, the address "
+                         "the controller and activators reach this worker at")
+    if cfg.shape(args.shape) is None:
+        raise ValueError(f"--shape {args.shape!r} is not in the config; declared: "
+                         f"{sorted(s.name for s in cfg.shapes)}")
+    instance_id = args.instance_id or f"{socket.gethostname()}-{args.port}"
+    worker_id = args.worker_id or instance_id
+    data_dir = (args.data_dir or cfg.data_dir / "workers" / worker_id).resolve()
+    return AgentSettings(
+        worker_id=worker_id, instance_id=instance_id, shape=args.shape, port=args.port, host=args.host,
+        advertise_host=args.advertise_host, log_level=args.log_level or cfg.log_level, data_dir=data_dir,
+        store=worker_endpoint(cfg), controller_url=(args.controller or cfg.controller.resolved_url),
+        token=cluster_token(cfg), heartbeat_interval_s=cfg.cluster.heartbeat_interval_s,
+        exit_when_orphaned_s=args.exit_when_orphaned_s,
+    )
+
+
+def run(args: argparse.Namespace, cfg: ThawConfig) -> int:
+    from thaw.serve import run_server
+    from worker.api import create_app
+
+    try:
+        settings = settings_from(args, cfg)
+    except (ValueError, TokenError) as exc:
+        print(f"thaw worker: {exc}", file=sys.stderr)
+        return 2
     setup_logging("worker", settings.log_level)
     structlog.contextvars.bind_contextvars(worker_id=settings.worker_id)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    get_logger().info("agent_starting", port=settings.port, shape=settings.shape,
+    get_logger().info("agent_starting", port=settings.port, shape=settings.shape, instance_id=settings.instance_id,
+                      controller=settings.controller_url, control_url=settings.control_url,
                       data_dir=str(settings.data_dir))
-    # uvicorn turns SIGTERM/SIGINT into a graceful shutdown; the app's lifespan then
-    # stops the engine host and its process group before the process exits. Afterwards
-    # uvicorn re-raises the signal under the handlers it found: these make that a
-    # no-op, so a completed shutdown exits 0 instead of dying by the signal.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    server = uvicorn.Server(uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_config=None,
-        access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=5,
-    ))
-    server.run()
-    return 0
+    app = create_app(settings, on_orphaned=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    return run_server(app, settings.host, settings.port, graceful_s=5,
+                      access_log=settings.log_level == "debug")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m worker", description="Thaw worker agent (as `thaw worker`)")
+    p.add_argument("--config", metavar="FILE", default=None)
+    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(args.config or os.environ.get("THAW_CONFIG") or DEFAULT_CONFIG_PATH)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    return run(args, cfg)
 
 
 if __name__ == "__main__":

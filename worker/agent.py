@@ -48,6 +48,14 @@ from snapshotter.store import SnapshotLocation
 from thaw.embedded_store import free_port
 from thaw.log import get_logger
 from thaw.objstore import S3Endpoint
+from thaw.wire import (
+    AssignRequest,
+    Phases,
+    ReleaseRequest,
+    SleepRequest,
+    SnapshotView,
+    WorkerStatus,
+)
 from weight_streaming.manifest import Manifest
 from weight_streaming.push import read_manifest
 from worker.engine_client import EngineClient, EngineError, HttpEngineClient
@@ -60,14 +68,6 @@ from worker.launch import (
     engine_env,
 )
 from worker.metrics import WorkerMetrics
-from worker.schemas import (
-    AssignRequest,
-    Phases,
-    ReleaseRequest,
-    SleepRequest,
-    SnapshotView,
-    StateBody,
-)
 from worker.settings import AgentSettings
 from worker.state import Assignment, Facts, SnapshotFacts, WorkerState, derive_state
 
@@ -155,6 +155,8 @@ class Agent:
         self._stopping = False
         # Engine hosts in a row that died before "imported" (restart backoff).
         self._early_exits = 0
+        # Called after every state change (the heartbeat tells the controller at once).
+        self.on_state_change: Callable[[], None] | None = None
 
     # -- facts and the derived state ----------------------------------------------
 
@@ -179,14 +181,18 @@ class Agent:
             )
             self._state, self._state_since = new, self._clock()
             self.metrics.set_state(new)
+            if self.on_state_change is not None:
+                self.on_state_change()
 
-    def view(self) -> StateBody:
+    def view(self) -> WorkerStatus:
         f, s = self._facts, self.settings
         a = f.assignment
-        return StateBody(
+        return WorkerStatus(
             worker_id=s.worker_id,
+            instance_id=s.instance_id or s.worker_id,
             shape=s.shape,
-            state=self._state.value,
+            control_url=s.control_url,
+            state=self._state,
             model=a.model if a else None,
             assignment_id=a.assignment_id if a else None,
             served_model_name=a.served_model_name if a else None,
@@ -377,7 +383,7 @@ class Agent:
 
     async def _load_and_serve(self, a: Assignment, req: AssignRequest) -> None:
         s = self.settings
-        store = req.store.endpoint()
+        store = s.store
         try:
             manifest = await asyncio.to_thread(self._manifest_reader, store, req.uri)
         except Exception as exc:
@@ -395,11 +401,11 @@ class Agent:
         port = free_port()
         cmd = LaunchCommand(
             uri=req.uri, served_model_name=req.served_model_name, max_model_len=req.max_model_len,
-            engine=req.engine, port=port, sleep_mode=req.sleep_mode,
+            engine=req.engine, port=port, host=s.host, sleep_mode=req.sleep_mode,
             env=engine_env(req.engine, store.env(), str(s.data_dir), cache_root=str(cache_root),
                            assets_dir=str(s.engine_assets_dir), sleep_mode=req.sleep_mode),
         )
-        self._engine_url = f"http://127.0.0.1:{port}"
+        self._engine_url = f"http://{s.advertised}:{port}"
         self._engine = engine = self._engine_client(self._engine_url)
         self._update(launched_at=self._clock())
         try:

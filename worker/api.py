@@ -1,12 +1,13 @@
 """The agent's control API: a thin router over :class:`worker.agent.Agent`.
 
 Errors are mapped here, in one place: :class:`~worker.agent.Conflict` is 409 and a
-malformed body is 422, both as ``{"error": ...}`` JSON.
+malformed body is 422, both as ``{"error": ...}`` JSON. Every endpoint but ``/healthz``
+needs the cluster token (401 without it) when the settings carry one.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -14,9 +15,11 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from thaw.auth import ClusterAuth
+from thaw.wire import AssignRequest, ReleaseRequest, SleepRequest, WorkerStatus
 from worker.agent import Agent, Conflict
+from worker.heartbeat import Heartbeat
 from worker.metrics import CONTENT_TYPE
-from worker.schemas import AssignRequest, ReleaseRequest, SleepRequest, StateBody
 from worker.settings import AgentSettings
 
 router = APIRouter()
@@ -31,26 +34,26 @@ async def healthz() -> dict[str, bool]:
     return {"ok": True}
 
 
-@router.get("/state", response_model=StateBody)
-async def get_state(request: Request) -> StateBody:
+@router.get("/state", response_model=WorkerStatus)
+async def get_state(request: Request) -> WorkerStatus:
     return _agent(request).view()
 
 
-@router.post("/assign", status_code=202, response_model=StateBody)
-async def assign(body: AssignRequest, request: Request) -> StateBody:
+@router.post("/assign", status_code=202, response_model=WorkerStatus)
+async def assign(body: AssignRequest, request: Request) -> WorkerStatus:
     agent = _agent(request)
     await agent.assign(body)
     return agent.view()
 
 
-@router.post("/release", response_model=StateBody)
+@router.post("/release", response_model=WorkerStatus)
 async def release(request: Request, body: ReleaseRequest | None = None) -> JSONResponse:
     agent = _agent(request)
     started = await agent.release(body or ReleaseRequest())
     return JSONResponse(agent.view().model_dump(mode="json"), status_code=202 if started else 200)
 
 
-@router.post("/sleep", response_model=StateBody)
+@router.post("/sleep", response_model=WorkerStatus)
 async def sleep(request: Request, body: SleepRequest | None = None) -> JSONResponse:
     agent = _agent(request)
     started = await agent.sleep(body or SleepRequest())
@@ -73,17 +76,32 @@ def _problems(exc: RequestValidationError) -> list[str]:
     return lines
 
 
-def create_app(settings: AgentSettings, **agent_deps: Any) -> FastAPI:
-    """The agent's app; ``agent_deps`` go to :class:`Agent` (tests pass fakes)."""
+def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | None = None,
+               **agent_deps: Any) -> FastAPI:
+    """The agent's app; ``agent_deps`` go to :class:`Agent` (tests pass fakes). With a
+    controller in the settings it heartbeats there; ``on_orphaned`` is called when it
+    gives up (``exit_when_orphaned_s``)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         agent = Agent(settings, **agent_deps)
         app.state.agent = agent
+        beat = None
+        if settings.controller_url and settings.token:
+            beat = Heartbeat(agent.view, settings.controller_url, settings.token,
+                             interval_s=settings.heartbeat_interval_s,
+                             exit_when_orphaned_s=settings.exit_when_orphaned_s, on_orphaned=on_orphaned,
+                             on_failures=agent.metrics.heartbeats.set)
+            agent.on_state_change = beat.kick
+        app.state.heartbeat = beat
         await agent.start()
+        if beat is not None:
+            await beat.start()
         try:
             yield
         finally:
+            if beat is not None:
+                await beat.close()
             await agent.stop()
 
     app = FastAPI(title="Thaw worker agent", lifespan=lifespan)
@@ -99,4 +117,6 @@ def create_app(settings: AgentSettings, **agent_deps: Any) -> FastAPI:
         return JSONResponse({"error": "invalid request body: " + "; ".join(problems), "problems": problems},
                             status_code=422)
 
+    if settings.token:
+        app.add_middleware(ClusterAuth, token=settings.token)
     return app

@@ -37,6 +37,7 @@ import vllm.v1.engine.core as _core
 import vllm.v1.worker.cpu_model_runner as _cpu_runner
 import vllm.v1.worker.gpu_model_runner as _gpu_runner
 
+from thaw.process import die_with_parent
 from weight_streaming import vllm_loader
 from worker.launch import (
     EV_FAILED,
@@ -45,7 +46,6 @@ from worker.launch import (
     emit_event,
     root_cause,
 )
-from worker.pdeathsig import die_with_parent
 
 _original_run_engine_core = _core.EngineCoreProc.run_engine_core
 

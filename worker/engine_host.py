@@ -33,6 +33,7 @@ import traceback
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from thaw.process import die_with_parent
 from worker.launch import (
     EV_FAILED,
     EV_IMPORTED,
@@ -45,7 +46,6 @@ from worker.launch import (
     root_cause,
     vllm_argv,
 )
-from worker.pdeathsig import die_with_parent
 
 
 def _start_forkserver() -> BaseContext:

@@ -58,7 +58,7 @@ def vllm_argv(cmd: LaunchCommand) -> list[str]:
         "--served-model-name", cmd.served_model_name,
         "--max-model-len", str(cmd.max_model_len),
         "--dtype", e.dtype,
-        "--tensor-parallel-size", str(e.tensor_parallel_size),
+        "--tensor-parallel-size", str(e.tensor_parallel_size or 1),
         "--gpu-memory-utilization", str(e.gpu_memory_utilization),
         "--host", cmd.host,
         "--port", str(cmd.port),

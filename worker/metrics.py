@@ -10,7 +10,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from worker.state import WorkerState
+from thaw.wire import REPORTED_STATES, WorkerState
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -34,11 +34,16 @@ class WorkerMetrics:
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
             registry=self.registry,
         )
+        self.heartbeats = Gauge(
+            "thaw_worker_heartbeat_failures", "Heartbeats in a row the controller did not accept",
+            registry=self.registry,
+        )
         self.set_state(WorkerState.STARTING)
 
     def set_state(self, current: WorkerState) -> None:
         for s in WorkerState:
-            self.state.labels(s.value).set(1 if s is current else 0)
+            if s in REPORTED_STATES:
+                self.state.labels(s.value).set(1 if s is current else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

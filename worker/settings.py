@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from thaw.objstore import S3Endpoint
 
 # See AgentSettings.engine_assets_dir.
 ENGINE_ASSETS_DIR = Path("/tmp/thaw-vllm-assets")
@@ -16,8 +18,22 @@ class AgentSettings:
     shape: str
     port: int
     data_dir: Path
+    # How this worker reaches the store (its own credentials: see thaw.objstore.worker_endpoint).
+    store: S3Endpoint
+    # The provider's id of this machine; heartbeats carry it (the controller matches it).
+    instance_id: str = ""
     host: str = "127.0.0.1"
+    # The address others reach this worker (and its engine) at; None: ``host``.
+    advertise_host: str | None = None
     log_level: str = "info"
+    # The controller to heartbeat to (None: no heartbeats, e.g. `thaw snapshot build`).
+    controller_url: str | None = None
+    # The cluster token: the control API requires it, heartbeats carry it. Never in a repr.
+    token: str | None = field(default=None, repr=False)
+    heartbeat_interval_s: float = 2.0
+    # Exit when the controller has accepted no heartbeat for this long (local workers,
+    # so a controller killed for good leaves no process behind); None: never.
+    exit_when_orphaned_s: float | None = None
     # Interpreter for the engine host (the agent's own by default).
     python: str = sys.executable
     # How often the engine's /health is polled while loading.
@@ -42,6 +58,15 @@ class AgentSettings:
     # model's local path, so a path under the worker's own data dir would make every
     # snapshot useless to any other worker (and to `thaw snapshot build`).
     engine_assets_dir: Path = ENGINE_ASSETS_DIR
+
+    @property
+    def control_url(self) -> str:
+        return f"http://{self.advertised}:{self.port}"
+
+    @property
+    def advertised(self) -> str:
+        """The host in the URLs this worker hands out (control API, engine)."""
+        return self.advertise_host or self.host
 
     def engine_cache_root(self, model: str) -> Path:
         """The engine's VLLM_CACHE_ROOT for ``model``: one per model, so a snapshot holds

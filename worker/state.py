@@ -9,22 +9,15 @@ computes the state from them, so two code paths can never disagree about it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
+from thaw.wire import WorkerState
 
-class WorkerState(StrEnum):
-    STARTING = "starting"  # no engine host has finished its imports yet
-    STANDBY = "standby"  # engine host imported, waiting for a model
-    LOADING = "loading"  # an assignment is being launched / loaded
-    READY = "ready"  # the engine answers /health: serving
-    DRAINING = "draining"  # a release is in progress (drain, then stop the engine)
-    ASLEEP = "asleep"  # the engine holds the model asleep (vLLM sleep mode); a wake serves it again
-    FAILED = "failed"  # the last assignment failed; a release clears it
+__all__ = ["Assignment", "Facts", "SnapshotFacts", "WorkerState", "derive_state"]
 
 
 @dataclass(frozen=True)
 class Assignment:
-    """The model this worker was told to serve (secrets stay out: see ``schemas.AssignRequest``)."""
+    """The model this worker was told to serve (``thaw.wire.AssignRequest`` carries no secret)."""
 
     assignment_id: str
     model: str

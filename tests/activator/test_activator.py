@@ -23,6 +23,7 @@ from activator.app import create_app
 from tests.activator.fake_engine import FakeEngine, serve
 from thaw.config import ThawConfig, hash_api_key, parse_config
 from thaw.embedded_store import free_port
+from thaw.wire import RouteTable
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 KEY, LIMITED_KEY = "key-all", "key-limited"
@@ -44,10 +45,10 @@ def make_config(data_dir: Path | None = None, **autoscaling: Any) -> ThawConfig:
     return parse_config(data)
 
 
-def table(version: int, replicas: list[dict[str, Any]] | None = None, **demo: Any) -> dict[str, Any]:
+def table(version: int, replicas: list[dict[str, Any]] | None = None, **demo: Any) -> RouteTable:
     entry = {"served_name": "thaw-demo", "replicas": replicas or [], "loading": 0, "failures": 0,
              "error": None, "backoff_until": None, **demo}
-    return {"version": version, "models": {"demo": entry}}
+    return RouteTable.model_validate({"epoch": "e1", "version": version, "models": {"demo": entry}})
 
 
 def replica(url: str, wid: str = "w1", assignment: str = "demo-1") -> dict[str, Any]:

@@ -21,7 +21,7 @@ from snapshotter.fingerprint import Fingerprint
 from snapshotter.ops import CaptureResult, CaptureStatus, RestoreResult, RestoreStatus
 from snapshotter.store import SnapshotLocation
 from tests.snapshotter.test_fingerprint import RUNTIME
-from tests.worker.test_api import FakeEngine, FakeHost, World, assign_body, wait_state
+from tests.worker.fakes import FakeEngine, FakeHost, World, assign_body, wait_state
 from thaw.objstore import S3Endpoint
 from weight_streaming.manifest import FileEntry, Manifest
 from worker.api import create_app
@@ -32,6 +32,8 @@ from worker.settings import AgentSettings
 MANIFEST = Manifest(uri="s3://thaw/models/demo", created_at=datetime(2026, 1, 1, tzinfo=UTC),
                     files=[FileEntry(path="config.json", size=10, sha256="c" * 64, etag="e")],
                     safetensors={}, parameter_count=0, total_bytes=10)
+
+STORE = S3Endpoint("http://127.0.0.1:9", "AK", "SK")
 
 
 @dataclass
@@ -95,7 +97,7 @@ async def client(snaps: FakeSnapshots, tmp_path: Path) -> AsyncIterator[tuple[ht
         asyncio.get_running_loop().call_later(0.01, h.emit, "imported")
         return h
 
-    settings = AgentSettings(worker_id="w1", shape="cpu-small", port=0, data_dir=tmp_path, ready_poll_s=0.01,
+    settings = AgentSettings(worker_id="w1", shape="cpu-small", port=0, data_dir=tmp_path, store=STORE, ready_poll_s=0.01,
                              in_flight_poll_s=0.01, drain_poll_s=0.01, snapshot_restore_timeout_s=0.5)
     app = create_app(settings, spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
                      manifest_reader=world.manifest, snapshots=snaps)
@@ -256,7 +258,7 @@ async def test_a_manifest_without_config_json_is_skipped(tmp_path: Path, snaps: 
         asyncio.get_running_loop().call_later(0.01, h.emit, "imported")
         return h
 
-    settings = AgentSettings(worker_id="w1", shape="cpu-small", port=0, data_dir=tmp_path, ready_poll_s=0.01)
+    settings = AgentSettings(worker_id="w1", shape="cpu-small", port=0, data_dir=tmp_path, store=STORE, ready_poll_s=0.01)
     app = create_app(settings, spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
                      manifest_reader=world.manifest, snapshots=snaps)
     async with app.router.lifespan_context(app):

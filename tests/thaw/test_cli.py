@@ -27,13 +27,13 @@ def thaw(*args: str, cwd: Path | None = None, check: bool = True, timeout: float
 
 def test_help_lists_every_command_with_a_description() -> None:
     out = thaw("--help").stdout
-    for command in ("up", "status", "config", "store", "demo-model", "push", "bench", "snapshot", "usage",
-                    "tenants", "models"):
+    for command in ("up", "status", "controller", "activator", "worker", "pool", "config", "store",
+                    "demo-model", "push", "bench", "snapshot", "usage", "tenants", "models"):
         line = next((ln for ln in out.splitlines() if ln.strip().startswith(command)), None)
         assert line is not None, f"{command} missing from --help:\n{out}"
     for group, subs in {"config": ("check", "hash-key"), "store": ("up", "down", "status"), "models": ("ls",),
                         "bench": ("cold-start", "stream"), "snapshot": ("build", "ls", "rm"),
-                        "tenants": ("add", "revoke", "ls")}.items():
+                        "tenants": ("add", "revoke", "ls"), "pool": ("status", "events")}.items():
         sub_out = thaw(group, "--help").stdout
         for s in subs:
             assert any(ln.strip().split()[:1] == [s] for ln in sub_out.splitlines() if ln.strip()), sub_out
@@ -121,3 +121,28 @@ def test_tenants_and_usage_commands(tmp_path: Path) -> None:
     # The ledger file exists now (keys live in it): an empty window is fine.
     assert "no usage in that window" in thaw("usage", "--since", "1h", *c).stdout
     assert thaw("usage", "--since", "yesterday", *c, check=False).returncode == 2
+
+
+def test_up_refuses_an_ec2_pool_naming_the_field(tmp_path: Path) -> None:
+    cfg = yaml.safe_load(EXAMPLE.read_text())
+    cfg["data_dir"] = str(tmp_path / "data")
+    cfg["controller"] = {"url": "http://controller.internal:8100"}
+    cfg["pools"][0].update({"provider": "ec2", "ec2": {
+        "region": "us-east-1", "launch_template": "thaw-worker", "subnets": ["subnet-1"],
+        "instance_types": ["g6e.xlarge"]}})
+    path = tmp_path / "thaw.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = thaw("up", "--config", str(path), check=False, timeout=60)
+    assert out.returncode == 2
+    assert "pools[0].provider" in out.stderr and "thaw controller" in out.stderr
+    assert not (tmp_path / "data" / "store").exists()  # refused before starting anything
+
+
+def test_pool_status_without_a_controller_says_so(tmp_path: Path) -> None:
+    cfg = yaml.safe_load(EXAMPLE.read_text())
+    cfg["data_dir"] = str(tmp_path / "data")
+    cfg["controller"] = {"port": free_port()}
+    path = tmp_path / "thaw.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = thaw("pool", "status", "--config", str(path), check=False, timeout=60)
+    assert out.returncode == 3 and "does not answer" in out.stderr

@@ -9,12 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,117 +19,26 @@ import psutil
 import pytest
 from openai import DefaultHttpxClient, OpenAI
 
+from tests.worker.agent_process import STANDBY_TIMEOUT_S, Agent, alive, running_agent
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint
 from weight_streaming.push import push_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
-STANDBY_TIMEOUT_S = 120.0
 LOAD_TIMEOUT_S = 120.0
 
 
-@dataclass
-class Agent:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-    started_at: float
-    # Every process the agent started, as (pid, create_time), seen while it ran.
-    descendants: set[tuple[int, float]] = field(default_factory=set)
-    times: dict[str, float] = field(default_factory=dict)
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=10.0, trust_env=False)
-
-    def state(self) -> dict[str, Any]:
-        with self.http() as c:
-            return c.get("/state").json()  # type: ignore[no-any-return]
-
-    def record_descendants(self) -> None:
-        for p in psutil.Process(self.proc.pid).children(recursive=True):
-            try:
-                self.descendants.add((p.pid, p.create_time()))
-            except psutil.NoSuchProcess:
-                pass
-
-    def wait_state(self, *states: str, timeout_s: float) -> tuple[dict[str, Any], list[str]]:
-        """Poll /state until one of ``states``; returns the body and the states seen."""
-        deadline = time.monotonic() + timeout_s
-        seen: list[str] = []
-        with self.http() as c:
-            while True:
-                assert self.proc.poll() is None, f"agent exited ({self.proc.returncode}):\n{self.log_tail()}"
-                try:
-                    body = c.get("/state").json()
-                except httpx.TransportError:
-                    body = {"state": "(not answering)"}
-                if not seen or seen[-1] != body["state"]:
-                    seen.append(body["state"])
-                if body["state"] in states:
-                    return body, seen
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"wanted {states}, saw {seen}: {body}\n{self.log_tail()}")
-                time.sleep(0.1)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-
-def _alive(pid: int, created: float) -> bool:
-    try:
-        p = psutil.Process(pid)
-        return p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-@contextmanager
-def running_agent(root: Path, worker_id: str) -> Iterator[Agent]:
-    """An agent process on a free port; on the way out, it and everything it started go."""
-    port = free_port()
-    log_path = root / f"agent-{worker_id}.log"
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "--port", str(port), "--worker-id", worker_id,
-             "--shape", "cpu-small", "--data-dir", str(root / "data"), "--log-level", "debug"],
-            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    a = Agent(proc, f"http://127.0.0.1:{port}", log_path, time.monotonic())
-    try:
-        yield a
-    finally:
-        if proc.poll() is None:
-            a.record_descendants()
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for pid, created in a.descendants:
-            if _alive(pid, created):
-                os.kill(pid, signal.SIGKILL)
-
-
 @pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    with running_agent(tmp_path_factory.mktemp("agent"), "it-1") as a:
+def agent(tmp_path_factory: pytest.TempPathFactory, s3: S3Endpoint) -> Iterator[Agent]:
+    with running_agent(tmp_path_factory.mktemp("agent"), "it-1", s3) as a:
         yield a
-
-
-def _store_body(s3: S3Endpoint) -> dict[str, Any]:
-    return {"endpoint_url": s3.endpoint_url, "access_key": s3.access_key,
-            "secret_key": s3.secret_key, "region": s3.region}
 
 
 def _assign_body(s3: S3Endpoint, uri: str, assignment_id: str) -> dict[str, Any]:
+    # No store credentials: the worker has its own (see agent_process.running_agent).
     return {"assignment_id": assignment_id, "model": "demo", "uri": uri, "served_model_name": "thaw-demo",
-            "max_model_len": 512, "engine": {"enforce_eager": True, "cpu_kvcache_gib": 1},
-            "store": _store_body(s3)}
+            "max_model_len": 512, "engine": {"enforce_eager": True, "cpu_kvcache_gib": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -319,10 +224,10 @@ def test_sigterm_stops_the_agent_and_everything_it_started(agent: Agent) -> None
 
 def _wait_all_gone(descendants: set[tuple[int, float]], timeout_s: float) -> list[tuple[int, float]]:
     deadline = time.monotonic() + timeout_s
-    left = [d for d in descendants if _alive(*d)]
+    left = [d for d in descendants if alive(*d)]
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = [d for d in descendants if _alive(*d)]
+        left = [d for d in descendants if alive(*d)]
     return left
 
 
@@ -331,7 +236,7 @@ def test_sigkill_of_the_agent_takes_its_engine_along(
 ) -> None:
     # No graceful shutdown at all: the engine host dies with its parent (PDEATHSIG),
     # vLLM's forkserver with the engine host, the engine core with the forkserver.
-    with running_agent(tmp_path, "it-kill") as a:
+    with running_agent(tmp_path, "it-kill", s3) as a:
         a.wait_state("standby", timeout_s=STANDBY_TIMEOUT_S)
         body, _, _ = _assign_until(a, _assign_body(s3, demo_uri, "k-1"), "ready", "failed",
                                    timeout_s=LOAD_TIMEOUT_S)

@@ -6,128 +6,28 @@ Fast: no process, no vLLM. The real thing is in test_agent.py.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.worker.fakes import (
+    SECRET,
+    TOKEN,
+    FakeEngine,
+    FakeHost,
+    World,
+    assign_body,
+    ready,
+    wait_state,
+)
 from thaw.objstore import S3Endpoint
 from worker.api import create_app
-from worker.engine_client import EngineError
 from worker.host import OnEvent
-from worker.launch import LaunchCommand
 from worker.settings import AgentSettings
-
-SECRET = "s3cr3t-never-shown"
-_pids = itertools.count(1000)
-
-
-@dataclass
-class World:
-    """What the fakes do; a test changes it to script a scenario."""
-
-    hosts: list[FakeHost] = field(default_factory=list)
-    import_on_spawn: bool = True
-    # On launch: "ok" (weights load, then the engine answers), "fail" (a failed
-    # event, then the host exits), "crash" (the host exits with output), "hang".
-    on_launch: str = "ok"
-    healthy: bool = False
-    # in_flight readings, taken in order; the last one repeats.
-    in_flight: list[int | None] = field(default_factory=lambda: [0])
-    manifest: Callable[[S3Endpoint, str], object | None] = lambda store, uri: {"ok": True}
-
-    # The engine's sleep mode: calls seen, and errors to raise.
-    sleeps: list[int] = field(default_factory=list)
-    wakes: int = 0
-    asleep: bool = False
-    sleep_error: str | None = None
-    wake_error: str | None = None
-
-    def next_in_flight(self) -> int | None:
-        return self.in_flight.pop(0) if len(self.in_flight) > 1 else self.in_flight[0]
-
-
-class FakeHost:
-    def __init__(self, world: World, on_event: OnEvent) -> None:
-        self.world = world
-        self.on_event = on_event
-        self.pid = next(_pids)
-        self.launched = False
-        self.launches: list[LaunchCommand] = []
-        self.stops: list[float] = []
-        self.output = ["vllm says hello", "Traceback (most recent call last):", "OSError: boom"]
-        self._rc: int | None = None
-        self._exited = asyncio.Event()
-
-    @property
-    def returncode(self) -> int | None:
-        return self._rc
-
-    def emit(self, event: str, **fields: Any) -> None:
-        self.on_event(self, {"event": event, "t": time.time(), **fields})
-
-    def exit(self, code: int) -> None:
-        if self._rc is None:
-            self._rc = code
-            self._exited.set()
-
-    async def launch(self, cmd: LaunchCommand) -> None:
-        self.launched = True
-        self.launches.append(cmd)
-        loop = asyncio.get_running_loop()
-        mode = self.world.on_launch
-        if mode == "ok":
-            loop.call_later(0.01, self.emit, "weights_loaded")
-            loop.call_later(0.02, setattr, self.world, "healthy", True)
-        elif mode == "fail":
-            loop.call_later(0.01, lambda: self.emit("failed", error="FileNotFoundError: NoSuchKey", where="engine_core"))
-        elif mode == "crash":
-            loop.call_later(0.01, self.exit, 1)
-
-    async def wait(self) -> int:
-        await self._exited.wait()
-        assert self._rc is not None
-        return self._rc
-
-    async def stop(self, grace_s: float) -> None:
-        self.stops.append(grace_s)
-        self.world.healthy = False
-        self.exit(-15 if grace_s else -9)
-
-    def output_tail(self, lines: int = 20) -> str:
-        return "\n".join(self.output[-lines:])
-
-
-class FakeEngine:
-    def __init__(self, world: World, base_url: str) -> None:
-        self.world = world
-        self.base_url = base_url
-
-    async def healthy(self) -> bool:
-        return self.world.healthy
-
-    async def in_flight(self) -> int | None:
-        return self.world.next_in_flight()
-
-    async def sleep(self, level: int) -> None:
-        self.world.sleeps.append(level)
-        if self.world.sleep_error:
-            raise EngineError(self.world.sleep_error)
-        self.world.asleep = True
-
-    async def wake_up(self) -> None:
-        self.world.wakes += 1
-        if self.world.wake_error:
-            raise EngineError(self.world.wake_error)
-        self.world.asleep = False
-
-    async def aclose(self) -> None:
-        pass
 
 
 @pytest.fixture
@@ -146,48 +46,17 @@ async def client(world: World, tmp_path: Path) -> AsyncIterator[httpx.AsyncClien
         return h
 
     settings = AgentSettings(worker_id="w1", shape="cpu-small", port=0, data_dir=tmp_path,
+                             store=S3Endpoint("http://127.0.0.1:9", "AK", SECRET), token=TOKEN,
                              ready_poll_s=0.01, in_flight_poll_s=0.01, drain_poll_s=0.01)
     app = create_app(settings, spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
                      manifest_reader=lambda store, uri: world.manifest(store, uri))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://agent") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://agent",
+                                     headers={"Authorization": f"Bearer {TOKEN}"}) as c:
             yield c
     # Shutdown stopped the engine host.
     assert world.hosts and all(h.returncode is not None for h in world.hosts)
-
-
-def assign_body(**over: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "assignment_id": "a1", "model": "demo", "uri": "s3://thaw/models/demo",
-        "served_model_name": "demo-chat", "max_model_len": 512,
-        "engine": {"enforce_eager": True, "cpu_kvcache_gib": 2},
-        "store": {"endpoint_url": "http://127.0.0.1:9", "access_key": "AK", "secret_key": SECRET,
-                  "region": "us-east-1"},
-    }
-    body.update(over)
-    return body
-
-
-async def wait_state(c: httpx.AsyncClient, *states: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        body = (await c.get("/state")).json()
-        if body["state"] in states:
-            return body
-        if time.monotonic() > deadline:
-            raise AssertionError(f"state {body['state']!r}, wanted {states}: {body}")
-        await asyncio.sleep(0.005)
-
-
-async def ready(c: httpx.AsyncClient, **over: Any) -> dict[str, Any]:
-    await wait_state(c, "standby")
-    r = await c.post("/assign", json=assign_body(**over))
-    assert r.status_code == 202, r.text
-    return await wait_state(c, "ready")
-
-
-# -- start-up, health, metrics -------------------------------------------------------
 
 
 @pytest.mark.parametrize("world", [World(import_on_spawn=False)], indirect=True)
@@ -201,6 +70,20 @@ async def test_starting_until_the_engine_host_imported(world: World, client: htt
     assert r.status_code == 409 and r.json()["state"] == "starting"
     world.hosts[0].emit("imported")
     await wait_state(client, "standby")
+
+
+async def test_every_endpoint_but_healthz_needs_the_cluster_token(client: httpx.AsyncClient) -> None:
+    await wait_state(client, "standby")
+    for method, path in (("GET", "/state"), ("GET", "/metrics"), ("POST", "/assign"), ("POST", "/release"),
+                         ("POST", "/sleep")):
+        for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"},
+                        {"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": TOKEN}):
+            r = await client.request(method, path, headers=headers, json=assign_body())
+            assert r.status_code == 401, (method, path, headers)
+            assert "cluster token" in r.json()["error"] and TOKEN not in r.text
+    assert (await client.get("/healthz", headers={"Authorization": ""})).status_code == 200
+    # Nothing was assigned by the refused calls.
+    assert (await client.get("/state")).json()["state"] == "standby"
 
 
 async def test_healthz_and_metrics(client: httpx.AsyncClient) -> None:
@@ -254,7 +137,8 @@ async def test_assign_conflicts_unless_standby(client: httpx.AsyncClient) -> Non
         ({"uri": "http://not-s3/x"}, "uri"),
         ({"max_model_len": 0}, "max_model_len"),
         ({"engine": {"enforce_eagre": True}}, "engine.enforce_eagre"),
-        ({"store": {"access_key": "AK"}}, "store.secret_key"),
+        # The store's credentials come from the worker's environment, never the wire.
+        ({"store": {"access_key": "AK", "secret_key": "x"}}, "store"),
         ({"assignment_id": ""}, "assignment_id"),
         ({"surprise": 1}, "surprise"),
     ],

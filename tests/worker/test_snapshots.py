@@ -27,7 +27,7 @@ import pytest
 from openai import DefaultHttpxClient, OpenAI
 
 from snapshotter.store import SnapshotLocation, read_snapshot_manifest
-from tests.worker.test_agent import STANDBY_TIMEOUT_S, Agent, running_agent
+from tests.worker.agent_process import STANDBY_TIMEOUT_S, Agent, running_agent
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint
 from weight_streaming.push import push_model
@@ -85,16 +85,14 @@ def model_name() -> str:
 
 
 @pytest.fixture(scope="module")
-def worker_b(root: Path) -> Iterator[Agent]:
-    with running_agent(root / "b", "snap-b") as a:
+def worker_b(root: Path, s3: S3Endpoint) -> Iterator[Agent]:
+    with running_agent(root / "b", "snap-b", s3) as a:
         yield a
 
 
 def _assign_body(s3: S3Endpoint, uri: str, model: str, assignment_id: str) -> dict[str, Any]:
     return {"assignment_id": assignment_id, "model": model, "uri": uri, "served_model_name": "thaw-demo",
-            "max_model_len": 512, "engine": {"enforce_eager": False, "cpu_kvcache_gib": 1},
-            "store": {"endpoint_url": s3.endpoint_url, "access_key": s3.access_key,
-                      "secret_key": s3.secret_key, "region": s3.region}}
+            "max_model_len": 512, "engine": {"enforce_eager": False, "cpu_kvcache_gib": 1}}
 
 
 def _start(agent: Agent, body: dict[str, Any]) -> tuple[dict[str, Any], str, float]:
@@ -157,7 +155,7 @@ def _loc(uri: str, model: str, fp: str) -> SnapshotLocation:
 def test_first_compiled_start_compiles_and_captures_a_snapshot(
     request: pytest.FixtureRequest, root: Path, s3: S3Endpoint, demo_uri: str, model_name: str
 ) -> None:
-    with running_agent(root / "a", "snap-a") as a:
+    with running_agent(root / "a", "snap-a", s3) as a:
         state, out, dt = _start(a, _assign_body(s3, demo_uri, model_name, "a-1"))
         Run.times["cold"] = dt
         # Worker B pays its imports now, while this one serves and captures (not

@@ -51,12 +51,95 @@ def _load(args: argparse.Namespace) -> ThawConfig:
 # -- commands -------------------------------------------------------------------------
 
 
+def _assumed_sizes(values: list[str], cfg: ThawConfig) -> dict[str | None, int]:
+    """``--assume-size SIZE`` (every model) or ``NAME=SIZE``, as byte counts by model (None: all)."""
+    from thaw.demo_model import parse_size_bytes
+
+    out: dict[str | None, int] = {}
+    for v in values:
+        name, _, size = v.rpartition("=")
+        if name and cfg.model(name) is None:
+            raise CliError(f"--assume-size {v}: no model {name!r} in the config", EXIT_INVALID)
+        try:
+            out[cfg.model(name).name if name else None] = parse_size_bytes(size)  # type: ignore[union-attr]
+        except ValueError as exc:
+            raise CliError(f"--assume-size {v}: {exc}", EXIT_INVALID) from None
+    return out
+
+
+def _model_sizes(cfg: ThawConfig, assumed: dict[str | None, int]) -> tuple[dict[str, object], list[str]]:
+    """Each model's size: assumed, else from the store's manifest. Returns the sizes
+    and notes on the models that could not be sized."""
+    from thaw.fit import ModelSize
+
+    sizes: dict[str, object] = {}
+    notes: list[str] = []
+    client = None
+    need_store = [m for m in cfg.models if m.name not in assumed and None not in assumed]
+    if need_store:
+        from thaw.objstore import StoreConfigError, resolve_endpoint
+
+        try:
+            client = resolve_endpoint(cfg).client(connect_timeout=2, read_timeout=5,
+                                                  retries={"max_attempts": 1, "mode": "standard"})
+        except StoreConfigError as exc:
+            notes.append(f"the store is not reachable ({exc})")
+    for m in cfg.models:
+        size = assumed.get(m.name, assumed.get(None))
+        hf_config = _read_hf_config(client, m.uri) if client is not None else None
+        if size is not None:
+            sizes[m.name] = ModelSize(size, "--assume-size", hf_config)
+            continue
+        if client is None:
+            continue
+        try:
+            from weight_streaming.push import read_manifest
+
+            manifest = read_manifest(client, m.uri)
+        except Exception as exc:  # unreachable, refused: a note, not a verdict
+            notes.append(f"{m.name}: cannot read its manifest at {m.uri} ({type(exc).__name__})")
+            client = None
+            continue
+        if manifest is None:
+            notes.append(f"{m.name}: no model at {m.uri} yet (push it, or give --assume-size)")
+            continue
+        sizes[m.name] = ModelSize(manifest.total_bytes, "manifest", hf_config)
+    return sizes, notes
+
+
+def _read_hf_config(client: object, uri: str) -> dict[str, object] | None:
+    from activator.tokens import s3_fetcher
+
+    try:
+        raw = s3_fetcher(client)(uri, "config.json")
+        return json.loads(raw) if raw else None
+    except Exception:
+        return None
+
+
 def cmd_config_check(args: argparse.Namespace) -> int:
+    from thaw.fit import ModelSize, fit_problem
+
     try:
         cfg = load_config(args.file)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_INVALID
+    sizes, notes = _model_sizes(cfg, _assumed_sizes(args.assume_size or [], cfg))
+    problems = []
+    for i, m in enumerate(cfg.models):
+        size = sizes.get(m.name)
+        if isinstance(size, ModelSize):
+            problem = fit_problem(i, m, cfg, size)
+            if problem:
+                problems.append(problem)
+    if problems:
+        print(f"{args.file}: invalid config\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
+        return EXIT_INVALID
+    unsized = [m.name for m in cfg.models if m.name not in sizes]
+    if unsized:
+        print(f"note: not checked whether these models fit their shapes: {', '.join(unsized)}: "
+              f"{'; '.join(notes) or 'no size known'} (give --assume-size SIZE or NAME=SIZE)", file=sys.stderr)
     print(
         f"{args.file}: ok — {len(cfg.models)} model(s), {len(cfg.shapes)} shape(s), "
         f"{len(cfg.pools)} pool(s), {len(cfg.tenants)} tenant(s); store: {cfg.object_store.kind} "
@@ -137,7 +220,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     import botocore.exceptions
 
     from thaw.cli.progress import JsonLinesProgress, ProgressBar
-    from weight_streaming.manifest import S3UriError, parse_s3_uri
+    from thaw.s3uri import S3UriError, parse_s3_uri
     from weight_streaming.push import InvalidModelDir, PushError, push_model
 
     cfg = _load(args)
@@ -204,9 +287,41 @@ def cmd_models_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def _controller(args: argparse.Namespace, cfg: ThawConfig) -> str:
+    """The controller's URL: --controller, else the running `thaw up`'s, else the config's."""
+    from thaw.cli.up import endpoint_file
+
+    if getattr(args, "controller", None):
+        return str(args.controller).rstrip("/")
+    with_up = endpoint_file(cfg)
+    try:
+        return str(json.loads(with_up.read_text())["control_url"]).rstrip("/")
+    except (OSError, ValueError, KeyError):
+        return cfg.controller.resolved_url
+
+
+def _get(cfg: ThawConfig, url: str, path: str, **params: float | str) -> dict:  # type: ignore[type-arg]
     import httpx
 
+    from thaw.auth import TokenError, bearer, cluster_token
+
+    try:
+        headers = bearer(cluster_token(cfg))
+    except TokenError as exc:
+        raise CliError(str(exc), EXIT_FAILED) from None
+    try:
+        r = httpx.get(f"{url}{path}", headers=headers, params=params, timeout=10)
+    except httpx.HTTPError as exc:
+        raise CliError(f"the controller at {url} does not answer ({exc or type(exc).__name__}); is it running "
+                       "(`thaw up` or `thaw controller`)?", EXIT_STORE) from None
+    if r.status_code == 401:
+        raise CliError(f"the controller at {url} refused the cluster token (is this its config?)", EXIT_FAILED)
+    if r.status_code >= 400:
+        raise CliError(f"the controller at {url} answered {r.status_code}: {r.text[:300]}", EXIT_FAILED)
+    return r.json()  # type: ignore[no-any-return]
+
+
+def cmd_status(args: argparse.Namespace) -> int:
     from thaw.cli.status import render_status
     from thaw.cli.up import endpoint_file
 
@@ -216,16 +331,73 @@ def cmd_status(args: argparse.Namespace) -> int:
         info = json.loads(path.read_text())
     except (OSError, ValueError):
         raise CliError(f"Thaw is not running here (no {path}); start it with `thaw up`", EXIT_STORE) from None
-    try:
-        state = httpx.get(f"{info['control_url']}/v1/state", timeout=5).json()
-    except (httpx.HTTPError, ValueError) as exc:
-        raise CliError(f"the control plane at {info['control_url']} does not answer ({exc}); "
-                       "is `thaw up` still running?", EXIT_STORE) from None
+    state = _get(cfg, info["control_url"], "/v1/state")
     if args.json:
         print(json.dumps({"endpoint": info, **state}, indent=2))
     else:
         print(render_status(info, state))
     return 0
+
+
+def cmd_pool_status(args: argparse.Namespace) -> int:
+    from thaw.cli.status import render_pool
+
+    cfg = _load(args)
+    state = _get(cfg, _controller(args, cfg), "/v1/state")
+    if args.json:
+        print(json.dumps(state, indent=2))
+    else:
+        print(render_pool(state))
+    return 0
+
+
+def cmd_pool_events(args: argparse.Namespace) -> int:
+    import time
+
+    from activator.errors import ApiError
+    from activator.ledger import parse_time
+    from thaw.cli.status import render_events
+
+    cfg = _load(args)
+    try:
+        since = parse_time(args.since, "since") or 0.0
+    except ApiError as exc:
+        raise CliError(exc.message, EXIT_INVALID) from None
+    body = _get(cfg, _controller(args, cfg), "/v1/events", since=since)
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        print(render_events(body["events"], now=time.time()))
+    return 0
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    from thaw.serve import run_server
+    from warm_pool.server import create_controller_app
+
+    cfg = _load(args)
+    setup_logging("controller", args.log_level or cfg.log_level)
+    host = args.host or cfg.controller.host
+    port = args.port or cfg.controller.port
+    url = cfg.controller.url or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    app = create_controller_app(cfg, _config_path(args), url, stop_local_workers=args.stop_local_workers)
+    return run_server(app, host, port, graceful_s=10, on_exit=app.state.manager.stop_deciding)
+
+
+def cmd_activator(args: argparse.Namespace) -> int:
+    from activator.server import create_activator_app
+    from thaw.serve import run_server
+
+    cfg = _load(args)
+    setup_logging("activator", args.log_level or cfg.log_level)
+    app = create_activator_app(cfg, (args.controller or cfg.controller.resolved_url).rstrip("/"), args.id)
+    return run_server(app, args.host or cfg.server.host, args.port or cfg.server.port, graceful_s=30)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from worker.__main__ import run
+
+    return run(args, _load(args))
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
@@ -330,7 +502,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     from thaw.cli.up import run_up
 
     cfg = _load(args)
-    return run_up(cfg, port=args.port)
+    try:
+        return run_up(cfg, _config_path(args), port=args.port)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_INVALID) from None
 
 
 # -- parser -----------------------------------------------------------------------------
@@ -363,11 +538,40 @@ def build_parser() -> argparse.ArgumentParser:
             cmd_status)
     p.add_argument("--json", action="store_true")
 
+    p = add(sub, "controller", "Run the controller: the pool manager, its API and the providers.", cmd_controller)
+    p.add_argument("--host", default=None, help="listen address (default: controller.host)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default: controller.port, 8100)")
+    p.add_argument("--stop-local-workers", action="store_true",
+                   help="terminate the local pool's workers on exit (`thaw up`); by default they keep "
+                        "serving for the next controller to adopt")
+    p = add(sub, "activator", "Run an activator: the OpenAI-compatible API.", cmd_activator)
+    p.add_argument("--controller", metavar="URL", default=None, help="default: controller.url in the config")
+    p.add_argument("--host", default=None, help="listen address (default: server.host)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default: server.port)")
+    p.add_argument("--id", default=None, help="this activator's name in reports (default: random)")
+    from worker.__main__ import add_arguments as worker_arguments
+
+    p = add(sub, "worker", "Run the worker agent of one instance (started by a provider).", cmd_worker)
+    worker_arguments(p)
+
+    pool = sub.add_parser("pool", help="The warm pool: workers, shapes, models, and the controller's decisions.")
+    pl_sub = pool.add_subparsers(dest="pool_command", metavar="SUBCOMMAND", required=True)
+    p = add(pl_sub, "status", "Per shape, model and worker: states, targets, budget and spend.", cmd_pool_status)
+    p.add_argument("--controller", metavar="URL", default=None)
+    p.add_argument("--json", action="store_true")
+    p = add(pl_sub, "events", "Every decision the controller carried out, with its reason and inputs.",
+            cmd_pool_events)
+    p.add_argument("--controller", metavar="URL", default=None)
+    p.add_argument("--since", default="1h", help="epoch seconds, ISO time, or a duration back (default 1h)")
+    p.add_argument("--json", action="store_true")
+
     cfg = sub.add_parser("config", help="Check a config file or hash an API key.")
     cfg_sub = cfg.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
     p = add(cfg_sub, "check", "Validate a config file and print its problems, one per line.",
             cmd_config_check, with_common=False)
     p.add_argument("file", metavar="FILE")
+    p.add_argument("--assume-size", action="append", metavar="[NAME=]SIZE", default=None,
+                   help="weights size when the store cannot say (e.g. 140GiB, or llama-70b=140GiB); repeatable")
     p = add(cfg_sub, "hash-key", "Print the hash of an API key, as stored in tenants[].api_key_hashes.",
             cmd_config_hash_key, with_common=False)
     p.add_argument("key", metavar="KEY")
@@ -393,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Commands whose arguments live with their code (light imports only at parser time).
     from loadtests import bench_activator, bench_cold_start, bench_stream
-    from snapshotter import cli as snapshot_cli
+    from thaw.cli import snapshot as snapshot_cli
 
     bench = sub.add_parser("bench", help="Run a benchmark (baseline and Thaw in one run) and write JSON.")
     b_sub = bench.add_subparsers(dest="bench_command", metavar="SUBCOMMAND", required=True)

@@ -1,8 +1,10 @@
-"""`thaw status`: the control plane's view, as text."""
+"""`thaw status` and `thaw pool status|events`: the controller's view, as text."""
 
 from __future__ import annotations
 
+import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -13,23 +15,66 @@ def _ago(t: float | None, now: float) -> str:
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago"
 
 
-def render_status(info: dict[str, Any], state: dict[str, Any]) -> str:
-    now = state.get("now") or time.time()
-    out = [f"endpoint {info['base_url']}  (control plane {info['control_url']})", "", "MODELS"]
+def _counts(c: dict[str, int]) -> str:
+    return ", ".join(f"{n} {s}" for s, n in sorted(c.items())) or "none"
+
+
+def _models(state: dict[str, Any], now: float) -> list[str]:
+    out = ["MODELS"]
     for m in state["models"]:
-        reps = ", ".join(f"{n} {s}" for s, n in sorted(m["replicas"].items())) or "0 replicas"
+        reps = _counts(m["replicas"]) if m["replicas"] else "0 replicas"
         out.append(f"  {m['served_name']:20} {reps:24} queued {m['queued']:<3} in flight {m['in_flight']:<3} "
                    f"last request {_ago(m['last_request_at'], now)}")
         if m.get("error"):
-            out.append(f"    failing: {m['error']}")
+            out.append(f"    failing: {m['error']}"
+                       + (f" (next try in {m['backoff_until'] - now:.0f}s)" if m.get("backoff_until") else ""))
         cs = m.get("last_cold_start")
         if cs:
             phases = "  ".join(f"{k} {v:.2f}s" for k, v in cs["phases_s"].items())
             out.append(f"    last cold start {_ago(cs['at'], now)}: {cs['total_s']:.2f}s to first token = {phases}")
-    out += ["", "WORKERS"]
+    return out
+
+
+def _workers(state: dict[str, Any]) -> list[str]:
+    out = ["WORKERS"]
+    details = {d["id"]: d for d in state.get("worker_details", [])}
     if not state["workers"]:
         out.append("  none")
     for w in state["workers"]:
-        out.append(f"  {w['id']:16} {w['shape']:12} {w['state']:10} {w['model'] or '-':12} up {w['uptime_s']:.0f}s"
-                   + (f"  error: {w['error']}" if w.get("error") else ""))
+        d = details.get(w["id"], {})
+        out.append(f"  {w['id']:14} {w['instance_id'] or '-':22} {d.get('shape', '-'):12} {w['state']:11} "
+                   f"{w['model'] or '-':12} age {w['age_s']:.0f}s  {w['control_url'] or '-'}"
+                   + (f"\n    error: {d['error']}" if d.get("error") else ""))
+    return out
+
+
+def render_status(info: dict[str, Any], state: dict[str, Any]) -> str:
+    now = state.get("now") or time.time()
+    out = [f"endpoint {info['base_url']}  (controller {info['control_url']})", ""]
+    return "\n".join(out + _models(state, now) + [""] + _workers(state))
+
+
+def render_pool(state: dict[str, Any]) -> str:
+    now = state.get("now") or time.time()
+    out = [f"controller epoch {state['controller_epoch']}"
+           + ("" if state["adopted"] else "  (still adopting the fleet after its start)"), "", "SHAPES"]
+    for s in state["shapes"]:
+        budget = "no budget" if s["budget_usd_per_hour"] is None else f"budget ${s['budget_usd_per_hour']:.2f}/h"
+        out.append(f"  {s['shape']:14} {s['provider']:6} {_counts(s['counts']):40} standby target "
+                   f"{s['standby_min']}..{s['standby_max']}, max {s['max_instances']}; {budget}, "
+                   f"spending ${s['spend_usd_per_hour']:.2f}/h")
+        if s.get("backoff_until"):
+            out.append(f"    launches paused {s['backoff_until'] - now:.0f}s more: {s['backoff_reason']}")
+    return "\n".join(out + [""] + _models(state, now) + [""] + _workers(state))
+
+
+def render_events(events: list[dict[str, Any]], now: float) -> str:
+    if not events:
+        return "no decisions in that window"
+    out = []
+    for e in events:
+        when = datetime.fromtimestamp(e["at"], UTC).strftime("%H:%M:%S")
+        who = " ".join(f"{k}={e[k]}" for k in ("shape", "model", "worker_id") if e.get(k))
+        out.append(f"{when} ({_ago(e['at'], now):>8}) {e['kind']:10} {e['reason']:15} {e['outcome']:8} {who}  "
+                   f"{json.dumps(e['inputs'], separators=(',', ':'))}")
     return "\n".join(out)

@@ -1,9 +1,10 @@
 """`thaw up`: the embedded platform on one machine, all on loopback.
 
-Starts the object store (when embedded), publishes the demo model when the store
-lacks it, then runs the pool manager (which launches the standby workers) and the
-activator in this process, and stops all of it on Ctrl-C/SIGTERM. Workers die with
-this process even if it is killed (PR_SET_PDEATHSIG).
+The same services as a fleet, composed: it starts the object store (when embedded),
+publishes the demo model when the store lacks it, then runs `thaw controller` (which
+launches the local standby workers) and one `thaw activator` as child processes, and
+stops all of it on Ctrl-C/SIGTERM. The services die with this process even if it is
+killed (PR_SET_PDEATHSIG); the controller then stops the workers.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from thaw.config import ThawConfig, hash_api_key
 from thaw.log import get_logger
@@ -54,58 +57,95 @@ def _demo_key(cfg: ThawConfig) -> str | None:
     return DEMO_API_KEY if any(h in t.api_key_hashes for t in cfg.tenants) else None
 
 
-class _Server:
-    """A uvicorn server that leaves signal handling to `thaw up`."""
+@dataclass
+class _Service:
+    """One service `thaw up` runs as a child process, restarted if it dies."""
 
-    def __init__(self, app: Any, host: str, port: int) -> None:
-        import uvicorn
+    name: str
+    argv: list[str]
+    health_url: str
+    log_path: Path
+    proc: asyncio.subprocess.Process | None = None
+    restarts: int = 0
 
-        config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
-                                timeout_graceful_shutdown=10, lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    async def start(self) -> None:
+        from thaw.process import die_with_parent
 
-    async def serve(self) -> None:
-        await self.server.serve()
+        parent = os.getpid()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 (a local file: fast)
+        try:
+            # Its own session (Ctrl-C reaches `thaw up` only, which stops the services in
+            # order); it dies with `thaw up` even if that is SIGKILLed.
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
+                preexec_fn=lambda: die_with_parent(signal.SIGTERM, expected_parent=parent),
+            )
+        finally:
+            logf.close()
 
-    def stop(self) -> None:
-        self.server.should_exit = True
+    async def healthy(self, timeout_s: float) -> bool:
+        import httpx
 
-    @property
-    def started(self) -> bool:
-        return self.server.started
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(timeout=1.0) as http:
+            while time.monotonic() < deadline:
+                if self.proc is None or self.proc.returncode is not None:
+                    return False
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(self.health_url)).status_code == 200:
+                        return True
+                await asyncio.sleep(0.1)
+        return False
+
+    async def stop(self, timeout_s: float) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("service_kill", service=self.name, after_s=timeout_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
 
 
-async def serve(cfg: ThawConfig, port: int | None, stop: asyncio.Event) -> int:
-    from activator.app import create_app
-    from thaw.embedded_store import free_port
-    from thaw.objstore import resolve_endpoint
-    from warm_pool.api import create_pool_app
-    from warm_pool.manager import PoolManager
-    from warm_pool.providers import LocalProvider
+def _refuse_remote_pools(cfg: ThawConfig) -> None:
+    for i, p in enumerate(cfg.pools):
+        if p.provider != "local":
+            raise ValueError(f"pools[{i}].provider: {p.provider!r} launches cloud instances; `thaw up` runs only "
+                             "local pools (run `thaw controller` for a fleet, see docs/DEPLOY.md)")
 
-    store_ep = resolve_endpoint(cfg)
-    provider = LocalProvider(cfg.data_dir, log_level=cfg.log_level)
-    manager = PoolManager(cfg, provider, store_ep)
-    pool_port = free_port()
-    pool_url = f"http://127.0.0.1:{pool_port}"
+
+async def serve(cfg: ThawConfig, config_path: Path, port: int | None, stop: asyncio.Event) -> int:
+    """Run `thaw controller` and one `thaw activator` as child processes (the controller
+    launches the local workers) until ``stop``; a service that dies is restarted."""
     act_port = port or cfg.server.port
-    pool = _Server(create_pool_app(manager), "127.0.0.1", pool_port)
-    from activator.tokens import s3_fetcher
-
-    app = create_app(cfg, pool_url, activator_id="embedded", store_fetcher=s3_fetcher(store_ep.client()))
-    activator = _Server(app, cfg.server.host, act_port)
-
-    tasks = [asyncio.create_task(pool.serve(), name="pool"), asyncio.create_task(activator.serve(), name="activator")]
-    while not (pool.started and activator.started):
-        if any(t.done() for t in tasks):
-            break
-        await asyncio.sleep(0.05)
-    if pool.started and activator.started:
+    controller_url = f"http://127.0.0.1:{cfg.controller.port}"
+    logs = cfg.data_dir / "logs"
+    base = [sys.executable, "-m", "thaw.cli.main"]
+    common = ["--config", str(config_path)]
+    controller = _Service("controller", [*base, "controller", *common, "--host", "127.0.0.1",
+                                         "--port", str(cfg.controller.port), "--stop-local-workers"],
+                          f"{controller_url}/healthz", logs / "controller.log")
+    activator = _Service("activator", [*base, "activator", *common, "--controller", controller_url,
+                                       "--host", cfg.server.host, "--port", str(act_port), "--id", "embedded"],
+                         f"http://{cfg.server.host}:{act_port}/healthz", logs / "activator.log")
+    services = [controller, activator]
+    rc = 1
+    try:
+        for svc in services:
+            await svc.start()
+            if not await svc.healthy(120.0):
+                print(f"thaw up: the {svc.name} did not start; see {svc.log_path}", flush=True)
+                return 1
         base_url = f"http://{cfg.server.host}:{act_port}/v1"
         info = {"base_url": base_url, "model": cfg.models[0].resolved_served_name if cfg.models else None,
                 "models": [m.resolved_served_name for m in cfg.models], "api_key": _demo_key(cfg),
-                "control_url": pool_url, "pid": os.getpid()}
+                "control_url": controller_url, "pid": os.getpid()}
         path = endpoint_file(cfg)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(info, indent=2))
@@ -115,24 +155,33 @@ async def serve(cfg: ThawConfig, port: int | None, stop: asyncio.Event) -> int:
                   f"{m.autoscaling.idle_grace_s:g} s idle", flush=True)
         if info["api_key"]:
             print(f"  demo API key: {info['api_key']}", flush=True)
-        print(f"  endpoint info: {path}; worker logs: {cfg.data_dir / 'logs'}; Ctrl-C stops", flush=True)
-        done_any = asyncio.create_task(asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED))
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait([done_any, stopper], return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-    rc = 0 if stop.is_set() else 1
-    print("thaw up: stopping", flush=True)
-    activator.stop()
-    pool.stop()  # its lifespan stops the manager, which terminates the workers
-    await asyncio.gather(*tasks, return_exceptions=True)
-    endpoint_file(cfg).unlink(missing_ok=True)
+        print(f"  controller: {controller_url} (`thaw pool status`); logs: {logs}; Ctrl-C stops", flush=True)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+            for svc in services:
+                if not stop.is_set() and svc.proc is not None and svc.proc.returncode is not None:
+                    # A service that died is started again: the controller adopts the
+                    # workers it left, the activator resumes from the controller's routes.
+                    svc.restarts += 1
+                    print(f"thaw up: the {svc.name} exited ({svc.proc.returncode}); restarting it", flush=True)
+                    await asyncio.sleep(min(2.0 ** (svc.restarts - 1), 30.0))
+                    await svc.start()
+        rc = 0
+    finally:
+        print("thaw up: stopping", flush=True)
+        await activator.stop(20.0)
+        await controller.stop(60.0)  # --stop-local-workers: it terminates the workers
+        endpoint_file(cfg).unlink(missing_ok=True)
     return rc
 
 
-def run_up(cfg: ThawConfig, port: int | None = None) -> int:
+def run_up(cfg: ThawConfig, config_path: Path, port: int | None = None) -> int:
     from thaw.embedded_store import EmbeddedStore
     from thaw.objstore import embedded_store_root
 
+    _refuse_remote_pools(cfg)
+    config_file = config_path.resolve()
     store = None
     if cfg.object_store.kind == "embedded":
         store = EmbeddedStore(embedded_store_root(cfg), s3_port=cfg.object_store.embedded.s3_port,
@@ -152,7 +201,7 @@ def run_up(cfg: ThawConfig, port: int | None = None) -> int:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            return await serve(cfg, port, stop)
+            return await serve(cfg, config_file, port, stop)
 
         return asyncio.run(main())
     finally:

@@ -38,7 +38,7 @@ from snapshotter.store import (
 from thaw.config import ConfigError, Model, ThawConfig, load_config
 from thaw.log import get_logger, setup_logging
 from thaw.objstore import S3Endpoint, StoreConfigError, resolve_endpoint
-from weight_streaming.manifest import parse_s3_uri
+from thaw.s3uri import parse_s3_uri
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -159,7 +159,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         raise SnapshotCliError(f"the manifest at {model.uri} lists no config.json")
 
     # The fingerprint a worker on this machine computes (same settings defaults).
-    defaults = AgentSettings(worker_id="thaw-snapshot-build", shape=model.shape, port=0, data_dir=Path("."))
+    defaults = AgentSettings(worker_id="thaw-snapshot-build", shape=model.shape, port=0, data_dir=Path("."),
+                             store=endpoint)
     fp = fingerprint_of(fingerprint_inputs(
         runtime=probe_runtime(defaults.python), model_uri=model.uri, model_config_sha256=config_sha,
         engine=model.engine, max_model_len=model.max_context_tokens,
@@ -194,15 +195,12 @@ def cmd_build(args: argparse.Namespace) -> int:
 async def _build(model: Model, endpoint: S3Endpoint, data_dir: Path, timeout_s: float,
                  log_level: str) -> dict[str, Any]:
     """Run a worker agent in this process: standby, assign, ready, capture, stop."""
-    from pydantic import SecretStr
-
+    from thaw.wire import AssignRequest, WorkerState
     from worker.agent import Agent
-    from worker.schemas import AssignRequest, StoreSpec
     from worker.settings import AgentSettings
-    from worker.state import WorkerState
 
     settings = AgentSettings(worker_id="thaw-snapshot-build", shape=model.shape, port=0, data_dir=data_dir,
-                             log_level=log_level, load_timeout_s=timeout_s)
+                             store=endpoint, log_level=log_level, load_timeout_s=timeout_s)
     agent = Agent(settings)
     t0 = time.monotonic()
     deadline = t0 + timeout_s
@@ -213,8 +211,6 @@ async def _build(model: Model, endpoint: S3Endpoint, data_dir: Path, timeout_s: 
             assignment_id="snapshot-build", model=model.name, uri=model.uri,
             served_model_name=model.resolved_served_name, max_model_len=model.max_context_tokens,
             engine=model.engine,
-            store=StoreSpec(endpoint_url=endpoint.endpoint_url, access_key=endpoint.access_key,
-                            secret_key=SecretStr(endpoint.secret_key), region=endpoint.region),
         ))
         t_assign = time.monotonic()
         await _until(agent, lambda: agent.state in (WorkerState.READY, WorkerState.FAILED), deadline,

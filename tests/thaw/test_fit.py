@@ -1,0 +1,104 @@
+"""Whether a model fits its shape: weights + a minimal KV cache against usable memory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from thaw.config import ThawConfig, parse_config
+from thaw.fit import GIB, ModelSize, fit_problem, kv_bytes_per_token
+
+# Llama 3 70B's shape: 80 layers, 64 heads, 8 KV heads, head_dim 8192 / 64 = 128.
+LLAMA_70B = {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192,
+             "torch_dtype": "bfloat16"}
+
+
+def config(gpu_count: int, gpu_gib: float, **engine: Any) -> ThawConfig:
+    return parse_config({
+        "shapes": [{"name": "s", "gpu_type": "h100-80gb", "gpu_count": gpu_count, "gpu_memory_gib": gpu_gib,
+                    "host_memory_gib": 512, "price_per_hour_usd": 1}],
+        "models": [{"name": "m", "uri": "s3://thaw/m", "shape": "s", "max_context_tokens": 8192,
+                    "engine": engine}],
+    })
+
+
+def test_kv_bytes_per_token_of_llama_70b() -> None:
+    # 2 (K and V) x 80 layers x 8 KV heads x 128 dims x 2 bytes = 327,680 bytes
+    assert kv_bytes_per_token(LLAMA_70B, "auto") == 327_680
+    assert kv_bytes_per_token(LLAMA_70B, "float32") == 655_360
+    assert kv_bytes_per_token({"hidden_size": 1}, "auto") is None
+
+
+@pytest.mark.parametrize(
+    ("gpus", "gpu_gib", "weights_gib", "fits"),
+    [
+        # 140 GiB + 327,680 x 8192 B (2.5 GiB) = 142.5 GiB > 1 x 80 x 0.9 = 72 GiB
+        (1, 80, 140, False),
+        # 142.5 GiB <= 2 x 80 x 0.9 = 144 GiB
+        (2, 80, 140, True),
+        # 142.5 GiB <= 4 x 40 x 0.9 = 144 GiB (four smaller GPUs)
+        (4, 40, 140, True),
+        # 760 + 2.5 > 8 x 80 x 0.9 = 576
+        (8, 80, 760, False),
+    ],
+)
+def test_fit_against_tensor_parallel_gpus(gpus: int, gpu_gib: float, weights_gib: float, fits: bool) -> None:
+    cfg = config(gpus, gpu_gib)
+    assert cfg.models[0].engine.tensor_parallel_size == gpus  # from the shape
+    problem = fit_problem(0, cfg.models[0], cfg, ModelSize(int(weights_gib * GIB), "manifest", LLAMA_70B))
+    assert (problem is None) is fits, problem
+
+
+def test_the_message_names_both_numbers() -> None:
+    cfg = config(1, 80)
+    problem = fit_problem(0, cfg.models[0], cfg, ModelSize(140 * GIB, "--assume-size", None))
+    assert problem is not None
+    assert "models[0] (m)" in problem and "140.0 GiB (--assume-size)" in problem
+    assert "1 x 80 GiB x gpu_memory_utilization 0.9 = 72.0 GiB" in problem
+
+
+def test_an_explicit_tensor_parallel_size_is_kept_and_bounded_by_the_shape() -> None:
+    assert config(8, 80, tensor_parallel_size=4).models[0].engine.tensor_parallel_size == 4
+    with pytest.raises(Exception, match="tensor_parallel_size 16 needs 16 GPUs; shape 's' has 8"):
+        config(8, 80, tensor_parallel_size=16)
+
+
+def test_config_check_refuses_a_model_that_cannot_fit(tmp_path: Path) -> None:
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text(
+        "data_dir: " + str(tmp_path) + "\n"
+        "shapes: [{name: l40s, gpu_type: l40s-48gb, gpu_count: 1, gpu_memory_gib: 48, host_memory_gib: 64,"
+        " price_per_hour_usd: 1.8}]\n"
+        "models: [{name: llama-70b, uri: 's3://thaw/llama-70b', shape: l40s, max_context_tokens: 8192}]\n")
+    run = [sys.executable, "-m", "thaw.cli.main", "config", "check", str(cfg)]
+    out = subprocess.run([*run, "--assume-size", "llama-70b=140GiB"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "140.0 GiB" in out.stderr and "43.2 GiB" in out.stderr and "llama-70b" in out.stderr
+    ok = subprocess.run([*run, "--assume-size", "16GiB"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run([*run, "--assume-size", "nope=1GiB"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no model 'nope'" in bad.stderr
+    # Without a size and without a store, it says what it did not check.
+    unsized = subprocess.run(run, capture_output=True, text=True, timeout=60)
+    assert unsized.returncode == 0 and "not checked whether these models fit their shapes: llama-70b" in unsized.stderr
+
+
+def test_an_ec2_pool_needs_a_launch_template_and_a_reachable_controller() -> None:
+    base: dict[str, Any] = {
+        "shapes": [{"name": "s", "gpu_type": "h100-80gb", "gpu_count": 1, "gpu_memory_gib": 80,
+                    "host_memory_gib": 64, "price_per_hour_usd": 1}],
+        "pools": [{"shape": "s", "provider": "ec2",
+                   "ec2": {"region": "us-east-1", "subnets": ["s-1"], "instance_types": ["p5.48xlarge"]}}],
+        "controller": {"url": "http://controller.internal:8100"},
+    }
+    with pytest.raises(Exception, match=r"pools\.0\.ec2\.launch_template|launch_template"):
+        parse_config(base)
+    base["pools"][0]["ec2"]["launch_template"] = "thaw-worker"
+    assert parse_config(base).pools[0].ec2 is not None
+    del base["controller"]
+    with pytest.raises(Exception, match="set controller.url"):
+        parse_config(base)

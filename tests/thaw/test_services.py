@@ -1,0 +1,98 @@
+"""The three services as processes: each answers /healthz without the token and
+/metrics with it, a worker started by hand registers on a local pool, and SIGTERM
+drains each and exits 0."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from thaw.embedded_store import free_port
+
+TOKEN = "services-test-token"
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as f:
+        return subprocess.Popen([sys.executable, "-m", "thaw.cli.main", *args], stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_ok(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-2000:]
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer: {log.read_text()[-2000:]}")
+
+
+@pytest.mark.integration
+def test_services_start_register_and_exit_0_on_sigterm(tmp_path: Path) -> None:
+    cport, aport, wport = free_port(), free_port(), free_port()
+    cfg = {
+        "data_dir": str(tmp_path / "data"),
+        "cluster": {"token": TOKEN, "heartbeat_interval_s": 0.5},
+        "controller": {"port": cport},
+        "object_store": {"kind": "s3", "endpoint_url": "http://127.0.0.1:9", "credentials": {"source": "env"}},
+        "shapes": [{"name": "cpu", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8,
+                    "price_per_hour_usd": 0}],
+        # No standby: nothing is launched; a worker started by hand registers itself.
+        "pools": [{"shape": "cpu", "provider": "local", "standby_min": 0, "standby_max": 0}],
+        "models": [{"name": "demo", "uri": "s3://thaw/demo", "shape": "cpu"}],
+    }
+    path = tmp_path / "thaw.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    curl = f"http://127.0.0.1:{cport}"
+    procs = {
+        "controller": start(["controller", "--config", str(path)], tmp_path / "controller.log"),
+        "activator": start(["activator", "--config", str(path), "--controller", curl, "--port", str(aport)],
+                           tmp_path / "activator.log"),
+        "worker": start(["worker", "--config", str(path), "--shape", "cpu", "--instance-id", "by-hand-1",
+                         "--port", str(wport), "--data-dir", str(tmp_path / "w")], tmp_path / "worker.log"),
+    }
+    urls = {"controller": curl, "activator": f"http://127.0.0.1:{aport}", "worker": f"http://127.0.0.1:{wport}"}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        for name, proc in procs.items():
+            wait_ok(f"{urls[name]}/healthz", proc, tmp_path / f"{name}.log")
+            assert httpx.get(f"{urls[name]}/metrics", headers=auth, timeout=5).status_code == 200
+        for name in ("controller", "worker"):
+            assert httpx.get(f"{urls[name]}/metrics", timeout=5).status_code == 401
+        deadline = time.monotonic() + 30
+        while True:
+            workers = httpx.get(f"{curl}/v1/state", headers=auth, timeout=5).json()["workers"]
+            if workers or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert [(w["id"], w["instance_id"], w["control_url"]) for w in workers] == [
+            ("by-hand-1", "by-hand-1", f"http://127.0.0.1:{wport}")]
+        # The activator is on the controller's route feed (it waited out the adoption).
+        deadline = time.monotonic() + 30
+        while not httpx.get(f"{urls['activator']}/healthz", timeout=5).json()["pool_connected"]:
+            assert time.monotonic() < deadline, (tmp_path / "activator.log").read_text()[-2000:]
+            time.sleep(0.2)
+    finally:
+        codes = {}
+        for name in ("activator", "worker", "controller"):
+            p = procs[name]
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+            try:
+                codes[name] = p.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                codes[name] = p.wait()
+    assert codes == {"activator": 0, "worker": 0, "controller": 0}, {
+        n: (tmp_path / f"{n}.log").read_text()[-1500:] for n, c in codes.items() if c}

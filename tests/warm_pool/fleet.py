@@ -1,0 +1,154 @@
+"""A fleet in one process for the controller's tests: the controller's real app and
+manager on a loopback port, and worker agents (their real HTTP API and heartbeats, with
+a fake engine host and engine) started by an in-process provider."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+import yaml
+
+from tests.worker.fakes import FakeEngine, FakeHost, World
+from thaw.config import ThawConfig, parse_config
+from thaw.embedded_store import free_port
+from thaw.objstore import S3Endpoint
+from warm_pool.api import create_pool_app
+from warm_pool.control import HttpWorkerControl
+from warm_pool.manager import PoolManager
+from warm_pool.providers import Instance, InstanceState
+from worker.api import create_app
+from worker.host import OnEvent
+from worker.settings import AgentSettings
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
+TOKEN = "fleet-test-token"
+
+
+async def serve(app: Any, port: int) -> tuple[uvicorn.Server, asyncio.Task[None]]:
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
+        if task.done():
+            await task
+            raise RuntimeError("server did not start")
+        await asyncio.sleep(0.01)
+    return server, task
+
+
+@dataclass
+class InProcessProvider:
+    """Worker agents as in-process uvicorn servers, each with its own fake world. Like a
+    real provider, it outlives a controller: its instances are adopted by the next."""
+
+    root: Path
+    controller_url: str
+    kind: str = "local"
+    worlds: dict[str, World] = field(default_factory=dict)
+    launched: int = 0
+    _servers: dict[str, tuple[Instance, uvicorn.Server, asyncio.Task[None]]] = field(default_factory=dict)
+
+    async def launch(self, shape: str, worker_id: str) -> Instance:
+        if worker_id in self._servers:
+            return self._servers[worker_id][0]
+        self.launched += 1
+        world = self.worlds[worker_id] = World()
+
+        async def spawn(on_event: OnEvent) -> FakeHost:
+            h = FakeHost(world, on_event)
+            world.hosts.append(h)
+            asyncio.get_running_loop().call_later(0.01, h.emit, "imported")
+            return h
+
+        port = free_port()
+        settings = AgentSettings(worker_id=worker_id, instance_id=f"i-{worker_id}", shape=shape, port=port,
+                                 data_dir=self.root / worker_id, store=S3Endpoint("http://127.0.0.1:9", "AK", "SK"),
+                                 controller_url=self.controller_url, token=TOKEN, heartbeat_interval_s=0.1,
+                                 ready_poll_s=0.01, in_flight_poll_s=0.01, drain_poll_s=0.01)
+        app = create_app(settings, spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
+                         manifest_reader=lambda store, uri: {"ok": True})
+        server, task = await serve(app, port)
+        inst = Instance(f"i-{worker_id}", worker_id, shape, time.time(), InstanceState.RUNNING,
+                        control_url=f"http://127.0.0.1:{port}")
+        self._servers[worker_id] = (inst, server, task)
+        return inst
+
+    async def instances(self) -> list[Instance]:
+        return [i for i, _, _ in self._servers.values()]
+
+    async def terminate(self, instance_id: str) -> None:
+        for wid, (inst, server, task) in list(self._servers.items()):
+            if inst.instance_id == instance_id:
+                del self._servers[wid]
+                server.should_exit = True
+                await task
+
+    async def stop(self, instance_id: str) -> None:
+        raise NotImplementedError
+
+    async def start(self, instance_id: str) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Workers keep running (the controller is what closes)."""
+
+    async def shutdown(self) -> None:
+        for inst, _, _ in list(self._servers.values()):
+            await self.terminate(inst.instance_id)
+
+
+def fleet_config(*, gpu: bool = False, **autoscaling: Any) -> ThawConfig:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["cluster"] = {"heartbeat_interval_s": 0.1, "worker_timeout_s": 2.0}
+    data["models"][0]["autoscaling"].update({"idle_grace_s": 0.3, **autoscaling})
+    data["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 3})
+    if gpu:  # the asleep tier needs a GPU shape (vLLM sleep mode); the fakes have it
+        data["shapes"] = [{"name": "cpu-local", "gpu_type": "h100-80gb", "gpu_count": 1, "gpu_memory_gib": 80,
+                           "host_memory_gib": 128, "price_per_hour_usd": 0}]
+    return parse_config(data)
+
+
+@dataclass
+class Controller:
+    manager: PoolManager
+    url: str
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+
+    async def stop(self) -> None:
+        # As `thaw controller` does on SIGTERM: stop deciding, then close the server.
+        await self.manager.stop_deciding()
+        self.server.should_exit = True
+        await self.task
+
+
+@asynccontextmanager
+async def controller(cfg: ThawConfig, provider: InProcessProvider, port: int, **kw: Any) -> AsyncIterator[Controller]:
+    """The controller's app (with the cluster token) serving ``provider``'s shape."""
+    m = PoolManager(cfg, {p.shape: provider for p in cfg.pools}, HttpWorkerControl(TOKEN),  # type: ignore[misc]
+                    poll_interval_s=0.05, adopt_grace_s=kw.pop("adopt_grace_s", 0.3), refresh_interval_s=0.2, **kw)
+    server, task = await serve(create_pool_app(m, TOKEN), port)
+    c = Controller(m, f"http://127.0.0.1:{port}", server, task)
+    try:
+        yield c
+    finally:
+        if not task.done():
+            await c.stop()
+
+
+async def until(what: str, pred: Any, m: PoolManager, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {m.status().model_dump_json(indent=1)}")
+        await asyncio.sleep(0.02)
+
+
+def states(m: PoolManager) -> dict[str, str]:
+    return {wid: v.state.value for wid, v in m.views(time.time()).items()}

@@ -1,0 +1,114 @@
+"""The controller over HTTP, with worker agents that heartbeat to it (fake engines): the
+cluster token on every endpoint, and a restart that keeps the fleet and the routes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from activator.routing import RouteWatcher
+from tests.warm_pool.fleet import TOKEN, InProcessProvider, controller, fleet_config, states, until
+from thaw.embedded_store import free_port
+from thaw.wire import WorkerState, WorkerStatus
+
+
+@pytest.fixture
+async def provider(tmp_path: Path) -> AsyncIterator[InProcessProvider]:
+    p = InProcessProvider(tmp_path, f"http://127.0.0.1:{free_port()}")
+    try:
+        yield p
+    finally:
+        await p.shutdown()
+
+
+def port_of(p: InProcessProvider) -> int:
+    return int(p.controller_url.rsplit(":", 1)[1])
+
+
+async def test_every_controller_endpoint_but_healthz_needs_the_token(provider: InProcessProvider) -> None:
+    cfg = fleet_config()
+    async with controller(cfg, provider, port_of(provider)) as c:
+        calls = [("GET", "/v1/state"), ("GET", "/v1/routes"), ("GET", "/v1/events"), ("GET", "/metrics"),
+                 ("POST", "/v1/workers/heartbeat"), ("POST", "/v1/reports"), ("POST", "/v1/demand"),
+                 ("POST", "/v1/cold_starts")]
+        async with httpx.AsyncClient(base_url=c.url, timeout=5) as http:
+            assert (await http.get("/healthz")).status_code == 200
+            for method, path in calls:
+                for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Bearer {TOKEN}."}):
+                    r = await http.request(method, path, headers=headers, json={"model": "demo"})
+                    assert r.status_code == 401, (method, path, headers, r.text)
+            ok = await http.get("/v1/state", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert ok.status_code == 200 and TOKEN not in ok.text
+            metrics = await http.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert "thaw_pool_heartbeats_total" in metrics.text and TOKEN not in metrics.text
+
+
+async def test_a_heartbeat_from_an_unknown_instance_is_403_on_a_cloud_pool(provider: InProcessProvider) -> None:
+    data = fleet_config().model_dump(mode="json")
+    data["pools"][0].update({"provider": "ec2", "standby_min": 0, "standby_max": 0, "ec2": {
+        "region": "us-east-1", "launch_template": "lt-1", "subnets": ["s-1"], "instance_types": ["g6e.xlarge"]}})
+    data["cluster"]["token"] = None
+    data["controller"]["url"] = "http://127.0.0.1:9"
+    from thaw.config import parse_config
+
+    async with controller(parse_config(data), provider, port_of(provider)) as c:
+        body = WorkerStatus(worker_id="w-x", instance_id="i-unknown", shape="cpu-local", state=WorkerState.STANDBY,
+                            control_url="http://127.0.0.1:9", started_at=0, state_since=0)
+        async with httpx.AsyncClient() as http:
+            r = await http.post(f"{c.url}/v1/workers/heartbeat", json=body.model_dump(mode="json"),
+                                headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 403 and "i-unknown" in r.json()["error"]
+
+
+async def test_a_controller_restart_keeps_the_workers_the_replicas_and_the_routes(
+    provider: InProcessProvider,
+) -> None:
+    cfg = fleet_config(idle_grace_s=300)
+    port = port_of(provider)
+    watcher = RouteWatcher(cfg.models, provider.controller_url, "act-test", token=TOKEN)
+    await watcher.start()
+    try:
+        async with controller(cfg, provider, port) as a:
+            m = a.manager
+            await until("a standby", lambda: "standby" in states(m).values(), m)
+            m.demand("demo")
+            await until("the activator sees a replica", lambda: watcher.routes["demo"].replicas, m)
+            before = {w: s for w, s in states(m).items()}
+            epoch_a, launched = m.epoch, provider.launched
+            await a.stop()  # the controller goes away (its workers do not)
+        # While it is down the activator keeps routing to the replica it knew.
+        await asyncio.sleep(0.5)
+        assert not watcher.connected and watcher.routes["demo"].replicas
+        async with controller(cfg, provider, port) as b:
+            m = b.manager
+            await until("adopted", lambda: m.adopted, m)
+            await until("the activator is back on the new epoch",
+                        lambda: watcher.connected and watcher.epoch == m.epoch, m)
+            # The same workers in the same states; nothing launched, assigned or released.
+            assert m.epoch != epoch_a
+            assert states(m) == before and provider.launched == launched
+            assert [r.worker_id for r in watcher.routes["demo"].replicas] == [
+                w for w, s in before.items() if s == "ready"]
+            await asyncio.sleep(0.5)
+            assert states(m) == before
+            assert not [e for e in m.events if e.kind in ("launch", "assign", "release", "terminate")]
+    finally:
+        await watcher.close()
+
+
+async def test_pool_status_lists_workers_with_exactly_the_documented_keys(provider: InProcessProvider) -> None:
+    async with controller(fleet_config(), provider, port_of(provider)) as c:
+        await until("a standby", lambda: "standby" in states(c.manager).values(), c.manager)
+        async with httpx.AsyncClient() as http:
+            body = (await http.get(f"{c.url}/v1/state", headers={"Authorization": f"Bearer {TOKEN}"})).json()
+        assert body["workers"] and all(
+            set(w) == {"id", "instance_id", "control_url", "state", "model", "age_s"} for w in body["workers"])
+        w = body["workers"][0]
+        assert w["instance_id"] == f"i-{w['id']}" and w["control_url"].startswith("http://127.0.0.1:")
+        assert 0 <= w["age_s"] < 60 and body["shapes"][0]["counts"] == {"standby": 1}
+        assert time.time() - body["now"] < 5

@@ -1,0 +1,231 @@
+"""The controller's manager with fakes of its small protocols (a provider, the worker
+control) and a clock the test steps: restarts, registration, boot timeouts, capacity
+backoff. The same manager over HTTP is in test_controller.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.warm_pool.fleet import EXAMPLE
+from thaw.config import ThawConfig, parse_config
+from thaw.wire import AssignRequest, ReleaseRequest, SleepRequest, WorkerState, WorkerStatus
+from warm_pool.manager import PoolManager, UnknownInstance
+from warm_pool.policy import ModelActivity
+from warm_pool.providers import CapacityError, Instance, InstanceState
+
+S = WorkerState
+
+
+class Clock:
+    def __init__(self, t: float = 10_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclass
+class FakeProvider:
+    clock: Clock
+    kind: str = "ec2"
+    running: dict[str, Instance] = field(default_factory=dict)
+    launches: list[str] = field(default_factory=list)
+    terminated: list[str] = field(default_factory=list)
+    # Launches that raise CapacityError, counted down.
+    no_capacity: int = 0
+
+    async def launch(self, shape: str, worker_id: str) -> Instance:
+        self.launches.append(worker_id)
+        if self.no_capacity:
+            self.no_capacity -= 1
+            raise CapacityError(shape, f"no {shape} capacity in any subnet")
+        inst = Instance(f"i-{worker_id}", worker_id, shape, self.clock(), InstanceState.RUNNING)
+        self.running[worker_id] = inst
+        return inst
+
+    async def instances(self) -> list[Instance]:
+        return list(self.running.values())
+
+    async def terminate(self, instance_id: str) -> None:
+        self.terminated.append(instance_id)
+        self.running = {w: i for w, i in self.running.items() if i.instance_id != instance_id}
+
+    async def stop(self, instance_id: str) -> None: ...
+    async def start(self, instance_id: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+@dataclass
+class FakeControl:
+    """Workers that do what they are told at once (their answer is their new status)."""
+
+    clock: Clock
+    calls: list[tuple[str, str, Any]] = field(default_factory=list)
+
+    def _status(self, url: str, state: WorkerState, **kw: Any) -> WorkerStatus:
+        wid = url.removeprefix("http://")
+        return WorkerStatus(worker_id=wid, instance_id=f"i-{wid}", shape="gpu", state=state, control_url=url,
+                            started_at=0.0, state_since=self.clock(), **kw)
+
+    async def assign(self, control_url: str, req: AssignRequest) -> WorkerStatus:
+        self.calls.append(("assign", control_url, req))
+        return self._status(control_url, S.LOADING, model=req.model, assignment_id=req.assignment_id)
+
+    async def release(self, control_url: str, req: ReleaseRequest) -> WorkerStatus:
+        self.calls.append(("release", control_url, req))
+        return self._status(control_url, S.DRAINING)
+
+    async def sleep(self, control_url: str, req: SleepRequest) -> WorkerStatus:
+        self.calls.append(("sleep", control_url, req))
+        return self._status(control_url, S.ASLEEP)
+
+    async def close(self) -> None: ...
+
+
+def config(provider: str = "ec2", standby: int = 1) -> ThawConfig:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["shapes"] = [{"name": "gpu", "gpu_type": "l40s-48gb", "gpu_count": 1, "gpu_memory_gib": 48,
+                       "host_memory_gib": 64, "price_per_hour_usd": 1.5, "boot_timeout_s": 300}]
+    pool: dict[str, Any] = {"shape": "gpu", "provider": provider, "standby_min": standby, "standby_max": standby,
+                            "max_instances": 4}
+    if provider == "ec2":
+        pool["ec2"] = {"region": "us-east-1", "launch_template": "thaw-worker", "subnets": ["subnet-a"],
+                       "instance_types": ["g6e.xlarge"], "backoff_base_s": 30, "backoff_max_s": 600}
+    data["pools"] = [pool]
+    data["models"][0].update({"shape": "gpu"})
+    data["models"][0]["autoscaling"].update({"idle_grace_s": 60})
+    data["cluster"] = {"heartbeat_interval_s": 2, "worker_timeout_s": 15}
+    data["controller"] = {"url": "http://controller.internal:8100"}
+    return parse_config(data)
+
+
+def beat(m: PoolManager, wid: str, state: WorkerState, clock: Clock, **kw: Any) -> None:
+    m.heartbeat(WorkerStatus(worker_id=wid, instance_id=f"i-{wid}", shape="gpu", state=state,
+                             control_url=f"http://{wid}", started_at=0.0, state_since=clock(), **kw))
+
+
+async def manager(cfg: ThawConfig, provider: FakeProvider, control: FakeControl, clock: Clock) -> PoolManager:
+    m = PoolManager(cfg, {"gpu": provider}, control, clock=clock, refresh_interval_s=0.0)
+    await m.start(loop=False)
+    return m
+
+
+async def step(m: PoolManager) -> None:
+    await m.step()
+    await m.settle()
+
+
+def views(m: PoolManager) -> dict[str, str]:
+    return {w: v.state.value for w, v in m.views(m.clock()).items()}
+
+
+async def test_a_restarted_controller_adopts_the_fleet_and_launches_nothing() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    # What the last controller left: one worker serving the model, one standing by.
+    for wid in ("w-ready", "w-standby"):
+        provider.running[wid] = Instance(f"i-{wid}", wid, "gpu", clock() - 3600, InstanceState.RUNNING)
+    m = await manager(config(), provider, control, clock)
+    # Within the adoption grace: nothing is decided and no route table is published.
+    await step(m)
+    assert provider.launches == [] and control.calls == [] and not m.adopted
+    assert await m.wait_routes(-1, None, 0.0) is None
+    beat(m, "w-ready", S.READY, clock, model="demo", assignment_id="demo-old-1", engine_url="http://w-ready:9000",
+         served_model_name="thaw-demo")
+    beat(m, "w-standby", S.STANDBY, clock)
+    clock.t += m.adopt_grace_s
+    await step(m)
+    assert m.adopted
+    # No activator has reported yet: the serving replica is kept (its idle grace starts
+    # now), nothing is launched (the standby target is met), nothing is released.
+    assert provider.launches == [] and control.calls == [] and provider.terminated == []
+    routes = await m.wait_routes(-1, "another-epoch", 0.0)
+    assert routes is not None and routes.epoch == m.epoch
+    assert [r.worker_id for r in routes.models["demo"].replicas] == ["w-ready"]
+    # 61 s later with no traffic at all (idle_grace_s 60): now it goes.
+    clock.t += 61
+    beat(m, "w-ready", S.READY, clock, model="demo", assignment_id="demo-old-1", engine_url="http://w-ready:9000")
+    beat(m, "w-standby", S.STANDBY, clock)
+    await step(m)
+    assert [c[0] for c in control.calls] == ["release"]
+
+
+async def test_an_instance_that_never_registers_is_terminated_and_replaced() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    m = await manager(config(), provider, control, clock)
+    clock.t += m.adopt_grace_s
+    await step(m)
+    assert len(provider.launches) == 1  # the standby target
+    wid = provider.launches[0]
+    clock.t += 299
+    await step(m)
+    assert views(m)[wid] == "starting" and provider.terminated == []
+    # boot_timeout_s 300 passed without a heartbeat: terminated, and a new one launched.
+    clock.t += 2
+    await step(m)
+    assert provider.terminated == [f"i-{wid}"]
+    await step(m)
+    assert len(provider.launches) == 2 and wid not in m.facts
+
+
+async def test_heartbeats_from_unknown_instances_are_refused_on_cloud_pools() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    m = await manager(config("ec2", standby=0), provider, control, clock)
+    with pytest.raises(UnknownInstance, match="not launched by this cluster"):
+        beat(m, "w-stranger", S.STANDBY, clock)
+    assert "w-stranger" not in m.facts
+    # On a local pool, a worker started by hand may register itself.
+    local = await manager(config("local", standby=0), FakeProvider(clock, kind="local"), control, clock)
+    beat(local, "w-by-hand", S.STANDBY, clock)
+    assert views(local)["w-by-hand"] == "standby"
+
+
+async def test_capacity_errors_back_the_shape_off_exponentially() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock, no_capacity=2), FakeControl(clock)
+    m = await manager(config(), provider, control, clock)
+    clock.t += m.adopt_grace_s
+    await step(m)
+    assert len(provider.launches) == 1 and not provider.running
+    row = m.status().shapes[0]
+    assert row.backoff_until == pytest.approx(clock() + 30) and "no gpu capacity" in (row.backoff_reason or "")
+    clock.t += 29
+    await step(m)
+    assert len(provider.launches) == 1  # still backed off
+    clock.t += 2
+    await step(m)
+    assert len(provider.launches) == 2  # tried again: fails, 30 x 2 = 60 s now
+    assert m.status().shapes[0].backoff_until == pytest.approx(clock() + 60)
+    clock.t += 61
+    await step(m)
+    assert len(provider.running) == 1 and m.status().shapes[0].backoff_until is None
+    events = [(e.kind, e.outcome) for e in m.events]
+    assert events.count(("launch", "failed")) == 2 and ("launched", "done") in events
+
+
+async def test_demand_assigns_a_standby_and_the_intent_holds_until_the_worker_reflects_it() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    provider.running["w1"] = Instance("i-w1", "w1", "gpu", clock(), InstanceState.RUNNING)
+    m = await manager(config(), provider, control, clock)
+    beat(m, "w1", S.STANDBY, clock)
+    clock.t += m.adopt_grace_s
+    await step(m)
+    m.report("act-1", {"demo": ModelActivity(queued=1, last_request_at=clock())})
+    # A stale heartbeat (sent before the assign arrived) must not undo the assignment:
+    # the next tick would otherwise assign the worker twice.
+    await m.step()
+    beat(m, "w1", S.STANDBY, clock)
+    await step(m)
+    assigns = [c for c in control.calls if c[0] == "assign"]
+    assert len(assigns) == 1 and views(m)["w1"] == "loading"
+    req = assigns[0][2]
+    assert req.assignment_id.startswith(f"demo-{m.epoch}-")
+    ev = next(e for e in m.events if e.kind == "assign")
+    assert ev.inputs["activity"]["queued"] == 1 and ev.model == "demo"

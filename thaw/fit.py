@@ -1,0 +1,72 @@
+"""Does a model fit its shape? Weights plus a minimal KV cache against the memory the
+engine may use, checked before anything launches (`thaw config check`).
+
+Pure: the caller supplies the weights' size (the store's manifest, or an operator's
+``--assume-size``) and, when the store has it, the model's ``config.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from thaw.config import Model, ThawConfig
+
+GIB = 1024**3
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "fp8": 1}
+# Without the model's config.json: a KV cache for one full-context sequence is assumed
+# to need this much (an 8B model at 8k tokens needs about 1 GiB in bf16).
+FALLBACK_KV_GIB = 1.0
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    weights_bytes: int
+    # Where the size came from, for the message: "manifest" or "--assume-size".
+    source: str
+    # The model's config.json (for the KV cache per token); None when not known.
+    hf_config: dict[str, Any] | None = None
+
+
+def kv_bytes_per_token(hf_config: dict[str, Any], dtype: str) -> int | None:
+    """Key and value bytes one token takes in every layer (None: config too unusual)."""
+    try:
+        layers = int(hf_config["num_hidden_layers"])
+        heads = int(hf_config["num_attention_heads"])
+        kv_heads = int(hf_config.get("num_key_value_heads") or heads)
+        head_dim = int(hf_config.get("head_dim") or int(hf_config["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    name = dtype if dtype != "auto" else str(hf_config.get("torch_dtype") or "bfloat16")
+    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(name, 2)
+
+
+def fit_problem(index: int, model: Model, cfg: ThawConfig, size: ModelSize) -> str | None:
+    """Why ``model`` cannot run on its shape, naming both numbers; None when it fits."""
+    shape = cfg.shape(model.shape)
+    if shape is None:
+        return None
+    e = model.engine
+    per_token = kv_bytes_per_token(size.hf_config, e.dtype) if size.hf_config else None
+    if per_token is not None:
+        kv = per_token * model.max_context_tokens
+        kv_note = f"one {model.max_context_tokens}-token sequence"
+    else:
+        kv = int(FALLBACK_KV_GIB * GIB)
+        kv_note = f"assumed {FALLBACK_KV_GIB:g} GiB: no config.json to size it"
+    if shape.gpu_count > 0:
+        gpus = e.tensor_parallel_size or 1
+        usable = gpus * shape.gpu_memory_gib * GIB * e.gpu_memory_utilization
+        where = (f"{gpus} x {shape.gpu_memory_gib:g} GiB x gpu_memory_utilization "
+                 f"{e.gpu_memory_utilization:g} = {usable / GIB:.1f} GiB")
+    else:
+        kv = max(kv, int(e.cpu_kvcache_gib * GIB))
+        kv_note = f"cpu_kvcache_gib {e.cpu_kvcache_gib:g}" if kv == int(e.cpu_kvcache_gib * GIB) else kv_note
+        usable = shape.host_memory_gib * GIB
+        where = f"host memory {shape.host_memory_gib:g} GiB"
+    need = size.weights_bytes + kv
+    if need <= usable:
+        return None
+    return (f"models[{index}] ({model.name}): weights {size.weights_bytes / GIB:.1f} GiB ({size.source}) + "
+            f"KV cache {kv / GIB:.2f} GiB ({kv_note}) = {need / GIB:.1f} GiB do not fit shape "
+            f"{shape.name!r}: {where}; use a shape with more GPU memory or raise tensor_parallel_size")

@@ -1,0 +1,282 @@
+"""Every message between Thaw's services, in one place.
+
+Worker ↔ controller (assign, release, sleep, the worker's status and heartbeat),
+activator ↔ controller (activity reports, demand, cold-start records, the route
+table) and what operators read (pool status, events). The worker, the controller and
+the activator import these models; nothing on the wire is an unchecked dict.
+
+No message carries a secret: workers take object-store credentials from their own
+environment, and the cluster token travels only in the ``Authorization`` header.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
+
+from thaw.config import EngineArgs, Name, S3Uri
+
+Id = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class WorkerState(StrEnum):
+    """A worker's state. The first seven are what a worker reports about itself
+    (derived in ``worker.state``); the last three only the controller derives, from
+    what its provider and the heartbeats tell it (``warm_pool.view``)."""
+
+    STARTING = "starting"  # no engine host has finished its imports yet
+    STANDBY = "standby"  # engine host imported, waiting for a model
+    LOADING = "loading"  # an assignment is being launched / loaded
+    READY = "ready"  # the engine answers /health: serving
+    DRAINING = "draining"  # a release is in progress (drain, then stop the engine)
+    ASLEEP = "asleep"  # the engine holds the model asleep (vLLM sleep mode); a wake serves it again
+    FAILED = "failed"  # the last assignment failed; a release clears it
+    LAUNCHING = "launching"  # controller: the provider is starting the instance
+    STOPPED = "stopped"  # controller: the instance is stopped (EC2), nothing runs on it
+    UNREACHABLE = "unreachable"  # controller: no heartbeat in time, or the process ended
+
+
+REPORTED_STATES = frozenset({
+    WorkerState.STARTING, WorkerState.STANDBY, WorkerState.LOADING, WorkerState.READY,
+    WorkerState.DRAINING, WorkerState.ASLEEP, WorkerState.FAILED,
+})
+
+
+class _Msg(BaseModel):
+    # A misspelt field is an error, not a silently ignored setting.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- controller → worker ---------------------------------------------------------------
+
+
+class AssignRequest(_Msg):
+    assignment_id: Id
+    model: Name
+    uri: S3Uri
+    served_model_name: Id
+    max_model_len: PositiveInt
+    engine: EngineArgs = EngineArgs()
+    # Restore the engine's compile caches from a snapshot before the launch and capture
+    # them after it (compiled mode only; see snapshotter). False: the engine starts cold.
+    snapshots: bool = True
+    # Start the engine with vLLM's sleep mode, so that it can be put to sleep when idle
+    # (the asleep tier, GPU only) and woken by the next assignment of the same model.
+    sleep_mode: bool = False
+
+
+class ReleaseRequest(_Msg):
+    # None: whatever is assigned now.
+    assignment_id: str | None = None
+    drain_timeout_s: NonNegativeFloat = 30.0
+
+
+class SleepRequest(_Msg):
+    # None: whatever is assigned now.
+    assignment_id: str | None = None
+    drain_timeout_s: NonNegativeFloat = 30.0
+    # vLLM sleep level: 1 keeps the weights in host memory (a wake-up copies them back);
+    # 2 drops them (a wake-up must reload). The asleep tier uses 1.
+    level: Annotated[int, Field(ge=1, le=2)] = 1
+
+
+# -- worker → controller ---------------------------------------------------------------
+
+
+class Phases(_Msg):
+    """Epoch seconds of each milestone of the current assignment (None: not reached)."""
+
+    assigned: float | None = None
+    snapshot_restored: float | None = None
+    weights_loaded: float | None = None
+    engine_ready: float | None = None
+    # When this assignment woke the engine from sleep instead of loading it (None: loaded).
+    woken: float | None = None
+
+
+class SnapshotView(_Msg):
+    """The current assignment's engine snapshot (see ``worker.state.SnapshotFacts``)."""
+
+    fingerprint: str | None
+    # restoring | restored | local | missing | skipped_mismatch | skipped_corrupt |
+    # skipped_error | disabled
+    status: str
+    seconds: float | None
+    bytes: int | None
+    reason: str | None
+    compiled_kernels: int | None
+    # running | uploaded | exists | empty | failed (None: no capture for this start)
+    capture: str | None
+
+
+class WorkerStatus(_Msg):
+    """What a worker says about itself: its ``GET /state``, every control call's answer,
+    and the body of its heartbeat to the controller."""
+
+    worker_id: Id
+    # The provider's id of the machine (EC2 instance id; local: the provider's record).
+    instance_id: Id
+    shape: Name
+    state: WorkerState
+    # Where the controller reaches this worker's control API (advertised address).
+    control_url: str
+    model: str | None = None
+    assignment_id: str | None = None
+    served_model_name: str | None = None
+    # Base URL of the engine's OpenAI server (no /v1), only while ready.
+    engine_url: str | None = None
+    started_at: float
+    state_since: float
+    phases: Phases = Phases()
+    # The current assignment's snapshot restore (and capture); None without an assignment.
+    snapshot: SnapshotView | None = None
+    error: str | None = None
+    in_flight: int | None = None
+
+
+class HeartbeatReply(_Msg):
+    # Changes when the controller restarts (the worker logs it).
+    controller_epoch: str
+    # How often the controller wants heartbeats.
+    interval_s: float
+
+
+# -- activator → controller ------------------------------------------------------------
+
+
+class ModelActivityReport(_Msg):
+    queued: NonNegativeInt = 0
+    in_flight: NonNegativeInt = 0
+    last_request_at: float | None = None
+
+
+class ActivityReport(_Msg):
+    activator_id: Id
+    models: dict[str, ModelActivityReport]
+
+
+class DemandSignal(_Msg):
+    model: str
+
+
+class ColdStartRecord(_Msg):
+    model: str
+    request_id: str
+    at: float
+    total_s: float
+    phases_s: dict[str, float]
+    woken: bool = False
+
+
+# -- controller → activator: the route table -------------------------------------------
+
+
+class ReplicaRoute(_Msg):
+    worker_id: str
+    url: str
+    served_model_name: str
+    assignment_id: str | None
+    phases: Phases = Phases()
+
+
+class ModelRoute(_Msg):
+    served_name: str
+    replicas: list[ReplicaRoute] = []
+    loading: NonNegativeInt = 0
+    failures: NonNegativeInt = 0
+    error: str | None = None
+    backoff_until: float | None = None
+
+
+class RouteTable(_Msg):
+    """Ready replicas per model. ``version`` grows within one controller ``epoch``; a
+    restarted controller has a new epoch, so watchers take its first table whatever
+    its version."""
+
+    epoch: str
+    version: int
+    models: dict[str, ModelRoute]
+
+
+# -- controller → operators ------------------------------------------------------------
+
+
+class WorkerRow(_Msg):
+    """One worker in ``thaw pool status --json`` (exactly these keys)."""
+
+    id: str
+    instance_id: str | None
+    control_url: str | None
+    state: WorkerState
+    model: str | None
+    age_s: float
+
+
+class WorkerDetail(_Msg):
+    """What else the controller knows of a worker (``/v1/state``'s ``worker_details``)."""
+
+    id: str
+    shape: str
+    assignment_id: str | None
+    engine_url: str | None
+    error: str | None
+    last_heartbeat_s_ago: float | None
+    provider_state: str | None
+
+
+class ShapeRow(_Msg):
+    shape: str
+    provider: str
+    counts: dict[str, int]
+    standby_min: int
+    standby_max: int
+    max_instances: int
+    budget_usd_per_hour: float | None
+    spend_usd_per_hour: float
+    # Launches paused after capacity errors (epoch seconds), and why.
+    backoff_until: float | None = None
+    backoff_reason: str | None = None
+    provider_status: dict[str, Any] = {}
+
+
+class ModelRow(_Msg):
+    name: str
+    served_name: str
+    replicas: dict[str, int]
+    queued: int
+    in_flight: int
+    last_request_at: float | None
+    error: str | None
+    backoff_until: float | None
+    last_cold_start: ColdStartRecord | None
+
+
+class PoolStatus(_Msg):
+    now: float
+    controller_epoch: str
+    # False until the controller has waited for heartbeats after its start (it decides
+    # nothing before that).
+    adopted: bool
+    shapes: list[ShapeRow]
+    models: list[ModelRow]
+    workers: list[WorkerRow]
+    worker_details: list[WorkerDetail]
+
+
+class PoolEvent(_Msg):
+    """A decision the controller carried out, with its reason and the inputs behind it."""
+
+    at: float
+    kind: str
+    reason: str
+    worker_id: str | None = None
+    model: str | None = None
+    shape: str | None = None
+    outcome: str = "started"
+    inputs: dict[str, Any] = {}
+
+
+class PoolEvents(_Msg):
+    events: list[PoolEvent]

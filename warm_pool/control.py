@@ -1,0 +1,60 @@
+"""How the controller tells a worker what to do: the ``WorkerControl`` protocol and its
+HTTP implementation (with the cluster token). Unit tests use an in-memory fake."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import httpx
+from pydantic import BaseModel
+
+from thaw.auth import bearer
+from thaw.wire import AssignRequest, ReleaseRequest, SleepRequest, WorkerStatus
+
+
+class ControlError(Exception):
+    """A control call that did not take effect. ``status`` is the worker's HTTP status
+    (409: not possible in its state), or None when it could not be reached."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class WorkerControl(Protocol):
+    async def assign(self, control_url: str, req: AssignRequest) -> WorkerStatus: ...
+    async def release(self, control_url: str, req: ReleaseRequest) -> WorkerStatus: ...
+    async def sleep(self, control_url: str, req: SleepRequest) -> WorkerStatus: ...
+    async def close(self) -> None: ...
+
+
+class HttpWorkerControl:
+    def __init__(self, token: str, *, timeout_s: float = 10.0) -> None:
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=2.0), headers=bearer(token))
+
+    def __repr__(self) -> str:
+        return "HttpWorkerControl()"
+
+    async def _call(self, control_url: str, path: str, body: BaseModel) -> WorkerStatus:
+        try:
+            r = await self._http.post(f"{control_url.rstrip('/')}{path}", json=body.model_dump(mode="json"))
+        except httpx.HTTPError as exc:
+            raise ControlError(f"{path} to {control_url}: {exc or type(exc).__name__}") from None
+        if r.status_code >= 400:
+            raise ControlError(f"{path} to {control_url} refused ({r.status_code}): {r.text[:500]}", r.status_code)
+        try:
+            return WorkerStatus.model_validate_json(r.content)
+        except ValueError as exc:
+            raise ControlError(f"{path} to {control_url}: unreadable answer ({exc})", r.status_code) from None
+
+    async def assign(self, control_url: str, req: AssignRequest) -> WorkerStatus:
+        return await self._call(control_url, "/assign", req)
+
+    async def release(self, control_url: str, req: ReleaseRequest) -> WorkerStatus:
+        return await self._call(control_url, "/release", req)
+
+    async def sleep(self, control_url: str, req: SleepRequest) -> WorkerStatus:
+        return await self._call(control_url, "/sleep", req)
+
+    async def close(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,76 @@
+"""`thaw controller`: the pool manager, its API and the providers, as one service."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from thaw.auth import cluster_token
+from thaw.config import ThawConfig
+from thaw.log import get_logger
+from warm_pool.api import create_pool_app
+from warm_pool.control import HttpWorkerControl
+from warm_pool.manager import PoolManager
+from warm_pool.providers import Provider
+
+log = get_logger()
+
+
+def build_providers(cfg: ThawConfig, config_path: Path, controller_url: str) -> dict[str, Provider]:
+    """One provider per pool's shape: the local provider is shared by every local pool."""
+    out: dict[str, Provider] = {}
+    local = None
+    ec2_pools = {p.shape: p.ec2 for p in cfg.pools if p.provider == "ec2" and p.ec2 is not None}
+    if ec2_pools:
+        from warm_pool.ec2 import Ec2Provider
+
+        # One provider for every ec2 pool: one DescribeInstances per region lists them all.
+        ec2 = Ec2Provider(cluster=cfg.cluster.name, pools=ec2_pools, controller_url=controller_url,
+                          token_ssm_parameter=cfg.cluster.token_ssm_parameter,
+                          config_uri=cfg.cluster.worker_config_uri, package=cfg.cluster.worker_package)
+        out.update({shape: ec2 for shape in ec2_pools})
+    for p in cfg.pools:
+        if p.provider == "local":
+            if local is None:
+                from thaw.objstore import StoreConfigError, resolve_endpoint
+                from warm_pool.local import LocalProvider
+
+                # Local workers get the store's keys in their environment, never over the wire.
+                try:
+                    env = resolve_endpoint(cfg).env()
+                except StoreConfigError as exc:
+                    log.warning("local_workers_without_store_keys", error=str(exc))
+                    env = {}
+                local = LocalProvider(config_path, cfg.data_dir, controller_url=controller_url,
+                                      worker_env=env, log_level=cfg.log_level)
+            out[p.shape] = local
+    return out
+
+
+def create_controller_app(cfg: ThawConfig, config_path: Path, controller_url: str, *,
+                          stop_local_workers: bool = False) -> FastAPI:
+    providers = build_providers(cfg, config_path, controller_url)
+    token = cluster_token(cfg)
+    manager = PoolManager(cfg, providers, HttpWorkerControl(token))
+    app = create_pool_app(manager, token, manage_lifecycle=False)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await manager.start()
+        try:
+            yield
+        finally:
+            await manager.close()
+            if stop_local_workers:
+                from warm_pool.local import LocalProvider
+
+                locals_ = {id(p): p for p in providers.values() if isinstance(p, LocalProvider)}
+                await asyncio.gather(*(p.terminate_all() for p in locals_.values()))
+            log.info("controller_stopped", epoch=manager.epoch)
+
+    app.router.lifespan_context = lifespan
+    return app

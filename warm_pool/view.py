@@ -1,0 +1,103 @@
+"""The controller's view of each worker, derived by one pure function from facts.
+
+Nothing assigns a worker's state in the controller. It records what it learns — what
+the provider says of the instance, the worker's last heartbeat (or answer to a control
+call), the control call it has just made (an *intent* the worker has not yet
+reflected) — and :func:`derive_view` computes the state the policy sees, as
+``worker.state.derive_state`` does on the worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from thaw.wire import WorkerState, WorkerStatus
+from warm_pool.policy import WorkerView
+from warm_pool.providers import Instance, InstanceState
+
+# An intent the worker has not reflected after this long no longer counts: the next
+# heartbeat is the truth again (a call that failed clears its intent at once).
+INTENT_TTL_S = 15.0
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A control call the controller made and the worker may not have reflected yet."""
+
+    kind: Literal["assign", "release", "sleep"]
+    at: float
+    model: str | None
+    assignment_id: str | None
+
+
+@dataclass(frozen=True)
+class WorkerFacts:
+    """Independent observations of one worker; each changes in one place (the manager's
+    ``_observe``)."""
+
+    worker_id: str
+    shape: str
+    # A launch was asked of the provider and has not answered yet.
+    launch_requested_at: float | None = None
+    # What the provider says of the machine (None: launching, or a worker that
+    # registered itself on a local pool).
+    instance: Instance | None = None
+    # The worker's last word about itself (heartbeat or answer to a call), and when.
+    status: WorkerStatus | None = None
+    heard_at: float | None = None
+    intent: Intent | None = None
+    # When a restarted controller found this instance at the provider.
+    adopted_at: float | None = None
+
+
+def reflects(status: WorkerStatus, intent: Intent) -> bool:
+    """Whether the worker's status already shows the effect of ``intent``."""
+    if intent.kind == "assign":
+        return status.assignment_id == intent.assignment_id
+    if intent.kind == "release":
+        return status.assignment_id != intent.assignment_id or status.state is WorkerState.DRAINING
+    return status.assignment_id != intent.assignment_id or status.state is WorkerState.ASLEEP
+
+
+def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_timeout_s: float) -> WorkerView:
+    """The worker's state for these facts.
+
+    Precedence: the provider's word on the machine (an exited process, a stopped
+    instance) wins; then a worker never heard from is ``launching`` or ``starting``
+    until its boot timeout; a worker silent for ``worker_timeout_s`` is
+    ``unreachable``; a control call not yet reflected shows its effect (``loading``,
+    ``draining``, ``asleep``), so the next decision does not repeat it; else the
+    worker's own report.
+    """
+    def view(state: WorkerState, model: str | None = None, assignment_id: str | None = None,
+             error: str | None = None, since: float | None = None) -> WorkerView:
+        return WorkerView(f.worker_id, f.shape, state, model, assignment_id, error, since)
+
+    inst, st = f.instance, f.status
+    last_model = st.model if st else None
+    last_assignment = st.assignment_id if st else None
+    if inst is None and f.launch_requested_at is not None:
+        return view(WorkerState.LAUNCHING)
+    if inst is not None and inst.state is InstanceState.EXITED:
+        code = "unknown" if inst.exit_code is None else inst.exit_code
+        return view(WorkerState.UNREACHABLE, last_model, last_assignment, f"worker process exited with status {code}")
+    if inst is not None and inst.state in (InstanceState.STOPPED, InstanceState.STOPPING):
+        return view(WorkerState.STOPPED)
+    if st is None or f.heard_at is None:
+        started = inst.launched_at if inst is not None else now
+        deadline = max(started + boot_timeout_s, (f.adopted_at or 0.0) + worker_timeout_s)
+        if now > deadline:
+            return view(WorkerState.UNREACHABLE, error=f"did not register within {boot_timeout_s:g} s of its launch")
+        return view(WorkerState.STARTING)
+    if now - f.heard_at > worker_timeout_s:
+        return view(WorkerState.UNREACHABLE, st.model, st.assignment_id,
+                    f"no heartbeat for {now - f.heard_at:.0f} s")
+    i = f.intent
+    if i is not None and now - i.at < INTENT_TTL_S and not reflects(st, i):
+        if i.kind == "assign":
+            return view(WorkerState.LOADING, i.model, i.assignment_id)
+        if i.kind == "release":
+            return view(WorkerState.DRAINING)
+        return view(WorkerState.ASLEEP, i.model, i.assignment_id, since=i.at)
+    return view(st.state, st.model, st.assignment_id, st.error, st.state_since)
