@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Turns a fresh GPU instance into a Thaw worker. Runs once, as root, from EC2 user data.
+#
+# The ec2 provider (warm_pool/ec2.py) puts the THAW_* assignments in front of this file.
+# The AMI brings the NVIDIA driver, curl and Python 3.11+. The cluster token is not
+# here: the worker reads it from the SSM parameter named below with its instance role.
+set -euo pipefail
+
+: "${THAW_CONTROLLER_URL:?must be set: the URL workers reach the controller at}"
+: "${THAW_CLUSTER:?must be set: the cluster name}"
+: "${THAW_SHAPE:?must be set: the instance shape this instance serves}"
+: "${THAW_WORKER_ID:?must be set: the worker id the controller launched this instance for}"
+: "${THAW_WORKER_PORT:?must be set: the port thaw worker listens on}"
+: "${THAW_TOKEN_SSM_PARAMETER:?must be set: the name of the SSM parameter holding the cluster token}"
+THAW_PACKAGE="${THAW_PACKAGE:-thaw[gpu]}"
+# Optional: an s3:// URI of the Thaw config file, fetched with the instance role. Without
+# it the worker reads /etc/thaw/thaw.yaml if the AMI has one.
+THAW_CONFIG_URI="${THAW_CONFIG_URI:-}"
+
+# Tests (tests/test_infra.py) run this script with stub commands and a scratch
+# directory standing in for /; on an instance it is unset.
+ROOT="${THAW_BOOTSTRAP_ROOT:-}"
+PREFIX="$ROOT/opt/thaw"
+VENV="$PREFIX/venv"
+HOME_DIR="$ROOT/var/lib/thaw"
+UNIT="$ROOT/etc/systemd/system/thaw-worker.service"
+CONFIG="$ROOT/etc/thaw/thaw.yaml"
+IMDS=http://169.254.169.254
+
+log() { echo "thaw-bootstrap: $*" >&2; }
+
+# A double-quoted systemd word: backslashes, quotes and % (specifiers) escaped.
+unit_word() {
+    local v="${1//\\/\\\\}"
+    v="${v//\"/\\\"}"
+    printf '"%s"' "${v//%/%%}"
+}
+# The same for ExecStart=, where systemd also expands $VARIABLES.
+exec_word() {
+    local v
+    v="$(unit_word "$1")"
+    printf '%s' "${v//\$/\$\$}"
+}
+
+# IMDSv2: a session token first, then metadata reads that carry it.
+IMDS_TOKEN="$(curl -fsS --retry 5 --retry-connrefused -X PUT \
+    -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' "$IMDS/latest/api/token")"
+imds() {
+    curl -fsS --retry 5 --retry-connrefused \
+        -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" "$IMDS/latest/meta-data/$1"
+}
+INSTANCE_ID="$(imds instance-id)"
+PRIVATE_IP="$(imds local-ipv4)"
+REGION="$(imds placement/region)"
+log "instance $INSTANCE_ID ($PRIVATE_IP, $REGION), worker $THAW_WORKER_ID, shape $THAW_SHAPE"
+
+PYTHON=""
+for candidate in python3.13 python3.12 python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 \
+        && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+        PYTHON="$candidate"
+        break
+    fi
+done
+if [ -z "$PYTHON" ]; then
+    log "no Python 3.11 or newer in this AMI"
+    exit 1
+fi
+
+mkdir -p "$PREFIX"
+if ! "$PYTHON" -m venv "$VENV"; then
+    log "$PYTHON -m venv failed: the AMI needs Python's venv module (Ubuntu: the python3-venv package)"
+    exit 1
+fi
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+log "installing $THAW_PACKAGE"
+"$VENV/bin/python" -m pip install --quiet "$THAW_PACKAGE"
+
+if [ -n "$THAW_CONFIG_URI" ]; then
+    log "fetching the config from $THAW_CONFIG_URI"
+    mkdir -p "$(dirname "$CONFIG")"
+    AWS_DEFAULT_REGION="$REGION" "$VENV/bin/python" - "$THAW_CONFIG_URI" "$CONFIG" <<'PY'
+import sys
+
+import boto3
+
+uri, dest = sys.argv[1], sys.argv[2]
+bucket, _, key = uri.removeprefix("s3://").partition("/")
+boto3.client("s3").download_file(bucket, key, dest)
+PY
+fi
+CONFIG_ENV=""
+if [ -f "$CONFIG" ]; then
+    CONFIG_ENV="Environment=$(unit_word "THAW_CONFIG=$CONFIG")"
+else
+    log "no config at $CONFIG: the worker falls back to its default path"
+fi
+
+# The worker runs as its own user; its state (model cache, snapshots) lives in its home.
+if ! id thaw >/dev/null 2>&1; then
+    useradd --system --home-dir "$HOME_DIR" --create-home --shell /usr/sbin/nologin thaw
+fi
+
+mkdir -p "$(dirname "$UNIT")"
+cat >"$UNIT" <<UNIT
+[Unit]
+Description=Thaw worker
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+User=thaw
+WorkingDirectory=$HOME_DIR
+Environment=$(unit_word "THAW_CLUSTER_TOKEN_SSM_PARAMETER=$THAW_TOKEN_SSM_PARAMETER")
+Environment=$(unit_word "THAW_CLUSTER=$THAW_CLUSTER")
+Environment=$(unit_word "AWS_REGION=$REGION")
+Environment=$(unit_word "AWS_DEFAULT_REGION=$REGION")
+$CONFIG_ENV
+ExecStart=$VENV/bin/thaw worker \
+    --controller $(exec_word "$THAW_CONTROLLER_URL") \
+    --shape $(exec_word "$THAW_SHAPE") \
+    --instance-id $(exec_word "$INSTANCE_ID") \
+    --worker-id $(exec_word "$THAW_WORKER_ID") \
+    --host 0.0.0.0 \
+    --port $(exec_word "$THAW_WORKER_PORT") \
+    --advertise-host $(exec_word "$PRIVATE_IP")
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+
+systemctl daemon-reload
+systemctl enable --now thaw-worker.service
+log "thaw-worker.service started"

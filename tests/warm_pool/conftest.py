@@ -1,0 +1,43 @@
+"""Fixtures for the warm-pool tests: moto's EC2 server (see moto_ec2.py)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+
+import boto3
+import pytest
+
+from tests.warm_pool.moto_ec2 import CREDS, REGION, Aws, moto_server
+
+_seq = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    """One moto server on loopback for the module (it starts in about a second)."""
+    with moto_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def ami(moto_url: str) -> str:
+    """One of moto's default AMIs (listing them all takes ~2 s, so once)."""
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=moto_url, **CREDS)
+    return str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+
+
+@pytest.fixture
+def aws(moto_url: str, ami: str) -> Aws:
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=moto_url, **CREDS)
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{i}.0/24")["Subnet"]["SubnetId"] for i in (1, 2)]
+    n = next(_seq)
+    name = f"thaw-test-{n}-{time.time_ns()}"
+    lt = ec2.create_launch_template(
+        LaunchTemplateName=name, LaunchTemplateData={"ImageId": ami, "InstanceType": "t3.micro"},
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    return Aws(moto_url, ec2, subnets, lt, name, f"test-{n}-{time.time_ns() % 10**9}")
+
+

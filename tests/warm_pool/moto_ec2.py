@@ -1,0 +1,90 @@
+"""moto's EC2 in server mode on loopback, and what one test sets up in it (shared by the
+provider's and the controller's EC2 tests; the fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aioboto3
+
+from thaw.config import Ec2Pool
+from thaw.embedded_store import free_port
+from warm_pool.ec2 import Ec2Provider
+
+REGION = "us-east-1"
+CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+TOKEN_PARAM = "/thaw/test/token"
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """A moto server on loopback, stopped on the way out (it starts in about a second)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/moto-api/", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"moto server exited with {proc.returncode}") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError("moto server did not answer within 30 s") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class Aws:
+    """What one test set up in moto, and a plain boto3 client to check with."""
+
+    url: str
+    ec2: Any
+    subnets: list[str]
+    launch_template: str
+    launch_template_name: str
+    cluster: str
+
+    def pool(self, **overrides: Any) -> Ec2Pool:
+        fields: dict[str, Any] = {
+            "region": REGION, "launch_template": self.launch_template, "subnets": self.subnets,
+            "instance_types": ["g5.xlarge", "g5.2xlarge"], "endpoint_url": self.url,
+        }
+        return Ec2Pool(**{**fields, **overrides})
+
+    def provider(self, pool: Ec2Pool | None = None, **kwargs: Any) -> Ec2Provider:
+        return Ec2Provider(
+            cluster=self.cluster, pools={"gpu": pool or self.pool()},
+            controller_url="http://controller.internal:8100", token_ssm_parameter=TOKEN_PARAM,
+            session=aioboto3.Session(region_name=REGION, **CREDS), **kwargs,
+        )
+
+    def described(self, worker_id: str | None = None) -> list[dict[str, Any]]:
+        """This cluster's instances (any state; one worker id's if given), as boto3 sees them."""
+        filters = [{"Name": "tag:thaw:cluster", "Values": [self.cluster]}]
+        if worker_id is not None:
+            filters.append({"Name": "tag:thaw:worker-id", "Values": [worker_id]})
+        pages = self.ec2.get_paginator("describe_instances").paginate(Filters=filters)
+        return [i for p in pages for r in p["Reservations"] for i in r["Instances"]]
+
+

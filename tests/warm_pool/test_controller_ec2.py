@@ -1,0 +1,170 @@
+"""The controller with the ec2 provider against moto (server mode, the real wire), and a
+real `thaw worker` process that stands in for the booted instance: it registers with
+the moto instance id the controller launched.
+
+- the standby fleet is launched from the template, tagged;
+- a restarted controller with instances present launches none and keeps the worker;
+- an instance that never registers is terminated after ``boot_timeout_s`` and replaced;
+- a heartbeat from an instance id the provider does not know is refused (403).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.warm_pool.fleet import serve
+from tests.warm_pool.moto_ec2 import TOKEN_PARAM, Aws
+from thaw.config import ThawConfig, parse_config
+from thaw.embedded_store import free_port
+from warm_pool.api import create_pool_app
+from warm_pool.control import HttpWorkerControl
+from warm_pool.manager import PoolManager
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "moto-fleet-token"
+
+
+def config(aws: Aws, data_dir: Path, controller_port: int, boot_timeout_s: float = 600) -> dict[str, Any]:
+    return {
+        "data_dir": str(data_dir),
+        "cluster": {"name": aws.cluster, "token": TOKEN, "token_ssm_parameter": TOKEN_PARAM,
+                    "heartbeat_interval_s": 0.5, "worker_timeout_s": 10},
+        "controller": {"port": controller_port, "url": f"http://127.0.0.1:{controller_port}"},
+        "object_store": {"kind": "s3", "endpoint_url": "http://127.0.0.1:9", "credentials": {"source": "env"}},
+        # A CPU shape, so that a real worker process can stand in for the GPU instance.
+        "shapes": [{"name": "gpu", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8,
+                    "price_per_hour_usd": 1.0, "boot_timeout_s": boot_timeout_s}],
+        "pools": [{"shape": "gpu", "provider": "ec2", "standby_min": 1, "standby_max": 1, "max_instances": 2,
+                   "ec2": aws.pool().model_dump(mode="json")}],
+    }
+
+
+@asynccontextmanager
+async def controller(cfg: ThawConfig, aws: Aws, port: int) -> AsyncIterator[PoolManager]:
+    provider = aws.provider(aws.pool())
+    m = PoolManager(cfg, {"gpu": provider}, HttpWorkerControl(TOKEN), poll_interval_s=0.1,
+                    refresh_interval_s=0.5)
+    server, task = await serve(create_pool_app(m, TOKEN), port)
+    try:
+        yield m
+    finally:
+        await m.stop_deciding()
+        server.should_exit = True
+        await task
+
+
+@contextmanager
+def worker_process(cfg_path: Path, instance_id: str, worker_id: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "thaw.cli.main", "worker", "--config", str(cfg_path), "--shape", "gpu",
+             "--instance-id", instance_id, "--worker-id", worker_id, "--port", str(free_port()),
+             "--data-dir", str(cfg_path.parent / "workers" / worker_id)],
+            stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+async def until(what: str, pred: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def live(aws: Aws) -> list[dict[str, Any]]:
+    return [i for i in aws.described() if i["State"]["Name"] in ("pending", "running")]
+
+
+def tags(instance: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+
+
+async def test_restart_with_instances_present_launches_none(aws: Aws, tmp_path: Path) -> None:
+    port = free_port()
+    raw = config(aws, tmp_path, port)
+    cfg = parse_config(raw)
+    cfg_path = tmp_path / "thaw.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    with contextlib.ExitStack() as processes:
+        async with controller(cfg, aws, port) as a:
+            await until("the standby launch", lambda: len(live(aws)) == 1)
+            inst = live(aws)[0]
+            t = tags(inst)
+            assert t["thaw:cluster"] == aws.cluster and t["thaw:shape"] == "gpu" and t["thaw:pool"] == "gpu"
+            worker_id, instance_id = t["thaw:worker-id"], inst["InstanceId"]
+            proc = processes.enter_context(worker_process(cfg_path, instance_id, worker_id, tmp_path / "worker.log"))
+            # The booted instance registers: the controller hears it (under its moto id).
+            await until("the worker's heartbeat", lambda: a.facts.get(worker_id) is not None
+                        and a.facts[worker_id].status is not None, timeout_s=60)
+            assert [w.instance_id for w in a.status().workers] == [instance_id]
+            epoch = a.epoch
+        # The controller is gone; the worker keeps running. A new one starts.
+        async with controller(cfg, aws, port) as b:
+            await until("adopted", lambda: b.adopted)
+            await until("the worker heard again", lambda: b.facts.get(worker_id) is not None
+                        and b.facts[worker_id].status is not None, timeout_s=30)
+            await asyncio.sleep(1.0)  # several ticks after adoption
+            assert b.epoch != epoch and proc.poll() is None
+            assert [i["InstanceId"] for i in live(aws)] == [instance_id]
+            assert not [e for e in b.events if e.kind in ("launch", "terminate")]
+            row = b.status().workers[0]
+            assert (row.id, row.instance_id) == (worker_id, instance_id)
+            assert row.state.value in ("starting", "standby")
+
+
+async def test_an_instance_that_never_registers_is_terminated_and_replaced(aws: Aws, tmp_path: Path) -> None:
+    port = free_port()
+    cfg = parse_config(config(aws, tmp_path, port, boot_timeout_s=2))
+    async with controller(cfg, aws, port) as m:
+        await until("the standby launch", lambda: len(live(aws)) == 1)
+        first = live(aws)[0]["InstanceId"]
+        # 2 s without a heartbeat: terminated, and another launched in its place.
+        await until("the replacement", lambda: [i["InstanceId"] for i in live(aws)] not in ([], [first]),
+                    timeout_s=30)
+        states = {i["InstanceId"]: i["State"]["Name"] for i in aws.described()}
+        assert states[first] in ("shutting-down", "terminated")
+        ev = next(e for e in m.events if e.kind == "terminate")
+        assert ev.reason == "unreachable" and ev.worker_id is not None
+
+
+async def test_an_unknown_instance_ids_heartbeat_is_refused(aws: Aws, tmp_path: Path) -> None:
+    port = free_port()
+    raw = config(aws, tmp_path, port)
+    raw["pools"][0].update({"standby_min": 0, "standby_max": 0})
+    cfg_path = tmp_path / "thaw.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    log = tmp_path / "stranger.log"
+    async with controller(parse_config(raw), aws, port) as m:
+        with worker_process(cfg_path, "i-0123456789abcdef0", "w-stranger", log):
+            await until("the refusal", lambda: log.exists() and "heartbeat_refused" in log.read_text(),
+                        timeout_s=60)
+            assert '"status": 403' in log.read_text()
+            assert "w-stranger" not in m.facts and m.status().workers == []
+        async with httpx.AsyncClient() as http:
+            r = await http.get(f"http://127.0.0.1:{port}/v1/state", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.json()["workers"] == []
