@@ -7,12 +7,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl
 
 import aioboto3
+from aiobotocore.awsrequest import AioAWSResponse
 
 from thaw.config import Ec2Pool
 from thaw.embedded_store import free_port
@@ -88,3 +90,37 @@ class Aws:
         return [i for p in pages for r in p["Reservations"] for i in r["Instances"]]
 
 
+class _Body:
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    async def read(self) -> bytes:
+        return self._data
+
+
+@dataclass
+class NoCapacity:
+    """Answers RunInstances for chosen (subnet, instance type, market) as EC2 does when it
+    has no capacity (HTTP 500, InsufficientInstanceCapacity) instead of sending it to
+    moto, so botocore's parsing and retry logic see a real error response. Records every
+    request that reached the wire, retries included."""
+
+    fails: Callable[[str, str, str], bool]
+    attempts: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def register(self, client: Any) -> None:
+        client.meta.events.register("before-send.ec2.RunInstances", self._handle)
+
+    def _handle(self, request: Any, **_: Any) -> AioAWSResponse | None:
+        body = request.body.decode() if isinstance(request.body, bytes) else request.body
+        params = dict(parse_qsl(body))
+        attempt = (params["SubnetId"], params["InstanceType"],
+                   params.get("InstanceMarketOptions.MarketType", "on-demand"))
+        self.attempts.append(attempt)
+        if not self.fails(*attempt):
+            return None
+        xml = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?><Response><Errors><Error>"
+               "<Code>InsufficientInstanceCapacity</Code>"
+               f"<Message>We currently do not have sufficient {attempt[1]} capacity.</Message>"
+               "</Error></Errors><RequestID>00000000-0000-0000-0000-000000000000</RequestID></Response>")
+        return AioAWSResponse(request.url, 500, {"content-type": "text/xml;charset=UTF-8"}, _Body(xml.encode()))

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from tests.warm_pool.fleet import serve
-from tests.warm_pool.moto_ec2 import TOKEN_PARAM, Aws
+from tests.warm_pool.moto_ec2 import TOKEN_PARAM, Aws, NoCapacity
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
 from warm_pool.api import create_pool_app
@@ -55,8 +55,8 @@ def config(aws: Aws, data_dir: Path, controller_port: int, boot_timeout_s: float
 
 
 @asynccontextmanager
-async def controller(cfg: ThawConfig, aws: Aws, port: int) -> AsyncIterator[PoolManager]:
-    provider = aws.provider(aws.pool())
+async def controller(cfg: ThawConfig, aws: Aws, port: int, **provider_kw: Any) -> AsyncIterator[PoolManager]:
+    provider = aws.provider(aws.pool(), **provider_kw)
     m = PoolManager(cfg, {"gpu": provider}, HttpWorkerControl(TOKEN), poll_interval_s=0.1,
                     refresh_interval_s=0.5)
     server, task = await serve(create_pool_app(m, TOKEN), port)
@@ -168,3 +168,25 @@ async def test_an_unknown_instance_ids_heartbeat_is_refused(aws: Aws, tmp_path: 
         async with httpx.AsyncClient() as http:
             r = await http.get(f"http://127.0.0.1:{port}/v1/state", headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.json()["workers"] == []
+
+
+async def test_no_capacity_anywhere_backs_the_shape_off(aws: Aws, tmp_path: Path) -> None:
+    port = free_port()
+    raw = config(aws, tmp_path, port)
+    raw["pools"][0]["ec2"].update({"backoff_base_s": 2, "backoff_max_s": 60})
+    nocap = NoCapacity(lambda subnet, itype, market: True)
+    async with controller(parse_config(raw), aws, port, on_client=nocap.register) as m:
+        # Both subnets x both instance types, on-demand: 4 tries, then the shape backs off.
+        await until("the first failed launch", lambda: any(e.outcome == "failed" for e in m.events))
+        assert len(nocap.attempts) == 4 and live(aws) == []
+        row = m.status().shapes[0]
+        assert row.backoff_until is not None and row.backoff_until - time.time() <= 2
+        assert "InsufficientInstanceCapacity" in (row.backoff_reason or "")
+        assert row.provider_status["outcome"] == "no_capacity"
+        # Within the backoff nothing is tried; after it, one more round (then 4 s).
+        await asyncio.sleep(1.0)
+        assert len(nocap.attempts) == 4
+        await until("the retry after the backoff", lambda: len(nocap.attempts) == 8, timeout_s=10)
+        await until("the second failure", lambda: sum(e.outcome == "failed" for e in m.events) == 2)
+        row = m.status().shapes[0]
+        assert row.backoff_until is not None and 2 < row.backoff_until - time.time() <= 4
