@@ -25,7 +25,14 @@ from activator.router import choose
 from thaw.auth import bearer
 from thaw.config import Model
 from thaw.log import get_logger
-from thaw.wire import ActivityReport, ColdStartRecord, DemandSignal, ModelActivityReport, RouteTable
+from thaw.wire import (
+    MAX_TTFT_SAMPLES,
+    ActivityReport,
+    ColdStartRecord,
+    DemandSignal,
+    ModelActivityReport,
+    RouteTable,
+)
 
 log = get_logger()
 
@@ -56,6 +63,14 @@ class ModelRoutes:
     fair_order: deque[str] = field(default_factory=deque)
     in_flight: int = 0
     last_request_at: float | None = None
+    # Requests accepted since start (reported as a counter), and hot TTFTs since the
+    # last report (a bounded sample).
+    arrivals: int = 0
+    ttfts: list[float] = field(default_factory=list)
+
+    def note_ttft(self, seconds: float) -> None:
+        if len(self.ttfts) < MAX_TTFT_SAMPLES:
+            self.ttfts.append(seconds)
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,8 @@ class RouteWatcher:
                                        headers=bearer(token) if token else None)
         self._tasks: list[asyncio.Task[None]] = []
         self._side: set[asyncio.Task[Any]] = set()
+        self._demand_in_flight: set[str] = set()
+        self.demand_coalesced = 0
 
     async def start(self) -> None:
         self._tasks = [
@@ -324,9 +341,16 @@ class RouteWatcher:
 
     # -- telling the pool manager ---------------------------------------------------
     def signal_demand(self, model: str) -> None:
+        """Tell the controller a request waits for ``model``; one signal in flight per
+        model at most (a burst of waiting requests is one signal, not one each)."""
+        if model in self._demand_in_flight:
+            self.demand_coalesced += 1
+            return
+        self._demand_in_flight.add(model)
         task = asyncio.create_task(self._post("/v1/demand", DemandSignal(model=model)))
         self._side.add(task)
         task.add_done_callback(self._side.discard)
+        task.add_done_callback(lambda _: self._demand_in_flight.discard(model))
 
     async def _post(self, path: str, body: BaseModel) -> None:
         try:
@@ -344,11 +368,15 @@ class RouteWatcher:
         task.add_done_callback(self._side.discard)
 
     def report_body(self) -> ActivityReport:
-        return ActivityReport(activator_id=self.activator_id, models={
-            name: ModelActivityReport(queued=len(st.waiters) + self.fair_depth(name), in_flight=st.in_flight,
-                                      last_request_at=st.last_request_at)
-            for name, st in self.routes.items()
-        })
+        """This activator's traffic; takes the TTFT samples it reports (a report that
+        fails to arrive loses those samples, never the arrival counts)."""
+        models = {}
+        for name, st in self.routes.items():
+            ttfts, st.ttfts = st.ttfts, []
+            models[name] = ModelActivityReport(
+                queued=len(st.waiters) + self.fair_depth(name), in_flight=st.in_flight,
+                last_request_at=st.last_request_at, arrivals=st.arrivals, ttft_s=ttfts)
+        return ActivityReport(activator_id=self.activator_id, models=models)
 
     async def _report_loop(self) -> None:
         while True:

@@ -223,6 +223,7 @@ class CompletionService:
 
         st = self.routes.routes[model.name]
         st.last_request_at = self.clock()
+        st.arrivals += 1
         # No ready replica: this request is part of a cold start, answered or not.
         ctx.cold = self.routes.pick(model.name) is None
         key = prefix_key(kind, body)
@@ -413,6 +414,9 @@ class CompletionService:
         now = self.clock()
         ctx.first_byte_at = now
         self.metrics.ttft.labels(model.name).observe(now - ctx.arrival)
+        if not ctx.cold:
+            # The autoscaler's TTFT target is about serving capacity, not cold starts.
+            self.routes.routes[model.name].note_ttft(now - ctx.arrival)
         if ctx.cold and replica.assignment_id and replica.assignment_id not in self._recorded_cold:
             self._recorded_cold.add(replica.assignment_id)
             self._record_cold_start(model, replica, ctx, now)

@@ -91,6 +91,38 @@ class ObjectStore(_Strict):
         return self.endpoint_url
 
 
+class KeepAliveHistogram(_Strict):
+    """The hybrid histogram keep-alive policy (Shahrad et al., USENIX ATC 2020): a
+    histogram of a model's idle intervals decides when to let its last replica go and
+    when to bring one back before the next request."""
+
+    # Width of one bin, and the longest idle interval the histogram holds; longer ones
+    # are out of range.
+    bin_s: PositiveFloat = 60.0
+    range_s: PositiveFloat = 4 * 3600.0
+    # Pre-warm shortly before this percentile of idle times; keep alive up to that one.
+    head_percentile: Annotated[float, Field(ge=0, le=100)] = 5.0
+    tail_percentile: Annotated[float, Field(ge=0, le=100)] = 99.0
+    # Widen both windows by this fraction (pre-warm earlier, keep alive longer).
+    margin: Annotated[float, Field(ge=0, le=1)] = 0.1
+    # Fall back to the fixed idle_grace_s with fewer samples than this, or when more
+    # than this share of the intervals were out of range.
+    min_samples: PositiveInt = 10
+    max_out_of_range_share: Annotated[float, Field(ge=0, le=1)] = 0.5
+    # A pattern is regular enough to pre-warm when the bin counts' coefficient of
+    # variation is at least this (the paper's "representative" test).
+    min_cv: NonNegativeFloat = 2.0
+
+    @model_validator(mode="after")
+    def _order(self) -> KeepAliveHistogram:
+        if self.head_percentile > self.tail_percentile:
+            raise ValueError(f"head_percentile ({self.head_percentile:g}) must not exceed tail_percentile "
+                             f"({self.tail_percentile:g})")
+        if self.bin_s > self.range_s:
+            raise ValueError(f"bin_s ({self.bin_s:g}) must not exceed range_s ({self.range_s:g})")
+        return self
+
+
 class Autoscaling(_Strict):
     min_replicas: NonNegativeInt = 0
     max_replicas: PositiveInt = 1
@@ -112,6 +144,26 @@ class Autoscaling(_Strict):
     # the pool's max_instances and budget, not its standby targets; another model that
     # finds no standby takes one (reloading) rather than launch an instance.
     asleep_ttl_s: NonNegativeFloat = 0.0
+    # Demand over the stable window decides the replica count; over the panic window,
+    # demand at least panic_threshold x what the current replicas handle at
+    # target_concurrency scales up at once.
+    stable_window_s: PositiveFloat = 60.0
+    panic_window_s: PositiveFloat = 6.0
+    panic_threshold: Annotated[float, Field(ge=1.0)] = 2.0
+    # Outside panic, a higher count waits this long; a lower one this long, and then
+    # goes down one replica at a time.
+    upscale_delay_s: NonNegativeFloat = 0.0
+    downscale_delay_s: NonNegativeFloat = 30.0
+    # One step up is at most this factor of the current replicas (at least one more).
+    max_scale_up_rate: Annotated[float, Field(gt=1.0)] = 2.0
+    # TTFT p90 over the stable window above this adds a replica even when concurrency
+    # is under target. None: no TTFT target.
+    ttft_slo_s: PositiveFloat | None = None
+    # fixed: release the last replica after idle_grace_s. histogram: the hybrid
+    # histogram policy (keep_alive_histogram), falling back to fixed while it has too
+    # few samples.
+    keep_alive: Literal["fixed", "histogram"] = "fixed"
+    keep_alive_histogram: KeepAliveHistogram = KeepAliveHistogram()
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
@@ -119,6 +171,9 @@ class Autoscaling(_Strict):
             raise ValueError(
                 f"min_replicas ({self.min_replicas}) must not exceed max_replicas ({self.max_replicas})"
             )
+        if self.panic_window_s > self.stable_window_s:
+            raise ValueError(f"panic_window_s ({self.panic_window_s:g}) must not exceed stable_window_s "
+                             f"({self.stable_window_s:g})")
         return self
 
 
@@ -209,7 +264,18 @@ class Pool(_Strict):
     standby_max: NonNegativeInt = 1
     # Caps on the whole pool for this shape (standby + serving).
     max_instances: PositiveInt = 4
+    # Standby plus asleep spend of this pool never exceeds this (serving replicas of
+    # models with traffic are never released for it).
     budget_usd_per_hour: NonNegativeFloat | None = None
+    # The standby target follows cold starts per minute x the shape's boot time, plus
+    # this many, between standby_min and standby_max; it rises at once and falls only
+    # after standby_hold_s below the lower watermark.
+    standby_margin: NonNegativeFloat = 0.0
+    standby_hold_s: NonNegativeFloat = 300.0
+    # EC2 only: instances kept stopped (storage cost only), started before launching
+    # new ones when the running standby runs low.
+    stopped_standby_min: NonNegativeInt = 0
+    stopped_standby_max: NonNegativeInt = 0
 
     @model_validator(mode="after")
     def _bounds(self) -> Pool:
@@ -221,6 +287,11 @@ class Pool(_Strict):
             raise ValueError(
                 f"standby_max ({self.standby_max}) must not exceed max_instances ({self.max_instances})"
             )
+        if self.stopped_standby_min > self.stopped_standby_max:
+            raise ValueError(f"stopped_standby_min ({self.stopped_standby_min}) must not exceed "
+                             f"stopped_standby_max ({self.stopped_standby_max})")
+        if self.stopped_standby_max > 0 and self.provider != "ec2":
+            raise ValueError("stopped standby instances need provider 'ec2' (only EC2 can stop an instance)")
         if self.provider == "ec2" and self.ec2 is None:
             raise ValueError("provider 'ec2' needs an 'ec2' section (region, launch_template, subnets, "
                              "instance_types)")
@@ -305,6 +376,8 @@ class ThawConfig(_Strict):
     pools: list[Pool] = Field(default_factory=list)
     models: list[Model] = Field(default_factory=list)
     tenants: list[Tenant] = Field(default_factory=list)
+    # Standby plus asleep spend across every pool never exceeds this.
+    budget_usd_per_hour: NonNegativeFloat | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -146,10 +146,19 @@ class HeartbeatReply(_Msg):
 # -- activator → controller ------------------------------------------------------------
 
 
+# TTFTs one report carries at most (a sample: the p90 needs no more).
+MAX_TTFT_SAMPLES = 256
+
+
 class ModelActivityReport(_Msg):
     queued: NonNegativeInt = 0
     in_flight: NonNegativeInt = 0
     last_request_at: float | None = None
+    # Requests this activator has accepted for the model since it started (a counter:
+    # the controller takes the differences, so a lost report loses nothing).
+    arrivals: NonNegativeInt = 0
+    # First-byte latencies of hot requests since the last report (seconds).
+    ttft_s: Annotated[list[NonNegativeFloat], Field(max_length=MAX_TTFT_SAMPLES)] = []
 
 
 class ActivityReport(_Msg):

@@ -66,9 +66,12 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
 
     @app.post("/v1/reports", status_code=204)
     async def report(body: ActivityReport) -> Response:
-        manager.report(body.activator_id, {
-            name: ModelActivity(r.queued, r.in_flight, r.last_request_at) for name, r in body.models.items()
-        })
+        manager.report(
+            body.activator_id,
+            {name: ModelActivity(r.queued, r.in_flight, r.last_request_at) for name, r in body.models.items()},
+            arrivals={name: r.arrivals for name, r in body.models.items()},
+            ttfts={name: r.ttft_s for name, r in body.models.items() if r.ttft_s},
+        )
         return Response(status_code=204)
 
     @app.post("/v1/demand", status_code=202)

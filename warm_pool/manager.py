@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -45,11 +47,13 @@ from thaw.wire import (
     WorkerStatus,
 )
 from warm_pool.control import ControlError, WorkerControl
+from warm_pool.keepalive import IdleHistogram
 from warm_pool.policy import (
     Assign,
     Decision,
     Launch,
     ModelActivity,
+    ModelState,
     PolicyState,
     Release,
     Sleep,
@@ -65,6 +69,7 @@ from warm_pool.view import Intent, WorkerFacts, derive_view
 log = get_logger()
 
 REPORT_TTL_S = 10.0
+KEEPALIVE_FILE = "keepalive.json"
 EVENTS_KEPT = 5000
 # Launch failures other than capacity (API errors) pause a shape this long, doubling.
 LAUNCH_ERROR_BACKOFF_S = (5.0, 120.0)
@@ -103,6 +108,23 @@ class PoolMetrics:
                                   registry=registry)
         self.adopted = Gauge("thaw_pool_adopted", "1 once the controller has adopted the fleet after its start",
                              registry=registry)
+        # The autoscaler's inputs and outputs, per model.
+        self.desired = Gauge("thaw_autoscaler_desired_replicas",
+                             "Replicas per stage: raw (demand, TTFT), bounded, target (after delays)",
+                             ["model", "stage"], registry=registry)
+        self.demand = Gauge("thaw_autoscaler_demand", "Mean requests queued or in flight over a window",
+                            ["model", "window"], registry=registry)
+        self.arrival_rate = Gauge("thaw_autoscaler_arrivals_per_second", "Arrivals over the stable window",
+                                  ["model"], registry=registry)
+        self.ttft_p90 = Gauge("thaw_autoscaler_ttft_p90_seconds", "Hot requests' TTFT p90 over the stable window",
+                              ["model"], registry=registry)
+        self.panic = Gauge("thaw_autoscaler_panic", "1 while the model is in panic mode", ["model"], registry=registry)
+        self.keep_alive = Gauge("thaw_keepalive_window_seconds",
+                                "The keep-alive window from the idle start: prewarm (-1: none) and keep_until",
+                                ["model", "edge"], registry=registry)
+        self.keep_alive_mode = Gauge("thaw_keepalive_histogram_in_use",
+                                     "1 when the histogram policy decides, 0 when it falls back to fixed",
+                                     ["model"], registry=registry)
 
 
 class PoolManager:
@@ -118,8 +140,10 @@ class PoolManager:
         adopt_grace_s: float | None = None,
         refresh_interval_s: float | None = None,
         epoch: str | None = None,
+        state_dir: Path | None = None,
     ) -> None:
-        """``providers`` maps each pool's shape to the provider that runs it."""
+        """``providers`` maps each pool's shape to the provider that runs it.
+        ``state_dir``: where what must outlive a restart is kept (None: nowhere)."""
         self.cfg = cfg
         self.providers = providers
         self.control = control
@@ -135,12 +159,17 @@ class PoolManager:
         self.epoch = epoch or uuid.uuid4().hex[:8]
         self.registry = registry or CollectorRegistry()
         self.metrics = PoolMetrics(self.registry)
-        self.state = PolicyState(epoch=self.epoch)
+        self.state_dir = state_dir
+        self.state = PolicyState(epoch=self.epoch, models=self._load_keepalive())
+        self._saved_histograms = {n: ms.idle_histogram for n, ms in self.state.models.items()}
         self.facts: dict[str, WorkerFacts] = {}
         # Workers being terminated: their last heartbeats must not bring them back.
         self.gone: set[str] = set()
         self.reports: dict[str, _Report] = {}
         self.demand_at: dict[str, float] = {}
+        self._arrivals_seen: dict[tuple[str, str], int] = {}
+        self._new_arrivals: dict[str, int] = {}
+        self._new_ttfts: dict[str, list[float]] = {}
         self.cold_starts: dict[str, ColdStartRecord] = {}
         self.shape_backoff: dict[str, _ShapeBackoff] = {}
         self.events: deque[PoolEvent] = deque(maxlen=EVENTS_KEPT)
@@ -210,6 +239,55 @@ class PoolManager:
                 log.exception("provider_list_failed", provider=p.kind)
         return found
 
+    # -- what outlives a restart -----------------------------------------------------
+    def _keepalive_path(self) -> Path | None:
+        return self.state_dir / KEEPALIVE_FILE if self.state_dir is not None else None
+
+    def _load_keepalive(self) -> dict[str, ModelState]:
+        """The models' idle-interval histograms from the last run (the hybrid keep-alive
+        policy would otherwise relearn every pattern after a restart)."""
+        path = self._keepalive_path()
+        if path is None or not path.exists():
+            return {}
+        out: dict[str, ModelState] = {}
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("keepalive_state_unreadable", path=str(path), error=str(exc))
+            return {}
+        for m in self.cfg.models:
+            entry = saved.get(m.name) if isinstance(saved, dict) else None
+            hcfg = m.autoscaling.keep_alive_histogram
+            # Counts kept with another bin width mean other intervals: start afresh.
+            if not isinstance(entry, dict) or entry.get("bin_s") != hcfg.bin_s:
+                continue
+            try:
+                out[m.name] = ModelState(idle_histogram=IdleHistogram.from_json(entry.get("histogram"), hcfg))
+            except ValueError as exc:
+                log.warning("keepalive_histogram_dropped", model=m.name, error=str(exc))
+        return out
+
+    async def _save_keepalive(self) -> None:
+        path = self._keepalive_path()
+        current = {n: ms.idle_histogram for n, ms in self.state.models.items()}
+        if path is None or current == self._saved_histograms:
+            return
+        body = {m.name: {"bin_s": m.autoscaling.keep_alive_histogram.bin_s,
+                         "histogram": current[m.name].to_json()}
+                for m in self.cfg.models if m.name in current}
+
+        def write() -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(body))
+            tmp.replace(path)
+
+        try:
+            await asyncio.to_thread(write)
+            self._saved_histograms = current
+        except OSError as exc:
+            log.warning("keepalive_state_not_saved", path=str(path), error=str(exc))
+
     # -- facts (the one place they change) -----------------------------------------
     def _observe(self, worker_id: str, shape: str, **changes: Any) -> WorkerFacts:
         cur = self.facts.get(worker_id) or WorkerFacts(worker_id, shape)
@@ -248,10 +326,32 @@ class PoolManager:
             self._wake.set()
         return HeartbeatReply(controller_epoch=self.epoch, interval_s=self.cfg.cluster.heartbeat_interval_s)
 
-    def report(self, activator_id: str, models: dict[str, ModelActivity]) -> None:
+    def report(self, activator_id: str, models: dict[str, ModelActivity], arrivals: dict[str, int] | None = None,
+               ttfts: dict[str, list[float]] | None = None) -> None:
+        """An activator's traffic. ``arrivals`` are its counters (requests accepted since
+        it started): the differences since its last report are new arrivals."""
         self.reports[activator_id] = _Report(self.clock(), models)
+        for name, count in (arrivals or {}).items():
+            seen = self._arrivals_seen.get((activator_id, name), 0)
+            # A counter that went down: the activator restarted and counts from zero.
+            new = count - seen if count >= seen else count
+            self._arrivals_seen[(activator_id, name)] = count
+            self._new_arrivals[name] = self._new_arrivals.get(name, 0) + new
+        for name, samples in (ttfts or {}).items():
+            self._new_ttfts.setdefault(name, []).extend(samples)
         if any(a.queued for a in models.values()):
             self._wake.set()
+
+    def _take_traffic(self, activity: dict[str, ModelActivity]) -> dict[str, ModelActivity]:
+        """``activity`` with the arrivals and TTFTs reported since the last tick (taken)."""
+        out = dict(activity)
+        for name in set(self._new_arrivals) | set(self._new_ttfts):
+            cur = out.get(name, ModelActivity())
+            out[name] = replace(cur, arrivals=self._new_arrivals.get(name, 0),
+                                ttfts=tuple(self._new_ttfts.get(name, ())))
+        self._new_arrivals.clear()
+        self._new_ttfts.clear()
+        return out
 
     def demand(self, model: str) -> None:
         """A request is waiting for ``model`` at zero: decide now, not on the next tick."""
@@ -333,6 +433,7 @@ class PoolManager:
         if self.adopted:
             self._tick()
             await self._publish_routes()
+            await self._save_keepalive()
 
     async def settle(self) -> None:
         """Wait for the control calls and launches in flight (tests)."""
@@ -360,7 +461,8 @@ class PoolManager:
         now = self.clock()
         views = self.views(now)
         blocked = {s: b.until for s, b in self.shape_backoff.items() if b.until > now}
-        snap = Snapshot(workers=tuple(views.values()), activity=self.activity(now), launch_blocked_until=blocked)
+        snap = Snapshot(workers=tuple(views.values()), activity=self._take_traffic(self.activity(now)),
+                        launch_blocked_until=blocked)
         t0 = time.perf_counter()
         decisions, self.state = decide(snap, self.state, self.cfg, now)
         self.metrics.tick.observe(time.perf_counter() - t0)
@@ -560,9 +662,24 @@ class PoolManager:
         self.metrics.workers.clear()
         for (shape, st), n in counts.items():
             self.metrics.workers.labels(shape, st).set(n)
+        mx = self.metrics
         for m in self.cfg.models:
             ms = self.state.models.get(m.name)
-            self.metrics.backoff.labels(m.name).set(max((ms.backoff_until - now) if ms else 0.0, 0.0))
+            mx.backoff.labels(m.name).set(max((ms.backoff_until - now) if ms else 0.0, 0.0))
+            r = ms.last_scale if ms else None
+            if r is not None:
+                for stage, n in (("raw", r.raw), ("bounded", r.bounded), ("target", r.target)):
+                    mx.desired.labels(m.name, stage).set(n)
+                mx.demand.labels(m.name, "stable").set(r.metrics.stable_demand)
+                mx.demand.labels(m.name, "panic").set(r.metrics.panic_demand)
+                mx.arrival_rate.labels(m.name).set(r.metrics.arrivals_per_s)
+                mx.ttft_p90.labels(m.name).set(r.metrics.ttft_p90_s if r.metrics.ttft_p90_s is not None else 0.0)
+                mx.panic.labels(m.name).set(1 if r.panic else 0)
+            w = ms.keep_alive if ms else None
+            if w is not None:
+                mx.keep_alive.labels(m.name, "prewarm").set(-1 if w.prewarm_after_s is None else w.prewarm_after_s)
+                mx.keep_alive.labels(m.name, "keep_until").set(w.keep_until_s)
+                mx.keep_alive_mode.labels(m.name).set(1 if w.mode == "histogram" else 0)
         for p in self.cfg.pools:
             b = self.shape_backoff.get(p.shape)
             self.metrics.launch_backoff.labels(p.shape).set(max(b.until - now, 0.0) if b else 0.0)

@@ -25,12 +25,20 @@ back to standby count; asleep ones do not), never more than ``max_instances`` in
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from thaw.config import InstanceShape, Pool, ThawConfig
+from thaw.config import Autoscaling, InstanceShape, Pool, ThawConfig
 from thaw.wire import WorkerState
+from warm_pool.autoscaler import ScaleResult, ScaleState, autoscale, observe
+from warm_pool.keepalive import (
+    IdleHistogram,
+    KeepAliveWindow,
+    idle_interval,
+    keep_alive_decision,
+    keep_alive_window,
+    record_idle,
+)
 
 BACKOFF_BASE_S = 2.0
 BACKOFF_MAX_S = 60.0
@@ -57,6 +65,9 @@ class ModelActivity:
     queued: int = 0
     in_flight: int = 0
     last_request_at: float | None = None
+    # Requests accepted since the previous tick, and hot requests' TTFTs seen since then.
+    arrivals: int = 0
+    ttfts: tuple[float, ...] = ()
 
     @property
     def demand(self) -> int:
@@ -79,6 +90,14 @@ class ModelState:
     # The assignment whose failure was last counted, so a failure seen on several
     # ticks (until the worker is reset) counts once.
     counted_assignment: str | None = None
+    # The autoscaler's carried state (windows, delays, panic) and its last result.
+    scale: ScaleState = ScaleState()
+    last_scale: ScaleResult | None = None
+    # Since when nothing is queued or in flight (None: busy, or never used), the idle
+    # intervals seen so far, and the keep-alive window they give.
+    idle_since: float | None = None
+    idle_histogram: IdleHistogram = IdleHistogram()
+    keep_alive: KeepAliveWindow | None = None
 
 
 @dataclass(frozen=True)
@@ -93,11 +112,15 @@ class PolicyState:
 # -- decisions (data; the manager carries them out) -----------------------------------
 
 
+AssignReason = Literal["demand", "scale_up", "prewarm", "min_replicas"]
+
+
 @dataclass(frozen=True)
 class Assign:
     worker_id: str
     model: str
     assignment_id: str
+    reason: AssignReason = "demand"
 
 
 @dataclass(frozen=True)
@@ -155,14 +178,19 @@ def backoff_s(failures: int) -> float:
     return min(BACKOFF_BASE_S * 2 ** max(failures - 1, 0), BACKOFF_MAX_S)
 
 
-def desired_replicas(activity: ModelActivity, min_replicas: int, max_replicas: int,
-                     target_concurrency: float, idle: bool) -> int:
-    """Replicas wanted for this traffic (before idle release), within the bounds."""
-    want = math.ceil(activity.demand / target_concurrency) if activity.demand else 0
-    if not idle and activity.last_request_at is not None:
-        # Recent traffic keeps at least one replica through the grace period.
-        want = max(want, 1)
-    return max(min_replicas, min(max_replicas, want))
+def _track_idle(ms: ModelState, act: ModelActivity, a: Autoscaling, now: float) -> ModelState:
+    """Keep-alive bookkeeping: when the model went idle, and each idle interval ended by
+    an arrival (into the histogram the hybrid policy learns from)."""
+    if act.demand or act.arrivals:
+        gap = idle_interval(ms.idle_since, now)
+        if gap is not None and a.keep_alive == "histogram":
+            ms = replace(ms, idle_histogram=record_idle(ms.idle_histogram, gap, a.keep_alive_histogram))
+        return replace(ms, idle_since=None)
+    if ms.idle_since is None and act.last_request_at is not None:
+        # Idle from the last request's end, as the activators last saw it. A model never
+        # used has no idle start: nothing keeps it warm beyond min_replicas.
+        return replace(ms, idle_since=min(act.last_request_at, now))
+    return ms
 
 
 def decide(
@@ -218,7 +246,8 @@ def decide(
                     return True
         return False
 
-    # 2. Per model: scale from zero, up, and down to zero.
+    # 2. Per model: the autoscaler's target, with the keep-alive policy deciding when
+    # an idle model keeps a replica (or gets one back early) and when it goes to zero.
     launches_for_demand: dict[str, int] = {}
     for m in cfg.models:
         act = snap.activity.get(m.name, ModelActivity())
@@ -226,15 +255,22 @@ def decide(
         ready = [w for w in replicas if w.state == "ready"]
         ms = models.get(m.name, ModelState())
         if ready and ms.failures:
-            models[m.name] = ms = replace(ms, failures=0, backoff_until=0.0, last_error=None)
+            ms = replace(ms, failures=0, backoff_until=0.0, last_error=None)
         a = m.autoscaling
-        idle = act.in_flight == 0 and act.queued == 0 and (
-            act.last_request_at is None or now - act.last_request_at >= a.idle_grace_s
-        )
-        want = desired_replicas(act, a.min_replicas, a.max_replicas, a.target_concurrency, idle)
+        ms = _track_idle(ms, act, a, now)
+        window = keep_alive_window(ms.idle_histogram, a)
+        keep_warm = ms.idle_since is not None and keep_alive_decision(window, ms.idle_since, now).keep
+        scale = observe(ms.scale, now, act.demand, act.arrivals, act.ttfts, a.stable_window_s)
+        result, scale = autoscale(scale, current=len(replicas), now=now, a=a, demand_now=act.demand,
+                                  keep_warm=keep_warm, loading=len(replicas) - len(ready))
+        models[m.name] = ms = replace(ms, scale=scale, last_scale=result, keep_alive=window)
+        want = result.target
         if len(replicas) < want:
             if now < ms.backoff_until:
                 continue
+            reason: AssignReason = ("demand" if act.demand and not replicas else
+                      "prewarm" if not act.demand and not replicas and want > a.min_replicas else
+                      "min_replicas" if want <= a.min_replicas else "scale_up")
             sleeping = [w for w in reversed(asleep.get(m.name, [])) if w.id not in gone]
             for _ in range(want - len(replicas)):
                 standbys = free.get(m.shape) or []
@@ -243,23 +279,24 @@ def decide(
                     # Waking the model where it sleeps beats loading it anywhere.
                     w = sleeping.pop(0)
                     gone.add(w.id)
-                    decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}"))
+                    decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}", reason))
                 elif standbys:
                     w = standbys.pop(0)
-                    decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}"))
+                    decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}", reason))
                 else:
                     n_assign -= 1
                     if not reclaim(m.shape, m.name):
                         launches_for_demand[m.shape] = launches_for_demand.get(m.shape, 0) + 1
-        elif len(replicas) > want and idle:
+        elif len(replicas) > want:
             # Release loading replicas first (nobody waits on them), then the newest ready;
-            # with an asleep tier, ready ones go to sleep instead.
+            # a model going idle with an asleep tier puts its ready ones to sleep instead.
             extra = len(replicas) - want
-            for w in sorted(replicas, key=lambda w: (w.state != "loading", w.id), reverse=False)[:extra]:
-                if w.state == "ready" and a.asleep_ttl_s > 0:
+            idle = want <= a.min_replicas and not act.demand
+            for w in sorted(replicas, key=lambda w: (w.state != "loading", w.id))[:extra]:
+                if w.state == "ready" and idle and a.asleep_ttl_s > 0:
                     decisions.append(Sleep(w.id, m.name))
                 else:
-                    decisions.append(Release(w.id, m.name, "idle"))
+                    decisions.append(Release(w.id, m.name, "idle" if idle else "excess"))
 
     # 3. Per pool: standby targets within caps and budget.
     shapes = {s.name: s for s in cfg.shapes}

@@ -55,7 +55,7 @@ def create_controller_app(cfg: ThawConfig, config_path: Path, controller_url: st
                           stop_local_workers: bool = False) -> FastAPI:
     providers = build_providers(cfg, config_path, controller_url)
     token = cluster_token(cfg)
-    manager = PoolManager(cfg, providers, HttpWorkerControl(token))
+    manager = PoolManager(cfg, providers, HttpWorkerControl(token), state_dir=cfg.data_dir / "controller")
     app = create_pool_app(manager, token, manage_lifecycle=False)
 
     @asynccontextmanager

@@ -5,6 +5,7 @@ backoff. The same manager over HTTP is in test_controller.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -229,3 +230,48 @@ async def test_demand_assigns_a_standby_and_the_intent_holds_until_the_worker_re
     assert req.assignment_id.startswith(f"demo-{m.epoch}-")
     ev = next(e for e in m.events if e.kind == "assign")
     assert ev.inputs["activity"]["queued"] == 1 and ev.model == "demo"
+
+
+async def test_the_keep_alive_histogram_survives_a_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    data = config().model_dump(mode="json")
+    data["models"][0]["autoscaling"]["keep_alive"] = "histogram"
+    data["cluster"]["token"] = None
+    cfg = parse_config(data)
+    m = PoolManager(cfg, {"gpu": provider}, control, clock=clock, refresh_interval_s=0.0, state_dir=tmp_path)
+    await m.start(loop=False)
+    clock.t += m.adopt_grace_s
+    # Three idle gaps of 600 s: a request, then nothing, then the next one.
+    for _ in range(3):
+        m.report("a", {"demo": ModelActivity(in_flight=1, last_request_at=clock())})
+        await step(m)
+        m.report("a", {"demo": ModelActivity(last_request_at=clock())})
+        await step(m)
+        clock.t += 600
+    m.report("a", {"demo": ModelActivity(in_flight=1, last_request_at=clock())})
+    await step(m)
+    learnt = m.state.models["demo"].idle_histogram
+    assert learnt.total() == 3 and sum(learnt.counts) == 3
+    # A new controller reads it back; with another bin width it starts afresh.
+    again = PoolManager(cfg, {"gpu": provider}, control, clock=clock, state_dir=tmp_path)
+    assert again.state.models["demo"].idle_histogram == learnt
+    data["models"][0]["autoscaling"]["keep_alive_histogram"] = {"bin_s": 30}
+    other = PoolManager(parse_config(data), {"gpu": provider}, control, clock=clock, state_dir=tmp_path)
+    assert "demo" not in other.state.models
+
+
+async def test_arrivals_are_the_differences_of_each_activators_counter() -> None:
+    clock = Clock()
+    m = await manager(config(), FakeProvider(clock), FakeControl(clock), clock)
+    idle = {"demo": ModelActivity()}
+    m.report("a", idle, arrivals={"demo": 5}, ttfts={"demo": [0.1]})
+    m.report("b", idle, arrivals={"demo": 2})
+    assert m._take_traffic({})["demo"].arrivals == 7  # 5 + 2, first reports count whole
+    m.report("a", idle, arrivals={"demo": 8})
+    m.report("b", idle, arrivals={"demo": 2})
+    taken = m._take_traffic({})
+    assert (taken["demo"].arrivals, taken["demo"].ttfts) == (3, ())  # 8 - 5 and 2 - 2
+    m.report("a", idle, arrivals={"demo": 1})  # a restarted activator counts from zero
+    assert m._take_traffic({})["demo"].arrivals == 1
+    assert m._take_traffic({}) == {}  # taken once

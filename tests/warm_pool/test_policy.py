@@ -21,7 +21,6 @@ from warm_pool.policy import (
     WorkerView,
     backoff_s,
     decide,
-    desired_replicas,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
@@ -83,27 +82,22 @@ def test_loading_replica_is_not_duplicated_while_requests_queue() -> None:
     assert decisions == []
 
 
-@pytest.mark.parametrize(
-    ("queued", "in_flight", "expected"),
-    [
-        (0, 0, 1),    # recent traffic keeps 1 through the grace period
-        (4, 0, 1),    # ceil(4 / 4) = 1
-        (5, 0, 2),    # ceil(5 / 4) = 2
-        (6, 6, 3),    # ceil(12 / 4) = 3
-        (40, 0, 3),   # ceil(40 / 4) = 10, capped at max_replicas 3
-    ],
-)
-def test_desired_replicas(queued: int, in_flight: int, expected: int) -> None:
-    act = ModelActivity(queued, in_flight, last_request_at=1.0)
-    assert desired_replicas(act, 0, 3, 4.0, idle=False) == expected
-
-
 def test_scale_up_takes_standbys_then_launches() -> None:
     # 1 ready, demand 9 → ceil(9/4) = 3 wanted: 1 standby assigned, 1 launch for the rest.
     snap = Snapshot((serving(1), standby(2)), {"demo": ModelActivity(queued=5, in_flight=4, last_request_at=5.0)})
-    decisions, _ = decide(snap, PolicyState(assignments=1), config(), now=5.0)
-    assert Assign("w2", "demo", "demo-2") in decisions
+    decisions, _ = decide(snap, PolicyState(assignments=1), config(max_scale_up_rate=10), now=5.0)
+    assert Assign("w2", "demo", "demo-2", "scale_up") in decisions
     assert Launch("cpu-local", "demand") in decisions
+
+
+def test_a_step_up_is_bounded_by_max_scale_up_rate() -> None:
+    # The same demand with max_scale_up_rate 2: max(1 + 1, 1 x 2) = 2 replicas this step.
+    snap = Snapshot((serving(1), standby(2)), {"demo": ModelActivity(queued=5, in_flight=4, last_request_at=5.0)})
+    decisions, state = decide(snap, PolicyState(assignments=1), config(max_scale_up_rate=2), now=5.0)
+    assert Assign("w2", "demo", "demo-2", "scale_up") in decisions
+    assert Launch("cpu-local", "demand") not in decisions
+    last = state.models["demo"].last_scale
+    assert last is not None and (last.raw, last.bounded, last.target) == (3, 2, 2)
 
 
 @pytest.mark.parametrize(
@@ -125,7 +119,7 @@ def test_scale_to_zero_after_idle_grace(last_request_at: float | None, in_flight
 def test_min_replicas_are_kept_and_filled_without_traffic() -> None:
     snap = Snapshot((serving(1), standby(2)), {})
     decisions, _ = decide(snap, PolicyState(), config(min_replicas=2), now=1000.0)
-    assert decisions[0] == Assign("w2", "demo", "demo-1")
+    assert decisions[0] == Assign("w2", "demo", "demo-1", "min_replicas")
     assert not any(isinstance(d, Release) for d in decisions)
 
 
@@ -235,7 +229,7 @@ def test_another_model_without_a_standby_reclaims_an_asleep_worker_instead_of_la
     # No standby: "other" takes demo's asleep worker (released now, assigned once standby).
     snap = Snapshot((asleep(1, since=100.0), serving(2, model="other")),
                     {"other": ModelActivity(queued=9, last_request_at=200.0)})
-    cfg = gpu_config(target_concurrency=4, max_replicas=3)
+    cfg = gpu_config(target_concurrency=4, max_replicas=3, max_scale_up_rate=10)
     decisions, _ = decide(snap, PolicyState(), cfg, now=200.0)
     # ceil(9 / 4) = 3 replicas wanted for "other", 1 serving: 2 more. One reclaims the
     # asleep worker, one launches: 2 instances + 1 = max_instances (3), so the standby

@@ -1,0 +1,88 @@
+"""The route watcher's traffic reports and demand signals to the controller."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request, Response
+
+from activator.routing import RouteWatcher
+from thaw.config import parse_config
+from thaw.embedded_store import free_port
+
+CFG = parse_config({
+    "shapes": [{"name": "cpu", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8, "price_per_hour_usd": 0}],
+    "models": [{"name": "demo", "uri": "s3://thaw/demo", "shape": "cpu",
+                "autoscaling": {"activation_timeout_s": 2}}],
+})
+
+
+@pytest.fixture
+async def controller() -> AsyncIterator[tuple[str, list[str]]]:
+    """A controller that takes 0.3 s to answer a demand signal, and records them."""
+    seen: list[str] = []
+    app = FastAPI()
+
+    @app.post("/v1/demand")
+    async def demand(request: Request) -> Response:
+        seen.append((await request.json())["model"])
+        await asyncio.sleep(0.3)
+        return Response(status_code=202)
+
+    @app.get("/v1/routes")
+    async def routes() -> Response:
+        await asyncio.sleep(30)  # a long poll that never answers in these tests
+        return Response(status_code=503)
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        server.should_exit = True
+        server.force_exit = True
+        await task
+
+
+async def test_demand_signals_are_coalesced_one_in_flight_per_model(controller: tuple[str, list[str]]) -> None:
+    url, seen = controller
+    w = RouteWatcher(CFG.models, url, "a1")
+    try:
+        # Twenty requests wait at zero within a few milliseconds: one signal goes out.
+        model = CFG.models[0]
+        waits = [asyncio.create_task(w._wait_cold(model, asyncio.get_running_loop().time())) for _ in range(20)]
+        await asyncio.sleep(0.1)
+        assert seen == ["demo"] and w.demand_coalesced == 19
+        # Once it is answered, the next waiting request may signal again.
+        await asyncio.sleep(0.4)
+        w.signal_demand("demo")
+        await asyncio.sleep(0.05)
+        assert seen == ["demo", "demo"]
+        for t in waits:
+            t.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+    finally:
+        await w.close()
+
+
+async def test_reports_carry_arrival_counters_and_take_ttft_samples() -> None:
+    w = RouteWatcher(CFG.models, f"http://127.0.0.1:{free_port()}", "a1")
+    st = w.routes["demo"]
+    st.arrivals = 5
+    for t in (0.1, 0.2):
+        st.note_ttft(t)
+    first = w.report_body().models["demo"]
+    assert (first.arrivals, first.ttft_s) == (5, [0.1, 0.2])
+    # The counter stays (the controller takes differences); the samples were taken.
+    second = w.report_body().models["demo"]
+    assert (second.arrivals, second.ttft_s) == (5, [])
+    for _ in range(1000):
+        st.note_ttft(0.5)
+    assert len(w.report_body().models["demo"].ttft_s) == 256  # a bounded sample
+    await w.close()
