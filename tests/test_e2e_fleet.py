@@ -140,7 +140,7 @@ def fleet(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
     })
     cfg["models"][0].update({"uri": uri, "demo_if_missing": False})
     cfg["models"][0]["autoscaling"].update({"idle_grace_s": 600, "activation_timeout_s": 240})
-    cfg["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 2})
+    cfg["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 3})
     path = tmp / "thaw.yaml"
     path.write_text(yaml.safe_dump(cfg))
     ports = {"a": free_port(), "b": free_port()}
@@ -291,3 +291,38 @@ def test_no_secret_in_logs_state_metrics_or_pool_status(fleet: Fleet, store: Emb
     for name, text in texts.items():
         assert secret not in text, f"the store secret appears in {name}"
         assert token not in text, f"the cluster token appears in {name}"
+
+
+def test_a_budget_change_from_the_cli_applies_survives_a_restart_and_is_an_event(fleet: Fleet) -> None:
+    def thaw(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "thaw.cli.main", *args, "--config", str(fleet.config),
+                               "--controller", fleet.controller_url], capture_output=True, text=True, timeout=60,
+                              cwd=fleet.tmp)
+
+    def standbys(s: dict[str, Any]) -> int:
+        return sum(w["state"] == "standby" for w in s["workers"])
+
+    fleet.wait("one standby", lambda s: standbys(s) == 1)
+    bad = thaw("pool", "budget", "set", "cpu-local", "--standby-min", "3", "--standby-max", "2")
+    assert bad.returncode == 2 and "standby_min (3) must not exceed standby_max (2)" in bad.stderr
+    out = thaw("pool", "budget", "set", "cpu-local", "--standby-min", "2", "--standby-max", "2")
+    assert out.returncode == 0, out.stderr
+    assert "cpu-local" in out.stdout and "2..2" in out.stdout and "run time" in out.stdout
+    # The next tick launches the second standby (it stands by once vLLM is imported).
+    fleet.wait("a second standby worker", lambda s: len([w for w in s["workers"] if w["model"] is None]) == 2,
+               timeout_s=15)
+    fleet.wait("two standbys", lambda s: standbys(s) == 2)
+    events = thaw("pool", "events", "--since", "10m")
+    assert events.returncode == 0 and "budget" in events.stdout and "operator" in events.stdout
+    # A restart (SIGTERM) keeps the band: no launch, no terminate.
+    _stop(fleet.procs["controller"])
+    assert fleet.procs["controller"].returncode == 0
+    fleet.start_controller()
+    state = fleet.wait("adopted", lambda s: s["adopted"])
+    time.sleep(2)
+    shown = thaw("pool", "budget", "show", "--json")
+    pool = json.loads(shown.stdout)["pools"][0]
+    assert (pool["standby_min"], pool["standby_max"], pool["source"]) == (2, 2, "run time")
+    assert standbys(fleet.state()) == 2 == standbys(state)
+    new_events = httpx.get(f"{fleet.controller_url}/v1/events", headers=fleet.auth(), timeout=5).json()["events"]
+    assert not [e for e in new_events if e["kind"] in ("launch", "terminate")]

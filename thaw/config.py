@@ -221,6 +221,9 @@ class InstanceShape(_Strict):
     # An instance of this shape that has not registered (heartbeat) this long after its
     # launch is terminated and replaced.
     boot_timeout_s: PositiveFloat = 600.0
+    # How long a new standby of this shape usually takes to stand by (launch, boot,
+    # runtime imports): the standby sizer covers the cold starts of that long.
+    boot_s: PositiveFloat = 60.0
 
     @model_validator(mode="after")
     def _gpu(self) -> InstanceShape:

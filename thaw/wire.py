@@ -244,6 +244,10 @@ class ShapeRow(_Msg):
     max_instances: int
     budget_usd_per_hour: float | None
     spend_usd_per_hour: float
+    # The standby sizer's target now, what the budgets granted of it, and the rest.
+    standby_target: int | None = None
+    standby_granted: int | None = None
+    budget_shortfall: int = 0
     # Launches paused after capacity errors (epoch seconds), and why.
     backoff_until: float | None = None
     backoff_reason: str | None = None
@@ -289,3 +293,33 @@ class PoolEvent(_Msg):
 
 class PoolEvents(_Msg):
     events: list[PoolEvent]
+
+
+# -- operators → controller: budgets at run time -----------------------------------------
+
+
+class BudgetChange(_Msg):
+    """``PUT /v1/pool/budget``: change one pool's standby band or budget, or the budget
+    across all pools. Fields left out keep their value."""
+
+    shape: str | None = None
+    standby_min: NonNegativeInt | None = None
+    standby_max: NonNegativeInt | None = None
+    usd_per_hour: NonNegativeFloat | None = None
+    total_usd_per_hour: NonNegativeFloat | None = None
+
+
+class PoolBudget(_Msg):
+    shape: str
+    standby_min: int
+    standby_max: int
+    max_instances: int
+    usd_per_hour: float | None
+    # "config", or "run time" once an operator changed it (persisted across restarts).
+    source: str
+
+
+class BudgetView(_Msg):
+    total_usd_per_hour: float | None
+    total_source: str
+    pools: list[PoolBudget]

@@ -18,6 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from thaw.auth import ClusterAuth
 from thaw.wire import (
     ActivityReport,
+    BudgetChange,
+    BudgetView,
     ColdStartRecord,
     DemandSignal,
     HeartbeatReply,
@@ -26,7 +28,7 @@ from thaw.wire import (
     RouteTable,
     WorkerStatus,
 )
-from warm_pool.manager import PoolManager, UnknownInstance
+from warm_pool.manager import BudgetRefused, PoolManager, UnknownInstance
 from warm_pool.policy import ModelActivity
 
 
@@ -106,6 +108,21 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
     async def events(since: float = Query(0.0)) -> Response:
         body = PoolEvents(events=[e for e in manager.events if e.at >= since])
         return Response(body.model_dump_json(), media_type="application/json")
+
+    @app.get("/v1/pool/budget", response_model=BudgetView)
+    async def budget() -> Response:
+        return Response(manager.budget_view().model_dump_json(), media_type="application/json")
+
+    @app.put("/v1/pool/budget", response_model=BudgetView)
+    async def set_budget(body: BudgetChange, request: Request) -> Response:
+        # Who asked: the operator's name as the CLI sends it, and the address it came from.
+        actor = request.headers.get("x-thaw-actor") or "unknown"
+        client = request.client.host if request.client else "?"
+        try:
+            view = await manager.change_budget(body, f"{actor} ({client})")
+        except BudgetRefused as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        return Response(view.model_dump_json(), media_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -30,10 +30,13 @@ from thaw.config import ThawConfig
 from thaw.log import get_logger
 from thaw.wire import (
     AssignRequest,
+    BudgetChange,
+    BudgetView,
     ColdStartRecord,
     HeartbeatReply,
     ModelRoute,
     ModelRow,
+    PoolBudget,
     PoolEvent,
     PoolStatus,
     ReleaseRequest,
@@ -58,6 +61,8 @@ from warm_pool.policy import (
     Release,
     Sleep,
     Snapshot,
+    Start,
+    Stop,
     Terminate,
     WorkerView,
     decide,
@@ -70,9 +75,18 @@ log = get_logger()
 
 REPORT_TTL_S = 10.0
 KEEPALIVE_FILE = "keepalive.json"
+BUDGET_FILE = "budget.json"
 EVENTS_KEPT = 5000
 # Launch failures other than capacity (API errors) pause a shape this long, doubling.
 LAUNCH_ERROR_BACKOFF_S = (5.0, 120.0)
+
+
+class BudgetRefused(ValueError):
+    """A budget change that cannot apply (unknown shape, min above max, ...)."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class UnknownInstance(Exception):
@@ -122,6 +136,13 @@ class PoolMetrics:
         self.keep_alive = Gauge("thaw_keepalive_window_seconds",
                                 "The keep-alive window from the idle start: prewarm (-1: none) and keep_until",
                                 ["model", "edge"], registry=registry)
+        self.standby_target = Gauge("thaw_pool_standby_target",
+                                    "The standby sizer's target, its raw demand and watermarks, and the grant",
+                                    ["shape", "value"], registry=registry)
+        self.shortfall = Gauge("thaw_pool_budget_shortfall_instances",
+                               "Standby instances wanted but not granted by a budget", ["shape"], registry=registry)
+        self.spend = Gauge("thaw_pool_spend_usd_per_hour", "Serving + asleep + standby spend", ["shape"],
+                           registry=registry)
         self.keep_alive_mode = Gauge("thaw_keepalive_histogram_in_use",
                                      "1 when the histogram policy decides, 0 when it falls back to fixed",
                                      ["model"], registry=registry)
@@ -160,6 +181,15 @@ class PoolManager:
         self.registry = registry or CollectorRegistry()
         self.metrics = PoolMetrics(self.registry)
         self.state_dir = state_dir
+        # The config as written; self.cfg is it with the operators' run-time budget
+        # changes applied (persisted in state_dir, so a restart keeps them).
+        self.base_cfg = cfg
+        self.budget_overrides: dict[str, Any] = self._load_budget()
+        try:
+            self.cfg = self._apply_budget(self.budget_overrides)
+        except BudgetRefused as exc:
+            log.warning("budget_overrides_dropped", error=str(exc))
+            self.budget_overrides = {}
         self.state = PolicyState(epoch=self.epoch, models=self._load_keepalive())
         self._saved_histograms = {n: ms.idle_histogram for n, ms in self.state.models.items()}
         self.facts: dict[str, WorkerFacts] = {}
@@ -185,6 +215,7 @@ class PoolManager:
         self._busy: set[str] = set()  # workers with a control call in flight
         self._refreshed_at = 0.0
         self._closing = False
+        self._shortfalls: dict[str, int] = {}
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self, *, loop: bool = True) -> None:
@@ -288,6 +319,88 @@ class PoolManager:
         except OSError as exc:
             log.warning("keepalive_state_not_saved", path=str(path), error=str(exc))
 
+    # -- budgets changed at run time ---------------------------------------------------
+    def _budget_path(self) -> Path | None:
+        return self.state_dir / BUDGET_FILE if self.state_dir is not None else None
+
+    def _load_budget(self) -> dict[str, Any]:
+        path = self._budget_path()
+        if path is None or not path.exists():
+            return {}
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("budget_state_unreadable", path=str(path), error=str(exc))
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _apply_budget(self, overrides: dict[str, Any]) -> ThawConfig:
+        """The config with ``overrides`` applied, validated as the config file is."""
+        from pydantic import ValidationError
+
+        from thaw.config import Pool, format_errors
+
+        pools = []
+        for p in self.base_cfg.pools:
+            change = overrides.get("pools", {}).get(p.shape)
+            if change:
+                try:
+                    p = Pool.model_validate({**p.model_dump(), **change})
+                except ValidationError as exc:
+                    raise BudgetRefused(f"pool {p.shape!r}: " + "; ".join(format_errors(exc))) from None
+            pools.append(p)
+        update: dict[str, Any] = {"pools": pools}
+        if "total_usd_per_hour" in overrides:
+            update["budget_usd_per_hour"] = overrides["total_usd_per_hour"]
+        return self.base_cfg.model_copy(update=update)
+
+    def budget_view(self) -> BudgetView:
+        changed = self.budget_overrides.get("pools", {})
+        return BudgetView(
+            total_usd_per_hour=self.cfg.budget_usd_per_hour,
+            total_source="run time" if "total_usd_per_hour" in self.budget_overrides else "config",
+            pools=[PoolBudget(shape=p.shape, standby_min=p.standby_min, standby_max=p.standby_max,
+                              max_instances=p.max_instances, usd_per_hour=p.budget_usd_per_hour,
+                              source="run time" if p.shape in changed else "config") for p in self.cfg.pools],
+        )
+
+    async def change_budget(self, change: BudgetChange, who: str) -> BudgetView:
+        """Apply an operator's budget change: validated, persisted, in force from the next
+        tick, and recorded as an event naming who asked."""
+        overrides = json.loads(json.dumps(self.budget_overrides))  # a deep copy
+        pool_fields = {k: v for k, v in (("standby_min", change.standby_min), ("standby_max", change.standby_max),
+                                         ("budget_usd_per_hour", change.usd_per_hour)) if v is not None}
+        if pool_fields:
+            if change.shape is None:
+                raise BudgetRefused("standby_min, standby_max and usd_per_hour need a shape")
+            if self.base_cfg.pool(change.shape) is None:
+                raise BudgetRefused(f"no pool for shape {change.shape!r}; pools: "
+                                    f"{sorted(p.shape for p in self.base_cfg.pools)}", 404)
+            overrides.setdefault("pools", {}).setdefault(change.shape, {}).update(pool_fields)
+        if change.total_usd_per_hour is not None:
+            overrides["total_usd_per_hour"] = change.total_usd_per_hour
+        if not pool_fields and change.total_usd_per_hour is None:
+            raise BudgetRefused("nothing to change: give standby_min, standby_max, usd_per_hour or "
+                                "total_usd_per_hour")
+        cfg = self._apply_budget(overrides)
+        before = self.budget_view()
+        path = self._budget_path()
+        if path is not None:
+            def write() -> None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(overrides))
+                tmp.replace(path)
+
+            await asyncio.to_thread(write)
+        self.cfg, self.budget_overrides = cfg, overrides
+        after = self.budget_view()
+        self._event(None, "budget", "operator", shape=change.shape, outcome="done",
+                    inputs={"who": who, "change": change.model_dump(exclude_none=True),
+                            "before": before.model_dump(), "after": after.model_dump()})
+        self._wake.set()
+        return after
+
     # -- facts (the one place they change) -----------------------------------------
     def _observe(self, worker_id: str, shape: str, **changes: Any) -> WorkerFacts:
         cur = self.facts.get(worker_id) or WorkerFacts(worker_id, shape)
@@ -332,9 +445,11 @@ class PoolManager:
         it started): the differences since its last report are new arrivals."""
         self.reports[activator_id] = _Report(self.clock(), models)
         for name, count in (arrivals or {}).items():
-            seen = self._arrivals_seen.get((activator_id, name), 0)
+            seen = self._arrivals_seen.get((activator_id, name))
+            # The first report from an activator sets the baseline: after a controller
+            # restart its counter holds everything since it started, not new arrivals.
             # A counter that went down: the activator restarted and counts from zero.
-            new = count - seen if count >= seen else count
+            new = 0 if seen is None else count - seen if count >= seen else count
             self._arrivals_seen[(activator_id, name)] = count
             self._new_arrivals[name] = self._new_arrivals.get(name, 0) + new
         for name, samples in (ttfts or {}).items():
@@ -468,6 +583,17 @@ class PoolManager:
         self.metrics.tick.observe(time.perf_counter() - t0)
         for d in decisions:
             self._carry_out(d, snap, views, now)
+        for shape, ps in self.state.pools.items():
+            g = ps.grant
+            short = g.shortfall if g else 0
+            if short != self._shortfalls.get(shape, 0):
+                self._event(None, "budget_shortfall", g.reason if g else "ok", shape=shape,
+                            outcome="short" if short else "met",
+                            inputs={"wanted": ps.target.target if ps.target else None,
+                                    "granted": g.standby if g else None, "shortfall": short,
+                                    "spend_usd_per_hour": g.spend_usd_per_hour if g else None,
+                                    "over_budget_serving": g.over_budget_serving if g else False})
+                self._shortfalls[shape] = short
         self._export(now, views)
 
     def _event(self, d: Decision | None, kind: str, reason: str, *, outcome: str = "started",
@@ -514,6 +640,11 @@ class PoolManager:
             f = self.facts[d.worker_id]
             self._observe(d.worker_id, f.shape, intent=Intent("sleep", now, d.model, views[d.worker_id].assignment_id))
             self._spawn(self._sleep(d), busy=d.worker_id)
+        elif isinstance(d, Stop | Start):
+            f = self.facts[d.worker_id]
+            intent = Intent("stop", now, None, None) if isinstance(d, Stop) else Intent("start", now, None, None)
+            self._observe(d.worker_id, f.shape, intent=intent)
+            self._spawn(self._stop_or_start(d), busy=d.worker_id)
         elif isinstance(d, Terminate):
             gone = self.facts.get(d.worker_id)
             self._forget(d.worker_id)
@@ -642,6 +773,24 @@ class PoolManager:
             return
         self._answered(worker_id, status)
 
+    async def _stop_or_start(self, d: Stop | Start) -> None:
+        f = self.facts.get(d.worker_id)
+        provider = self.providers.get(f.shape) if f else None
+        if f is None or f.instance is None or provider is None:
+            return
+        try:
+            if isinstance(d, Stop):
+                await provider.stop(f.instance.instance_id)
+            else:
+                await provider.start(f.instance.instance_id)
+                # It boots again: its last heartbeat is from before the stop.
+                self._observe(d.worker_id, f.shape, status=None, heard_at=None, restarted_at=self.clock())
+        except Exception as exc:
+            log.warning("stop_or_start_failed", worker_id=d.worker_id, kind=type(d).__name__, error=str(exc))
+            self._observe(d.worker_id, f.shape, intent=None)
+            return
+        self._refreshed_at = 0.0  # ask the provider again on the next turn
+
     async def _terminate(self, f: WorkerFacts) -> None:
         provider = self.providers.get(f.shape)
         try:
@@ -683,6 +832,16 @@ class PoolManager:
         for p in self.cfg.pools:
             b = self.shape_backoff.get(p.shape)
             self.metrics.launch_backoff.labels(p.shape).set(max(b.until - now, 0.0) if b else 0.0)
+            ps = self.state.pools.get(p.shape)
+            if ps is not None and ps.target is not None:
+                t = ps.target
+                for name, value in (("target", t.target), ("raw", t.raw), ("lower_watermark", t.lower_watermark),
+                                    ("upper_watermark", t.upper_watermark),
+                                    ("granted", ps.grant.standby if ps.grant else t.target)):
+                    mx.standby_target.labels(p.shape, name).set(value)
+            if ps is not None and ps.grant is not None:
+                mx.shortfall.labels(p.shape).set(ps.grant.shortfall)
+                mx.spend.labels(p.shape).set(ps.grant.spend_usd_per_hour)
 
     def route_table(self, now: float) -> dict[str, ModelRoute]:
         views = self.views(now)
@@ -748,6 +907,7 @@ class PoolManager:
             b = self.shape_backoff.get(p.shape)
             provider = self.providers.get(p.shape)
             pstatus = getattr(provider, "status", None)
+            ps = self.state.pools.get(p.shape)
             shapes.append(ShapeRow(
                 shape=p.shape, provider=p.provider, counts=_count(v.state for v in mine),
                 standby_min=p.standby_min, standby_max=p.standby_max, max_instances=p.max_instances,
@@ -756,6 +916,9 @@ class PoolManager:
                 backoff_until=b.until if b and b.until > now else None,
                 backoff_reason=b.reason if b and b.until > now else None,
                 provider_status=(pstatus().get(p.shape, {}) if callable(pstatus) else {}),
+                standby_target=ps.target.target if ps and ps.target else None,
+                standby_granted=ps.grant.standby if ps and ps.grant else None,
+                budget_shortfall=ps.grant.shortfall if ps and ps.grant else 0,
             ))
         models = []
         for m in self.cfg.models:

@@ -4,23 +4,24 @@
 manager (``warm_pool.manager``) gathers the snapshot, calls this, stores the returned
 state and carries out the decisions. A test can step through ticks by hand.
 
-Rules, per model:
-- demand (queued or in-flight requests) and no replica ready or loading → assign a
-  standby worker of the model's shape now (a request at zero bypasses every delay);
-  with no standby, launch one within the pool's caps;
-- more demand than ``target_concurrency`` per replica → more replicas, up to
-  ``max_replicas``; ``min_replicas`` are kept even without traffic;
-- no request for ``idle_grace_s`` and nothing in flight → release replicas down to
-  ``min_replicas`` (scale to zero);
+Per model, the replica count is the autoscaler's (``warm_pool.autoscaler``: windows,
+panic, TTFT, bounds, delays) and when an idle model goes to zero or gets a replica back
+early is the keep-alive policy's (``warm_pool.keepalive``). Then:
+- a request at zero with no replica ready or loading → assign a standby worker of the
+  model's shape now; with no standby, launch one within ``max_instances``;
 - a failed load puts the model in exponential backoff (2 s, 4 s, … capped at 60 s);
   the failed worker is released back to standby. A successful start resets it.
 - with ``asleep_ttl_s`` (GPU): an idle replica is put to sleep instead of released;
   demand for its model wakes it (an ``Assign`` to the asleep worker) before any standby
   is used; after ``asleep_ttl_s`` asleep it is released. Another model that finds no
   standby reclaims an asleep worker (``Release``) rather than launch an instance.
-Per shape (pool): keep ``standby_min``..``standby_max`` standby workers (ones draining
-back to standby count; asleep ones do not), never more than ``max_instances`` in all
-(asleep ones count), nor more than the budget in $/hour.
+Per shape (pool): the standby target follows recent cold starts with hysteresis
+(``warm_pool.sizer``), between ``standby_min`` and ``standby_max``; standby plus asleep
+spend stays within the pool's budget and the global one (``warm_pool.budget``: serving
+replicas count first and are never cut; asleep ones are released before standby is
+cut); the target is reached through the stopped tier on EC2 (start stopped ones before
+launching, stop excess ones before terminating). Ones draining back to standby count;
+never more than ``max_instances`` in all.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from thaw.config import Autoscaling, InstanceShape, Pool, ThawConfig
+from thaw.config import Autoscaling, ThawConfig
 from thaw.wire import WorkerState
 from warm_pool.autoscaler import ScaleResult, ScaleState, autoscale, observe
+from warm_pool.budget import PoolAsk, PoolGrant, grant
 from warm_pool.keepalive import (
     IdleHistogram,
     KeepAliveWindow,
@@ -39,8 +41,11 @@ from warm_pool.keepalive import (
     keep_alive_window,
     record_idle,
 )
+from warm_pool.sizer import SizerState, StandbyTarget, cold_start_rate, plan_tiers, size_standby
 
 BACKOFF_BASE_S = 2.0
+# Cold starts counted for the standby sizer's rate (per shape).
+COLD_START_WINDOW_S = 600.0
 BACKOFF_MAX_S = 60.0
 
 
@@ -101,8 +106,20 @@ class ModelState:
 
 
 @dataclass(frozen=True)
+class PoolState:
+    """The standby sizer's carried state for one shape, and its last outputs."""
+
+    sizer: SizerState = SizerState()
+    # When models of this shape needed a cold start, within COLD_START_WINDOW_S.
+    cold_starts: tuple[float, ...] = ()
+    target: StandbyTarget | None = None
+    grant: PoolGrant | None = None
+
+
+@dataclass(frozen=True)
 class PolicyState:
     models: dict[str, ModelState] = field(default_factory=dict)
+    pools: dict[str, PoolState] = field(default_factory=dict)
     # Incremented for every assignment, to make assignment ids unique.
     assignments: int = 0
     # The controller's start id, in assignment ids: unique across controller restarts.
@@ -127,7 +144,7 @@ class Assign:
 class Release:
     worker_id: str
     model: str | None
-    reason: Literal["idle", "failed", "excess", "asleep_expired", "reclaimed"]
+    reason: Literal["idle", "failed", "excess", "asleep_expired", "reclaimed", "budget"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +156,22 @@ class Sleep:
 
 
 @dataclass(frozen=True)
+class Stop:
+    """Stop an idle standby instance (EC2): kept as stopped standby, storage cost only."""
+
+    worker_id: str
+    reason: Literal["excess_standby"]
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start a stopped standby instance again (it stands by again in about a minute)."""
+
+    worker_id: str
+    reason: Literal["standby"]
+
+
+@dataclass(frozen=True)
 class Launch:
     shape: str
     reason: Literal["standby", "demand"]
@@ -147,19 +180,11 @@ class Launch:
 @dataclass(frozen=True)
 class Terminate:
     worker_id: str
-    reason: Literal["unreachable", "excess_standby"]
+    reason: Literal["unreachable", "excess_standby", "excess_stopped"]
 
 
-Decision = Assign | Release | Sleep | Launch | Terminate
+Decision = Assign | Release | Sleep | Launch | Terminate | Stop | Start
 
-
-def _can_launch(pool: Pool, shape: InstanceShape, total: int) -> bool:
-    """One more instance stays within the pool's instance cap and $/hour budget."""
-    if total >= pool.max_instances:
-        return False
-    if pool.budget_usd_per_hour is not None and shape.price_per_hour_usd > 0:
-        return (total + 1) * shape.price_per_hour_usd <= pool.budget_usd_per_hour
-    return True
 
 _SERVING = ("loading", "ready")
 # Instances that are, or are about to be, standing by (a draining worker ends in
@@ -185,7 +210,10 @@ def _track_idle(ms: ModelState, act: ModelActivity, a: Autoscaling, now: float) 
         gap = idle_interval(ms.idle_since, now)
         if gap is not None and a.keep_alive == "histogram":
             ms = replace(ms, idle_histogram=record_idle(ms.idle_histogram, gap, a.keep_alive_histogram))
-        return replace(ms, idle_since=None)
+        if act.demand:
+            return replace(ms, idle_since=None)
+        # Requests came and went between two ticks: idle again from the last one's end.
+        return replace(ms, idle_since=min(act.last_request_at or now, now))
     if ms.idle_since is None and act.last_request_at is not None:
         # Idle from the last request's end, as the activators last saw it. A model never
         # used has no idle start: nothing keeps it warm beyond min_replicas.
@@ -298,40 +326,84 @@ def decide(
                 else:
                     decisions.append(Release(w.id, m.name, "idle" if idle else "excess"))
 
-    # 3. Per pool: standby targets within caps and budget.
+    # 3. Per pool: the standby target follows recent cold starts (with hysteresis), within
+    # the pool's budget and the global one, carried out through the stopped tier.
     shapes = {s.name: s for s in cfg.shapes}
+    assigned_now = {d.worker_id for d in decisions if isinstance(d, Assign)}
+    cold_now: dict[str, int] = dict(launches_for_demand)
+    for d in decisions:
+        if isinstance(d, Assign) and d.reason == "demand":
+            m_cfg = cfg.model(d.model)
+            if m_cfg is not None:
+                cold_now[m_cfg.shape] = cold_now.get(m_cfg.shape, 0) + 1
+    pools = dict(state.pools)
+    asks: list[PoolAsk] = []
     for pool in cfg.pools:
         shape = shapes[pool.shape]
-        # Stopped instances cost no compute: they count toward nothing here.
-        mine = [w for w in snap.workers if w.shape == pool.shape and w.state not in ("unreachable", "stopped")]
-        standby = [w for w in mine if w.state in _STANDBY_LIKE]
-        # Standbys just assigned above are no longer standby (nor asleep ones just woken).
-        assigned_now = {d.worker_id for d in decisions if isinstance(d, Assign)}
-        standby = [w for w in standby if w.id not in assigned_now]
-        total = len(mine)
+        ps = pools.get(pool.shape, PoolState())
+        colds = tuple(t for t in ps.cold_starts if now - t < COLD_START_WINDOW_S) + (now,) * cold_now.get(pool.shape, 0)
+        target, sizer = size_standby(ps.sizer, cold_starts_per_min=cold_start_rate(colds, now, COLD_START_WINDOW_S),
+                                     boot_s=shape.boot_s, pool=pool, now=now)
+        pools[pool.shape] = replace(ps, sizer=sizer, cold_starts=colds, target=target)
+        mine = [w for w in snap.workers if w.shape == pool.shape]
+        serving = [w for w in mine if w.state in ("loading", "ready")]
+        asleep_here = [w for w in mine if w.state == "asleep" and w.id not in gone]
+        asks.append(PoolAsk(shape=pool.shape, price_per_hour_usd=shape.price_per_hour_usd,
+                            serving=len(serving) + launches_for_demand.get(pool.shape, 0), asleep=len(asleep_here),
+                            standby_wanted=target.target, budget_usd_per_hour=pool.budget_usd_per_hour,
+                            max_instances=pool.max_instances, standby_min=pool.standby_min))
+    grants = grant(asks, cfg.budget_usd_per_hour)
 
-        # Demand that found no standby: launch, counting standbys already on their way
-        # (a draining worker ends in standby; one put to sleep reports "asleep" at once).
+    for pool, g in zip(cfg.pools, grants, strict=True):
+        shape = shapes[pool.shape]
+        pools[pool.shape] = replace(pools[pool.shape], grant=g)
+        mine = [w for w in snap.workers if w.shape == pool.shape and w.state not in ("unreachable", "stopped")]
+        stopped = sorted((w for w in snap.workers if w.shape == pool.shape and w.state == "stopped"),
+                         key=lambda w: w.id)
+        standby = [w for w in mine if w.state in _STANDBY_LIKE and w.id not in assigned_now]
+        total = len(mine)
+        # Over the budget with asleep replicas: the longest asleep go first.
+        over = [w for w in mine if w.state == "asleep" and w.id not in gone]
+        for w in sorted(over, key=lambda w: (w.since or 0.0, w.id))[: max(len(over) - g.asleep_allowed, 0)]:
+            decisions.append(Release(w.id, w.model, "budget"))
+            gone.add(w.id)
+
+        # No capacity lately: the shape is backed off, nothing launches.
+        blocked = now < snap.launch_blocked_until.get(pool.shape, 0.0)
+        # Demand that found no standby: launch (serving is never held back by a budget,
+        # only by max_instances), counting standbys already on their way.
         need = launches_for_demand.get(pool.shape, 0) - len(
             [w for w in standby if w.state in ("launching", "starting", "draining")]
         )
-        # No capacity lately: the shape is backed off, nothing launches.
-        blocked = now < snap.launch_blocked_until.get(pool.shape, 0.0)
         for _ in range(0 if blocked else max(need, 0)):
-            if not _can_launch(pool, shape, total):
+            if total >= pool.max_instances:
                 break
             decisions.append(Launch(pool.shape, "demand"))
             total += 1
-        for _ in range(0 if blocked else pool.standby_min - len(standby)):
-            if not _can_launch(pool, shape, total):
+        # The standby: a draining worker ends in standby, so it counts toward the target,
+        # but no idle standby is terminated because of one (a standby ready now beats one
+        # that still has to start its engine host).
+        running = len(standby)
+        if running > g.standby:
+            running = max(len([w for w in standby if w.state != "draining"]), g.standby)
+        plan = plan_tiers(g.standby, running, len(stopped), pool)
+        for w in stopped[: plan.start_stopped]:
+            decisions.append(Start(w.id, "standby"))
+        for _ in range(0 if blocked else plan.launch + plan.launch_to_stop):
+            if total >= pool.max_instances:
                 break
             decisions.append(Launch(pool.shape, "standby"))
             total += 1
-        # Over the maximum: terminate idle standbys, but not because of draining workers
-        # (a standby ready now beats one that still has to start its engine host).
-        idle_standby = [w for w in standby if w.state == "standby"]
-        excess = len([w for w in standby if w.state != "draining"]) - pool.standby_max
-        for w in sorted(idle_standby, key=lambda w: w.id, reverse=True)[: max(excess, 0)]:
+        # Excess goes newest first, ones still booting before ones standing by (a standby
+        # ready now is worth more); a launch still in flight is removed once it exists.
+        booting = sorted((w for w in standby if w.state == "starting"), key=lambda w: w.id, reverse=True)
+        idle_standby = booting + sorted((w for w in standby if w.state == "standby"), key=lambda w: w.id,
+                                        reverse=True)
+        for w in idle_standby[: plan.stop_running]:
+            decisions.append(Stop(w.id, "excess_standby"))
+        for w in idle_standby[plan.stop_running: plan.stop_running + plan.terminate_running]:
             decisions.append(Terminate(w.id, "excess_standby"))
+        for w in stopped[plan.start_stopped: plan.start_stopped + plan.terminate_stopped]:
+            decisions.append(Terminate(w.id, "excess_stopped"))
 
-    return decisions, PolicyState(models=models, assignments=n_assign, epoch=state.epoch)
+    return decisions, PolicyState(models=models, assignments=n_assign, epoch=state.epoch, pools=pools)

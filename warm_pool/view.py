@@ -25,7 +25,7 @@ INTENT_TTL_S = 15.0
 class Intent:
     """A control call the controller made and the worker may not have reflected yet."""
 
-    kind: Literal["assign", "release", "sleep"]
+    kind: Literal["assign", "release", "sleep", "stop", "start"]
     at: float
     model: str | None
     assignment_id: str | None
@@ -49,6 +49,8 @@ class WorkerFacts:
     intent: Intent | None = None
     # When a restarted controller found this instance at the provider.
     adopted_at: float | None = None
+    # When a stopped instance was started again (its boot timeout counts from then).
+    restarted_at: float | None = None
 
 
 def reflects(status: WorkerStatus, intent: Intent) -> bool:
@@ -57,7 +59,9 @@ def reflects(status: WorkerStatus, intent: Intent) -> bool:
         return status.assignment_id == intent.assignment_id
     if intent.kind == "release":
         return status.assignment_id != intent.assignment_id or status.state is WorkerState.DRAINING
-    return status.assignment_id != intent.assignment_id or status.state is WorkerState.ASLEEP
+    if intent.kind == "sleep":
+        return status.assignment_id != intent.assignment_id or status.state is WorkerState.ASLEEP
+    return False  # stop and start are reflected by the provider, not the worker
 
 
 def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_timeout_s: float) -> WorkerView:
@@ -79,6 +83,13 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
     last_assignment = st.assignment_id if st else None
     if inst is None and f.launch_requested_at is not None:
         return view(WorkerState.LAUNCHING)
+    i = f.intent
+    if i is not None and inst is not None and now - i.at < INTENT_TTL_S:
+        # Asked of the provider: shown until the provider's listing says it happened.
+        if i.kind == "stop" and inst.state not in (InstanceState.STOPPING, InstanceState.STOPPED):
+            return view(WorkerState.STOPPED)
+        if i.kind == "start" and inst.state in (InstanceState.STOPPING, InstanceState.STOPPED):
+            return view(WorkerState.STARTING)
     if inst is not None and inst.state is InstanceState.EXITED:
         code = "unknown" if inst.exit_code is None else inst.exit_code
         return view(WorkerState.UNREACHABLE, last_model, last_assignment, f"worker process exited with status {code}")
@@ -86,6 +97,8 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
         return view(WorkerState.STOPPED)
     if st is None or f.heard_at is None:
         started = inst.launched_at if inst is not None else now
+        if f.restarted_at is not None:
+            started = max(started, f.restarted_at)
         deadline = max(started + boot_timeout_s, (f.adopted_at or 0.0) + worker_timeout_s)
         if now > deadline:
             return view(WorkerState.UNREACHABLE, error=f"did not register within {boot_timeout_s:g} s of its launch")
@@ -93,8 +106,8 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
     if now - f.heard_at > worker_timeout_s:
         return view(WorkerState.UNREACHABLE, st.model, st.assignment_id,
                     f"no heartbeat for {now - f.heard_at:.0f} s")
-    i = f.intent
-    if i is not None and now - i.at < INTENT_TTL_S and not reflects(st, i):
+    if i is not None and i.kind in ("assign", "release", "sleep") and now - i.at < INTENT_TTL_S \
+            and not reflects(st, i):
         if i.kind == "assign":
             return view(WorkerState.LOADING, i.model, i.assignment_id)
         if i.kind == "release":

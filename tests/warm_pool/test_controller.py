@@ -112,3 +112,34 @@ async def test_pool_status_lists_workers_with_exactly_the_documented_keys(provid
         assert w["instance_id"] == f"i-{w['id']}" and w["control_url"].startswith("http://127.0.0.1:")
         assert 0 <= w["age_s"] < 60 and body["shapes"][0]["counts"] == {"standby": 1}
         assert time.time() - body["now"] < 5
+
+
+async def test_a_budget_change_is_validated_applied_within_a_tick_and_survives_a_restart(
+    provider: InProcessProvider, tmp_path: Path,
+) -> None:
+    cfg = fleet_config()  # standby 1..1, max_instances 3
+    state_dir = tmp_path / "controller-state"
+    auth = {"Authorization": f"Bearer {TOKEN}", "X-Thaw-Actor": "ops@test"}
+    async with controller(cfg, provider, port_of(provider), state_dir=state_dir) as c:
+        m = c.manager
+        await until("one standby", lambda: list(states(m).values()) == ["standby"], m)
+        async with httpx.AsyncClient(base_url=c.url, headers=auth) as http:
+            bad = await http.put("/v1/pool/budget", json={"shape": "cpu-local", "standby_min": 3, "standby_max": 2})
+            assert bad.status_code == 422 and "standby_min (3) must not exceed standby_max (2)" in bad.json()["error"]
+            unknown = await http.put("/v1/pool/budget", json={"shape": "nope", "standby_min": 1})
+            assert unknown.status_code == 404
+            negative = await http.put("/v1/pool/budget", json={"shape": "cpu-local", "standby_max": -1})
+            assert negative.status_code == 422
+            ok = await http.put("/v1/pool/budget", json={"shape": "cpu-local", "standby_min": 2, "standby_max": 2})
+            assert ok.status_code == 200 and ok.json()["pools"][0]["source"] == "run time"
+        # In force from the next tick: a second standby is launched.
+        await until("two standbys", lambda: list(states(m).values()).count("standby") == 2, m)
+        ev = next(e for e in m.events if e.kind == "budget")
+        assert ev.inputs["who"].startswith("ops@test") and ev.inputs["after"]["pools"][0]["standby_min"] == 2
+        assert provider.launched == 2
+    # A new controller keeps the operator's band (and adopts both standbys).
+    async with controller(cfg, provider, port_of(provider), state_dir=state_dir) as c:
+        assert c.manager.cfg.pools[0].standby_min == 2 and c.manager.budget_view().pools[0].source == "run time"
+        await until("adopted", lambda: c.manager.adopted, c.manager)
+        await asyncio.sleep(0.5)
+        assert provider.launched == 2

@@ -147,6 +147,11 @@ async def test_a_restarted_controller_adopts_the_fleet_and_launches_nothing() ->
     routes = await m.wait_routes(-1, "another-epoch", 0.0)
     assert routes is not None and routes.epoch == m.epoch
     assert [r.worker_id for r in routes.models["demo"].replicas] == ["w-ready"]
+    # An activator reports for the first time, with a large counter from before the
+    # restart: that is no burst of arrivals, and the replica stays.
+    m.report("act-1", {"demo": ModelActivity(last_request_at=clock() - 100)}, arrivals={"demo": 5000})
+    await step(m)
+    assert control.calls == []
     # 61 s later with no traffic at all (idle_grace_s 60): now it goes.
     clock.t += 61
     beat(m, "w-ready", S.READY, clock, model="demo", assignment_id="demo-old-1", engine_url="http://w-ready:9000")
@@ -267,7 +272,10 @@ async def test_arrivals_are_the_differences_of_each_activators_counter() -> None
     idle = {"demo": ModelActivity()}
     m.report("a", idle, arrivals={"demo": 5}, ttfts={"demo": [0.1]})
     m.report("b", idle, arrivals={"demo": 2})
-    assert m._take_traffic({})["demo"].arrivals == 7  # 5 + 2, first reports count whole
+    # The first report of each activator is a baseline (after a controller restart its
+    # counter holds everything since the activator started).
+    taken = m._take_traffic({})
+    assert (taken["demo"].arrivals, taken["demo"].ttfts) == (0, (0.1,))
     m.report("a", idle, arrivals={"demo": 8})
     m.report("b", idle, arrivals={"demo": 2})
     taken = m._take_traffic({})

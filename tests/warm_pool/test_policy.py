@@ -260,3 +260,12 @@ def test_asleep_tier_needs_a_gpu_shape() -> None:
     data["models"][0]["autoscaling"]["asleep_ttl_s"] = 60
     with pytest.raises(Exception, match="asleep_ttl_s needs vLLM's sleep mode, which needs a GPU"):
         parse_config(data)
+
+
+def test_requests_that_came_and_went_between_ticks_keep_the_model_warm() -> None:
+    # Arrivals since the last tick but nothing in flight now: the model went idle again
+    # at the last request's end (159 s), so idle_grace_s (60 s) runs from there.
+    snap = Snapshot((serving(1), standby(2)), {"demo": ModelActivity(0, 0, last_request_at=159.0, arrivals=3)})
+    decisions, state = decide(snap, PolicyState(), config(), now=160.0)
+    assert not any(isinstance(d, Release) for d in decisions)
+    assert state.models["demo"].idle_since == 159.0

@@ -301,6 +301,14 @@ def _controller(args: argparse.Namespace, cfg: ThawConfig) -> str:
 
 
 def _get(cfg: ThawConfig, url: str, path: str, **params: float | str) -> dict:  # type: ignore[type-arg]
+    return _call(cfg, "GET", url, path, params=params)
+
+
+def _call(cfg: ThawConfig, method: str, url: str, path: str, *, params: dict | None = None,  # type: ignore[type-arg]
+          body: dict | None = None) -> dict:  # type: ignore[type-arg]
+    import getpass
+    import socket
+
     import httpx
 
     from thaw.auth import TokenError, bearer, cluster_token
@@ -309,13 +317,21 @@ def _get(cfg: ThawConfig, url: str, path: str, **params: float | str) -> dict:  
         headers = bearer(cluster_token(cfg))
     except TokenError as exc:
         raise CliError(str(exc), EXIT_FAILED) from None
+    # Who is asking, for the controller's audit events.
+    headers["X-Thaw-Actor"] = f"{getpass.getuser()}@{socket.gethostname()}"
     try:
-        r = httpx.get(f"{url}{path}", headers=headers, params=params, timeout=10)
+        r = httpx.request(method, f"{url}{path}", headers=headers, params=params, json=body, timeout=10)
     except httpx.HTTPError as exc:
         raise CliError(f"the controller at {url} does not answer ({exc or type(exc).__name__}); is it running "
                        "(`thaw up` or `thaw controller`)?", EXIT_STORE) from None
     if r.status_code == 401:
         raise CliError(f"the controller at {url} refused the cluster token (is this its config?)", EXIT_FAILED)
+    if r.status_code in (404, 422):
+        try:
+            message = r.json()["error"]
+        except (ValueError, KeyError):
+            message = r.text[:300]
+        raise CliError(message, EXIT_INVALID)
     if r.status_code >= 400:
         raise CliError(f"the controller at {url} answered {r.status_code}: {r.text[:300]}", EXIT_FAILED)
     return r.json()  # type: ignore[no-any-return]
@@ -368,6 +384,41 @@ def cmd_pool_events(args: argparse.Namespace) -> int:
         print(json.dumps(body, indent=2))
     else:
         print(render_events(body["events"], now=time.time()))
+    return 0
+
+
+def _print_budget(view: dict) -> None:  # type: ignore[type-arg]
+    total = view["total_usd_per_hour"]
+    print(f"all pools: {'no budget' if total is None else f'${total:g}/h'} ({view['total_source']})")
+    print(f"{'SHAPE':16} {'STANDBY':9} {'MAX':>4} {'BUDGET':>10}  SOURCE")
+    for p in view["pools"]:
+        budget = "-" if p["usd_per_hour"] is None else f"${p['usd_per_hour']:g}/h"
+        print(f"{p['shape']:16} {p['standby_min']}..{p['standby_max']:<6} {p['max_instances']:>4} {budget:>10}  "
+              f"{p['source']}")
+
+
+def cmd_pool_budget_show(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    view = _get(cfg, _controller(args, cfg), "/v1/pool/budget")
+    if args.json:
+        print(json.dumps(view, indent=2))
+    else:
+        _print_budget(view)
+    return 0
+
+
+def cmd_pool_budget_set(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    change = {"shape": args.shape, "standby_min": args.standby_min, "standby_max": args.standby_max,
+              "usd_per_hour": args.usd_per_hour, "total_usd_per_hour": args.total_usd_per_hour}
+    change = {k: v for k, v in change.items() if v is not None}
+    if set(change) <= {"shape"}:
+        raise CliError("nothing to set: give --standby-min, --standby-max, --usd-per-hour (with a SHAPE) or "
+                       "--total-usd-per-hour", EXIT_INVALID)
+    if args.shape is None and set(change) - {"total_usd_per_hour"}:
+        raise CliError("--standby-min, --standby-max and --usd-per-hour need a SHAPE", EXIT_INVALID)
+    view = _call(cfg, "PUT", _controller(args, cfg), "/v1/pool/budget", body=change)
+    _print_budget(view)
     return 0
 
 
@@ -564,6 +615,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--controller", metavar="URL", default=None)
     p.add_argument("--since", default="1h", help="epoch seconds, ISO time, or a duration back (default 1h)")
     p.add_argument("--json", action="store_true")
+    budget = pl_sub.add_parser("budget", help="Show or change standby bands and budgets at run time.")
+    b_sub = budget.add_subparsers(dest="budget_command", metavar="SUBCOMMAND", required=True)
+    p = add(b_sub, "show", "Each pool's standby band and budget, and the budget across all pools.",
+            cmd_pool_budget_show)
+    p.add_argument("--controller", metavar="URL", default=None)
+    p.add_argument("--json", action="store_true")
+    p = add(b_sub, "set", "Change a pool's standby band or budget, or the total budget; kept across restarts.",
+            cmd_pool_budget_set)
+    p.add_argument("shape", metavar="SHAPE", nargs="?", default=None)
+    p.add_argument("--standby-min", type=int, default=None)
+    p.add_argument("--standby-max", type=int, default=None)
+    p.add_argument("--usd-per-hour", type=float, default=None, help="the pool's budget for standby + asleep")
+    p.add_argument("--total-usd-per-hour", type=float, default=None, help="the budget across all pools")
+    p.add_argument("--controller", metavar="URL", default=None)
 
     cfg = sub.add_parser("config", help="Check a config file or hash an API key.")
     cfg_sub = cfg.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)

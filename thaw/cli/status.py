@@ -60,8 +60,11 @@ def render_pool(state: dict[str, Any]) -> str:
            + ("" if state["adopted"] else "  (still adopting the fleet after its start)"), "", "SHAPES"]
     for s in state["shapes"]:
         budget = "no budget" if s["budget_usd_per_hour"] is None else f"budget ${s['budget_usd_per_hour']:.2f}/h"
-        out.append(f"  {s['shape']:14} {s['provider']:6} {_counts(s['counts']):40} standby target "
-                   f"{s['standby_min']}..{s['standby_max']}, max {s['max_instances']}; {budget}, "
+        target = "" if s.get("standby_target") is None else (
+            f" now {s['standby_target']}" + (f" (budget grants {s['standby_granted']})"
+                                             if s.get("budget_shortfall") else ""))
+        out.append(f"  {s['shape']:14} {s['provider']:6} {_counts(s['counts']):40} standby "
+                   f"{s['standby_min']}..{s['standby_max']}{target}, max {s['max_instances']}; {budget}, "
                    f"spending ${s['spend_usd_per_hour']:.2f}/h")
         if s.get("backoff_until"):
             out.append(f"    launches paused {s['backoff_until'] - now:.0f}s more: {s['backoff_reason']}")

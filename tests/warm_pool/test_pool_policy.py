@@ -1,0 +1,168 @@
+"""The per-shape half of ``decide``: standby sized by cold starts with hysteresis,
+budgets that are never exceeded, and the stopped tier. Tick by tick with a clock the
+test moves, and a property test over random fleets and budgets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from thaw.config import ThawConfig, parse_config
+from warm_pool.policy import (
+    Assign,
+    Launch,
+    ModelActivity,
+    PolicyState,
+    PoolState,
+    Release,
+    Snapshot,
+    Start,
+    Stop,
+    Terminate,
+    WorkerView,
+    decide,
+)
+
+GPU = {"gpu_type": "l40s-48gb", "gpu_count": 1, "gpu_memory_gib": 48, "host_memory_gib": 64}
+
+
+def config(pool: dict[str, Any] | None = None, price: float = 2.0, boot_s: float = 120.0,
+           total: float | None = None, **autoscaling: Any) -> ThawConfig:
+    p = {"shape": "gpu", "standby_min": 1, "standby_max": 4, "max_instances": 10, "standby_hold_s": 300}
+    return parse_config({
+        "controller": {"url": "http://controller.internal:8100"},
+        "shapes": [{"name": "gpu", **GPU, "price_per_hour_usd": price, "boot_s": boot_s}],
+        "pools": [{**p, **(pool or {})}],
+        "models": [{"name": f"m{i}", "uri": f"s3://thaw/m{i}", "shape": "gpu",
+                    "autoscaling": {"idle_grace_s": 60, "asleep_ttl_s": 0, **autoscaling}} for i in range(8)],
+        "budget_usd_per_hour": total,
+    })
+
+
+def w(i: int, state: str, model: str | None = None, since: float | None = None) -> WorkerView:
+    return WorkerView(f"w{i:02d}", "gpu", state, model, f"{model}-{i}" if model else None,  # type: ignore[arg-type]
+                      since=since)
+
+
+def launches(decisions: list[Any], reason: str = "standby") -> int:
+    return sum(1 for d in decisions if isinstance(d, Launch) and d.reason == reason)
+
+
+def test_cold_starts_raise_the_standby_target_at_once_and_it_falls_after_the_hold() -> None:
+    cfg = config()
+    state, t = PolicyState(), 1000.0
+    # Three models wake from zero in the same tick, each taking a standby (three cold
+    # starts): 3 / 600 s window x 60 = 0.3 per minute x 120 s boot / 60 = 0.6 -> 1...
+    fleet = tuple(w(i, "standby") for i in range(3))
+    act = {f"m{i}": ModelActivity(queued=1, last_request_at=t) for i in range(3)}
+    decisions, state = decide(Snapshot(fleet, act), state, cfg, t)
+    assert sum(isinstance(d, Assign) and d.reason == "demand" for d in decisions) == 3
+    assert state.pools["gpu"].target is not None and state.pools["gpu"].target.target == 1
+    # ... and 27 more cold starts within the window: 30 / 10 min = 3 a minute x 120 s / 60
+    # = 6 -> standby_max 4, at once: 4 standbys launched (none stands by now).
+    state = PolicyState(pools={"gpu": PoolState(cold_starts=(t,) * 30, sizer=state.pools["gpu"].sizer)},
+                        models=state.models)
+    serving = tuple(w(i, "ready", f"m{i}") for i in range(3))
+    decisions, state = decide(Snapshot(serving, {}), state, cfg, t + 1)
+    assert state.pools["gpu"].target.target == 4 and launches(decisions) == 4  # type: ignore[union-attr]
+    fleet4 = serving + tuple(w(10 + i, "standby") for i in range(4))
+    # Demand gone: the cold starts leave the 600 s window; the target holds for
+    # standby_hold_s (300 s) below its lower watermark before it falls.
+    t2 = t + 601
+    decisions, state = decide(Snapshot(fleet4, {}), state, cfg, t2)
+    assert not any(isinstance(d, Terminate) for d in decisions)
+    decisions, state = decide(Snapshot(fleet4, {}), state, cfg, t2 + 299)
+    assert not any(isinstance(d, Terminate) for d in decisions)
+    decisions, state = decide(Snapshot(fleet4, {}), state, cfg, t2 + 300)
+    assert sum(isinstance(d, Terminate) and d.reason == "excess_standby" for d in decisions) == 3  # down to 1
+
+
+def test_the_pool_budget_holds_standby_and_serving_is_never_cut() -> None:
+    # $2 an instance, $5 an hour: 2 serving ($4) leave $1: no standby at all.
+    cfg = config({"budget_usd_per_hour": 5.0, "standby_min": 2})
+    act = {"m0": ModelActivity(in_flight=4, last_request_at=99.0), "m1": ModelActivity(in_flight=1, last_request_at=99.0)}
+    fleet = (w(0, "ready", "m0"), w(1, "ready", "m1"))
+    decisions, state = decide(Snapshot(fleet, act), PolicyState(), cfg, 100.0)
+    assert launches(decisions) == 0 and not any(isinstance(d, Release) for d in decisions)
+    g = state.pools["gpu"].grant
+    assert g is not None and (g.standby, g.shortfall) == (0, 2)
+
+
+def test_the_global_budget_releases_asleep_replicas_before_it_cuts_standby() -> None:
+    cfg = config({"standby_min": 1, "standby_max": 1}, total=4.0, asleep_ttl_s=3600)
+    # One asleep ($2) + the standby target 1 ($2) = $4: fits. A second asleep would not:
+    # asleep go first, the longest asleep.
+    fleet = (w(0, "asleep", "m0", since=10.0), w(1, "asleep", "m1", since=50.0), w(2, "standby"))
+    decisions, _ = decide(Snapshot(fleet, {}), PolicyState(), cfg, 100.0)
+    assert Release("w00", "m0", "budget") in decisions
+    assert Release("w01", "m1", "budget") not in decisions
+    assert not any(isinstance(d, Terminate) for d in decisions)
+
+
+def test_the_stopped_tier_is_used_before_launches_and_takes_excess_before_terminations() -> None:
+    ec2 = {"provider": "ec2", "ec2": {"region": "us-east-1", "launch_template": "lt", "subnets": ["s"],
+                                      "instance_types": ["g6e.xlarge"]},
+           "standby_min": 2, "standby_max": 2, "stopped_standby_min": 0, "stopped_standby_max": 2}
+    cfg = config(ec2)
+    # Short by one, one stopped: start it rather than launch.
+    decisions, _ = decide(Snapshot((w(0, "standby"), w(1, "stopped")), {}), PolicyState(), cfg, 100.0)
+    assert decisions == [Start("w01", "standby")]
+    # Two too many standing by, room for two stopped: stop them instead of terminating.
+    fleet = tuple(w(i, "standby") for i in range(4))
+    decisions, _ = decide(Snapshot(fleet, {}), PolicyState(), cfg, 100.0)
+    assert sorted(d.worker_id for d in decisions if isinstance(d, Stop)) == ["w02", "w03"]
+    assert not any(isinstance(d, Terminate) for d in decisions)
+
+
+def test_a_launch_backoff_holds_standby_launches_but_not_the_rest() -> None:
+    cfg = config({"standby_min": 2})
+    snap = Snapshot((), {}, launch_blocked_until={"gpu": 200.0})
+    assert launches(decide(snap, PolicyState(), cfg, 100.0)[0]) == 0
+    assert launches(decide(snap, PolicyState(), cfg, 200.0)[0]) == 2
+
+
+STATES = ["standby", "ready", "loading", "asleep", "launching", "starting", "draining"]
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    workers=st.lists(st.sampled_from(STATES), max_size=10),
+    demand=st.lists(st.integers(0, 20), min_size=8, max_size=8),
+    price=st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.3]),
+    pool_budget=st.one_of(st.none(), st.floats(0, 30)),
+    total=st.one_of(st.none(), st.floats(0, 30)),
+    standby=st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    colds=st.integers(0, 60),
+)
+def test_standby_and_asleep_spend_never_exceed_a_budget(workers: list[str], demand: list[int], price: float,
+                                                         pool_budget: float | None, total: float | None,
+                                                         standby: tuple[int, int], colds: int) -> None:
+    lo, hi = min(standby), max(standby)
+    cfg = config({"standby_min": lo, "standby_max": hi, "budget_usd_per_hour": pool_budget}, price=price,
+                 total=total, asleep_ttl_s=3600)
+    fleet = tuple(w(i, s, f"m{i % 8}" if s in ("ready", "loading", "asleep") else None, since=1.0)
+                  for i, s in enumerate(workers))
+    act = {f"m{i}": ModelActivity(in_flight=d, last_request_at=99.0) for i, d in enumerate(demand) if d}
+    state = PolicyState(pools={"gpu": PoolState(cold_starts=(90.0,) * colds)})
+    decisions, new = decide(Snapshot(fleet, act), state, cfg, 100.0)
+    assigned = {d.worker_id for d in decisions if isinstance(d, Assign)}
+    released = {d.worker_id for d in decisions if isinstance(d, Release | Terminate | Stop)}
+    # What the fleet holds after these decisions, apart from serving replicas (and
+    # launches already in flight: one is removed on the tick it has an instance).
+    standby_after = sum(1 for v in fleet if v.state in ("standby", "starting")
+                        and v.id not in assigned | released) + launches(decisions)
+    asleep_after = sum(1 for v in fleet if v.state == "asleep" and v.id not in assigned | released)
+    serving = sum(1 for v in fleet if v.state in ("ready", "loading")) + launches(decisions, "demand")
+    spend = (standby_after + asleep_after) * price
+    # Standby (and asleep) instances beyond what a budget pays for are never added; ones
+    # that were already there over a new budget are removed this very tick.
+    for budget in (pool_budget, total):
+        if budget is not None and price > 0:
+            assert spend <= max(budget - serving * price, 0.0) + 1e-6, (spend, budget, serving, decisions)
+    g = new.pools["gpu"].grant
+    assert g is not None
+    # The target stays in the operator's band whenever a budget allows it.
+    target = new.pools["gpu"].target
+    assert target is not None and lo <= target.target <= hi
