@@ -14,6 +14,7 @@ from warm_pool.policy import (
     Assign,
     Launch,
     ModelActivity,
+    ModelState,
     PolicyState,
     PoolState,
     Release,
@@ -166,3 +167,28 @@ def test_standby_and_asleep_spend_never_exceed_a_budget(workers: list[str], dema
     # The target stays in the operator's band whenever a budget allows it.
     target = new.pools["gpu"].target
     assert target is not None and lo <= target.target <= hi
+
+
+def test_the_histogram_keep_alive_lets_go_at_once_and_pre_warms_before_the_next_request() -> None:
+    from warm_pool.keepalive import IdleHistogram
+
+    cfg = config({"standby_min": 1}, keep_alive="histogram")
+    # Thirty idle gaps of 10-11 minutes (bin 10 of 60 s): pre-warm at 600 x 0.9 = 540 s,
+    # keep until 660 x 1.1 = 726 s after the idle start.
+    learnt = IdleHistogram(counts=(0,) * 10 + (30,))
+    state = PolicyState(models={"m0": ModelState(idle_histogram=learnt)})
+    idle = {"m0": ModelActivity(last_request_at=1000.0)}
+    # The request ended at 1000: the replica goes at once (no fixed 60 s wait)...
+    decisions, state = decide(Snapshot((w(0, "ready", "m0"), w(1, "standby")), idle), state, cfg, 1001.0)
+    assert Release("w00", "m0", "idle") in decisions
+    window = state.models["m0"].keep_alive
+    assert window is not None and window.mode == "histogram"
+    # ... nothing while the model is unlikely to be called (at 1500: 500 s < 540 s) ...
+    decisions, state = decide(Snapshot((w(1, "standby"), w(2, "standby")), idle), state, cfg, 1500.0)
+    assert not any(isinstance(d, Assign) for d in decisions)
+    # ... a standby is assigned ahead of the next request (at 1541: 541 s >= 540 s) ...
+    decisions, state = decide(Snapshot((w(1, "standby"), w(2, "standby")), idle), state, cfg, 1541.0)
+    assert [d.reason for d in decisions if isinstance(d, Assign)] == ["prewarm"]
+    # ... and released when the window closes without one (at 1727: 727 s >= 726 s).
+    decisions, state = decide(Snapshot((w(1, "ready", "m0"), w(2, "standby")), idle), state, cfg, 1727.0)
+    assert Release("w01", "m0", "idle") in decisions
