@@ -30,6 +30,7 @@ from tests.warm_pool.fleet import serve
 from tests.warm_pool.moto_ec2 import TOKEN_PARAM, Aws, NoCapacity
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
+from thaw.wire import BudgetChange
 from warm_pool.api import create_pool_app
 from warm_pool.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
@@ -190,3 +191,24 @@ async def test_no_capacity_anywhere_backs_the_shape_off(aws: Aws, tmp_path: Path
         await until("the second failure", lambda: sum(e.outcome == "failed" for e in m.events) == 2)
         row = m.status().shapes[0]
         assert row.backoff_until is not None and 2 < row.backoff_until - time.time() <= 4
+
+
+async def test_excess_standby_is_stopped_then_started_again_before_any_launch(aws: Aws, tmp_path: Path) -> None:
+    port = free_port()
+    raw = config(aws, tmp_path, port)
+    raw["pools"][0].update({"standby_min": 2, "standby_max": 2, "max_instances": 3,
+                            "stopped_standby_min": 0, "stopped_standby_max": 1})
+    async with controller(parse_config(raw), aws, port) as m:
+        await until("two standby instances", lambda: len(live(aws)) == 2)
+        await m.change_budget(BudgetChange(shape="gpu", standby_min=1, standby_max=1), "test")
+        # One too many: stopped (storage only), not terminated.
+        await until("one stopped", lambda: [i["State"]["Name"] for i in aws.described()].count("stopped") == 1)
+        assert len(live(aws)) == 1 and not [e for e in m.events if e.kind == "terminate"]
+        stopped_id = next(i["InstanceId"] for i in aws.described() if i["State"]["Name"] == "stopped")
+        await until("the view says stopped", lambda: "stopped" in {v.state.value for v in m.views(time.time()).values()})
+        # Wanted again: the stopped one is started; nothing is launched.
+        await m.change_budget(BudgetChange(shape="gpu", standby_min=2, standby_max=2), "test")
+        await until("started again", lambda: len(live(aws)) == 2)
+        assert stopped_id in [i["InstanceId"] for i in live(aws)] and len(aws.described()) == 2
+        kinds = [e.kind for e in m.events]
+        assert kinds.count("launch") == 2 and "stop" in kinds and "start" in kinds
