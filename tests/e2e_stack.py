@@ -104,7 +104,9 @@ def running_stack(
     proc = subprocess.Popen([sys.executable, "-m", "thaw.cli.main", "up", "--config", str(path)],
                             stdout=logf, stderr=subprocess.STDOUT)
     endpoint = tmp / "data" / "endpoint.json"
-    deadline = time.time() + 60
+    # The store, then the controller and the activator, each importing its stack: on a
+    # busy 2-core machine this takes a while.
+    deadline = time.time() + 240
     while not endpoint.exists():
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()

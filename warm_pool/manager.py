@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections import deque
@@ -36,7 +35,6 @@ from thaw.wire import (
     HeartbeatReply,
     ModelRoute,
     ModelRow,
-    PoolBudget,
     PoolEvent,
     PoolStatus,
     ReleaseRequest,
@@ -50,7 +48,13 @@ from thaw.wire import (
     WorkerStatus,
 )
 from warm_pool.control import ControlError, WorkerControl
-from warm_pool.keepalive import IdleHistogram
+from warm_pool.persist import (
+    BudgetRefused,
+    ControllerStore,
+    apply_budget,
+    budget_view,
+    merge_budget_change,
+)
 from warm_pool.policy import (
     Assign,
     Decision,
@@ -74,19 +78,9 @@ from warm_pool.view import Intent, WorkerFacts, derive_view
 log = get_logger()
 
 REPORT_TTL_S = 10.0
-KEEPALIVE_FILE = "keepalive.json"
-BUDGET_FILE = "budget.json"
 EVENTS_KEPT = 5000
 # Launch failures other than capacity (API errors) pause a shape this long, doubling.
 LAUNCH_ERROR_BACKOFF_S = (5.0, 120.0)
-
-
-class BudgetRefused(ValueError):
-    """A budget change that cannot apply (unknown shape, min above max, ...)."""
-
-    def __init__(self, message: str, status: int = 422) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class UnknownInstance(Exception):
@@ -180,17 +174,18 @@ class PoolManager:
         self.epoch = epoch or uuid.uuid4().hex[:8]
         self.registry = registry or CollectorRegistry()
         self.metrics = PoolMetrics(self.registry)
-        self.state_dir = state_dir
+        self.store = ControllerStore(state_dir)
         # The config as written; self.cfg is it with the operators' run-time budget
         # changes applied (persisted in state_dir, so a restart keeps them).
         self.base_cfg = cfg
-        self.budget_overrides: dict[str, Any] = self._load_budget()
+        self.budget_overrides: dict[str, Any] = self.store.load_budget()
         try:
-            self.cfg = self._apply_budget(self.budget_overrides)
-        except BudgetRefused as exc:
+            self.cfg = apply_budget(cfg, self.budget_overrides)
+        except BudgetRefused as exc:  # e.g. the config file changed under them
             log.warning("budget_overrides_dropped", error=str(exc))
             self.budget_overrides = {}
-        self.state = PolicyState(epoch=self.epoch, models=self._load_keepalive())
+        self.state = PolicyState(epoch=self.epoch, models={
+            name: ModelState(idle_histogram=h) for name, h in self.store.load_histograms(self.cfg).items()})
         self._saved_histograms = {n: ms.idle_histogram for n, ms in self.state.models.items()}
         self.facts: dict[str, WorkerFacts] = {}
         # Workers being terminated: their last heartbeats must not bring them back.
@@ -271,128 +266,27 @@ class PoolManager:
         return found
 
     # -- what outlives a restart -----------------------------------------------------
-    def _keepalive_path(self) -> Path | None:
-        return self.state_dir / KEEPALIVE_FILE if self.state_dir is not None else None
-
-    def _load_keepalive(self) -> dict[str, ModelState]:
-        """The models' idle-interval histograms from the last run (the hybrid keep-alive
-        policy would otherwise relearn every pattern after a restart)."""
-        path = self._keepalive_path()
-        if path is None or not path.exists():
-            return {}
-        out: dict[str, ModelState] = {}
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            log.warning("keepalive_state_unreadable", path=str(path), error=str(exc))
-            return {}
-        for m in self.cfg.models:
-            entry = saved.get(m.name) if isinstance(saved, dict) else None
-            hcfg = m.autoscaling.keep_alive_histogram
-            # Counts kept with another bin width mean other intervals: start afresh.
-            if not isinstance(entry, dict) or entry.get("bin_s") != hcfg.bin_s:
-                continue
-            try:
-                out[m.name] = ModelState(idle_histogram=IdleHistogram.from_json(entry.get("histogram"), hcfg))
-            except ValueError as exc:
-                log.warning("keepalive_histogram_dropped", model=m.name, error=str(exc))
-        return out
-
     async def _save_keepalive(self) -> None:
-        path = self._keepalive_path()
         current = {n: ms.idle_histogram for n, ms in self.state.models.items()}
-        if path is None or current == self._saved_histograms:
+        if self.store.state_dir is None or current == self._saved_histograms:
             return
-        body = {m.name: {"bin_s": m.autoscaling.keep_alive_histogram.bin_s,
-                         "histogram": current[m.name].to_json()}
-                for m in self.cfg.models if m.name in current}
-
-        def write() -> None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(body))
-            tmp.replace(path)
-
         try:
-            await asyncio.to_thread(write)
+            await asyncio.to_thread(self.store.save_histograms, self.cfg, current)
             self._saved_histograms = current
         except OSError as exc:
-            log.warning("keepalive_state_not_saved", path=str(path), error=str(exc))
+            log.warning("keepalive_state_not_saved", error=str(exc))
 
     # -- budgets changed at run time ---------------------------------------------------
-    def _budget_path(self) -> Path | None:
-        return self.state_dir / BUDGET_FILE if self.state_dir is not None else None
-
-    def _load_budget(self) -> dict[str, Any]:
-        path = self._budget_path()
-        if path is None or not path.exists():
-            return {}
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            log.warning("budget_state_unreadable", path=str(path), error=str(exc))
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def _apply_budget(self, overrides: dict[str, Any]) -> ThawConfig:
-        """The config with ``overrides`` applied, validated as the config file is."""
-        from pydantic import ValidationError
-
-        from thaw.config import Pool, format_errors
-
-        pools = []
-        for p in self.base_cfg.pools:
-            change = overrides.get("pools", {}).get(p.shape)
-            if change:
-                try:
-                    p = Pool.model_validate({**p.model_dump(), **change})
-                except ValidationError as exc:
-                    raise BudgetRefused(f"pool {p.shape!r}: " + "; ".join(format_errors(exc))) from None
-            pools.append(p)
-        update: dict[str, Any] = {"pools": pools}
-        if "total_usd_per_hour" in overrides:
-            update["budget_usd_per_hour"] = overrides["total_usd_per_hour"]
-        return self.base_cfg.model_copy(update=update)
-
     def budget_view(self) -> BudgetView:
-        changed = self.budget_overrides.get("pools", {})
-        return BudgetView(
-            total_usd_per_hour=self.cfg.budget_usd_per_hour,
-            total_source="run time" if "total_usd_per_hour" in self.budget_overrides else "config",
-            pools=[PoolBudget(shape=p.shape, standby_min=p.standby_min, standby_max=p.standby_max,
-                              max_instances=p.max_instances, usd_per_hour=p.budget_usd_per_hour,
-                              source="run time" if p.shape in changed else "config") for p in self.cfg.pools],
-        )
+        return budget_view(self.cfg, self.budget_overrides)
 
     async def change_budget(self, change: BudgetChange, who: str) -> BudgetView:
         """Apply an operator's budget change: validated, persisted, in force from the next
         tick, and recorded as an event naming who asked."""
-        overrides = json.loads(json.dumps(self.budget_overrides))  # a deep copy
-        pool_fields = {k: v for k, v in (("standby_min", change.standby_min), ("standby_max", change.standby_max),
-                                         ("budget_usd_per_hour", change.usd_per_hour)) if v is not None}
-        if pool_fields:
-            if change.shape is None:
-                raise BudgetRefused("standby_min, standby_max and usd_per_hour need a shape")
-            if self.base_cfg.pool(change.shape) is None:
-                raise BudgetRefused(f"no pool for shape {change.shape!r}; pools: "
-                                    f"{sorted(p.shape for p in self.base_cfg.pools)}", 404)
-            overrides.setdefault("pools", {}).setdefault(change.shape, {}).update(pool_fields)
-        if change.total_usd_per_hour is not None:
-            overrides["total_usd_per_hour"] = change.total_usd_per_hour
-        if not pool_fields and change.total_usd_per_hour is None:
-            raise BudgetRefused("nothing to change: give standby_min, standby_max, usd_per_hour or "
-                                "total_usd_per_hour")
-        cfg = self._apply_budget(overrides)
+        overrides = merge_budget_change(self.budget_overrides, change, self.base_cfg)
+        cfg = apply_budget(self.base_cfg, overrides)
         before = self.budget_view()
-        path = self._budget_path()
-        if path is not None:
-            def write() -> None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(overrides))
-                tmp.replace(path)
-
-            await asyncio.to_thread(write)
+        await asyncio.to_thread(self.store.save_budget, overrides)
         self.cfg, self.budget_overrides = cfg, overrides
         after = self.budget_view()
         self._event(None, "budget", "operator", shape=change.shape, outcome="done",

@@ -394,11 +394,10 @@ def decide(
                 break
             decisions.append(Launch(pool.shape, "standby"))
             total += 1
-        # Excess goes newest first, ones still booting before ones standing by (a standby
-        # ready now is worth more); a launch still in flight is removed once it exists.
-        booting = sorted((w for w in standby if w.state == "starting"), key=lambda w: w.id, reverse=True)
-        idle_standby = booting + sorted((w for w in standby if w.state == "standby"), key=lambda w: w.id,
-                                        reverse=True)
+        # Excess goes newest first, and only ones standing by: one still booting may be a
+        # launch for demand that a model takes the moment it stands by (removed then, if
+        # still in excess).
+        idle_standby = sorted((w for w in standby if w.state == "standby"), key=lambda w: w.id, reverse=True)
         for w in idle_standby[: plan.stop_running]:
             decisions.append(Stop(w.id, "excess_standby"))
         for w in idle_standby[plan.stop_running: plan.stop_running + plan.terminate_running]:

@@ -30,7 +30,7 @@ from tests.warm_pool.fleet import serve
 from tests.warm_pool.moto_ec2 import TOKEN_PARAM, Aws, NoCapacity
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
-from thaw.wire import BudgetChange
+from thaw.wire import BudgetChange, WorkerState, WorkerStatus
 from warm_pool.api import create_pool_app
 from warm_pool.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
@@ -200,15 +200,33 @@ async def test_excess_standby_is_stopped_then_started_again_before_any_launch(aw
                             "stopped_standby_min": 0, "stopped_standby_max": 1})
     async with controller(parse_config(raw), aws, port) as m:
         await until("two standby instances", lambda: len(live(aws)) == 2)
-        await m.change_budget(BudgetChange(shape="gpu", standby_min=1, standby_max=1), "test")
-        # One too many: stopped (storage only), not terminated.
-        await until("one stopped", lambda: [i["State"]["Name"] for i in aws.described()].count("stopped") == 1)
-        assert len(live(aws)) == 1 and not [e for e in m.events if e.kind == "terminate"]
-        stopped_id = next(i["InstanceId"] for i in aws.described() if i["State"]["Name"] == "stopped")
-        await until("the view says stopped", lambda: "stopped" in {v.state.value for v in m.views(time.time()).values()})
-        # Wanted again: the stopped one is started; nothing is launched.
-        await m.change_budget(BudgetChange(shape="gpu", standby_min=2, standby_max=2), "test")
-        await until("started again", lambda: len(live(aws)) == 2)
+
+        async def booted() -> None:
+            # What the worker on each running instance says once it stands by.
+            while True:
+                for inst in live(aws):
+                    wid = tags(inst)["thaw:worker-id"]
+                    m.heartbeat(WorkerStatus(worker_id=wid, instance_id=inst["InstanceId"], shape="gpu",
+                                             state=WorkerState.STANDBY, control_url="http://127.0.0.1:9",
+                                             started_at=0, state_since=0))
+                await asyncio.sleep(0.3)
+
+        beats = asyncio.create_task(booted())
+        try:
+            await until("both standing by", lambda: list(
+                v.state.value for v in m.views(time.time()).values()) == ["standby", "standby"])
+            await m.change_budget(BudgetChange(shape="gpu", standby_min=1, standby_max=1), "test")
+            # One too many: stopped (storage only), not terminated.
+            await until("one stopped", lambda: [i["State"]["Name"] for i in aws.described()].count("stopped") == 1)
+            assert len(live(aws)) == 1 and not [e for e in m.events if e.kind == "terminate"]
+            stopped_id = next(i["InstanceId"] for i in aws.described() if i["State"]["Name"] == "stopped")
+            await until("the view says stopped",
+                        lambda: "stopped" in {v.state.value for v in m.views(time.time()).values()})
+            # Wanted again: the stopped one is started; nothing is launched.
+            await m.change_budget(BudgetChange(shape="gpu", standby_min=2, standby_max=2), "test")
+            await until("started again", lambda: len(live(aws)) == 2)
+        finally:
+            beats.cancel()
         assert stopped_id in [i["InstanceId"] for i in live(aws)] and len(aws.described()) == 2
         kinds = [e.kind for e in m.events]
         assert kinds.count("launch") == 2 and "stop" in kinds and "start" in kinds

@@ -151,8 +151,8 @@ def test_standby_and_asleep_spend_never_exceed_a_budget(workers: list[str], dema
     assigned = {d.worker_id for d in decisions if isinstance(d, Assign)}
     released = {d.worker_id for d in decisions if isinstance(d, Release | Terminate | Stop)}
     # What the fleet holds after these decisions, apart from serving replicas (and
-    # launches already in flight: one is removed on the tick it has an instance).
-    standby_after = sum(1 for v in fleet if v.state in ("standby", "starting")
+    # instances still booting: one is removed on the tick it stands by, if in excess).
+    standby_after = sum(1 for v in fleet if v.state == "standby"
                         and v.id not in assigned | released) + launches(decisions)
     asleep_after = sum(1 for v in fleet if v.state == "asleep" and v.id not in assigned | released)
     serving = sum(1 for v in fleet if v.state in ("ready", "loading")) + launches(decisions, "demand")
@@ -192,3 +192,22 @@ def test_the_histogram_keep_alive_lets_go_at_once_and_pre_warms_before_the_next_
     # ... and released when the window closes without one (at 1727: 727 s >= 726 s).
     decisions, state = decide(Snapshot((w(1, "ready", "m0"), w(2, "standby")), idle), state, cfg, 1727.0)
     assert Release("w01", "m0", "idle") in decisions
+
+
+def test_instances_booting_for_demand_are_not_taken_for_excess_standby() -> None:
+    # min_replicas 2 on max_instances 2: two launches for the model, both still booting,
+    # and no room for a standby. Nothing is terminated while they boot (a storm of
+    # launches and terminations otherwise).
+    cfg = parse_config({
+        "shapes": [{"name": "gpu", **GPU, "price_per_hour_usd": 1.0}],
+        "pools": [{"shape": "gpu", "standby_min": 0, "standby_max": 1, "max_instances": 2}],
+        "models": [{"name": "m0", "uri": "s3://thaw/m0", "shape": "gpu",
+                    "autoscaling": {"min_replicas": 2, "max_replicas": 2}}],
+    })
+    fleet = (w(0, "starting"), w(1, "starting"))
+    decisions, _ = decide(Snapshot(fleet, {}), PolicyState(), cfg, 100.0)
+    assert not any(isinstance(d, Terminate | Launch) for d in decisions)
+    # Once they stand by, the model takes both.
+    decisions, _ = decide(Snapshot((w(0, "standby"), w(1, "standby")), {}), PolicyState(), cfg, 101.0)
+    assert sorted(d.worker_id for d in decisions if isinstance(d, Assign)) == ["w00", "w01"]
+    assert not any(isinstance(d, Terminate) for d in decisions)

@@ -355,16 +355,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _emit(args: argparse.Namespace, body: dict, render: Callable[[dict], str]) -> int:  # type: ignore[type-arg]
+    """A controller's answer as JSON (--json) or as text for a person."""
+    print(json.dumps(body, indent=2) if args.json else render(body))
+    return 0
+
+
 def cmd_pool_status(args: argparse.Namespace) -> int:
     from thaw.cli.status import render_pool
 
     cfg = _load(args)
-    state = _get(cfg, _controller(args, cfg), "/v1/state")
-    if args.json:
-        print(json.dumps(state, indent=2))
-    else:
-        print(render_pool(state))
-    return 0
+    return _emit(args, _get(cfg, _controller(args, cfg), "/v1/state"), render_pool)
 
 
 def cmd_pool_events(args: argparse.Namespace) -> int:
@@ -380,31 +381,23 @@ def cmd_pool_events(args: argparse.Namespace) -> int:
     except ApiError as exc:
         raise CliError(exc.message, EXIT_INVALID) from None
     body = _get(cfg, _controller(args, cfg), "/v1/events", since=since)
-    if args.json:
-        print(json.dumps(body, indent=2))
-    else:
-        print(render_events(body["events"], now=time.time()))
-    return 0
+    return _emit(args, body, lambda b: render_events(b["events"], now=time.time()))
 
 
-def _print_budget(view: dict) -> None:  # type: ignore[type-arg]
+def _render_budget(view: dict) -> str:  # type: ignore[type-arg]
     total = view["total_usd_per_hour"]
-    print(f"all pools: {'no budget' if total is None else f'${total:g}/h'} ({view['total_source']})")
-    print(f"{'SHAPE':16} {'STANDBY':9} {'MAX':>4} {'BUDGET':>10}  SOURCE")
+    out = [f"all pools: {'no budget' if total is None else f'${total:g}/h'} ({view['total_source']})",
+           f"{'SHAPE':16} {'STANDBY':9} {'MAX':>4} {'BUDGET':>10}  SOURCE"]
     for p in view["pools"]:
         budget = "-" if p["usd_per_hour"] is None else f"${p['usd_per_hour']:g}/h"
-        print(f"{p['shape']:16} {p['standby_min']}..{p['standby_max']:<6} {p['max_instances']:>4} {budget:>10}  "
-              f"{p['source']}")
+        out.append(f"{p['shape']:16} {p['standby_min']}..{p['standby_max']:<6} {p['max_instances']:>4} "
+                   f"{budget:>10}  {p['source']}")
+    return "\n".join(out)
 
 
 def cmd_pool_budget_show(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    view = _get(cfg, _controller(args, cfg), "/v1/pool/budget")
-    if args.json:
-        print(json.dumps(view, indent=2))
-    else:
-        _print_budget(view)
-    return 0
+    return _emit(args, _get(cfg, _controller(args, cfg), "/v1/pool/budget"), _render_budget)
 
 
 def cmd_pool_budget_set(args: argparse.Namespace) -> int:
@@ -418,7 +411,7 @@ def cmd_pool_budget_set(args: argparse.Namespace) -> int:
     if args.shape is None and set(change) - {"total_usd_per_hour"}:
         raise CliError("--standby-min, --standby-max and --usd-per-hour need a SHAPE", EXIT_INVALID)
     view = _call(cfg, "PUT", _controller(args, cfg), "/v1/pool/budget", body=change)
-    _print_budget(view)
+    print(_render_budget(view))
     return 0
 
 
