@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from thaw.config import ThawConfig, parse_config
 from thaw.fit import GIB, ModelSize, fit_problem, kv_bytes_per_token
@@ -102,3 +103,28 @@ def test_an_ec2_pool_needs_a_launch_template_and_a_reachable_controller() -> Non
     del base["controller"]
     with pytest.raises(Exception, match="set controller.url"):
         parse_config(base)
+
+
+@pytest.mark.integration
+def test_config_check_sizes_a_pushed_model_from_its_manifest(store: Any, s3: Any, demo_model_dir: Path,
+                                                             s3_prefix: str, tmp_path: Path) -> None:
+    from weight_streaming.push import push_model
+
+    manifest = push_model(s3.client(), demo_model_dir, s3_prefix)
+    cfg = {
+        "data_dir": str(tmp_path),
+        "object_store": {"kind": "s3", "endpoint_url": s3.endpoint_url, "bucket": s3_prefix.split("/")[2],
+                         "credentials": {"source": "file", "file": str(store.root / "credentials.json")}},
+        # A GPU far too small for even the tiny demo model (11 MB): 0.005 GiB x 0.9.
+        "shapes": [{"name": "tiny-gpu", "gpu_type": "l4-24gb", "gpu_count": 1, "gpu_memory_gib": 0.005,
+                    "host_memory_gib": 8, "price_per_hour_usd": 1}],
+        "models": [{"name": "demo", "uri": s3_prefix, "shape": "tiny-gpu", "max_context_tokens": 512}],
+    }
+    path = tmp_path / "thaw.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([sys.executable, "-m", "thaw.cli.main", "config", "check", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    # The size is the manifest's, and the KV cache is sized from the model's config.json.
+    assert f"weights {manifest.total_bytes / GIB:.1f} GiB (manifest)" in out.stderr
+    assert "one 512-token sequence" in out.stderr
