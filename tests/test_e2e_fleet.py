@@ -29,6 +29,7 @@ import psutil
 import pytest
 import yaml
 
+from loadtests.procs import kill_group
 from tests.conftest import BUCKET
 from thaw.embedded_store import EmbeddedStore, free_port
 from thaw.objstore import S3Endpoint
@@ -96,17 +97,6 @@ class Fleet:
         return openai.OpenAI(base_url=self.activators[name], api_key=KEY, max_retries=0, timeout=120)
 
 
-def _stop(p: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
-    if p.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, sig)
-        try:
-            p.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
-
-
 def _kill_local_workers(data_dir: Path) -> None:
     """The workers outlive a controller on purpose; the test removes them at the end."""
     for rec in (data_dir / "local-workers").glob("*.json"):
@@ -155,7 +145,7 @@ def fleet(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
     finally:
         for name in [n for n in f.procs if n.startswith("activator")] + ["controller"]:
             if name in f.procs:
-                _stop(f.procs[name])
+                kill_group(f.procs[name], 60)
         _kill_local_workers(f.data_dir)
 
 
@@ -231,7 +221,8 @@ def test_controller_sigkill_and_restart_under_streamed_load(fleet: Fleet) -> Non
         t.start()
     try:
         time.sleep(2)
-        _stop(fleet.procs["controller"], signal.SIGKILL, 10)
+        os.killpg(fleet.procs["controller"].pid, signal.SIGKILL)
+        fleet.procs["controller"].wait(10)
         down_at = time.time()
         served_before_outage = len(done)
         time.sleep(8)  # the whole outage under load
@@ -315,7 +306,7 @@ def test_a_budget_change_from_the_cli_applies_survives_a_restart_and_is_an_event
     events = thaw("pool", "events", "--since", "10m")
     assert events.returncode == 0 and "budget" in events.stdout and "operator" in events.stdout
     # A restart (SIGTERM) keeps the band: no launch, no terminate.
-    _stop(fleet.procs["controller"])
+    kill_group(fleet.procs["controller"], 60)
     assert fleet.procs["controller"].returncode == 0
     fleet.start_controller()
     state = fleet.wait("adopted", lambda s: s["adopted"])

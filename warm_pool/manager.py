@@ -737,8 +737,9 @@ class PoolManager:
                 mx.shortfall.labels(p.shape).set(ps.grant.shortfall)
                 mx.spend.labels(p.shape).set(ps.grant.spend_usd_per_hour)
 
-    def route_table(self, now: float) -> dict[str, ModelRoute]:
-        views = self.views(now)
+    def route_table(self, now: float, views: dict[str, WorkerView] | None = None) -> dict[str, ModelRoute]:
+        """Ready replicas per model; ``views`` when the caller derived them already."""
+        views = self.views(now) if views is None else views
         models: dict[str, ModelRoute] = {}
         for m in self.cfg.models:
             ready, loading = [], 0
@@ -792,7 +793,7 @@ class PoolManager:
         now = self.clock()
         act = self.activity(now)
         views = self.views(now)
-        routes = self.route_table(now)
+        routes = self.route_table(now, views)
         shapes = []
         for p in self.cfg.pools:
             shape = self.cfg.shape(p.shape)

@@ -194,13 +194,14 @@ _STANDBY_LIKE = ("launching", "starting", "standby", "draining")
 
 
 def launch_backoff_s(failures: int, base_s: float, max_s: float) -> float:
-    """The pause in a shape's launches after ``failures`` launches in a row found no capacity."""
+    """``base_s`` doubled per failure after the first, capped at ``max_s``: the pause
+    after ``failures`` failures in a row (a shape's launches, a model's loads)."""
     return min(base_s * 2 ** max(failures - 1, 0), max_s)
 
 
 def backoff_s(failures: int) -> float:
     """2, 4, 8, ... seconds, capped: the wait after ``failures`` consecutive failed loads."""
-    return min(BACKOFF_BASE_S * 2 ** max(failures - 1, 0), BACKOFF_MAX_S)
+    return launch_backoff_s(failures, BACKOFF_BASE_S, BACKOFF_MAX_S)
 
 
 def _track_idle(ms: ModelState, act: ModelActivity, a: Autoscaling, now: float) -> ModelState:

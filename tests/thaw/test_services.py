@@ -5,8 +5,6 @@ drains each and exits 0."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +14,7 @@ import httpx
 import pytest
 import yaml
 
+from loadtests.procs import kill_group
 from thaw.embedded_store import free_port
 
 TOKEN = "services-test-token"
@@ -86,13 +85,7 @@ def test_services_start_register_and_exit_0_on_sigterm(tmp_path: Path) -> None:
     finally:
         codes = {}
         for name in ("activator", "worker", "controller"):
-            p = procs[name]
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-            try:
-                codes[name] = p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                codes[name] = p.wait()
+            kill_group(procs[name], 60)  # SIGTERM, then SIGKILL for what is left after 60 s
+            codes[name] = procs[name].returncode
     assert codes == {"activator": 0, "worker": 0, "controller": 0}, {
         n: (tmp_path / f"{n}.log").read_text()[-1500:] for n, c in codes.items() if c}

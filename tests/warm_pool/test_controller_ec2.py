@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +24,7 @@ import httpx
 import pytest
 import yaml
 
+from loadtests.procs import kill_group
 from tests.warm_pool.fleet import serve
 from tests.warm_pool.moto_ec2 import TOKEN_PARAM, Aws, NoCapacity
 from thaw.config import ThawConfig, parse_config
@@ -80,13 +79,7 @@ def worker_process(cfg_path: Path, instance_id: str, worker_id: str, log: Path) 
     try:
         yield proc
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_group(proc, 30)
 
 
 async def until(what: str, pred: Any, timeout_s: float = 30.0) -> None:
