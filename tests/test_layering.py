@@ -8,15 +8,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("thaw", "activator", "warm_pool", "worker", "weight_streaming", "snapshotter", "loadtests")
+PACKAGES = ("thaw", "activator", "warm_pool", "worker", "weight_streaming", "snapshotter", "simulator", "loadtests")
 
 # package -> packages it must never import (anywhere in its files, lazily or not)
 FORBIDDEN = {
-    "activator": {"worker", "warm_pool", "weight_streaming", "snapshotter"},
-    "warm_pool": {"worker", "activator", "weight_streaming", "snapshotter"},
-    "worker": {"activator", "warm_pool"},
-    "snapshotter": {"worker", "activator", "warm_pool", "weight_streaming"},
-    "weight_streaming": {"worker", "activator", "warm_pool", "snapshotter"},
+    "activator": {"worker", "warm_pool", "weight_streaming", "snapshotter", "simulator"},
+    "warm_pool": {"worker", "activator", "weight_streaming", "snapshotter", "simulator"},
+    "worker": {"activator", "warm_pool", "simulator"},
+    "snapshotter": {"worker", "activator", "warm_pool", "weight_streaming", "simulator"},
+    "weight_streaming": {"worker", "activator", "warm_pool", "snapshotter", "simulator"},
+    # The simulator runs the controller's policy functions, never a service.
+    "simulator": {"worker", "activator", "weight_streaming", "snapshotter", "loadtests"},
 }
 
 

@@ -1,0 +1,1 @@
+"""Operators' tools: the trace-driven warm-pool simulator, its traces and sweeps."""
