@@ -22,13 +22,22 @@ from thaw.config import Autoscaling
 @dataclass(frozen=True)
 class Observation:
     """One second of traffic: summed demand (queued + in flight) over the ticks in that
-    second, the ticks counted, the arrivals, and the TTFTs of hot requests."""
+    second, the ticks counted, the arrivals, and the TTFTs of hot requests.
+
+    A second's demand is the mean of its ticks, and it holds until the next observed
+    second: demand is a step function sampled by the controller's ticks, so the
+    windows' means do not depend on how often it ticks (a second without a tick, or a
+    tick skipped because nothing changed, keeps the last value)."""
 
     second: int
     demand_sum: float = 0.0
     ticks: int = 0
     arrivals: int = 0
     ttfts: tuple[float, ...] = ()
+
+    @property
+    def demand(self) -> float:
+        return self.demand_sum / self.ticks if self.ticks else 0.0
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,8 @@ class ScaleResult:
 
 def observe(state: ScaleState, now: float, demand: int, arrivals: int, ttfts: tuple[float, ...],
             window_s: float) -> ScaleState:
-    """Add this tick's traffic; forget what is older than ``window_s``."""
+    """Add this tick's traffic; forget what is older than ``window_s``, except the
+    newest older second, whose demand holds into the window."""
     sec = math.floor(now)
     obs = list(state.observations)
     if obs and obs[-1].second == sec:
@@ -77,25 +87,34 @@ def observe(state: ScaleState, now: float, demand: int, arrivals: int, ttfts: tu
     else:
         obs.append(Observation(sec, float(demand), 1, arrivals, ttfts))
     oldest = sec - math.ceil(window_s)
-    return replace(state, observations=tuple(o for o in obs if o.second > oldest))
+    first_inside = next((i for i, o in enumerate(obs) if o.second > oldest), len(obs))
+    return replace(state, observations=tuple(obs[max(first_inside - 1, 0):]))
+
+
+def mean_demand(observations: tuple[Observation, ...], now: float, window_s: float) -> float:
+    """Demand averaged over the seconds ``(now - window_s, now]``, each second holding
+    the last observed value (seconds before the first observation do not count)."""
+    end = math.floor(now) + 1  # exclusive
+    start = end - math.ceil(window_s)  # inclusive
+    total, covered = 0.0, 0
+    for i, o in enumerate(observations):
+        until = observations[i + 1].second if i + 1 < len(observations) else end
+        lo, hi = max(o.second, start), min(until, end)
+        if hi > lo:
+            total += o.demand * (hi - lo)
+            covered += hi - lo
+    return total / covered if covered else 0.0
 
 
 def window_metrics(state: ScaleState, now: float, a: Autoscaling) -> WindowMetrics:
     """Mean demand over both windows, arrivals per second and the TTFT p90 (of the
     samples since the last TTFT-driven step) over the stable one."""
-    def over(window_s: float) -> list[Observation]:
-        start = math.floor(now) - math.ceil(window_s)
-        return [o for o in state.observations if o.second > start]
-
-    stable, panic = over(a.stable_window_s), over(a.panic_window_s)
-
-    def mean_demand(obs: list[Observation]) -> float:
-        ticks = sum(o.ticks for o in obs)
-        return sum(o.demand_sum for o in obs) / ticks if ticks else 0.0
-
+    start = math.floor(now) - math.ceil(a.stable_window_s)
+    stable = [o for o in state.observations if o.second > start]
     ttfts = sorted(t for o in stable if o.second >= state.ttft_since for t in o.ttfts)
     p90 = ttfts[min(len(ttfts) - 1, math.ceil(0.9 * len(ttfts)) - 1)] if ttfts else None
-    return WindowMetrics(mean_demand(stable), mean_demand(panic),
+    return WindowMetrics(mean_demand(state.observations, now, a.stable_window_s),
+                         mean_demand(state.observations, now, a.panic_window_s),
                          sum(o.arrivals for o in stable) / a.stable_window_s, p90)
 
 

@@ -218,3 +218,29 @@ def test_a_ttft_breach_at_low_concurrency_adds_a_replica() -> None:
     # (for 20 s: after downscale_delay_s, demand alone would take it back to one).
     model.run(2, 20, ttft=(0.4,))
     assert model.replicas == 2 and len(model.changes) == 1
+
+
+def test_a_seconds_demand_holds_until_the_next_observation() -> None:
+    # Demand 4 from t=0, 0 from t=30 (the controller ticked only at those two times),
+    # read at t=59.5: the window (0, 59] holds 4 for seconds 0..29 and 0 for 30..59
+    # -> 30 x 4 / 60 = 2; the panic window (53, 59] only 0.
+    s = observe(ScaleState(), 0.0, 4, 0, (), 60)
+    s = observe(s, 30.0, 0, 0, (), 60)
+    w = window_metrics(s, 59.5, A)
+    assert w.stable_demand == pytest.approx(2.0)
+    assert w.panic_demand == 0.0
+
+
+def test_skipping_ticks_whose_demand_did_not_change_changes_no_metric() -> None:
+    every, changes_only = ScaleState(), ScaleState()
+    demand = [0] * 20 + [3] * 15 + [1] * 40 + [0] * 90
+    last = None
+    for i, d in enumerate(demand):
+        t = 500.0 + i
+        every = observe(every, t, d, 0, (), 60)
+        if d != last:
+            changes_only = observe(changes_only, t, d, 0, (), 60)
+            last = d
+        assert window_metrics(every, t, A) == window_metrics(changes_only, t, A), t
+    # Before the first observation nothing counts: one second at 3 is a mean of 3.
+    assert window_metrics(observe(ScaleState(), 7.0, 3, 0, (), 60), 7.0, A).stable_demand == 3.0
