@@ -26,6 +26,7 @@ never more than ``max_instances`` in all.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -222,9 +223,26 @@ def _track_idle(ms: ModelState, act: ModelActivity, a: Autoscaling, now: float) 
     return ms
 
 
+def track(ms: ModelState, act: ModelActivity, a: Autoscaling, now: float) -> ModelState:
+    """One tick's bookkeeping for a model, before any decision: its idle interval (for
+    keep-alive) and its traffic in the autoscaler's windows. ``decide`` does this for
+    every model it judges; the simulator calls it alone for a model whose decision
+    cannot change this tick (same inputs, same state as ``decide`` would leave)."""
+    ms = _track_idle(ms, act, a, now)
+    return replace(ms, scale=observe(ms.scale, now, act.demand, act.arrivals, act.ttfts, a.stable_window_s))
+
+
 def decide(
-    snap: Snapshot, state: PolicyState, cfg: ThawConfig, now: float
+    snap: Snapshot, state: PolicyState, cfg: ThawConfig, now: float, *,
+    only: Collection[str] | None = None, pools: bool = True,
 ) -> tuple[list[Decision], PolicyState]:
+    """This tick's decisions and the state for the next.
+
+    The controller judges every model and pool each tick. The simulator, which knows
+    when nothing can change, passes ``only`` (the models to judge; the others keep
+    their state untouched) and ``pools=False`` (no pool's inputs changed since its last
+    judgement: the pools are judged only if this tick's model decisions touch them).
+    """
     decisions: list[Decision] = []
     models = dict(state.models)
     n_assign = state.assignments
@@ -279,6 +297,8 @@ def decide(
     # an idle model keeps a replica (or gets one back early) and when it goes to zero.
     launches_for_demand: dict[str, int] = {}
     for m in cfg.models:
+        if only is not None and m.name not in only:
+            continue
         act = snap.activity.get(m.name, ModelActivity())
         replicas = [w for w in snap.workers if w.model == m.name and w.state in _SERVING]
         ready = [w for w in replicas if w.state == "ready"]
@@ -286,11 +306,10 @@ def decide(
         if ready and ms.failures:
             ms = replace(ms, failures=0, backoff_until=0.0, last_error=None)
         a = m.autoscaling
-        ms = _track_idle(ms, act, a, now)
+        ms = track(ms, act, a, now)
         window = keep_alive_window(ms.idle_histogram, a)
         keep_warm = ms.idle_since is not None and keep_alive_decision(window, ms.idle_since, now).keep
-        scale = observe(ms.scale, now, act.demand, act.arrivals, act.ttfts, a.stable_window_s)
-        result, scale = autoscale(scale, current=len(replicas), now=now, a=a, demand_now=act.demand,
+        result, scale = autoscale(ms.scale, current=len(replicas), now=now, a=a, demand_now=act.demand,
                                   keep_warm=keep_warm, loading=len(replicas) - len(ready))
         models[m.name] = ms = replace(ms, scale=scale, last_scale=result, keep_alive=window)
         want = result.target
@@ -337,15 +356,17 @@ def decide(
             m_cfg = cfg.model(d.model)
             if m_cfg is not None:
                 cold_now[m_cfg.shape] = cold_now.get(m_cfg.shape, 0) + 1
-    pools = dict(state.pools)
+    if not pools and not decisions and not launches_for_demand:
+        return decisions, PolicyState(models=models, assignments=n_assign, epoch=state.epoch, pools=state.pools)
+    pool_states = dict(state.pools)
     asks: list[PoolAsk] = []
     for pool in cfg.pools:
         shape = shapes[pool.shape]
-        ps = pools.get(pool.shape, PoolState())
+        ps = pool_states.get(pool.shape, PoolState())
         colds = tuple(t for t in ps.cold_starts if now - t < COLD_START_WINDOW_S) + (now,) * cold_now.get(pool.shape, 0)
         target, sizer = size_standby(ps.sizer, cold_starts_per_min=cold_start_rate(colds, now, COLD_START_WINDOW_S),
                                      boot_s=shape.boot_s, pool=pool, now=now)
-        pools[pool.shape] = replace(ps, sizer=sizer, cold_starts=colds, target=target)
+        pool_states[pool.shape] = replace(ps, sizer=sizer, cold_starts=colds, target=target)
         mine = [w for w in snap.workers if w.shape == pool.shape]
         serving = [w for w in mine if w.state in ("loading", "ready")]
         asleep_here = [w for w in mine if w.state == "asleep" and w.id not in gone]
@@ -357,7 +378,7 @@ def decide(
 
     for pool, g in zip(cfg.pools, grants, strict=True):
         shape = shapes[pool.shape]
-        pools[pool.shape] = replace(pools[pool.shape], grant=g)
+        pool_states[pool.shape] = replace(pool_states[pool.shape], grant=g)
         mine = [w for w in snap.workers if w.shape == pool.shape and w.state not in ("unreachable", "stopped")]
         stopped = sorted((w for w in snap.workers if w.shape == pool.shape and w.state == "stopped"),
                          key=lambda w: w.id)
@@ -406,4 +427,4 @@ def decide(
         for w in stopped[plan.start_stopped: plan.start_stopped + plan.terminate_stopped]:
             decisions.append(Terminate(w.id, "excess_stopped"))
 
-    return decisions, PolicyState(models=models, assignments=n_assign, epoch=state.epoch, pools=pools)
+    return decisions, PolicyState(models=models, assignments=n_assign, epoch=state.epoch, pools=pool_states)
