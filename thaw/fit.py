@@ -12,8 +12,10 @@ from typing import Any
 
 from thaw.config import Model, ThawConfig
 
+# The planner owns the KV-size formula; the fit check and `thaw plan` share it.
+from thaw.planner.sizing import kv_bytes_per_token_of_config as kv_bytes_per_token
+
 GIB = 1024**3
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "fp8": 1}
 # Without the model's config.json: a KV cache for one full-context sequence is assumed
 # to need this much (an 8B model at 8k tokens needs about 1 GiB in bf16).
 FALLBACK_KV_GIB = 1.0
@@ -26,19 +28,6 @@ class ModelSize:
     source: str
     # The model's config.json (for the KV cache per token); None when not known.
     hf_config: dict[str, Any] | None = None
-
-
-def kv_bytes_per_token(hf_config: dict[str, Any], dtype: str) -> int | None:
-    """Key and value bytes one token takes in every layer (None: config too unusual)."""
-    try:
-        layers = int(hf_config["num_hidden_layers"])
-        heads = int(hf_config["num_attention_heads"])
-        kv_heads = int(hf_config.get("num_key_value_heads") or heads)
-        head_dim = int(hf_config.get("head_dim") or int(hf_config["hidden_size"]) // heads)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None
-    name = dtype if dtype != "auto" else str(hf_config.get("torch_dtype") or "bfloat16")
-    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(name, 2)
 
 
 def fit_problem(index: int, model: Model, cfg: ThawConfig, size: ModelSize) -> str | None:

@@ -647,6 +647,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier build in OUT_DIR")
 
+    from thaw.cli import plan as plan_cli
+
+    p = add(sub, "plan", "Size a deployment: traffic and SLOs in, GPUs, instances, dollars and watts out.",
+            plan_cli.run, with_common=False)
+    plan_cli.add_arguments(p)
+
     p = add(sub, "push", "Upload a model directory to the store and write its manifest.", cmd_push)
     p.add_argument("dir", metavar="DIR")
     p.add_argument("uri", metavar="S3_URI", help="s3://bucket/prefix")
