@@ -14,9 +14,19 @@ Scaling to zero is not decided here but by the keep-alive policy
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from thaw.config import Autoscaling
+
+_T = TypeVar("_T")
+
+
+def evolve(obj: _T, **changes: Any) -> _T:
+    """``dataclasses.replace`` for the policy's small frozen records (every field an
+    ``__init__`` argument), without its per-call field introspection: the controller
+    calls it for every model on every tick, the simulator millions of times a run."""
+    return type(obj)(**{**obj.__dict__, **changes})
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,7 @@ def observe(state: ScaleState, now: float, demand: int, arrivals: int, ttfts: tu
         obs.append(Observation(sec, float(demand), 1, arrivals, ttfts))
     oldest = sec - math.ceil(window_s)
     first_inside = next((i for i, o in enumerate(obs) if o.second > oldest), len(obs))
-    return replace(state, observations=tuple(obs[max(first_inside - 1, 0):]))
+    return evolve(state, observations=tuple(obs[max(first_inside - 1, 0):]))
 
 
 def mean_demand(observations: tuple[Observation, ...], now: float, window_s: float) -> float:
@@ -96,13 +106,16 @@ def mean_demand(observations: tuple[Observation, ...], now: float, window_s: flo
     the last observed value (seconds before the first observation do not count)."""
     end = math.floor(now) + 1  # exclusive
     start = end - math.ceil(window_s)  # inclusive
-    total, covered = 0.0, 0
-    for i, o in enumerate(observations):
-        until = observations[i + 1].second if i + 1 < len(observations) else end
-        lo, hi = max(o.second, start), min(until, end)
-        if hi > lo:
-            total += o.demand * (hi - lo)
-            covered += hi - lo
+    total, covered, until = 0.0, 0, end
+    # Newest first: each observation holds until the next one (or the end).
+    for o in reversed(observations):
+        lo = o.second if o.second > start else start
+        if until > lo:
+            total += o.demand_sum / o.ticks * (until - lo) if o.ticks else 0.0
+            covered += until - lo
+        if o.second <= start:
+            break
+        until = o.second
     return total / covered if covered else 0.0
 
 
@@ -162,16 +175,16 @@ def autoscale(state: ScaleState, *, current: int, now: float, a: Autoscaling, de
     m = window_metrics(state, now, a)
     raw, panic, breach, reason = desired(m, current, a, in_panic=now < state.panic_until, loading=loading)
     if panic:
-        state = replace(state, panic_until=now + a.stable_window_s)
+        state = evolve(state, panic_until=now + a.stable_window_s)
     if breach or loading:
         # Judge the next step on first tokens served by the whole set of replicas only:
         # not those from before the last step, nor those while a replica loads.
-        state = replace(state, ttft_since=math.floor(now) + 1)
+        state = evolve(state, ttft_since=math.floor(now) + 1)
     in_panic = now < state.panic_until
     warm = keep_warm or demand_now > 0
     floor = max(a.min_replicas, 1) if warm else a.min_replicas
     bounded = bounds(raw, current, floor, a)
-    reset = replace(state, up_since=None, down_since=None)
+    reset = evolve(state, up_since=None, down_since=None)
 
     def result(target: int, why: str, new: ScaleState) -> tuple[ScaleResult, ScaleState]:
         return ScaleResult(current, raw, bounded, target, in_panic, why, m), new
@@ -187,14 +200,14 @@ def autoscale(state: ScaleState, *, current: int, now: float, a: Autoscaling, de
         if in_panic or now - up_since >= a.upscale_delay_s:
             return result(bounded, reason, reset)
         return result(current, f"{reason}; up in {a.upscale_delay_s - (now - up_since):.1f} s",
-                      replace(state, up_since=up_since, down_since=None))
+                      evolve(state, up_since=up_since, down_since=None))
     if bounded < current:
         if in_panic:
             return result(current, "panic mode: no scale-down", reset)
         down_since = state.down_since if state.down_since is not None else now
         if now - down_since >= a.downscale_delay_s:
             # One step at a time, each after a delay of its own.
-            return result(current - 1, f"{reason}; one step down", replace(state, up_since=None, down_since=now))
+            return result(current - 1, f"{reason}; one step down", evolve(state, up_since=None, down_since=now))
         return result(current, f"{reason}; down in {a.downscale_delay_s - (now - down_since):.1f} s",
-                      replace(state, up_since=None, down_since=down_since))
+                      evolve(state, up_since=None, down_since=down_since))
     return result(current, reason, reset)

@@ -27,12 +27,12 @@ never more than ``max_instances`` in all.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from thaw.config import Autoscaling, ThawConfig
 from thaw.wire import WorkerState
-from warm_pool.autoscaler import ScaleResult, ScaleState, autoscale, observe
+from warm_pool.autoscaler import ScaleResult, ScaleState, autoscale, evolve, observe
 from warm_pool.budget import PoolAsk, PoolGrant, grant
 from warm_pool.keepalive import (
     IdleHistogram,
@@ -104,6 +104,9 @@ class ModelState:
     idle_since: float | None = None
     idle_histogram: IdleHistogram = IdleHistogram()
     keep_alive: KeepAliveWindow | None = None
+    # Requests waited with no replica ready or loading at the last judgement: a cold
+    # start, counted once for the standby sizer (not once per tick it lasts).
+    at_zero: bool = False
 
 
 @dataclass(frozen=True)
@@ -211,15 +214,15 @@ def _track_idle(ms: ModelState, act: ModelActivity, a: Autoscaling, now: float) 
     if act.demand or act.arrivals:
         gap = idle_interval(ms.idle_since, now)
         if gap is not None and a.keep_alive == "histogram":
-            ms = replace(ms, idle_histogram=record_idle(ms.idle_histogram, gap, a.keep_alive_histogram))
+            ms = evolve(ms, idle_histogram=record_idle(ms.idle_histogram, gap, a.keep_alive_histogram))
         if act.demand:
-            return replace(ms, idle_since=None)
+            return ms if ms.idle_since is None else evolve(ms, idle_since=None)
         # Requests came and went between two ticks: idle again from the last one's end.
-        return replace(ms, idle_since=min(act.last_request_at or now, now))
+        return evolve(ms, idle_since=min(act.last_request_at or now, now))
     if ms.idle_since is None and act.last_request_at is not None:
         # Idle from the last request's end, as the activators last saw it. A model never
         # used has no idle start: nothing keeps it warm beyond min_replicas.
-        return replace(ms, idle_since=min(act.last_request_at, now))
+        return evolve(ms, idle_since=min(act.last_request_at, now))
     return ms
 
 
@@ -229,7 +232,7 @@ def track(ms: ModelState, act: ModelActivity, a: Autoscaling, now: float) -> Mod
     every model it judges; the simulator calls it alone for a model whose decision
     cannot change this tick (same inputs, same state as ``decide`` would leave)."""
     ms = _track_idle(ms, act, a, now)
-    return replace(ms, scale=observe(ms.scale, now, act.demand, act.arrivals, act.ttfts, a.stable_window_s))
+    return evolve(ms, scale=observe(ms.scale, now, act.demand, act.arrivals, act.ttfts, a.stable_window_s))
 
 
 def decide(
@@ -248,9 +251,8 @@ def decide(
     n_assign = state.assignments
     tag = f"{state.epoch}-" if state.epoch else ""
     free: dict[str, list[WorkerView]] = {}
-    for w in sorted(snap.workers, key=lambda w: w.id):
-        if w.state == "standby":
-            free.setdefault(w.shape, []).append(w)
+    for w in sorted((w for w in snap.workers if w.state == "standby"), key=lambda w: w.id):
+        free.setdefault(w.shape, []).append(w)
 
     # 1. Failed loads: count once, back off, reset the worker.
     for w in snap.workers:
@@ -270,9 +272,7 @@ def decide(
     # Asleep workers: released once past their model's asleep_ttl_s, else kept for a wake.
     asleep: dict[str, list[WorkerView]] = {}
     gone: set[str] = set()  # asleep workers released this tick
-    for w in sorted(snap.workers, key=lambda w: (w.since or 0.0, w.id)):
-        if w.state != "asleep":
-            continue
+    for w in sorted((w for w in snap.workers if w.state == "asleep"), key=lambda w: (w.since or 0.0, w.id)):
         m_cfg = cfg.model(w.model) if w.model else None
         ttl = m_cfg.autoscaling.asleep_ttl_s if m_cfg else 0.0
         if m_cfg is None or ttl <= 0 or (w.since is not None and now - w.since >= ttl):
@@ -296,6 +296,7 @@ def decide(
     # 2. Per model: the autoscaler's target, with the keep-alive policy deciding when
     # an idle model keeps a replica (or gets one back early) and when it goes to zero.
     launches_for_demand: dict[str, int] = {}
+    cold_now: dict[str, int] = {}
     for m in cfg.models:
         if only is not None and m.name not in only:
             continue
@@ -304,14 +305,17 @@ def decide(
         ready = [w for w in replicas if w.state == "ready"]
         ms = models.get(m.name, ModelState())
         if ready and ms.failures:
-            ms = replace(ms, failures=0, backoff_until=0.0, last_error=None)
+            ms = evolve(ms, failures=0, backoff_until=0.0, last_error=None)
         a = m.autoscaling
         ms = track(ms, act, a, now)
         window = keep_alive_window(ms.idle_histogram, a)
         keep_warm = ms.idle_since is not None and keep_alive_decision(window, ms.idle_since, now).keep
         result, scale = autoscale(ms.scale, current=len(replicas), now=now, a=a, demand_now=act.demand,
                                   keep_warm=keep_warm, loading=len(replicas) - len(ready))
-        models[m.name] = ms = replace(ms, scale=scale, last_scale=result, keep_alive=window)
+        at_zero = bool(act.demand) and not replicas
+        if at_zero and not ms.at_zero:
+            cold_now[m.shape] = cold_now.get(m.shape, 0) + 1
+        models[m.name] = ms = evolve(ms, scale=scale, last_scale=result, keep_alive=window, at_zero=at_zero)
         want = result.target
         if len(replicas) < want:
             if now < ms.backoff_until:
@@ -350,12 +354,6 @@ def decide(
     # the pool's budget and the global one, carried out through the stopped tier.
     shapes = {s.name: s for s in cfg.shapes}
     assigned_now = {d.worker_id for d in decisions if isinstance(d, Assign)}
-    cold_now: dict[str, int] = dict(launches_for_demand)
-    for d in decisions:
-        if isinstance(d, Assign) and d.reason == "demand":
-            m_cfg = cfg.model(d.model)
-            if m_cfg is not None:
-                cold_now[m_cfg.shape] = cold_now.get(m_cfg.shape, 0) + 1
     if not pools and not decisions and not launches_for_demand:
         return decisions, PolicyState(models=models, assignments=n_assign, epoch=state.epoch, pools=state.pools)
     pool_states = dict(state.pools)
@@ -366,7 +364,7 @@ def decide(
         colds = tuple(t for t in ps.cold_starts if now - t < COLD_START_WINDOW_S) + (now,) * cold_now.get(pool.shape, 0)
         target, sizer = size_standby(ps.sizer, cold_starts_per_min=cold_start_rate(colds, now, COLD_START_WINDOW_S),
                                      boot_s=shape.boot_s, pool=pool, now=now)
-        pool_states[pool.shape] = replace(ps, sizer=sizer, cold_starts=colds, target=target)
+        pool_states[pool.shape] = evolve(ps, sizer=sizer, cold_starts=colds, target=target)
         mine = [w for w in snap.workers if w.shape == pool.shape]
         serving = [w for w in mine if w.state in ("loading", "ready")]
         asleep_here = [w for w in mine if w.state == "asleep" and w.id not in gone]
@@ -378,7 +376,7 @@ def decide(
 
     for pool, g in zip(cfg.pools, grants, strict=True):
         shape = shapes[pool.shape]
-        pool_states[pool.shape] = replace(pool_states[pool.shape], grant=g)
+        pool_states[pool.shape] = evolve(pool_states[pool.shape], grant=g)
         mine = [w for w in snap.workers if w.shape == pool.shape and w.state not in ("unreachable", "stopped")]
         stopped = sorted((w for w in snap.workers if w.shape == pool.shape and w.state == "stopped"),
                          key=lambda w: w.id)
