@@ -659,6 +659,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=8, help="parallel parts per file (default 8)")
     p.add_argument("--json", action="store_true", help="JSON lines even on a terminal")
 
+    from thaw.cli import simulate as simulate_cli
+
+    p = add(sub, "simulate", "Replay a request trace against the warm-pool policy: cold starts, TTFT, cost.",
+            simulate_cli.run, with_common=False)
+    simulate_cli.add_arguments(p)
+
     # Commands whose arguments live with their code (light imports only at parser time).
     from loadtests import bench_activator, bench_cold_start, bench_stream
     from thaw.cli import snapshot as snapshot_cli

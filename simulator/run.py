@@ -1,0 +1,95 @@
+"""One simulation from files: a config, a trace, a cost model; the answer as JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simulator.costs import CostModel, cost_model, read_overrides
+from simulator.sim import SimResult, Simulator
+from simulator.traces import Trace
+from thaw.config import ThawConfig
+
+DEFAULT_TTFT_SLO_S = 5.0
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class SimError(ValueError):
+    pass
+
+
+def with_trace_models(cfg: ThawConfig, trace: Trace, template: str | None) -> ThawConfig:
+    """``cfg`` with a model for every trace model it lacks, each a copy of ``template``
+    (a configured model's name) under the trace's name."""
+    missing = [name for name in trace.models if cfg.model(name) is None]
+    if not missing:
+        return cfg
+    if template is None:
+        raise SimError(f"{len(missing)} trace models are not in the config ({', '.join(missing[:5])}"
+                       f"{', ...' if len(missing) > 5 else ''}): name a configured model with --model-template")
+    base = cfg.model(template)
+    if base is None:
+        raise SimError(f"--model-template {template!r} is not a configured model "
+                       f"({', '.join(m.name for m in cfg.models) or 'none configured'})")
+    bad = [name for name in missing if not _NAME.match(name)]
+    if bad:
+        raise SimError(f"trace model names unusable as config names: {bad[:5]}")
+    added = [base.model_copy(update={"name": name, "served_name": None,
+                                     "uri": f"{base.uri.rstrip('/')}-{name}"}) for name in missing]
+    return cfg.model_copy(update={"models": [*cfg.models, *added]})
+
+
+@dataclass(frozen=True)
+class Inputs:
+    cfg: ThawConfig
+    trace: Trace
+    costs: CostModel
+    ttft_slo_s: float = DEFAULT_TTFT_SLO_S
+    tick_s: float = 1.0
+
+
+def prepare(cfg: ThawConfig, trace: Trace, *, template: str | None = None, catalog_model: str = "llama-3.1-8b",
+            costs_file: Path | None = None, ttft_slo_s: float = DEFAULT_TTFT_SLO_S,
+            tick_s: float = 1.0) -> Inputs:
+    full = with_trace_models(cfg, trace, template)
+    overrides = read_overrides(costs_file) if costs_file else None
+    return Inputs(full, trace, cost_model(full, catalog_model=catalog_model, overrides=overrides),
+                  ttft_slo_s, tick_s)
+
+
+def simulate(inputs: Inputs, *, cfg: ThawConfig | None = None, exact: bool = False,
+             record_decisions: bool = False) -> tuple[SimResult, float]:
+    """Run once (``cfg`` replaces the inputs' config: a sweep's variant); the result and
+    the wall time it took."""
+    t0 = time.perf_counter()
+    sim = Simulator(cfg or inputs.cfg, inputs.costs, inputs.trace, tick_s=inputs.tick_s, exact=exact,
+                    ttft_slo_s=inputs.ttft_slo_s, record_decisions=record_decisions)
+    result = sim.run()
+    return result, time.perf_counter() - t0
+
+
+def write(out_dir: Path, result: SimResult, inputs: Inputs, wall_s: float, meta: dict[str, Any]) -> None:
+    """``summary.json`` (the answer), ``run.json`` (what produced it), ``cold_starts.jsonl``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+    run = {
+        **meta,
+        "trace": {"source": inputs.trace.source, "requests": len(inputs.trace),
+                  "models": len(inputs.trace.models), "duration_s": inputs.trace.duration_s},
+        "simulated_s": result.end_s,
+        "wall_s": round(wall_s, 3),
+        "requests_per_s": round(len(inputs.trace) / wall_s, 1) if wall_s > 0 else None,
+        "ticks": result.ticks,
+        "ttft_slo_s": inputs.ttft_slo_s,
+        "tick_s": inputs.tick_s,
+        "costs": inputs.costs.to_json(),
+    }
+    (out_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+    with (out_dir / "cold_starts.jsonl").open("w") as f:
+        for c in result.cold_starts:
+            f.write(json.dumps({"model": c.model, "at_s": round(c.at, 3),
+                                "ready_after_s": round(c.ready_after_s, 3), "tier": c.tier}) + "\n")

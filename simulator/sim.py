@@ -1,0 +1,720 @@
+"""A discrete-event simulation of Thaw's warm pool, driven by a request trace.
+
+What is simulated, and what runs for real:
+- the controller's decisions are ``warm_pool.policy.decide`` itself (autoscaler,
+  keep-alive, standby sizer, budgets, the stopped tier): the same function, on the same
+  kind of snapshot, with time passed in. The simulator only carries them out;
+- activators: requests arrive at their trace times; a model with a ready replica with a
+  free slot (``max_concurrency_per_replica``) serves at once, else the request waits in
+  the model's queue (bounded by ``max_queue_length``: 429 beyond it) until a slot frees
+  or a replica is ready, for at most ``activation_timeout_s`` (503 after it). A request
+  that finds no ready replica opens a cold start and wakes the controller at once (the
+  activators' demand signal), as in production;
+- workers and providers: launches take the shape's ``boot_s``; a load takes the
+  model's standby (or asleep) load time; a release takes ``release_s``; a ready replica
+  serves a request in ``input_tokens / prefill_tokens_per_s`` to its first token and
+  ``tpot_s`` per output token after it (``simulator.costs``).
+
+The controller ticks every ``tick_s``. In ``exact`` mode it judges every model and pool
+on every tick, like the controller. By default it judges a model only on the ticks
+where its decision can change (its inputs moved out of the band that keeps its replica
+count, a worker of it changed, a keep-alive or pool deadline passed) and otherwise only
+does the tick's bookkeeping (``warm_pool.policy.track``); the two modes make the same
+decisions (tests/simulator/test_sim.py), the default one many times faster.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator.costs import CostModel, ModelCosts
+from simulator.traces import Trace
+from thaw.config import Model, ThawConfig
+from thaw.wire import WorkerState
+from warm_pool.keepalive import keep_alive_decision, keep_alive_window
+from warm_pool.policy import (
+    COLD_START_WINDOW_S,
+    Assign,
+    Decision,
+    Launch,
+    ModelActivity,
+    ModelState,
+    PolicyState,
+    Release,
+    Sleep,
+    Snapshot,
+    Start,
+    Stop,
+    Terminate,
+    WorkerView,
+    decide,
+    track,
+)
+
+INF = math.inf
+# Hot TTFT samples one report carries per model (the activators' bound).
+MAX_TTFTS = 256
+
+_SERVING = frozenset(("loading", "ready"))
+_STANDBY_LIKE = frozenset(("launching", "starting", "standby", "draining"))
+
+# Event kinds, in the order events at the same instant are handled.
+_WORKER, _DONE, _TIMEOUT = 0, 1, 2
+# Request states.
+_WAITING, _ADMITTED, _TIMED_OUT, _REFUSED = 0, 1, 2, 3
+
+
+class _Worker:
+    __slots__ = ("id", "shape", "price", "state", "model", "aid", "since", "entered", "inflight",
+                 "epoch", "tier", "view", "releasing")
+
+    def __init__(self, wid: str, shape: str, price: float, state: str, now: float) -> None:
+        self.id, self.shape, self.price, self.state = wid, shape, price, state
+        self.model: _Model | None = None
+        self.aid: str | None = None
+        self.since: float | None = None
+        self.entered = now
+        self.inflight = 0
+        self.epoch = 0  # bumps on every change: a scheduled transition of an older epoch is void
+        self.tier = "standby"
+        self.releasing = False
+        self.view = self._view()
+
+    def _view(self) -> WorkerView:
+        return WorkerView(self.id, self.shape, WorkerState(self.state),
+                          self.model.name if self.model else None, self.aid, None, self.since)
+
+
+class _Model:
+    __slots__ = ("idx", "name", "cfg", "a", "costs", "ready", "serving", "queue", "queued", "in_flight",
+                 "arrivals", "hot_ttfts", "last_request_at", "cold_open", "cold_since", "cold_tier",
+                 "slo_s", "prefill_tps", "tpot_s", "max_conc", "max_queue", "timeout_s",
+                 "band_for", "keep_cache", "deadline_key", "deadline_times", "stats")
+
+    def __init__(self, idx: int, m: Model, costs: ModelCosts, slo_s: float) -> None:
+        self.idx, self.name, self.cfg, self.a, self.costs = idx, m.name, m, m.autoscaling, costs
+        self.ready: list[_Worker] = []
+        self.serving = 0  # loading + ready workers
+        self.queue: deque[int] = deque()
+        self.queued = 0  # live entries of queue (timed-out ones are removed lazily)
+        self.in_flight = 0
+        self.arrivals = 0
+        self.hot_ttfts: list[float] = []
+        self.last_request_at: float | None = None
+        self.cold_open = False
+        self.cold_since = 0.0
+        self.cold_tier: str | None = None
+        self.slo_s = slo_s
+        self.prefill_tps = costs.prefill_tokens_per_s
+        self.tpot_s = costs.tpot_s
+        self.max_conc = m.autoscaling.max_concurrency_per_replica
+        self.max_queue = m.autoscaling.max_queue_length
+        self.timeout_s = m.autoscaling.activation_timeout_s
+        self.deadline_key: tuple[Any, ...] | None = None
+        self.deadline_times: tuple[float, ...] = ()  # the keep-alive deadlines still due
+        # The replica count the whole window was last found in band for (None: not).
+        self.band_for: int | None = None
+        self.keep_cache: tuple[Any, Any] | None = None
+        self.stats = _Stats()
+
+
+@dataclass
+class _Stats:
+    requests: int = 0
+    cold_starts: int = 0
+    cold_waiters: int = 0
+    ttfts: list[float] = field(default_factory=list)
+    slo_met: int = 0
+    activation_timeouts: int = 0
+    queue_full: int = 0
+    replica_s: float = 0.0
+    asleep_s: float = 0.0
+    usd: float = 0.0
+    cold_start_s: list[float] = field(default_factory=list)
+    tiers: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    model: str
+    at: float
+    ready_after_s: float
+    tier: str  # asleep | standby | launch
+
+
+@dataclass
+class SimResult:
+    summary: dict[str, Any]
+    decisions: list[tuple[float, Decision]]
+    cold_starts: list[ColdStart]
+    ticks: int
+    judged: int  # models judged by decide(), summed over ticks
+    end_s: float
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50, p90, p99 by nearest rank (None when there are none)."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None}
+    s = sorted(values)
+    n = len(s)
+    return {f"p{q}": s[min(n - 1, max(0, math.ceil(q / 100 * n) - 1))] for q in (50, 90, 99)}
+
+
+class Simulator:
+    """One run: ``Simulator(cfg, costs, trace).run()``. Deterministic: the trace and
+    the config decide everything (the seed only matters to traces drawn at random)."""
+
+    def __init__(self, cfg: ThawConfig, costs: CostModel, trace: Trace, *, tick_s: float = 1.0,
+                 exact: bool = False, ttft_slo_s: float = 5.0, record_decisions: bool = False) -> None:
+        missing = [name for name in trace.models if cfg.model(name) is None]
+        if missing:
+            raise ValueError(f"trace models not in the config: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        self.cfg, self.trace, self.tick_s, self.exact = cfg, trace, tick_s, exact
+        self.record = record_decisions
+        self.models = [_Model(i, m, costs.models[m.name], m.autoscaling.ttft_slo_s or ttft_slo_s)
+                       for i, m in enumerate(cfg.models)]
+        self.by_name = {m.name: m for m in self.models}
+        for i, m in enumerate(cfg.models):
+            if m.served_name:
+                self.by_name.setdefault(m.served_name, self.models[i])
+        # Trace model index -> simulated model.
+        self.trace_models = [self.by_name[name] for name in trace.models]
+        self.shapes = {s.name: s for s in cfg.shapes}
+        self.pools = {p.shape: p for p in cfg.pools}
+        self.workers: dict[str, _Worker] = {}
+        self.launched = 0
+        self.state = PolicyState(epoch="sim")
+        self.heap: list[tuple[float, int, int, Any, int]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.views_dirty = True
+        self.views: tuple[WorkerView, ...] = ()
+        self.pools_dirty = True
+        self.dirty: set[_Model] = set()
+        self.touched: set[_Model] = set()  # traffic changed since the last tick
+        self.open_requests = 0
+        self.pool_deadlines: set[float] = set()
+        self.watch: set[_Model] = set()  # judged every tick until settled
+        # At zero with requests waiting and no standby: judged again when a worker of
+        # its shape changes or the pools are judged (which count what it waits for).
+        self.waiting: set[_Model] = set()
+        self.shapes_changed: set[str] = set()
+        self.changed_now: set[str] = set()
+        self.deadlines: list[tuple[float, int]] = []  # (when, model idx or -1: pools)
+        self.kick_pending = False
+        self.next_grid = 0
+        self.decisions: list[tuple[float, Decision]] = []
+        self.cold_records: list[ColdStart] = []
+        self.ticks = 0
+        self.judged = 0
+        self.standby_s: dict[str, float] = {}
+        self.standby_usd: dict[str, float] = {}
+        n = len(trace)
+        self.req_state = bytearray(n)
+        self.req_cold = bytearray(n)
+        # Every pool starts at its standby floor, already standing by (a running fleet).
+        for pool in cfg.pools:
+            for _ in range(pool.standby_min):
+                self._new_worker(pool.shape, "standby")
+
+    # -- bookkeeping --------------------------------------------------------------
+
+    def _push(self, t: float, kind: int, obj: Any, arg: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, obj, arg))
+
+    def _new_worker(self, shape: str, state: str) -> _Worker:
+        self.launched += 1
+        w = _Worker(f"{shape}-{self.launched:06d}", shape, self.shapes[shape].price_per_hour_usd, state, self.now)
+        self.workers[w.id] = w
+        self.views_dirty = self.pools_dirty = True
+        self.shapes_changed.add(shape)
+        return w
+
+    def _account(self, w: _Worker, t: float) -> None:
+        dt = t - w.entered
+        w.entered = t
+        if dt <= 0:
+            return
+        usd = dt * w.price / 3600.0
+        if w.state in _SERVING and w.model is not None:
+            w.model.stats.replica_s += dt
+            w.model.stats.usd += usd
+        elif w.state == "asleep" and w.model is not None:
+            w.model.stats.asleep_s += dt
+            w.model.stats.usd += usd
+        elif w.state in _STANDBY_LIKE:
+            self.standby_s[w.shape] = self.standby_s.get(w.shape, 0.0) + dt
+            self.standby_usd[w.shape] = self.standby_usd.get(w.shape, 0.0) + usd
+
+    def _set(self, w: _Worker, state: str, t: float, *, model: _Model | None | bool = False,
+             aid: str | None | bool = False, since: float | None | bool = False) -> None:
+        self._account(w, t)
+        old_model = w.model
+        was_serving = w.state in _SERVING
+        w.state = state
+        if model is not False:
+            w.model = model  # type: ignore[assignment]
+        if aid is not False:
+            w.aid = aid  # type: ignore[assignment]
+        if since is not False:
+            w.since = since  # type: ignore[assignment]
+        w.epoch += 1
+        w.view = w._view()
+        self.views_dirty = self.pools_dirty = True
+        self.shapes_changed.add(w.shape)
+        serving = state in _SERVING
+        if old_model is not None and was_serving and (not serving or w.model is not old_model):
+            old_model.serving -= 1
+        if w.model is not None and serving and (not was_serving or w.model is not old_model):
+            w.model.serving += 1
+        for m in (old_model, w.model):
+            if m is not None:
+                m.band_for = None
+                self.dirty.add(m)
+
+    def _after(self, w: _Worker, delay: float) -> None:
+        """The worker's current step (boot, load, release) ends in ``delay`` seconds."""
+        self._push(self.now + delay, _WORKER, w, w.epoch)
+
+    # -- the data plane -----------------------------------------------------------
+
+    def _pick(self, m: _Model) -> _Worker | None:
+        best = None
+        for w in m.ready:
+            if w.inflight < m.max_conc and (best is None or w.inflight < best.inflight):
+                best = w
+        return best
+
+    def _admit(self, m: _Model, w: _Worker, i: int, t: float) -> None:
+        tr = self.trace
+        self.req_state[i] = _ADMITTED
+        w.inflight += 1
+        m.in_flight += 1
+        prefill = tr.input_tokens[i] / m.prefill_tps
+        ttft = t - tr.t[i] + prefill
+        st = m.stats
+        st.ttfts.append(ttft)
+        if ttft <= m.slo_s:
+            st.slo_met += 1
+        if not self.req_cold[i] and len(m.hot_ttfts) < MAX_TTFTS:
+            m.hot_ttfts.append(ttft)
+        self._push(t + prefill + tr.output_tokens[i] * m.tpot_s, _DONE, w)
+
+    def _drain_queue(self, m: _Model, t: float) -> None:
+        q = m.queue
+        while q:
+            i = q[0]
+            if self.req_state[i] != _WAITING:
+                q.popleft()
+                continue
+            w = self._pick(m)
+            if w is None:
+                return
+            q.popleft()
+            m.queued -= 1
+            self._admit(m, w, i, t)
+
+    def _arrive(self, i: int, t: float) -> None:
+        m = self.trace_models[self.trace.model[i]]
+        m.stats.requests += 1
+        m.arrivals += 1
+        m.last_request_at = t
+        self.touched.add(m)
+        if not m.queued:
+            w = self._pick(m)
+            if w is not None:
+                self.open_requests += 1
+                self._admit(m, w, i, t)
+                return
+        if m.queued >= m.max_queue:
+            self.req_state[i] = _REFUSED
+            m.stats.queue_full += 1
+            return
+        m.queue.append(i)
+        m.queued += 1
+        self.open_requests += 1
+        self._push(t + m.timeout_s, _TIMEOUT, m, i)
+        if not m.ready:
+            self.req_cold[i] = 1
+            m.stats.cold_waiters += 1
+            if not m.cold_open:
+                m.cold_open, m.cold_since, m.cold_tier = True, t, None
+                m.stats.cold_starts += 1
+                # The activator's demand signal wakes the controller now.
+                self.dirty.add(m)
+                self.kick_pending = True
+
+    def _done(self, w: _Worker, t: float) -> None:
+        m = w.model
+        w.inflight -= 1
+        assert m is not None
+        m.in_flight -= 1
+        m.last_request_at = t
+        self.touched.add(m)
+        if w.state == "ready":
+            if m.queued:
+                self._drain_queue(m, t)
+        elif w.releasing and w.inflight == 0:
+            w.releasing = False
+            self._after(w, m.costs.release_s)
+        self.open_requests -= 1
+
+    def _timeout(self, m: _Model, i: int) -> None:
+        if self.req_state[i] == _WAITING:
+            self.req_state[i] = _TIMED_OUT
+            m.queued -= 1
+            m.stats.activation_timeouts += 1
+            self.open_requests -= 1
+            self.touched.add(m)
+
+    def _worker_event(self, w: _Worker, epoch: int, t: float) -> None:
+        if w.epoch != epoch or w.id not in self.workers:
+            return
+        s = w.state
+        if s == "loading":
+            m = w.model
+            assert m is not None
+            self._set(w, "ready", t)
+            m.ready.append(w)
+            if m.cold_open:
+                m.cold_open = False
+                tier = m.cold_tier or w.tier
+                m.stats.cold_start_s.append(t - m.cold_since)
+                m.stats.tiers[tier] = m.stats.tiers.get(tier, 0) + 1
+                self.cold_records.append(ColdStart(m.name, m.cold_since, t - m.cold_since, tier))
+            self._drain_queue(m, t)
+        elif s in ("launching", "starting"):
+            self._set(w, "standby", t)
+        elif s == "draining":
+            w.releasing = False
+            self._set(w, "standby", t, model=None, aid=None, since=None)
+
+    # -- the controller -------------------------------------------------------------
+
+    def _activity(self, m: _Model) -> ModelActivity:
+        return ModelActivity(m.queued, m.in_flight, m.last_request_at, m.arrivals, tuple(m.hot_ttfts))
+
+    def _reported(self, m: _Model) -> None:
+        m.arrivals = 0
+        if m.hot_ttfts:
+            m.hot_ttfts = []
+        self.touched.discard(m)
+
+    def _keep(self, m: _Model, ms: ModelState, t: float) -> tuple[bool, Any]:
+        """The keep-alive policy's word for an idle model now, and its window."""
+        h = ms.idle_histogram
+        if m.keep_cache is None or m.keep_cache[0] is not h:
+            m.keep_cache = (h, keep_alive_window(h, m.a))
+        window = m.keep_cache[1]
+        if ms.idle_since is None:
+            return False, window
+        return keep_alive_decision(window, ms.idle_since, t).keep, window
+
+    def _settled(self, m: _Model, ms: ModelState, t: float) -> bool:
+        """True when judging ``m`` now cannot give a decision, nor a state the next
+        judgement would differ on, until its traffic or a deadline changes that."""
+        a = m.a
+        sc = ms.scale
+        if sc.up_since is not None or sc.down_since is not None or t < sc.panic_until:
+            return False
+        if ms.failures and t < ms.backoff_until:
+            return False
+        last = ms.last_scale
+        current = m.serving
+        demand = m.queued + m.in_flight
+        if last is None:
+            return False
+        if last.target != current:
+            # A request at zero found no standby: nothing changes for it until a worker
+            # of its shape does, or the pools are judged (they count what it waits for).
+            return (current == 0 and demand > 0 and not self.pools_dirty
+                    and m.cfg.shape not in self.changed_now)
+        keep, _ = self._keep(m, ms, t)
+        if not (demand > 0 or keep):
+            # Idle and let go: the target is min_replicas, whatever the windows say.
+            return current == a.min_replicas
+        if current < max(a.min_replicas, 1):
+            return False
+        if a.ttft_slo_s is not None and any(o.ttfts for o in sc.observations):
+            return False
+        # The raw count stays at the current one while every demand value the windows
+        # can hold is in (lower, upper]: no step up or down, no panic.
+        tc = a.target_concurrency
+        upper = current * tc if current < a.max_replicas else INF
+        if a.panic_threshold <= 1.0 and upper != INF:
+            upper = math.nextafter(upper, -INF)
+        lower = (current - 1) * tc if current > max(a.min_replicas, 1) else -INF
+        if not lower < demand <= upper:
+            m.band_for = None
+            return False
+        if m.band_for != current:
+            if not all(lower < o.demand <= upper for o in sc.observations):
+                return False
+            m.band_for = current
+        return True
+
+    def _keep_settled(self, m: _Model, ms: ModelState, t: float) -> None:
+        """Not judged this tick: keep the bookkeeping ``track`` did for it."""
+        self.watch.discard(m)
+        self._note_waiting(m, ms)
+        if m in self.touched:
+            self.state.models[m.name] = ms
+            self._reported(m)
+            self._deadlines_for(m, ms, t)
+
+    def _note_waiting(self, m: _Model, ms: ModelState) -> None:
+        if ms.last_scale is not None and ms.last_scale.target > m.serving:
+            self.waiting.add(m)
+        else:
+            self.waiting.discard(m)
+
+    def _deadlines_for(self, m: _Model, ms: ModelState, t: float) -> None:
+        """Wake the model when its keep-alive window opens or closes."""
+        if ms.idle_since is None or m.queued or m.in_flight:
+            # Busy: the keep-alive window does not apply until it is idle again.
+            m.deadline_key, m.deadline_times = None, ()
+            return
+        _, window = self._keep(m, ms, t)
+        key = (ms.idle_since, window)
+        if m.deadline_key == key:
+            return
+        m.deadline_key = key
+        due = tuple(ms.idle_since + after for after in (window.prewarm_after_s, window.keep_until_s)
+                    if after is not None and ms.idle_since + after > t)
+        m.deadline_times = due
+        for when in due:
+            heapq.heappush(self.deadlines, (when, m.idx))
+
+    def _pool_deadlines(self) -> None:
+        """Wake the pools when a cold start leaves the sizer's window or a hold ends."""
+        for pool in self.cfg.pools:
+            ps = self.state.pools.get(pool.shape)
+            if ps is None:
+                continue
+            due = [t + COLD_START_WINDOW_S for t in ps.cold_starts[:1]]
+            if ps.sizer.below_since is not None:
+                due.append(ps.sizer.below_since + pool.standby_hold_s)
+            for t in due:
+                if t not in self.pool_deadlines:
+                    self.pool_deadlines.add(t)
+                    heapq.heappush(self.deadlines, (t, -1))
+
+    def _tick(self, t: float) -> None:
+        self.ticks += 1
+        while self.deadlines and self.deadlines[0][0] <= t:
+            when, idx = heapq.heappop(self.deadlines)
+            if idx < 0:
+                self.pool_deadlines.discard(when)
+                self.pools_dirty = True
+            elif when in self.models[idx].deadline_times:
+                self.dirty.add(self.models[idx])
+        dirty, self.dirty = self.dirty, set()
+        self.changed_now, self.shapes_changed = self.shapes_changed, set()
+        if self.exact:
+            judge = self.models
+        else:
+            judge = []
+            waiting_settled: list[tuple[_Model, ModelState]] = []
+            for m in sorted(dirty | self.watch | self.touched | self.waiting, key=lambda m: m.idx):
+                if m in dirty:
+                    judge.append(m)
+                    continue
+                ms = self.state.models.get(m.name) or ModelState()
+                if m in self.touched:
+                    # This tick's bookkeeping first: judged as it would leave the model.
+                    ms = track(ms, self._activity(m), m.a, t)
+                if not self._settled(m, ms, t):
+                    judge.append(m)  # decide() does the bookkeeping itself
+                    continue
+                if m in self.waiting:
+                    waiting_settled.append((m, ms))
+                    continue
+                self._keep_settled(m, ms, t)
+            if waiting_settled and (judge or self.pools_dirty):
+                # The pools will be judged: they count every model waiting for a standby.
+                judge = sorted(judge + [m for m, _ in waiting_settled], key=lambda m: m.idx)
+            else:
+                for m, ms in waiting_settled:
+                    self._keep_settled(m, ms, t)
+        if judge or self.pools_dirty:
+            self._judge(judge, t)
+
+    def _judge(self, judge: list[_Model], t: float) -> None:
+        if self.views_dirty:
+            self.views = tuple(w.view for w in self.workers.values())
+            self.views_dirty = False
+        activity = {m.name: self._activity(m) for m in judge}
+        snap = Snapshot(self.views, activity)
+        only = None if self.exact else {m.name for m in judge}
+        pools = True if self.exact else self.pools_dirty
+        self.pools_dirty = False
+        decisions, self.state = decide(snap, self.state, self.cfg, t, only=only, pools=pools)
+        self.judged += len(judge)
+        for m in judge:
+            self._reported(m)
+        for d in decisions:
+            self._apply(d, t)
+        for m in judge:
+            if m.cold_open and m.cold_tier is None and not m.serving:
+                # No standby took it: the cold start waits for an instance to boot.
+                m.cold_tier = "launch"
+            if self.exact:
+                continue
+            ms = self.state.models.get(m.name) or ModelState()
+            if self._settled(m, ms, t):
+                self.watch.discard(m)
+            else:
+                self.watch.add(m)
+            self._note_waiting(m, ms)
+            self._deadlines_for(m, ms, t)
+        if not self.exact:
+            self._pool_deadlines()
+            if decisions:
+                # Their effects (assignments, releases) are inputs of the next tick.
+                self.pools_dirty = True
+
+    def _apply(self, d: Decision, t: float) -> None:
+        if self.record:
+            self.decisions.append((t, d))
+        if isinstance(d, Assign):
+            w = self.workers[d.worker_id]
+            m = self.by_name[d.model]
+            w.tier = "asleep" if w.state == "asleep" else "standby"
+            if m.cold_open and m.cold_tier is None:
+                m.cold_tier = w.tier
+            self._set(w, "loading", t, model=m, aid=d.assignment_id, since=t)
+            self._after(w, m.costs.load_s(w.tier))
+        elif isinstance(d, Release):
+            w = self.workers[d.worker_id]
+            m = w.model
+            if w.state == "ready" and m is not None:
+                m.ready.remove(w)
+            self._set(w, "draining", t)
+            if w.inflight == 0:
+                self._after(w, m.costs.release_s if m else 0.0)
+            else:
+                w.releasing = True
+        elif isinstance(d, Sleep):
+            w = self.workers[d.worker_id]
+            m = w.model
+            if w.state == "ready" and m is not None:
+                m.ready.remove(w)
+            self._set(w, "asleep", t, since=t)
+            if m is not None:
+                # The policy releases it once past asleep_ttl_s.
+                heapq.heappush(self.deadlines, (t + m.a.asleep_ttl_s, -1))
+        elif isinstance(d, Launch):
+            w = self._new_worker(d.shape, "launching")
+            self._after(w, self.shapes[d.shape].boot_s)
+        elif isinstance(d, Start):
+            w = self.workers[d.worker_id]
+            self._set(w, "starting", t)
+            self._after(w, self.shapes[w.shape].boot_s)
+        elif isinstance(d, Stop):
+            self._set(self.workers[d.worker_id], "stopped", t)
+        elif isinstance(d, Terminate):
+            w = self.workers.pop(d.worker_id)
+            self._set(w, "stopped", t)
+            self.views_dirty = True
+
+    # -- the run ----------------------------------------------------------------------
+
+    def _next_tick(self) -> float:
+        grid = self.next_grid * self.tick_s
+        if self.exact:
+            return grid
+        if self.dirty or self.watch or self.pools_dirty or self.touched:
+            return max(grid, math.ceil(self.now / self.tick_s - 1e-9) * self.tick_s)
+        if self.deadlines:
+            return max(grid, math.ceil(self.deadlines[0][0] / self.tick_s - 1e-9) * self.tick_s)
+        return INF
+
+    def run(self) -> SimResult:
+        tr = self.trace
+        times, n, i = tr.t, len(tr), 0
+        heap = self.heap
+        while True:
+            ta = times[i] if i < n else INF
+            te = heap[0][0] if heap else INF
+            if i >= n and not self.open_requests:
+                break
+            tt = self._next_tick()
+            if te <= ta and te <= tt:
+                t, kind, _, obj, arg = heapq.heappop(heap)
+                self.now = t
+                if kind == _DONE:
+                    self._done(obj, t)
+                elif kind == _WORKER:
+                    self._worker_event(obj, arg, t)
+                else:
+                    self._timeout(obj, arg)
+            elif ta <= tt:
+                self.now = ta
+                self._arrive(i, ta)
+                i += 1
+                if self.kick_pending:
+                    self.kick_pending = False
+                    self._tick(ta)
+            else:
+                if tt == INF:
+                    break
+                self.now = tt
+                self.next_grid = round(tt / self.tick_s) + 1
+                self._tick(tt)
+        end = max(self.now, tr.duration_s)
+        for w in self.workers.values():
+            self._account(w, end)
+        return SimResult(self._summary(end), self.decisions, self.cold_records, self.ticks, self.judged, end)
+
+    # -- the answer -----------------------------------------------------------------------
+
+    def _summary(self, end: float) -> dict[str, Any]:
+        per_model: dict[str, Any] = {}
+        tot = _Stats()
+        for m in self.models:
+            st = m.stats
+            if not st.requests and not st.replica_s and not st.asleep_s:
+                continue
+            per_model[m.name] = _row(st) | {
+                "queue_full": st.queue_full,
+                "cold_start_s": percentiles(st.cold_start_s),
+                "cold_starts_by_tier": dict(sorted(st.tiers.items())),
+            }
+            tot.ttfts.extend(st.ttfts)
+            for k in ("requests", "cold_starts", "cold_waiters", "slo_met", "activation_timeouts",
+                      "queue_full", "replica_s", "asleep_s", "usd"):
+                setattr(tot, k, getattr(tot, k) + getattr(st, k))
+        row = _row(tot)
+        out = {k: row[k] for k in ("requests", "cold_starts", "cold_start_share", "replica_seconds")}
+        out["standby_seconds"] = round(sum(self.standby_s.values()), 3)
+        out["asleep_seconds"] = row["asleep_seconds"]
+        out["usd"] = round(tot.usd + sum(self.standby_usd.values()), 6)
+        for k in ("ttft_s", "slo_met_share", "activation_timeouts"):
+            out[k] = row[k]
+        out["per_model"] = per_model
+        return out
+
+
+def _row(st: _Stats) -> dict[str, Any]:
+    n = st.requests
+    return {
+        "requests": n,
+        "cold_starts": st.cold_starts,
+        "cold_start_share": st.cold_waiters / n if n else 0.0,
+        "replica_seconds": round(st.replica_s, 3),
+        "asleep_seconds": round(st.asleep_s, 3),
+        "usd": round(st.usd, 6),
+        "ttft_s": percentiles(st.ttfts),
+        "slo_met_share": st.slo_met / n if n else 0.0,
+        "activation_timeouts": st.activation_timeouts,
+    }
+
+
+SUMMARY_KEYS = ("requests", "cold_starts", "cold_start_share", "replica_seconds", "standby_seconds",
+                "asleep_seconds", "usd", "ttft_s", "slo_met_share", "activation_timeouts", "per_model")

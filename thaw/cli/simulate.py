@@ -1,0 +1,106 @@
+"""`thaw simulate`: replay a trace against the warm-pool policy (and `gen`, `convert`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from simulator import gen_cli
+from simulator.costs import CostError
+from simulator.run import DEFAULT_TTFT_SLO_S, Inputs, SimError, prepare, simulate, write
+from simulator.traces import FORMATS, TraceError, read_trace
+from thaw.config import ConfigError, load_config
+
+EXIT_FAILED, EXIT_INVALID = 1, 2
+
+
+def add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    """What `thaw simulate` and `thaw pool recommend` share: the inputs of a run."""
+    p.add_argument("--trace", metavar="FILE", help="request trace to replay")
+    p.add_argument("--format", choices=FORMATS, default=None, help="trace format (default: from the file)")
+    p.add_argument("--config", metavar="FILE", help="Thaw config: shapes, pools, budgets, models")
+    p.add_argument("--model-template", metavar="NAME", default=None,
+                   help="configured model whose settings trace models missing from the config take")
+    p.add_argument("--seed", type=int, default=0, help="seed for traces drawn at random (ServeGen)")
+    p.add_argument("--servegen-model-per", choices=["model", "tenant"], default="model",
+                   help="ServeGen: one model per ServeGen model, or one per tenant (default model)")
+    p.add_argument("--catalog-model", default="llama-3.1-8b",
+                   help="the planner's catalog model whose figures (size, speed) models take (default llama-3.1-8b)")
+    p.add_argument("--costs", metavar="FILE", type=Path, default=None,
+                   help="JSON of measured figures overriding the planner's (see docs/OPERATIONS.md)")
+    p.add_argument("--ttft-slo-s", type=float, default=DEFAULT_TTFT_SLO_S,
+                   help=f"TTFT SLO for models without autoscaling.ttft_slo_s (default {DEFAULT_TTFT_SLO_S:g})")
+    p.add_argument("--tick-s", type=float, default=1.0, help="the controller's tick (default 1 s)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from simulator import sweep
+
+    add_trace_arguments(p)
+    p.add_argument("--out", metavar="DIR", type=Path, default=Path("sim-out"),
+                   help="where summary.json, run.json and cold_starts.jsonl go (default sim-out)")
+    p.add_argument("--exact", action="store_true",
+                   help="judge every model on every tick, as the controller does (slow; same decisions)")
+    sweep.add_sweep_arguments(p)
+    sub = p.add_subparsers(dest="trace_command", metavar="SUBCOMMAND", required=False)
+    gen_cli.add_gen_arguments(sub.add_parser(
+        "gen", help="Draw a synthetic trace of many low-traffic models.",
+        description="Draw a synthetic trace of many low-traffic models and write it as generic CSV."))
+    gen_cli.add_convert_arguments(sub.add_parser(
+        "convert", help="Convert a public trace to generic CSV, optionally reshaped.",
+        description="Read a public trace, optionally reshape it, and write it as generic CSV."))
+
+
+def load_inputs(args: argparse.Namespace) -> Inputs | int:
+    """The run's inputs from the arguments, or an exit code (the error printed)."""
+    if not args.trace or not args.config:
+        return _fail("--trace FILE and --config FILE are required", EXIT_INVALID)
+    if args.tick_s <= 0 or args.ttft_slo_s <= 0:
+        return _fail("--tick-s and --ttft-slo-s must be > 0", EXIT_INVALID)
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        return _fail(str(exc), EXIT_INVALID)
+    try:
+        trace = read_trace(args.trace, args.format, seed=args.seed, servegen_model_per=args.servegen_model_per)
+    except (TraceError, OSError) as exc:
+        return _fail(str(exc), EXIT_FAILED)
+    if not len(trace):
+        return _fail(f"{args.trace}: the trace has no requests", EXIT_INVALID)
+    try:
+        return prepare(cfg, trace, template=args.model_template, catalog_model=args.catalog_model,
+                       costs_file=args.costs, ttft_slo_s=args.ttft_slo_s, tick_s=args.tick_s)
+    except (SimError, CostError) as exc:
+        return _fail(str(exc), EXIT_INVALID)
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "trace_command", None):
+        return gen_cli.run(args)
+    inputs = load_inputs(args)
+    if isinstance(inputs, int):
+        return inputs
+    if args.sweep:
+        from simulator import sweep
+
+        return sweep.run_sweep(args, inputs)
+    result, wall_s = simulate(inputs, exact=args.exact)
+    write(args.out, result, inputs, wall_s, {
+        "command": "thaw simulate", "config": str(args.config), "trace_file": str(args.trace),
+        "seed": args.seed, "model_template": args.model_template, "exact": args.exact,
+    })
+    s = result.summary
+    p = s["ttft_s"]
+    print(json.dumps({k: v for k, v in s.items() if k != "per_model"}))
+    print(f"{s['requests']} requests in {wall_s:.2f} s ({len(inputs.trace) / wall_s:,.0f}/s): "
+          f"{s['cold_starts']} cold starts, cold share {s['cold_start_share']:.2%}, "
+          f"TTFT p99 {p['p99'] if p['p99'] is not None else float('nan'):.2f} s, ${s['usd']:.2f}; "
+          f"wrote {args.out}/summary.json", file=sys.stderr)
+    return 0
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"thaw: error: {message}", file=sys.stderr)
+    return code
