@@ -31,23 +31,18 @@ def evolve(obj: _T, **changes: Any) -> _T:
 
 @dataclass(frozen=True)
 class Observation:
-    """One second of traffic: summed demand (queued + in flight) over the ticks in that
-    second, the ticks counted, the arrivals, and the TTFTs of hot requests.
+    """One second of traffic: the demand (queued + in flight) the last tick in it saw,
+    the arrivals, and the TTFTs of hot requests.
 
-    A second's demand is the mean of its ticks, and it holds until the next observed
-    second: demand is a step function sampled by the controller's ticks, so the
-    windows' means do not depend on how often it ticks (a second without a tick, or a
-    tick skipped because nothing changed, keeps the last value)."""
+    Demand is a step function sampled by the controller's ticks: a second's value holds
+    until the next observed second. So the windows' means depend neither on how often
+    the controller ticks, nor on a tick skipped because nothing changed (the simulator
+    skips those), nor on an extra tick (a demand signal wakes the controller)."""
 
     second: int
-    demand_sum: float = 0.0
-    ticks: int = 0
+    demand: float = 0.0
     arrivals: int = 0
     ttfts: tuple[float, ...] = ()
-
-    @property
-    def demand(self) -> float:
-        return self.demand_sum / self.ticks if self.ticks else 0.0
 
 
 @dataclass(frozen=True)
@@ -92,10 +87,9 @@ def observe(state: ScaleState, now: float, demand: int, arrivals: int, ttfts: tu
     obs = list(state.observations)
     if obs and obs[-1].second == sec:
         last = obs[-1]
-        obs[-1] = Observation(sec, last.demand_sum + demand, last.ticks + 1, last.arrivals + arrivals,
-                              last.ttfts + ttfts)
+        obs[-1] = Observation(sec, float(demand), last.arrivals + arrivals, last.ttfts + ttfts)
     else:
-        obs.append(Observation(sec, float(demand), 1, arrivals, ttfts))
+        obs.append(Observation(sec, float(demand), arrivals, ttfts))
     oldest = sec - math.ceil(window_s)
     first_inside = next((i for i, o in enumerate(obs) if o.second > oldest), len(obs))
     return evolve(state, observations=tuple(obs[max(first_inside - 1, 0):]))
@@ -111,7 +105,7 @@ def mean_demand(observations: tuple[Observation, ...], now: float, window_s: flo
     for o in reversed(observations):
         lo = o.second if o.second > start else start
         if until > lo:
-            total += o.demand_sum / o.ticks * (until - lo) if o.ticks else 0.0
+            total += o.demand * (until - lo)
             covered += until - lo
         if o.second <= start:
             break

@@ -101,7 +101,15 @@ def test_windows_average_demand_per_tick_and_count_arrivals() -> None:
     # 216 arrivals in the window's 54 s of demand 2 (4 a second) / 60 s
     assert w.arrivals_per_s == pytest.approx(216 / 60, abs=0.1)
     assert w.ttft_p90_s == 0.2
-    assert len(s.observations) <= 61  # a second each, no more than the window
+    assert len(s.observations) <= 62  # a second each: the window's, and the one before it
+
+
+def test_a_seconds_demand_is_its_last_ticks() -> None:
+    # A tick at 0 (demand 0) then a demand signal at 0.1 (demand 1) in the same second:
+    # the second holds 1, as if the tick at 0 (which saw nothing new) had not been.
+    s = observe(observe(ScaleState(), 10.0, 0, 0, (), 60), 10.1, 1, 1, (), 60)
+    assert window_metrics(s, 10.5, A).stable_demand == window_metrics(
+        observe(ScaleState(), 10.1, 1, 1, (), 60), 10.5, A).stable_demand == 1.0
 
 
 class Model:
