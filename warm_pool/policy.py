@@ -104,9 +104,10 @@ class ModelState:
     idle_since: float | None = None
     idle_histogram: IdleHistogram = IdleHistogram()
     keep_alive: KeepAliveWindow | None = None
-    # Requests waited with no replica ready or loading at the last judgement: a cold
-    # start, counted once for the standby sizer (not once per tick it lasts).
-    at_zero: bool = False
+    # Since when requests wait with no replica ready or loading (None: they do not): a
+    # cold start, counted once for the standby sizer (not once per tick it lasts), and
+    # first in line for a standby (the longest waiting first).
+    at_zero_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -297,7 +298,17 @@ def decide(
     # an idle model keeps a replica (or gets one back early) and when it goes to zero.
     launches_for_demand: dict[str, int] = {}
     cold_now: dict[str, int] = {}
-    for m in cfg.models:
+    # Models whose requests wait at zero take the free standbys first, the longest
+    # waiting first; the others follow in config order.
+    def waited(i: int) -> tuple[float, int]:
+        since = models[cfg.models[i].name].at_zero_since if cfg.models[i].name in models else None
+        return (since if since is not None else float("inf"), i)
+
+    order = range(len(cfg.models))
+    if any(ms.at_zero_since is not None for ms in models.values()):
+        order = sorted(order, key=waited)  # type: ignore[assignment]
+    for i in order:
+        m = cfg.models[i]
         if only is not None and m.name not in only:
             continue
         act = snap.activity.get(m.name, ModelActivity())
@@ -312,10 +323,13 @@ def decide(
         keep_warm = ms.idle_since is not None and keep_alive_decision(window, ms.idle_since, now).keep
         result, scale = autoscale(ms.scale, current=len(replicas), now=now, a=a, demand_now=act.demand,
                                   keep_warm=keep_warm, loading=len(replicas) - len(ready))
-        at_zero = bool(act.demand) and not replicas
-        if at_zero and not ms.at_zero:
-            cold_now[m.shape] = cold_now.get(m.shape, 0) + 1
-        models[m.name] = ms = evolve(ms, scale=scale, last_scale=result, keep_alive=window, at_zero=at_zero)
+        at_zero_since = None
+        if act.demand and not replicas:
+            if ms.at_zero_since is None:
+                cold_now[m.shape] = cold_now.get(m.shape, 0) + 1
+            at_zero_since = now if ms.at_zero_since is None else ms.at_zero_since
+        models[m.name] = ms = evolve(ms, scale=scale, last_scale=result, keep_alive=window,
+                                     at_zero_since=at_zero_since)
         want = result.target
         if len(replicas) < want:
             if now < ms.backoff_until:

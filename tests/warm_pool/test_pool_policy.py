@@ -211,3 +211,20 @@ def test_instances_booting_for_demand_are_not_taken_for_excess_standby() -> None
     decisions, _ = decide(Snapshot((w(0, "standby"), w(1, "standby")), {}), PolicyState(), cfg, 101.0)
     assert sorted(d.worker_id for d in decisions if isinstance(d, Assign)) == ["w00", "w01"]
     assert not any(isinstance(d, Terminate) for d in decisions)
+
+
+def test_a_cold_start_counts_once_and_the_longest_waiting_model_gets_the_next_standby() -> None:
+    cfg = config()
+    t = 1000.0
+    # m5 waits from t with no standby (a launch boots for it); m1 from t + 10.
+    waiting = {"m5": ModelActivity(queued=1, last_request_at=t)}
+    fleet = (w(0, "launching"),)
+    _, state = decide(Snapshot(fleet, waiting), PolicyState(), cfg, t)
+    waiting["m1"] = ModelActivity(queued=1, last_request_at=t + 10)
+    for dt in range(10, 60, 5):
+        _, state = decide(Snapshot(fleet, waiting), state, cfg, t + dt)
+    # Two cold starts counted, however many ticks they waited.
+    assert len(state.pools["gpu"].cold_starts) == 2
+    # One standby appears: m5 (waiting longer) gets it, though m1 comes first in the config.
+    decisions, state = decide(Snapshot((w(0, "standby"),), waiting), state, cfg, t + 60)
+    assert [(d.worker_id, d.model) for d in decisions if isinstance(d, Assign)] == [("w00", "m5")]
