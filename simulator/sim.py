@@ -188,7 +188,11 @@ class Simulator:
         self.pools = {p.shape: p for p in cfg.pools}
         self.workers: dict[str, _Worker] = {}
         self.launched = 0
+        # The policy's state: what decide() returned, and the models' states the
+        # simulator has since moved on by bookkeeping alone (its own dict: a state
+        # handed to decide() is never changed afterwards).
         self.state = PolicyState(epoch="sim")
+        self.ms: dict[str, ModelState] = {}
         self.heap: list[tuple[float, int, int, Any, int]] = []
         self.seq = 0
         self.now = 0.0
@@ -217,6 +221,8 @@ class Simulator:
         n = len(trace)
         self.req_state = bytearray(n)
         self.req_cold = bytearray(n)
+        # The first tick judges every model (min_replicas, pre-warming).
+        self.dirty.update(self.models)
         # Every pool starts at its standby floor, already standing by (a running fleet).
         for pool in cfg.pools:
             for _ in range(pool.standby_min):
@@ -371,6 +377,8 @@ class Simulator:
             m.queued -= 1
             m.stats.activation_timeouts += 1
             self.open_requests -= 1
+            if not m.queued and not m.ready:
+                m.cold_open = False  # everyone waiting gave up: the next request starts anew
             self.touched.add(m)
 
     def _worker_event(self, w: _Worker, epoch: int, t: float) -> None:
@@ -464,7 +472,7 @@ class Simulator:
         self.watch.discard(m)
         self._note_waiting(m, ms)
         if m in self.touched:
-            self.state.models[m.name] = ms
+            self.ms[m.name] = ms
             self._reported(m)
             self._deadlines_for(m, ms, t)
 
@@ -525,7 +533,7 @@ class Simulator:
                 if m in dirty:
                     judge.append(m)
                     continue
-                ms = self.state.models.get(m.name) or ModelState()
+                ms = self.ms.get(m.name) or ModelState()
                 if m in self.touched:
                     # This tick's bookkeeping first: judged as it would leave the model.
                     ms = track(ms, self._activity(m), m.a, t)
@@ -554,7 +562,10 @@ class Simulator:
         only = None if self.exact else {m.name for m in judge}
         pools = True if self.exact else self.pools_dirty
         self.pools_dirty = False
-        decisions, self.state = decide(snap, self.state, self.cfg, t, only=only, pools=pools)
+        state = PolicyState(models=dict(self.ms), pools=self.state.pools, assignments=self.state.assignments,
+                            epoch=self.state.epoch)
+        decisions, self.state = decide(snap, state, self.cfg, t, only=only, pools=pools)
+        self.ms = dict(self.state.models)
         self.judged += len(judge)
         for m in judge:
             self._reported(m)
@@ -566,7 +577,7 @@ class Simulator:
                 m.cold_tier = "launch"
             if self.exact:
                 continue
-            ms = self.state.models.get(m.name) or ModelState()
+            ms = self.ms.get(m.name) or ModelState()
             if self._settled(m, ms, t):
                 self.watch.discard(m)
             else:

@@ -1,0 +1,245 @@
+"""The simulator: hand-computed runs, the keep-alive identity, and its fast mode against
+the controller's cadence (every model judged on every tick)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simulator.costs import CostModel, ModelCosts, cost_model
+from simulator.run import SimError, prepare, with_trace_models
+from simulator.sim import SUMMARY_KEYS, Simulator
+from simulator.traces import Trace, from_columns
+from thaw.config import ThawConfig
+from warm_pool.policy import decide
+
+
+def config(models: int = 1, *, idle_grace_s: float = 100, standby_min: int = 1, standby_max: int = 1,
+           max_instances: int = 4, boot_s: float = 60, price: float = 3.6, budget: float | None = None,
+           **autoscaling: Any) -> ThawConfig:
+    return ThawConfig.model_validate({
+        "shapes": [{"name": "gpu", "gpu_type": "l40s-48gb", "gpu_count": 1, "gpu_memory_gib": 44.4,
+                    "host_memory_gib": 32, "price_per_hour_usd": price, "boot_s": boot_s}],
+        "pools": [{"shape": "gpu", "standby_min": standby_min, "standby_max": standby_max,
+                   "max_instances": max_instances, "budget_usd_per_hour": budget, "standby_hold_s": 60}],
+        "models": [{"name": f"m{i}", "uri": f"s3://thaw/m{i}", "shape": "gpu",
+                    "autoscaling": {"idle_grace_s": idle_grace_s, "max_replicas": 1, **autoscaling}}
+                   for i in range(models)],
+    })
+
+
+def costs(cfg: ThawConfig, *, load_s: float = 10.0, prefill: float = 1000.0, tpot_s: float = 0.01,
+          release_s: float = 0.0) -> CostModel:
+    return CostModel({m.name: ModelCosts(weights_gib=1.0, standby_load_s=load_s, asleep_load_s=1.0,
+                                         release_s=release_s, prefill_tokens_per_s=prefill, tpot_s=tpot_s,
+                                         source="test") for m in cfg.models})
+
+
+def trace(rows: list[tuple[float, str, int, int]]) -> Trace:
+    rows = sorted(rows)
+    names = sorted({r[1] for r in rows})
+    return from_columns([r[0] for r in rows], [names.index(r[1]) for r in rows], [0] * len(rows),
+                        [r[2] for r in rows], [r[3] for r in rows], names, ["t"], "test")
+
+
+def test_a_hand_computed_run() -> None:
+    cfg = config()
+    tr = trace([(0.0, "m0", 100, 100), (50.0, "m0", 100, 100), (300.0, "m0", 100, 100)])
+    r = Simulator(cfg, costs(cfg), tr, record_decisions=True).run()
+    s = r.summary
+    assert tuple(s) == SUMMARY_KEYS
+    # t=0: a request at zero takes the one standby (A) at once and the pool launches a
+    # replacement (B, 60 s boot). A loads for 10 s: TTFT 10 + 100 tokens / 1000 tok/s
+    # = 10.1 s; done at 10.1 + 100 x 0.01 = 11.1 s.
+    # t=50: hot, TTFT 0.1 s, done at 51.1 s: idle from 51.1.
+    # The keep-alive (100 s) ends at 151.1: released at the next tick, 152 (release 0 s).
+    # t=300: a cold start again, on A (the standby with the lower id): TTFT 10.1 s.
+    assert s["requests"] == 3 and s["cold_starts"] == 2
+    assert s["cold_start_share"] == pytest.approx(2 / 3)
+    assert s["ttft_s"] == {"p50": pytest.approx(10.1), "p90": pytest.approx(10.1), "p99": pytest.approx(10.1)}
+    assert s["activation_timeouts"] == 0 and s["asleep_seconds"] == 0
+    # Serving: A from 0 to 152, and from 300 until the last answer at 311.1 = 163.1 s.
+    assert s["replica_seconds"] == pytest.approx(152 + 11.1)
+    kinds = [(t, type(d).__name__, getattr(d, "reason", None)) for t, d in r.decisions]
+    assert kinds[:2] == [(0.0, "Assign", "demand"), (0.0, "Launch", "standby")]
+    assert (152.0, "Release", "idle") in kinds
+    # Standby: B boots 0-60 and stands by until the tick after A returns (153), when
+    # one of two is in excess and the newest (B) goes: 153 s. A stands by 152-300:
+    # 148 s. The pool replaces A at 300: C boots until the end, 11.1 s.
+    assert (153.0, "Terminate", "excess_standby") in kinds
+    assert s["standby_seconds"] == pytest.approx(153 + 148 + 11.1)
+    # $3.60/h is $0.001/s, for every instance-second.
+    assert s["usd"] == pytest.approx((163.1 + 153 + 148 + 11.1) * 0.001)
+    # SLO 5 s: the hot request met it, the two cold ones did not.
+    assert s["slo_met_share"] == pytest.approx(1 / 3)
+    per = s["per_model"]["m0"]
+    assert per["cold_starts_by_tier"] == {"standby": 2}
+    assert per["cold_start_s"]["p50"] == pytest.approx(10.0)
+
+
+def test_requests_that_wait_past_their_activation_timeout_are_refused() -> None:
+    # No standby and a 200 s boot: the requests at 0 and 20 wait 30 s each for the
+    # instance launched for them, and are refused (503) at 30 and 50. One cold start.
+    cfg = config(standby_min=0, standby_max=0, boot_s=200, activation_timeout_s=30)
+    tr = trace([(0.0, "m0", 10, 10), (20.0, "m0", 10, 10)])
+    r = Simulator(cfg, costs(cfg), tr, record_decisions=True).run()
+    s = r.summary
+    assert s["activation_timeouts"] == 2 and s["cold_starts"] == 1 and s["cold_start_share"] == 1.0
+    assert s["ttft_s"]["p50"] is None and s["slo_met_share"] == 0.0
+    assert [(t, type(d).__name__, d.reason) for t, d in r.decisions[:1]] == [(0.0, "Launch", "demand")]
+    assert s["per_model"]["m0"]["cold_starts_by_tier"] == {}
+
+
+def test_a_full_queue_refuses_requests_beyond_it() -> None:
+    cfg = config(max_queue_length=2, max_concurrency_per_replica=1)
+    tr = trace([(0.0, "m0", 10, 10)] * 5)
+    s = Simulator(cfg, costs(cfg), tr).run().summary
+    assert s["per_model"]["m0"]["queue_full"] == 3
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(k=st.sampled_from([5, 30]), seed_gaps=st.lists(st.lists(st.integers(1, 90), min_size=1, max_size=12),
+                                                        min_size=1, max_size=3))
+def test_fixed_keep_alive_cold_starts_are_the_gaps_longer_than_k(k: int, seed_gaps: list[list[int]]) -> None:
+    # One replica per model, nothing takes time (load, prefill, decode, release all 0)
+    # and a standby is always there: a request is cold exactly when its model's
+    # previous request ended more than K seconds before (plus each model's first).
+    # Integer times and a 1 s tick: the release is at the tick K after the last request.
+    n = len(seed_gaps)
+    cfg = config(n, idle_grace_s=k, standby_min=n, standby_max=n, max_instances=2 * n, boot_s=1)
+    rows, expected = [], 0
+    for i, gaps in enumerate(seed_gaps):
+        t = 0
+        for j, g in enumerate(gaps):
+            t += g
+            rows.append((float(t), f"m{i}", 1, 1))
+            if j == 0 or g > k:
+                expected += 1
+    s = Simulator(cfg, costs(cfg, load_s=0, prefill=math.inf, tpot_s=0), trace(rows)).run().summary
+    assert s["cold_starts"] == expected
+
+
+def _equivalence_cfg(variant: int) -> ThawConfig:
+    base: dict[str, Any] = {"idle_grace_s": 40, "max_replicas": 3, "target_concurrency": 2,
+                            "max_concurrency_per_replica": 4, "downscale_delay_s": 5, "stable_window_s": 20,
+                            "panic_window_s": 4}
+    if variant == 1:
+        base |= {"asleep_ttl_s": 60}
+    elif variant == 2:
+        base |= {"keep_alive": "histogram",
+                 "keep_alive_histogram": {"bin_s": 5, "range_s": 300, "min_samples": 3, "min_cv": 0.5}}
+    elif variant == 3:
+        base |= {"min_replicas": 1, "upscale_delay_s": 3}
+    return config(4, standby_min=1, standby_max=3, max_instances=6, boot_s=25, budget=8.0, **base)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(variant=st.integers(0, 3),
+       arrivals=st.lists(st.tuples(st.floats(0, 400, allow_nan=False), st.integers(0, 3), st.integers(1, 4000),
+                                   st.integers(1, 400)), min_size=1, max_size=60))
+def test_the_fast_mode_makes_the_controllers_decisions(variant: int, arrivals: list[tuple[float, int, int, int]]) -> None:
+    """Judging only the models whose decision can change gives the decisions (and so
+    every figure) of judging every model on every tick, as the controller does."""
+    cfg = _equivalence_cfg(variant)
+    tr = trace([(round(t, 3), f"m{m}", i, o) for t, m, i, o in arrivals])
+    c = costs(cfg, load_s=7, prefill=2000, tpot_s=0.05, release_s=2)
+    fast = Simulator(cfg, c, tr, record_decisions=True).run()
+    exact = Simulator(cfg, c, tr, exact=True, record_decisions=True).run()
+    assert fast.decisions == exact.decisions
+    assert fast.summary == exact.summary
+    assert fast.judged <= exact.judged
+
+
+def test_each_decision_is_what_decide_returns_for_the_same_inputs() -> None:
+    # Record what the simulator hands decide() and replay it: the simulator neither
+    # adds, drops nor alters a decision.
+    cfg = _equivalence_cfg(1)
+    tr = trace([(t * 7.0 % 500, f"m{t % 4}", 500, 100) for t in range(80)])
+    calls: list[tuple[Any, ...]] = []
+
+    import simulator.sim as sim_module
+
+    real = sim_module.decide
+
+    def recording(snap, state, c, now, **kw):  # type: ignore[no-untyped-def]
+        out = real(snap, state, c, now, **kw)
+        calls.append((snap, state, now, kw, out))
+        return out
+
+    sim_module.decide = recording  # type: ignore[assignment]
+    try:
+        r = Simulator(cfg, costs(cfg), tr, record_decisions=True).run()
+    finally:
+        sim_module.decide = real  # type: ignore[assignment]
+    replayed = []
+    for snap, state, now, kw, out in calls:
+        again = decide(snap, state, cfg, now, **kw)
+        assert again == out
+        replayed.extend((now, d) for d in again[0])
+    assert replayed == r.decisions and r.decisions
+
+
+def test_same_inputs_same_output() -> None:
+    cfg = _equivalence_cfg(2)
+    tr = trace([((t * 37) % 1000 + 0.25, f"m{t % 3}", 100 + t, 50) for t in range(150)])
+    a = Simulator(cfg, costs(cfg), tr).run().summary
+    b = Simulator(cfg, costs(cfg), tr).run().summary
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_trace_models_take_the_templates_settings() -> None:
+    cfg = config(1, idle_grace_s=77)
+    tr = trace([(0.0, "other-model", 1, 1), (1.0, "m0", 1, 1)])
+    full = with_trace_models(cfg, tr, "m0")
+    added = full.model("other-model")
+    assert added is not None and added.autoscaling.idle_grace_s == 77 and added.shape == "gpu"
+    with pytest.raises(SimError, match="--model-template"):
+        with_trace_models(cfg, tr, None)
+    with pytest.raises(SimError, match="not a configured model"):
+        with_trace_models(cfg, tr, "nope")
+
+
+def test_default_costs_come_from_the_planner() -> None:
+    cfg = config()
+    c = cost_model(cfg).models["m0"]
+    # Llama 3.1 8B in bf16: 8.03e9 x 2 B = 16.06 GB; streamed at 2 GB/s + 5 s engine start.
+    assert c.weights_gib == pytest.approx(16.06e9 / 2**30, rel=0.01)
+    assert c.standby_load_s == pytest.approx(16.06 / 2 + 5, rel=0.01)
+    assert c.prefill_tokens_per_s > 1000 and 0 < c.tpot_s < 1
+
+
+def test_the_cli_writes_the_summary(tmp_path: Path) -> None:
+    from thaw.cli.main import main
+
+    cfg_file = tmp_path / "thaw.yaml"
+    cfg_file.write_text(json.dumps(json.loads(config().model_dump_json(exclude={"data_dir"}))))
+    tr_file = tmp_path / "trace.csv"
+    tr_file.write_text("timestamp,model,tenant,input_tokens,output_tokens\n0,m0,t,10,10\n5,m9,t,10,10\n")
+    out = tmp_path / "out"
+    assert main(["simulate", "--trace", str(tr_file), "--config", str(cfg_file), "--model-template", "m0",
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert tuple(summary) == SUMMARY_KEYS and summary["requests"] == 2
+    assert set(summary["per_model"]) == {"m0", "m9"}
+    assert json.loads((out / "run.json").read_text())["trace"]["requests"] == 2
+    # Without a template, the trace's unknown model is an error naming the fix.
+    assert main(["simulate", "--trace", str(tr_file), "--config", str(cfg_file), "--out", str(out)]) == 2
+    assert not math.isnan(summary["usd"])
+
+
+def test_prepare_refuses_a_shape_the_planner_does_not_know() -> None:
+    cfg = ThawConfig.model_validate({
+        "shapes": [{"name": "cpu", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8,
+                    "price_per_hour_usd": 0}],
+        "models": [{"name": "m0", "uri": "s3://thaw/m0", "shape": "cpu"}],
+    })
+    from simulator.costs import CostError
+
+    with pytest.raises(CostError, match="costs file"):
+        prepare(cfg, trace([(0.0, "m0", 1, 1)]))
