@@ -608,6 +608,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--controller", metavar="URL", default=None)
     p.add_argument("--since", default="1h", help="epoch seconds, ISO time, or a duration back (default 1h)")
     p.add_argument("--json", action="store_true")
+    from thaw.cli import simulate as simulate_cli
+
+    p = add(pl_sub, "recommend", "Sweep warm-pool settings on a request trace and print the cheapest config "
+            "that meets a TTFT p99 target.", simulate_cli.cmd_recommend, with_common=False)
+    simulate_cli.add_recommend_arguments(p)
     budget = pl_sub.add_parser("budget", help="Show or change standby bands and budgets at run time.")
     b_sub = budget.add_subparsers(dest="budget_command", metavar="SUBCOMMAND", required=True)
     p = add(b_sub, "show", "Each pool's standby band and budget, and the budget across all pools.",

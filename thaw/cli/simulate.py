@@ -53,6 +53,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         description="Read a public trace, optionally reshape it, and write it as generic CSV."))
 
 
+def add_recommend_arguments(p: argparse.ArgumentParser) -> None:
+    """`thaw pool recommend`: a run's inputs, the target and the sweep's ranges."""
+    from simulator import sweep
+
+    add_trace_arguments(p)
+    sweep.add_recommend_arguments(p)
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    """`thaw pool recommend`: sweep on the trace, print the cheapest config that meets the target."""
+    from simulator import sweep
+
+    inputs = load_inputs(args)
+    if isinstance(inputs, int):
+        return inputs
+    # The fragment names the file's models, not the copies made for trace models.
+    configured = [m.name for m in load_config(args.config).models]
+    return sweep.recommend(args, inputs, configured)
+
+
 def load_inputs(args: argparse.Namespace) -> Inputs | int:
     """The run's inputs from the arguments, or an exit code (the error printed)."""
     if not args.trace or not args.config:
