@@ -440,9 +440,8 @@ class Simulator:
             return False
         if last.target != current:
             # A request at zero found no standby: nothing changes for it until a worker
-            # of its shape does, or the pools are judged (they count what it waits for).
-            return (current == 0 and demand > 0 and not self.pools_dirty
-                    and m.cfg.shape not in self.changed_now)
+            # of its shape does (the pools count the launch it waits for meanwhile).
+            return current == 0 and demand > 0 and m.cfg.shape not in self.changed_now
         keep, _ = self._keep(m, ms, t)
         if not (demand > 0 or keep):
             # Idle and let go: the target is min_replicas, whatever the windows say.
@@ -528,7 +527,6 @@ class Simulator:
             judge = self.models
         else:
             judge = []
-            waiting_settled: list[tuple[_Model, ModelState]] = []
             for m in sorted(dirty | self.watch | self.touched | self.waiting, key=lambda m: m.idx):
                 if m in dirty:
                     judge.append(m)
@@ -540,16 +538,7 @@ class Simulator:
                 if not self._settled(m, ms, t):
                     judge.append(m)  # decide() does the bookkeeping itself
                     continue
-                if m in self.waiting:
-                    waiting_settled.append((m, ms))
-                    continue
                 self._keep_settled(m, ms, t)
-            if waiting_settled and (judge or self.pools_dirty):
-                # The pools will be judged: they count every model waiting for a standby.
-                judge = sorted(judge + [m for m, _ in waiting_settled], key=lambda m: m.idx)
-            else:
-                for m, ms in waiting_settled:
-                    self._keep_settled(m, ms, t)
         if judge or self.pools_dirty:
             self._judge(judge, t)
 

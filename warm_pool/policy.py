@@ -108,6 +108,10 @@ class ModelState:
     # cold start, counted once for the standby sizer (not once per tick it lasts), and
     # first in line for a standby (the longest waiting first).
     at_zero_since: float | None = None
+    # Replicas it wanted at its last judgement that no standby (nor reclaimed asleep
+    # worker) could give: launches for demand. Counted for the pools even on a tick
+    # that does not judge the model (the simulator's), as the controller would count it.
+    unmet: int = 0
 
 
 @dataclass(frozen=True)
@@ -300,15 +304,10 @@ def decide(
     cold_now: dict[str, int] = {}
     # Models whose requests wait at zero take the free standbys first, the longest
     # waiting first; the others follow in config order.
-    def waited(i: int) -> tuple[float, int]:
-        since = models[cfg.models[i].name].at_zero_since if cfg.models[i].name in models else None
-        return (since if since is not None else float("inf"), i)
-
-    order = range(len(cfg.models))
-    if any(ms.at_zero_since is not None for ms in models.values()):
-        order = sorted(order, key=waited)  # type: ignore[assignment]
-    for i in order:
-        m = cfg.models[i]
+    waiting = sorted((ms.at_zero_since, name) for name, ms in models.items() if ms.at_zero_since is not None)
+    first = [cfg.model(name) for _, name in waiting]
+    first_names = {name for _, name in waiting}
+    for m in [*(m for m in first if m is not None), *(m for m in cfg.models if m.name not in first_names)]:
         if only is not None and m.name not in only:
             continue
         act = snap.activity.get(m.name, ModelActivity())
@@ -331,8 +330,11 @@ def decide(
         models[m.name] = ms = evolve(ms, scale=scale, last_scale=result, keep_alive=window,
                                      at_zero_since=at_zero_since)
         want = result.target
+        unmet = 0
         if len(replicas) < want:
             if now < ms.backoff_until:
+                if ms.unmet:
+                    models[m.name] = evolve(ms, unmet=0)
                 continue
             reason: AssignReason = ("demand" if act.demand and not replicas else
                       "prewarm" if not act.demand and not replicas and want > a.min_replicas else
@@ -353,7 +355,10 @@ def decide(
                     n_assign -= 1
                     if not reclaim(m.shape, m.name):
                         launches_for_demand[m.shape] = launches_for_demand.get(m.shape, 0) + 1
-        elif len(replicas) > want:
+                        unmet += 1
+        if unmet != ms.unmet:
+            models[m.name] = ms = evolve(ms, unmet=unmet)
+        if len(replicas) > want:
             # Release loading replicas first (nobody waits on them), then the newest ready;
             # a model going idle with an asleep tier puts its ready ones to sleep instead.
             extra = len(replicas) - want
@@ -370,6 +375,13 @@ def decide(
     assigned_now = {d.worker_id for d in decisions if isinstance(d, Assign)}
     if not pools and not decisions and not launches_for_demand:
         return decisions, PolicyState(models=models, assignments=n_assign, epoch=state.epoch, pools=state.pools)
+    if only is not None:
+        # Models not judged this tick still wait for the launches they asked for.
+        for name, ms in models.items():
+            if ms.unmet and name not in only:
+                m_cfg = cfg.model(name)
+                if m_cfg is not None:
+                    launches_for_demand[m_cfg.shape] = launches_for_demand.get(m_cfg.shape, 0) + ms.unmet
     pool_states = dict(state.pools)
     asks: list[PoolAsk] = []
     for pool in cfg.pools:

@@ -671,7 +671,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_cli.add_arguments(p)
 
     # Commands whose arguments live with their code (light imports only at parser time).
-    from loadtests import bench_activator, bench_cold_start, bench_stream
+    from loadtests import bench_activator, bench_cold_start, bench_simulate, bench_stream
     from thaw.cli import snapshot as snapshot_cli
 
     bench = sub.add_parser("bench", help="Run a benchmark (baseline and Thaw in one run) and write JSON.")
@@ -680,6 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("cold-start", bench_cold_start, "Request at zero to first token: plain vLLM from S3 vs Thaw's tiers."),
         ("stream", bench_stream, "Weights from the store: ceiling vs Thaw's streamer vs runai vs boto3+safetensors."),
         ("activator", bench_activator, "What the activator adds in front of a replica, with vllm-router as a peer."),
+        ("simulate", bench_simulate, "Simulated requests per second on a long many-model trace, fast vs exact mode."),
     ):
         p = add(b_sub, name, help_, mod.run)
         mod.add_arguments(p)
