@@ -584,12 +584,12 @@ class Simulator:
             self.decisions.append((t, d))
         if isinstance(d, Assign):
             w = self.workers[d.worker_id]
-            m = self.by_name[d.model]
+            target = self.by_name[d.model]
             w.tier = "asleep" if w.state == "asleep" else "standby"
-            if m.cold_open and m.cold_tier is None:
-                m.cold_tier = w.tier
-            self._set(w, "loading", t, model=m, aid=d.assignment_id, since=t)
-            self._after(w, m.costs.load_s(w.tier))
+            if target.cold_open and target.cold_tier is None:
+                target.cold_tier = w.tier
+            self._set(w, "loading", t, model=target, aid=d.assignment_id, since=t)
+            self._after(w, target.costs.load_s(w.tier))
         elif isinstance(d, Release):
             w = self.workers[d.worker_id]
             m = w.model
