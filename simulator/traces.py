@@ -46,7 +46,7 @@ import json
 import math
 import zlib
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from itertools import islice, repeat
@@ -435,21 +435,33 @@ def _parse_time(s: str) -> datetime:
     return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt
 
 
+def _csv_rows(path: Path, f: TextIO, required: Sequence[str],
+              fmt: str) -> tuple[dict[str, int], Iterator[tuple[int, list[str]]]]:
+    """The header's column indexes, and the non-blank rows with their line numbers (a
+    row of the wrong width is an error naming its line)."""
+    reader = csv.reader(f)
+    header = [h.strip() for h in next(reader, [])]
+    idx = _columns(path, header, required, fmt)
+
+    def rows() -> Iterator[tuple[int, list[str]]]:
+        for row in reader:
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise TraceError(path, reader.line_num, f"expected {len(header)} fields, got {len(row)}")
+            yield reader.line_num, row
+
+    return idx, rows()
+
+
 def _read_azure(path: Path, opts: _Options) -> Trace:
     times: list[datetime] = []
     inp: list[int] = []
     out: list[int] = []
     with _open(path) as f:
-        reader = csv.reader(f)
-        header = [h.strip() for h in next(reader, [])]
-        idx = _columns(path, header, AZURE_COLUMNS, "azure")
+        idx, rows = _csv_rows(path, f, AZURE_COLUMNS, "azure")
         i_t, i_in, i_out = (idx[c] for c in AZURE_COLUMNS)
-        for row in reader:
-            line = reader.line_num
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise TraceError(path, line, f"expected {len(header)} fields, got {len(row)}")
+        for line, row in rows:
             try:
                 times.append(_parse_time(row[i_t]))
             except ValueError:
@@ -533,16 +545,9 @@ def _read_servegen(path: Path, opts: _Options) -> Trace:
     keys: list[tuple[str, str]] = []
     all_models: set[str] = set()
     with _open(path) as f:
-        reader = csv.reader(f)
-        header = [h.strip() for h in next(reader, [])]
-        idx = _columns(path, header, SERVEGEN_COLUMNS, "servegen")
+        idx, rows = _csv_rows(path, f, SERVEGEN_COLUMNS, "servegen")
         i_m, i_c, i_t, i_r, i_p, i_a1, i_a2 = (idx[c] for c in SERVEGEN_COLUMNS)
-        for row in reader:
-            line = reader.line_num
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise TraceError(path, line, f"expected {len(header)} fields, got {len(row)}")
+        for line, row in rows:
             start = _number(path, line, row[i_t], "timestamp")
             rate = _number(path, line, row[i_r], "rate")
             name = row[i_p].strip()
