@@ -26,6 +26,7 @@ never more than ``max_instances`` in all.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Literal
@@ -253,6 +254,7 @@ def decide(
     """
     decisions: list[Decision] = []
     models = dict(state.models)
+    by_name = {m.name: m for m in cfg.models}
     n_assign = state.assignments
     tag = f"{state.epoch}-" if state.epoch else ""
     free: dict[str, list[WorkerView]] = {}
@@ -278,7 +280,7 @@ def decide(
     asleep: dict[str, list[WorkerView]] = {}
     gone: set[str] = set()  # asleep workers released this tick
     for w in sorted((w for w in snap.workers if w.state == "asleep"), key=lambda w: (w.since or 0.0, w.id)):
-        m_cfg = cfg.model(w.model) if w.model else None
+        m_cfg = by_name.get(w.model) if w.model else None
         ttl = m_cfg.autoscaling.asleep_ttl_s if m_cfg else 0.0
         if m_cfg is None or ttl <= 0 or (w.since is not None and now - w.since >= ttl):
             decisions.append(Release(w.id, w.model, "asleep_expired"))
@@ -304,12 +306,12 @@ def decide(
     cold_now: dict[str, int] = {}
     # Models whose requests wait at zero take the free standbys first, the longest
     # waiting first; the others follow in config order.
-    waiting = sorted((ms.at_zero_since, name) for name, ms in models.items() if ms.at_zero_since is not None)
-    first = [cfg.model(name) for _, name in waiting]
-    first_names = {name for _, name in waiting}
-    for m in [*(m for m in first if m is not None), *(m for m in cfg.models if m.name not in first_names)]:
-        if only is not None and m.name not in only:
-            continue
+    judged = cfg.models if only is None else [m for m in cfg.models if m.name in only]
+    waited = {m.name: since for m in judged
+              if (ms := models.get(m.name)) is not None and (since := ms.at_zero_since) is not None}
+    if waited:
+        judged = sorted(judged, key=lambda m: waited.get(m.name, math.inf))  # stable: config order after
+    for m in judged:
         act = snap.activity.get(m.name, ModelActivity())
         replicas = [w for w in snap.workers if w.model == m.name and w.state in _SERVING]
         ready = [w for w in replicas if w.state == "ready"]
@@ -379,7 +381,7 @@ def decide(
         # Models not judged this tick still wait for the launches they asked for.
         for name, ms in models.items():
             if ms.unmet and name not in only:
-                m_cfg = cfg.model(name)
+                m_cfg = by_name.get(name)
                 if m_cfg is not None:
                     launches_for_demand[m_cfg.shape] = launches_for_demand.get(m_cfg.shape, 0) + ms.unmet
     pool_states = dict(state.pools)
