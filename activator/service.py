@@ -224,8 +224,9 @@ class CompletionService:
         st = self.routes.routes[model.name]
         st.last_request_at = self.clock()
         st.arrivals += 1
-        # No ready replica: this request is part of a cold start, answered or not.
-        ctx.cold = self.routes.pick(model.name) is None
+        # No ready replica: this request is part of a cold start, answered or not. (All
+        # replicas busy is not a cold start: it waits in the fair queue, as hot traffic.)
+        ctx.cold = not st.replicas
         key = prefix_key(kind, body)
         try:
             acquired = await self.routes.acquire(model, ctx.arrival, key, ctx.tenant or "")

@@ -543,3 +543,32 @@ async def test_fair_queue_round_robins_tenants_when_saturated(tmp_path: Path) ->
     await app.state.routes.close()
     await app.state.service.close()
     app.state.ledger.close()
+
+
+async def test_a_request_that_waits_for_a_busy_replica_is_not_a_cold_start(tmp_path: Path) -> None:
+    from activator.ledger import query_usage
+
+    data = make_config(tmp_path).model_dump(mode="json")
+    data["models"][0]["autoscaling"].update({"max_concurrency_per_replica": 1, "activation_timeout_s": 0.3})
+    app = create_app(parse_config(data), f"http://127.0.0.1:{free_port()}", activator_id="t7")
+    slow = FakeEngine("slow", tokens=3)
+    slow.token_delay_s = 0.5
+    async with app.router.lifespan_context(app):
+        with serve(slow) as url:
+            app.state.routes.apply(table(1, [replica(url)]))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act",
+                                         timeout=60) as client:
+                body = {"model": "thaw-demo", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+                h = {"Authorization": f"Bearer {KEY}"}
+                first = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=h))
+                for _ in range(100):
+                    if app.state.routes.routes["demo"].replicas[0].outstanding:
+                        break
+                    await asyncio.sleep(0.01)
+                # The one slot is taken: this one waits 0.3 s for it, then gets 503.
+                second = await client.post("/v1/chat/completions", json=body, headers=h)
+                assert (await first).status_code == 200
+        assert second.status_code == 503 and second.headers.get("retry-after")
+        assert second.headers["x-thaw-cold-start"] == "false"
+        rows = query_usage(app.state.cfg.ledger_path)
+        assert sorted((r["status"], r["cold_start"]) for r in rows) == [(200, 0), (503, 0)]
