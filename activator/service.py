@@ -238,14 +238,14 @@ class CompletionService:
             ctx.enqueued_at = ctx.arrival  # demand is signalled as the request is queued
         st.in_flight += 1
         try:
-            upstream, replica = await self._send(model, kind, body, acquired, ctx)
+            upstream, replica, first, rest = await self._send(model, kind, body, acquired, ctx, stream=stream)
         except BaseException:
             st.in_flight -= 1
             raise
         ctx.replica = replica.assignment_id or replica.worker_id
         if not stream:
             return await self._respond_whole(model, upstream, replica, ctx)
-        return self._respond(model, upstream, replica, client_wants_usage, ctx)
+        return self._respond(model, upstream, replica, client_wants_usage, ctx, first, rest)
 
     async def admit(self, tenant: str, principal: Principal, model: Model, kind: Kind, body: dict[str, Any],
                     ctx: RequestContext) -> None:
@@ -277,9 +277,13 @@ class CompletionService:
         ctx.rate_headers = ctx.admission.headers
 
     async def _send(
-        self, model: Model, kind: Kind, body: dict[str, Any], acquired: Acquired, ctx: RequestContext
-    ) -> tuple[httpx.Response, Replica]:
-        """Send upstream; a replica that fails before answering is dropped and another tried once."""
+        self, model: Model, kind: Kind, body: dict[str, Any], acquired: Acquired, ctx: RequestContext,
+        *, stream: bool = False,
+    ) -> tuple[httpx.Response, Replica, bytes, AsyncIterator[bytes] | None]:
+        """Send upstream; a replica that fails before its first byte is dropped and another
+        tried once. For a stream, the first chunk of the body is read here: a replica that
+        sends its headers and dies before any of its body is a failure before the first
+        byte too (retried), not a 200 the client would see cut short."""
         replica = acquired.replica
         for attempt in (1, 2):
             payload = {**body, "model": replica.served_model_name}
@@ -288,7 +292,16 @@ class CompletionService:
                 headers={"x-request-id": ctx.request_id},
             )
             try:
-                return await self._http.send(req, stream=True), replica
+                resp = await self._http.send(req, stream=True)
+                if not stream:
+                    return resp, replica, b"", None
+                rest = resp.aiter_raw()
+                try:
+                    first = await anext(rest, b"")
+                except BaseException:
+                    await resp.aclose()
+                    raise
+                return resp, replica, first, rest
             except BaseException as exc:
                 # Whatever happened (a dead replica, a cancelled client), the slot is free.
                 self.routes.release(model.name, replica)
@@ -333,7 +346,7 @@ class CompletionService:
 
     def _respond(
         self, model: Model, upstream: httpx.Response, replica: Replica, client_wants_usage: bool,
-        ctx: RequestContext,
+        ctx: RequestContext, first: bytes = b"", rest: AsyncIterator[bytes] | None = None,
     ) -> Response:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
         headers.update(ctx.response_headers())
@@ -355,9 +368,15 @@ class CompletionService:
                 ctx.cancelled = not tap.saw_done
                 await self.record(ctx)
 
+        async def chunks() -> AsyncIterator[bytes]:
+            if first:
+                yield first
+            async for chunk in rest if rest is not None else upstream.aiter_raw():
+                yield chunk
+
         async def body_iter() -> AsyncIterator[bytes]:
             try:
-                async for chunk in upstream.aiter_raw():
+                async for chunk in chunks():
                     if ctx.first_byte_at is None:
                         self._first_byte(model, replica, ctx)
                     # The events of one upstream read go out in one write.

@@ -572,3 +572,26 @@ async def test_a_request_that_waits_for_a_busy_replica_is_not_a_cold_start(tmp_p
         assert second.headers["x-thaw-cold-start"] == "false"
         rows = query_usage(app.state.cfg.ledger_path)
         assert sorted((r["status"], r["cold_start"]) for r in rows) == [(200, 0), (503, 0)]
+
+
+async def test_a_replica_that_dies_after_its_headers_before_any_body_is_retried(
+    activator: tuple[Any, httpx.AsyncClient], engine: tuple[FakeEngine, str]
+) -> None:
+    app, client = activator
+    _, url = engine
+    headless = FakeEngine("headless", tokens=5, die_after_chunks=0)  # 200 headers, then it dies
+    with serve(headless) as dying_url:
+        app.state.routes.apply(table(1, [replica(dying_url, "w0", "demo-0"), replica(url, "w1", "demo-1")]))
+        for r_ in app.state.routes.routes["demo"].replicas:
+            r_.outstanding = 0 if r_.url == dying_url else 5  # the dying one is picked first
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                              headers={"Authorization": f"Bearer {KEY}"})
+        # Served whole by the other replica; the dying one is no longer used.
+        assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n") and "tok4" in r.text
+        assert [x.url for x in app.state.routes.routes["demo"].replicas] == [url]
+        # With only a dying replica, the client gets an error in OpenAI's shape, not a
+        # 200 cut short.
+        app.state.routes.apply(table(2, [replica(dying_url, "w0", "demo-0")]))
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                              headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code >= 500 and r.json()["error"]["message"]
