@@ -12,7 +12,7 @@ set -euo pipefail
 : "${THAW_WORKER_ID:?must be set: the worker id the controller launched this instance for}"
 : "${THAW_WORKER_PORT:?must be set: the port thaw worker listens on}"
 : "${THAW_TOKEN_SSM_PARAMETER:?must be set: the name of the SSM parameter holding the cluster token}"
-THAW_PACKAGE="${THAW_PACKAGE:-thaw[gpu]}"
+THAW_PACKAGE="${THAW_PACKAGE:-thaw-serve[gpu]}"
 # Optional: an s3:// URI of the Thaw config file, fetched with the instance role. Without
 # it the worker reads /etc/thaw/thaw.yaml if the AMI has one.
 THAW_CONFIG_URI="${THAW_CONFIG_URI:-}"

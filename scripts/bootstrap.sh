@@ -35,6 +35,8 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     # transformers imports ("operator torchvision::nms does not exist"); vLLM's text
     # models need none of them.
     "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    # Venvs made before the distribution was renamed thaw-serve still hold it as "thaw".
+    "$VENV/bin/python" -m pip uninstall -q -y thaw 2>/dev/null || true
     "$VENV/bin/python" -c "import vllm, torch, thaw" \
         || { echo "thaw: the installed environment does not import; see the errors above" >&2; exit 1; }
     echo "$WANT" > "$STAMP"

@@ -47,7 +47,7 @@ def test_script_is_shellcheck_clean() -> None:
 def test_user_data_is_shellcheck_clean(tmp_path: Path) -> None:
     # Values as a deployment has them (a literal $ in one draws shellcheck's SC2016 note;
     # quoting with $ in values is checked by running the script below).
-    values = {**VALUES, "THAW_CONTROLLER_URL": "http://10.0.0.5:8100", "THAW_PACKAGE": "thaw[gpu]==0.1.0"}
+    values = {**VALUES, "THAW_CONTROLLER_URL": "http://10.0.0.5:8100", "THAW_PACKAGE": "thaw-serve[gpu]==0.1.0"}
     user_data = tmp_path / "user-data"
     user_data.write_text(render_user_data(SCRIPT.read_text(), values))
     r = subprocess.run([shellcheck(), str(user_data)], capture_output=True, text=True)
@@ -143,7 +143,7 @@ def test_writes_and_starts_the_worker_unit(tmp_path: Path, package: str | None, 
     # IMDSv2: the metadata reads carry the session token from the PUT.
     assert "-X PUT" in log[0] and all("X-aws-ec2-metadata-token: imds-session" in c for c in log[1:4])
     assert f"python -m venv {venv}" in log
-    assert f"python -m pip install --quiet {package or 'thaw[gpu]'}" in log
+    assert f"python -m pip install --quiet {package or 'thaw-serve[gpu]'}" in log
     assert log[-2:] == ["systemctl daemon-reload", "systemctl enable --now thaw-worker.service"]
     if config_uri:
         assert f"python - {config_uri} {config}" in log and config.read_text() == f"fetched: {config_uri}\n"

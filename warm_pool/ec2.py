@@ -97,7 +97,7 @@ class Ec2Provider:
         """``token_ssm_parameter`` is the parameter's name; workers read the token there.
         ``bootstrap_script`` defaults to ``infra/worker-bootstrap.sh`` in the source
         tree (pass it when the package is installed without it). ``package`` is the
-        pip spec workers install (the script's default: ``thaw[gpu]``); ``config_uri`` the
+        pip spec workers install (the script's default: ``thaw-serve[gpu]``); ``config_uri`` the
         s3:// URI of the config file they fetch (else the AMI's). ``page_size``
         sets DescribeInstances' MaxResults. ``on_client`` sees each new EC2 client
         before its first call: a hook for tests to register botocore event handlers.

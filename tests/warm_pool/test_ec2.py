@@ -27,7 +27,7 @@ async def test_launch_tags_user_data_and_first_choice(aws: Aws, monkeypatch: pyt
     # A token where a careless provider might pick it up; it must not reach user data.
     token = "tok-3f9c2e7d1a5b4c8e"
     monkeypatch.setenv("THAW_CLUSTER_TOKEN", token)
-    provider = aws.provider(package="thaw[gpu]==0.1.0", config_uri="s3://thaw-test/thaw.yaml")
+    provider = aws.provider(package="thaw-serve[gpu]==0.1.0", config_uri="s3://thaw-test/thaw.yaml")
     try:
         inst = await provider.launch("gpu", "w-1")
     finally:
@@ -51,7 +51,7 @@ async def test_launch_tags_user_data_and_first_choice(aws: Aws, monkeypatch: pyt
     assert "THAW_CONTROLLER_URL=http://controller.internal:8100" in user_data
     assert f"THAW_TOKEN_SSM_PARAMETER={TOKEN_PARAM}" in user_data
     for line in ("THAW_CLUSTER=" + aws.cluster, "THAW_SHAPE=gpu", "THAW_WORKER_ID=w-1", "THAW_WORKER_PORT=8200",
-                 "THAW_PACKAGE='thaw[gpu]==0.1.0'", "THAW_CONFIG_URI=s3://thaw-test/thaw.yaml"):
+                 "THAW_PACKAGE='thaw-serve[gpu]==0.1.0'", "THAW_CONFIG_URI=s3://thaw-test/thaw.yaml"):
         assert f"\n{line}\n" in user_data
     # The token's name is there; no token value and no variable that would hold one.
     assert token not in user_data

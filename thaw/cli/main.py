@@ -30,7 +30,7 @@ class CliError(Exception):
 
 def _version() -> str:
     try:
-        return version("thaw")
+        return version("thaw-serve")
     except PackageNotFoundError:
         return "0+unknown"
 
