@@ -114,27 +114,23 @@ def keep_alive_arg(text: str) -> tuple[KeepAlive, ...]:
     return _comma_list(text, "keep-alive", one)
 
 
+def _whole(what: str, s: str, minimum: int) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what}: {s!r} is not a whole number") from None
+    if v < minimum:
+        raise argparse.ArgumentTypeError(f"{what}: {s!r} must be >= {minimum}")
+    return v
+
+
 def counts_arg(text: str) -> tuple[int, ...]:
     """``0,2,8`` → whole numbers >= 0."""
-    def one(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"standby-max: {s!r} is not a whole number") from None
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"standby-max: {s!r} must be >= 0")
-        return v
-    return _comma_list(text, "standby-max", one)
+    return _comma_list(text, "standby-max", lambda s: _whole("standby-max", s, 0))
 
 
 def positive_int_arg(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return v
+    return _whole("value", text, 1)
 
 
 def positive_float_arg(text: str) -> float:

@@ -308,7 +308,7 @@ def decide(
     # waiting first; the others follow in config order.
     judged = cfg.models if only is None else [m for m in cfg.models if m.name in only]
     waited = {m.name: since for m in judged
-              if (ms := models.get(m.name)) is not None and (since := ms.at_zero_since) is not None}
+              if (prev := models.get(m.name)) is not None and (since := prev.at_zero_since) is not None}
     if waited:
         judged = sorted(judged, key=lambda m: waited.get(m.name, math.inf))  # stable: config order after
     for m in judged:
