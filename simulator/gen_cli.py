@@ -127,13 +127,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         trace = handler(args)
     except TraceError as exc:
-        return _fail(str(exc), EXIT_FAILED)
+        return fail(str(exc), EXIT_FAILED)
     except ValueError as exc:
-        return _fail(str(exc), EXIT_INVALID)
+        return fail(str(exc), EXIT_INVALID)
     try:
         write_generic(trace, args.out)
     except OSError as exc:
-        return _fail(f"cannot write {args.out}: {exc.strerror or exc}", EXIT_FAILED)
+        return fail(f"cannot write {args.out}: {exc.strerror or exc}", EXIT_FAILED)
     print(f"wrote {args.out}: {summary(trace)}")
     return EXIT_OK
 
@@ -201,7 +201,8 @@ def _convert(args: argparse.Namespace) -> Trace:
 _COMMANDS: dict[str, Callable[[argparse.Namespace], Trace]] = {"gen": _gen, "convert": _convert}
 
 
-def _fail(message: str, code: int) -> int:
+def fail(message: str, code: int) -> int:
+    """Print ``thaw: error: message`` and return the exit code (the CLI's one error line)."""
     print(f"thaw: error: {message}", file=sys.stderr)
     return code
 

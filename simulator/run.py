@@ -12,10 +12,10 @@ from typing import Any
 from simulator.costs import CostModel, cost_model, read_overrides
 from simulator.sim import SimResult, Simulator
 from simulator.traces import Trace
-from thaw.config import ThawConfig
+from thaw.config import NAME_PATTERN, ThawConfig
 
 DEFAULT_TTFT_SLO_S = 5.0
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_NAME = re.compile(NAME_PATTERN)
 
 
 class SimError(ValueError):

@@ -48,6 +48,7 @@ from typing import Any, Literal, TypeVar, get_args
 import yaml
 from pydantic import ValidationError
 
+from simulator.gen_cli import fail
 from simulator.run import Inputs, simulate
 from thaw.config import Autoscaling, Pool, ThawConfig, format_errors
 
@@ -527,8 +528,7 @@ def _sweep(args: argparse.Namespace, inputs: Inputs) -> tuple[list[Point], Axes,
     variants = [*baseline_variants(), *sweep_variants(axes)]
     problem = check_variants(inputs.cfg, variants, inputs.trace.models)
     if problem:
-        print(f"thaw: error: {problem}", file=sys.stderr)
-        return EXIT_INVALID
+        return fail(problem, EXIT_INVALID)
     t0 = time.perf_counter()
     points = run_variants(inputs, variants, args.jobs)
     return points, axes, time.perf_counter() - t0

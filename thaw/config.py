@@ -28,7 +28,8 @@ from pydantic import (
     model_validator,
 )
 
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 S3Uri = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")]
 Sha256Hex = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 

@@ -76,24 +76,24 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 def load_inputs(args: argparse.Namespace) -> Inputs | int:
     """The run's inputs from the arguments, or an exit code (the error printed)."""
     if not args.trace or not args.config:
-        return _fail("--trace FILE and --config FILE are required", EXIT_INVALID)
+        return gen_cli.fail("--trace FILE and --config FILE are required", EXIT_INVALID)
     if args.tick_s <= 0 or args.ttft_slo_s <= 0:
-        return _fail("--tick-s and --ttft-slo-s must be > 0", EXIT_INVALID)
+        return gen_cli.fail("--tick-s and --ttft-slo-s must be > 0", EXIT_INVALID)
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
-        return _fail(str(exc), EXIT_INVALID)
+        return gen_cli.fail(str(exc), EXIT_INVALID)
     try:
         trace = read_trace(args.trace, args.format, seed=args.seed, servegen_model_per=args.servegen_model_per)
     except (TraceError, OSError) as exc:
-        return _fail(str(exc), EXIT_FAILED)
+        return gen_cli.fail(str(exc), EXIT_FAILED)
     if not len(trace):
-        return _fail(f"{args.trace}: the trace has no requests", EXIT_INVALID)
+        return gen_cli.fail(f"{args.trace}: the trace has no requests", EXIT_INVALID)
     try:
         return prepare(cfg, trace, template=args.model_template, catalog_model=args.catalog_model,
                        costs_file=args.costs, ttft_slo_s=args.ttft_slo_s, tick_s=args.tick_s)
     except (SimError, CostError) as exc:
-        return _fail(str(exc), EXIT_INVALID)
+        return gen_cli.fail(str(exc), EXIT_INVALID)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,8 +119,3 @@ def run(args: argparse.Namespace) -> int:
           f"TTFT p99 {p['p99'] if p['p99'] is not None else float('nan'):.2f} s, ${s['usd']:.2f}; "
           f"wrote {args.out}/summary.json", file=sys.stderr)
     return 0
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"thaw: error: {message}", file=sys.stderr)
-    return code
