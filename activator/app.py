@@ -28,28 +28,37 @@ from activator.errors import (
     error_response,
     internal_error_response,
 )
-from activator.keys import snapshot as keys_snapshot
-from activator.ledger import Ledger, parse_time, query_usage, usage_totals
+from activator.keys import KeyCache
+from activator.keys import split as split_keys
+from activator.ledger import Ledger, parse_time, usage_totals
+from activator.limits import build_limiter
 from activator.metrics import ActivatorMetrics
+from activator.protocol import ERROR_RESPONSES, add_request_schemas, request_body
 from activator.routing import RouteWatcher
 from activator.service import CompletionService, Kind, RequestContext, request_id_from
+from activator.shipping import S3Client, UsageShipper
 from activator.tokens import FileFetcher, TokenCounter
+from activator.usage_store import UsageReader, read_usage
 from thaw.config import ThawConfig
 from thaw.log import bind_request, get_logger
+from thaw.wire import KeyTable
 
 log = get_logger()
 
 
 def create_app(
     cfg: ThawConfig, pool_url: str, *, activator_id: str | None = None, store_fetcher: FileFetcher | None = None,
-    token: str | None = None,
+    token: str | None = None, usage_client: S3Client | None = None,
 ) -> FastAPI:
     """The activator. ``store_fetcher`` reads a model's tokenizer files from the store
     (for prompt lengths); without it, prompt lengths are estimated and not checked.
-    ``token``: the cluster token its calls to the controller carry."""
+    ``token``: the cluster token its calls to the controller carry. ``usage_client``:
+    the store that its ledger is shipped to and fleet usage read from (none: /v1/usage
+    answers from this activator's ledger alone)."""
     registry = CollectorRegistry()
     metrics = ActivatorMetrics(registry)
-    ledger = Ledger(cfg.ledger_path, group_window_s=cfg.ledger.group_window_ms / 1000)
+    activator_id = activator_id or f"activator-{uuid.uuid4().hex[:8]}"
+    ledger = Ledger(cfg.ledger_path_for(activator_id), group_window_s=cfg.ledger.group_window_ms / 1000)
 
     def on_replica(up: bool, replica: str, model: str, at: float) -> None:
         if up:
@@ -59,25 +68,42 @@ def create_app(
         else:
             ledger.replica_down(replica, at)
 
-    routes = RouteWatcher(cfg.models, pool_url, activator_id or f"activator-{uuid.uuid4().hex[:8]}",
-                          token=token, on_replica=on_replica)
-    tokens = TokenCounter(store_fetcher) if store_fetcher is not None else None
-    service = CompletionService(cfg, Authenticator.from_config(cfg), routes, metrics, ledger, tokens)
+    # Keys added or revoked with `thaw tenants` (at the controller): the last table this
+    # activator was sent holds until the controller sends another, across restarts too.
+    auth = Authenticator.from_config(cfg)
+    key_cache = KeyCache(cfg.activator_dir(activator_id))
+    known_keys = key_cache.load()
+    if known_keys is not None:
+        auth.update_dynamic(*split_keys(known_keys))
 
-    async def refresh_keys() -> None:
-        # Keys added or revoked with `thaw tenants` take effect within a second.
-        while True:
-            try:
-                active, revoked = await asyncio.to_thread(keys_snapshot, cfg.ledger_path)
-                service.auth.update_dynamic(active, revoked)
-            except Exception as exc:
-                log.warning("key_refresh_failed", error=str(exc))
-            await asyncio.sleep(1.0)
+    async def on_keys(table: KeyTable) -> None:
+        auth.update_dynamic(*split_keys(table))
+        log.info("keys_updated", version=table.version, keys=len(table.keys))
+        try:
+            await asyncio.to_thread(key_cache.save, table)
+        except OSError as exc:
+            log.warning("key_cache_write_failed", path=str(key_cache.path), error=str(exc))
+
+    routes = RouteWatcher(cfg.models, pool_url, activator_id, token=token, on_replica=on_replica,
+                          on_keys=on_keys, keys_version=known_keys.version if known_keys else None)
+    tokens = TokenCounter(store_fetcher) if store_fetcher is not None else None
+    # limits.backend redis: shared by every activator; while Redis is away, this one's
+    # share is the limit over the activators the controller hears from.
+    limiter = build_limiter(cfg.limits, metrics, owner=activator_id, activators=lambda: routes.activators)
+    service = CompletionService(cfg, auth, routes, metrics, ledger, tokens, limiter=limiter)
+    bucket, prefix = cfg.object_store.bucket, cfg.ledger.ship_prefix
+    shipper = (UsageShipper(ledger.path, activator_id, usage_client, bucket, prefix=prefix,
+                            interval_s=cfg.ledger.ship_interval_s, max_records=cfg.ledger.ship_max_records,
+                            metrics=metrics)
+               if usage_client is not None and cfg.ledger.ship else None)
+    usage_reader = UsageReader(usage_client, bucket, prefix) if usage_client is not None else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await routes.start()
-        key_task = asyncio.create_task(refresh_keys())
+        await limiter.start()
+        if shipper is not None:
+            await shipper.start()
         # What exists now (modules, the app, config) lives as long as the process: out of
         # the collector's sight, full collections stay short under load (tail latency).
         gc.collect()
@@ -85,17 +111,27 @@ def create_app(
         try:
             yield
         finally:
-            key_task.cancel()
             await routes.close()
             await service.close()
+            await limiter.close()
             ledger.close()
+            if shipper is not None:
+                await shipper.close()  # after the ledger's last commit
 
     app = FastAPI(title="thaw activator", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # The completion routes read their bodies raw (size limit); /openapi.json still
+    # documents them, from activator.protocol's models.
+    fastapi_openapi = app.openapi
+    app.openapi = lambda: app.openapi_schema or add_request_schemas(fastapi_openapi())  # type: ignore[method-assign]
     app.state.cfg = cfg
+    app.state.activator_id = activator_id
     app.state.routes = routes
     app.state.service = service
+    app.state.limiter = limiter
     app.state.metrics = metrics
     app.state.ledger = ledger
+    app.state.shipper = shipper
+    app.state.usage_reader = usage_reader
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -144,19 +180,23 @@ def create_app(
                      cold_start=ctx.cold, queue_ms=round(ctx.queue_s * 1000))
             return response
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=request_body("chat", model_in_path=False),
+              responses=ERROR_RESPONSES)
     async def chat(request: Request) -> Response:
         return await completion(request, "chat", None)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=request_body("completions", model_in_path=False),
+              responses=ERROR_RESPONSES)
     async def completions(request: Request) -> Response:
         return await completion(request, "completions", None)
 
-    @app.post("/m/{model}/v1/chat/completions")
+    @app.post("/m/{model}/v1/chat/completions", openapi_extra=request_body("chat", model_in_path=True),
+              responses=ERROR_RESPONSES)
     async def chat_for(model: str, request: Request) -> Response:
         return await completion(request, "chat", model)
 
-    @app.post("/m/{model}/v1/completions")
+    @app.post("/m/{model}/v1/completions", openapi_extra=request_body("completions", model_in_path=True),
+              responses=ERROR_RESPONSES)
     async def completions_for(model: str, request: Request) -> Response:
         return await completion(request, "completions", model)
 
@@ -204,16 +244,26 @@ def create_app(
 
     @app.get("/v1/usage")
     async def usage(request: Request, since: str | None = None, until: str | None = None) -> Response:
-        """The caller's own usage records (never another tenant's) and their totals."""
+        """The caller's own usage records (never another tenant's) and their totals, from
+        every activator's shipped segments and this one's ledger, with the shipping lag."""
         rid = request_id_from(request)
         try:
             principal = service.principal(request)
             lo, hi = parse_time(since, "since"), parse_time(until, "until")
         except ApiError as exc:
             return error_response(exc, {"x-request-id": rid})
-        records = await asyncio.to_thread(query_usage, cfg.ledger_path, tenant=principal.tenant, since=lo, until=hi)
-        return JSONResponse({"object": "list", "tenant": principal.tenant, "totals": usage_totals(records),
-                             "data": records}, headers={"x-request-id": rid})
+        fleet = await asyncio.to_thread(read_usage, usage_reader, {activator_id: ledger.path},
+                                        tenant=principal.tenant, since=lo, until=hi)
+        reason = fleet.reason
+        if not fleet.complete and usage_reader is not None:
+            # The store's error names its endpoint: for the log, not for API callers.
+            log.warning("usage_store_unreadable", error=fleet.reason)
+            reason = "the usage other activators shipped could not be read: this activator's records only"
+        # Which activator (a host name) holds which record is the operators' business.
+        data = [{k: v for k, v in r.items() if k not in ("activator", "id")} for r in fleet.records]
+        return JSONResponse({"object": "list", "tenant": principal.tenant, "totals": usage_totals(fleet.records),
+                             "data": data, "shipping": {"lag_s": fleet.shipping()["lag_s"]},
+                             "complete": fleet.complete, "incomplete_reason": reason}, headers={"x-request-id": rid})
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

@@ -8,6 +8,7 @@ an unexpected exception becomes a 500 with a request id and no stack trace.
 
 from __future__ import annotations
 
+import json
 import math
 
 from fastapi.responses import JSONResponse
@@ -83,3 +84,21 @@ def internal_error_response(request_id: str, headers: dict[str, str] | None = No
                    "server_error", None, "internal_error"),
         status_code=500, headers=headers,
     )
+
+
+def upstream_error_body(status: int, content: bytes) -> bytes:
+    """The engine's refusal in OpenAI's error shape: its message and param as it sent
+    them, the type OpenAI gives the status, the code only when it is OpenAI's kind (a
+    string: vLLM repeats the status as a number there)."""
+    try:
+        err = json.loads(content)["error"]
+        message = err["message"]
+        if not isinstance(message, str):
+            raise TypeError(message)
+    except (ValueError, TypeError, KeyError):
+        err, message = {}, content.decode("utf-8", "replace").strip()[:2000] or f"the engine answered {status}"
+    param, code = err.get("param"), err.get("code")
+    return json.dumps(error_body(
+        status, message, "invalid_request_error" if status < 500 else "server_error",
+        param if isinstance(param, str) else None, code if isinstance(code, str) else None,
+    )).encode()

@@ -4,15 +4,26 @@ A tenant's ``limits`` apply to each model it uses: requests per minute, tokens p
 minute (prompt tokens + the requested max tokens, reconciled with the real usage when
 the answer ends) and concurrent requests. Over a limit: 429 with ``Retry-After`` and
 OpenAI's ``x-ratelimit-*`` headers, which successful answers carry too.
+
+Two backends implement :class:`Limiter`: ``local`` (these buckets, in this activator's
+memory) and ``redis`` (``activator.limits_redis``: the same buckets in Redis, shared by
+every activator, with this activator's share of each limit as the fallback while Redis
+cannot be reached).
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from activator.errors import TooManyRequests
-from thaw.config import RateLimits
+from thaw.config import LimitsConfig, RateLimits
+
+if TYPE_CHECKING:
+    from activator.metrics import ActivatorMetrics
 
 
 @dataclass
@@ -66,6 +77,73 @@ def _fmt(seconds: float) -> str:
     return f"{s // 60}m{s % 60}s" if s >= 60 else f"{s}s"
 
 
+def rate_headers(requests: Bucket | None, tokens: Bucket | None) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-*`` headers for the buckets a tenant has."""
+    h: dict[str, str] = {}
+    if requests:
+        h["x-ratelimit-limit-requests"] = str(int(requests.capacity))
+        h["x-ratelimit-remaining-requests"] = str(max(int(requests.level), 0))
+        h["x-ratelimit-reset-requests"] = _fmt(requests.reset_s())
+    if tokens:
+        h["x-ratelimit-limit-tokens"] = str(int(tokens.capacity))
+        h["x-ratelimit-remaining-tokens"] = str(max(int(tokens.level), 0))
+        h["x-ratelimit-reset-tokens"] = _fmt(tokens.reset_s())
+    return h
+
+
+def tokens_exceeded(tokens: int, limit: int, headers: dict[str, str]) -> TooManyRequests:
+    return TooManyRequests(
+        f"this request needs {tokens} tokens (prompt + max tokens), more than the tenant's limit of "
+        f"{limit} tokens per minute; lower max_tokens",
+        code="tokens_exceeded", headers=headers,
+    )
+
+
+def concurrency_exceeded(model: str, limit: int, headers: dict[str, str]) -> TooManyRequests:
+    return TooManyRequests(
+        f"too many concurrent requests for model {model!r}: the limit is {limit}",
+        code="concurrency_limit_exceeded", retry_after_s=1.0, headers=headers,
+    )
+
+
+def rate_exceeded(kind: str, model: str, limit: int, wait_s: float, headers: dict[str, str]) -> TooManyRequests:
+    """``kind``: "requests" or "tokens"."""
+    return TooManyRequests(
+        f"rate limit reached for model {model!r}: {limit} {kind} per minute; retry in {_fmt(wait_s)}",
+        code=f"rate_limit_{kind}", retry_after_s=wait_s, headers=headers,
+    )
+
+
+def share(limits: RateLimits, activators: int) -> RateLimits:
+    """One activator's part of a limit shared by ``activators``: ``ceil(limit / n)``, so
+    together they admit at most a little over the limit, and each at least 1."""
+    n = max(activators, 1)
+
+    def part(v: int | None) -> int | None:
+        return None if v is None else math.ceil(v / n)
+
+    return RateLimits(requests_per_minute=part(limits.requests_per_minute),
+                      tokens_per_minute=part(limits.tokens_per_minute),
+                      max_concurrent_requests=part(limits.max_concurrent_requests))
+
+
+class Limiter(Protocol):
+    """What the request path needs of a limits backend (``local`` or ``redis``).
+
+    ``now`` is the activator's clock; a backend with a clock of its own (Redis's, shared
+    by every activator) may ignore it. Only ``TooManyRequests`` leaves ``admit``; nothing
+    leaves ``settle``.
+    """
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def admit(self, tenant: str, model: str, limits: RateLimits, tokens: int, now: float) -> Admission: ...
+
+    async def settle(self, admission: Admission, used_tokens: int | None, now: float) -> None: ...
+
+
 class RateLimiter:
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str], _Entry] = {}
@@ -81,6 +159,10 @@ class RateLimiter:
         for b in (e.requests, e.tokens):
             if b:
                 b.refill(now)
+        # A limit that changed (a degraded share when the number of activators moves):
+        # the bucket takes the new capacity, keeping no more than it holds.
+        e.requests = _resized(e.requests, limits.requests_per_minute, now)
+        e.tokens = _resized(e.tokens, limits.tokens_per_minute, now)
         return e
 
     def admit(self, tenant: str, model: str, limits: RateLimits, tokens: int, now: float) -> Admission:
@@ -88,17 +170,10 @@ class RateLimiter:
         key = (tenant, model)
         e = self._entry(key, limits, now)
         if e.tokens and tokens > e.tokens.capacity:
-            raise TooManyRequests(
-                f"this request needs {tokens} tokens (prompt + max tokens), more than the tenant's limit of "
-                f"{int(e.tokens.capacity)} tokens per minute; lower max_tokens",
-                code="tokens_exceeded", headers=self.headers(e),
-            )
+            raise tokens_exceeded(tokens, int(e.tokens.capacity), self.headers(e))
         waits = []
         if limits.max_concurrent_requests and e.concurrent >= limits.max_concurrent_requests:
-            raise TooManyRequests(
-                f"too many concurrent requests for model {model!r}: the limit is {limits.max_concurrent_requests}",
-                code="concurrency_limit_exceeded", retry_after_s=1.0, headers=self.headers(e),
-            )
+            raise concurrency_exceeded(model, limits.max_concurrent_requests, self.headers(e))
         if e.requests and e.requests.level < 1:
             waits.append(("requests", e.requests.wait_s(1)))
         if e.tokens and e.tokens.level < tokens:
@@ -106,10 +181,7 @@ class RateLimiter:
         if waits:
             kind, wait = max(waits, key=lambda w: w[1])
             limit = int((e.requests if kind == "requests" else e.tokens).capacity)  # type: ignore[union-attr]
-            raise TooManyRequests(
-                f"rate limit reached for model {model!r}: {limit} {kind} per minute; retry in {_fmt(wait)}",
-                code=f"rate_limit_{kind}", retry_after_s=wait, headers=self.headers(e),
-            )
+            raise rate_exceeded(kind, model, limit, wait, self.headers(e))
         if e.requests:
             e.requests.level -= 1
         if e.tokens:
@@ -130,13 +202,49 @@ class RateLimiter:
 
     @staticmethod
     def headers(e: _Entry) -> dict[str, str]:
-        h: dict[str, str] = {}
-        if e.requests:
-            h["x-ratelimit-limit-requests"] = str(int(e.requests.capacity))
-            h["x-ratelimit-remaining-requests"] = str(max(int(e.requests.level), 0))
-            h["x-ratelimit-reset-requests"] = _fmt(e.requests.reset_s())
-        if e.tokens:
-            h["x-ratelimit-limit-tokens"] = str(int(e.tokens.capacity))
-            h["x-ratelimit-remaining-tokens"] = str(max(int(e.tokens.level), 0))
-            h["x-ratelimit-reset-tokens"] = _fmt(e.tokens.reset_s())
-        return h
+        return rate_headers(e.requests, e.tokens)
+
+
+def _resized(bucket: Bucket | None, capacity: int | None, now: float) -> Bucket | None:
+    if not capacity:
+        return None
+    if bucket is None:
+        return Bucket.full(capacity, now)
+    if bucket.capacity != capacity:
+        bucket.capacity = float(capacity)
+        bucket.level = min(bucket.level, bucket.capacity)
+    return bucket
+
+
+class LocalLimiter:
+    """``limits.backend: local``: the buckets in this activator's memory (limits are
+    then per activator)."""
+
+    def __init__(self) -> None:
+        self.buckets = RateLimiter()
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def admit(self, tenant: str, model: str, limits: RateLimits, tokens: int, now: float) -> Admission:
+        return self.buckets.admit(tenant, model, limits, tokens, now)
+
+    async def settle(self, admission: Admission, used_tokens: int | None, now: float) -> None:
+        self.buckets.settle(admission, used_tokens, now)
+
+
+def build_limiter(cfg: LimitsConfig, metrics: ActivatorMetrics, *, owner: str,
+                  activators: Callable[[], int], clock: Callable[[], float] = time.monotonic) -> Limiter:
+    """The backend ``cfg.backend`` names. ``owner`` (the activator's id) names its
+    concurrency leases; ``activators()`` is how many activators share a limit, for this
+    one's share while Redis is out of reach."""
+    if cfg.backend == "local":
+        return LocalLimiter()
+    if cfg.backend == "redis":
+        from activator.limits_redis import RedisLimiter
+
+        return RedisLimiter(cfg, metrics, owner=owner, activators=activators, clock=clock)
+    raise ValueError(f"unknown limits backend {cfg.backend!r}; valid: 'local', 'redis'")

@@ -26,3 +26,26 @@ class ActivatorMetrics:
         self.upstream_retries = Counter("thaw_upstream_retries_total",
                                         "Requests retried on another replica after one failed before its first byte",
                                         ["model"], registry=registry)
+        # Usage shipping (activator/shipping.py): its lag is computed at scrape time.
+        self.usage_shipped_records = Counter("thaw_usage_shipped_records_total",
+                                             "Usage records shipped to the object store", registry=registry)
+        self.usage_shipped_segments = Counter("thaw_usage_shipped_segments_total",
+                                              "Usage segments shipped to the object store", registry=registry)
+        self.usage_ship_failures = Counter("thaw_usage_ship_failures_total",
+                                           "Usage shipping ticks that failed (retried on the next)",
+                                           registry=registry)
+        self.usage_ship_lag = Gauge("thaw_usage_ship_lag_seconds",
+                                    "Seconds since the oldest usage record not yet known to be in the store "
+                                    "was committed, or since the last successful ship", registry=registry)
+        # limits.backend redis: 1 while Redis cannot be reached and this activator admits
+        # by its own share of each limit (limit / activators).
+        self.limits_degraded = Gauge("thaw_limits_degraded",
+                                     "1 while the shared limits store is unreachable and limits are per-activator shares",
+                                     registry=registry)
+        self.limits_degraded_admissions = Counter(
+            "thaw_limits_degraded_admissions_total",
+            "Requests admitted or refused by this activator's share of the limits (the shared store unreachable)",
+            registry=registry)
+        self.limits_store_seconds = Histogram(
+            "thaw_limits_store_seconds", "Time of one call to the shared limits store", ["op"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0), registry=registry)

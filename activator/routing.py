@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from thaw.wire import (
     ActivityReport,
     ColdStartRecord,
     DemandSignal,
+    KeyTable,
     ModelActivityReport,
     RouteTable,
 )
@@ -91,6 +92,8 @@ class RouteWatcher:
         clock: Callable[[], float] = time.time,
         report_interval_s: float = 1.0,
         on_replica: Callable[[bool, str, str, float], None] | None = None,
+        on_keys: Callable[[KeyTable], Awaitable[None]] | None = None,
+        keys_version: int | None = None,
     ) -> None:
         self.models = {m.name: m for m in models}
         self.pool_url = pool_url.rstrip("/")
@@ -100,8 +103,17 @@ class RouteWatcher:
         # Told (up, replica id, model, time) when a replica appears or goes: the ledger
         # keeps replica lifetimes for GPU-second attribution.
         self.on_replica = on_replica
+        # Given each key table fetched when the route table's keys_version moves past
+        # ``keys_version`` (the version this activator holds; None: none yet).
+        self.on_keys = on_keys
+        self.keys_version = keys_version
+        self._keys_wanted = asyncio.Event()
         self.routes: dict[str, ModelRoutes] = {m.name: ModelRoutes() for m in models}
         self.version = -1
+        # Activators the controller hears from (this one included): each one's share of
+        # a limit when the shared limits store cannot be reached.
+        self.activators = 1
+        self._table_keys_version = 0
         # The controller start the table came from: a restarted controller counts its
         # versions from 1 again, so a new epoch is taken whatever its version.
         self.epoch: str | None = None
@@ -118,6 +130,8 @@ class RouteWatcher:
             asyncio.create_task(self._watch(), name="route-watch"),
             asyncio.create_task(self._report_loop(), name="activity-report"),
         ]
+        if self.on_keys is not None:
+            self._tasks.append(asyncio.create_task(self._keys_loop(), name="key-fetch"))
 
     async def close(self) -> None:
         for t in self._tasks + list(self._side):
@@ -152,6 +166,10 @@ class RouteWatcher:
         """Take in a route table from the controller and wake or fail waiters."""
         self.version = table.version
         self.epoch = table.epoch
+        self.activators = table.activators
+        self._table_keys_version = table.keys_version
+        if table.keys_version != self.keys_version:
+            self._keys_wanted.set()
         now = self.clock()
         for name, entry in table.models.items():
             st = self.routes.get(name)
@@ -191,6 +209,27 @@ class RouteWatcher:
                     fut = st.waiters.popleft()
                     if not fut.done():
                         fut.set_exception(exc)
+
+    async def _keys_loop(self) -> None:
+        """Fetch the key table whenever the route table says it changed (the long poll
+        answers at once, so a revocation reaches this activator within a second)."""
+        assert self.on_keys is not None
+        while True:
+            await self._keys_wanted.wait()
+            self._keys_wanted.clear()
+            try:
+                r = await self._http.get(f"{self.pool_url}/v1/keys", timeout=5.0)
+                r.raise_for_status()
+                table = KeyTable.model_validate_json(r.content)
+            except (httpx.HTTPError, ValueError) as exc:
+                log.warning("key_fetch_failed", error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(0.5)
+                self._keys_wanted.set()
+                continue
+            await self.on_keys(table)
+            self.keys_version = table.version
+            if self._table_keys_version != table.version:
+                self._keys_wanted.set()  # it moved again while this fetch ran
 
     @staticmethod
     def _release_waiters(st: ModelRoutes) -> None:

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 from fastapi import Request
@@ -28,13 +28,15 @@ from activator.errors import (
     PayloadTooLarge,
     UpstreamError,
     error_body,
+    upstream_error_body,
 )
 from activator.ledger import Ledger, UsageRecord
-from activator.limits import Admission, RateLimiter
+from activator.limits import Admission, Limiter, LocalLimiter
 from activator.metrics import PHASES, ActivatorMetrics
+from activator.protocol import Kind, parse_request
 from activator.router import prefix_key
 from activator.routing import Acquired, Replica, RouteWatcher
-from activator.tokens import TokenCounter
+from activator.tokens import COMPLETIONS_DEFAULT_MAX_TOKENS, PromptRejected, TokenCounter
 from activator.usage import DONE, StreamTap, Usage, usage_from_body
 from thaw.config import Model, ThawConfig
 from thaw.log import get_logger
@@ -42,28 +44,9 @@ from thaw.wire import ColdStartRecord
 
 log = get_logger()
 
-Kind = Literal["chat", "completions"]
 UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Headers from the engine that are about the connection, not the content.
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
-
-
-_COMMON = {
-    "model", "stream", "stream_options", "n", "stop", "seed", "logprobs", "max_tokens", "temperature",
-    "top_p", "frequency_penalty", "presence_penalty", "logit_bias", "user",
-    # vLLM's own sampling parameters, which its OpenAI server accepts as extras.
-    "top_k", "min_p", "repetition_penalty", "length_penalty", "stop_token_ids", "ignore_eos", "min_tokens",
-    "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
-    "structured_outputs", "priority", "request_id",
-}
-ALLOWED_PARAMS: dict[str, frozenset[str]] = {
-    "chat": frozenset(_COMMON | {
-        "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
-        "parallel_tool_calls", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
-        "echo", "documents",
-    }),
-    "completions": frozenset(_COMMON | {"prompt", "suffix", "echo", "best_of", "response_format"}),
-}
 
 
 def request_id_from(request: Request) -> str:
@@ -124,6 +107,7 @@ class CompletionService:
         *,
         clock: Callable[[], float] = time.time,
         upstream_timeout_s: float = 600.0,
+        limiter: Limiter | None = None,
     ) -> None:
         self.cfg = cfg
         self.auth = auth
@@ -131,7 +115,7 @@ class CompletionService:
         self.metrics = metrics
         self.ledger = ledger
         self.tokens = tokens
-        self.limiter = RateLimiter()
+        self.limiter: Limiter = limiter or LocalLimiter()
         self.clock = clock
         self._http = upstream_client(upstream_timeout_s)
         self._recorded_cold: set[str] = set()
@@ -172,32 +156,6 @@ class CompletionService:
             raise BadRequest(f"request body must be a JSON object, not {type(body).__name__}")
         return body
 
-    @staticmethod
-    def validate(kind: Kind, body: dict[str, Any]) -> None:
-        unknown = sorted(set(body) - ALLOWED_PARAMS[kind])
-        if unknown:
-            raise BadRequest(f"unsupported parameter {unknown[0]!r} for /v1/{'chat/' if kind == 'chat' else ''}"
-                             "completions", param=unknown[0], code="unsupported_parameter")
-        if kind == "chat":
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs:
-                raise BadRequest("'messages' must be a non-empty array", param="messages")
-            for i, m in enumerate(msgs):
-                if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                    raise BadRequest(f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
-        else:
-            prompt = body.get("prompt")
-            if prompt is None or (isinstance(prompt, str | list) and len(prompt) == 0):
-                raise BadRequest("'prompt' is required", param="prompt")
-            if not isinstance(prompt, str | list):
-                raise BadRequest("'prompt' must be a string or an array", param="prompt")
-        if "stream" in body and not isinstance(body["stream"], bool):
-            raise BadRequest("'stream' must be a boolean", param="stream")
-        for key in ("max_tokens", "max_completion_tokens", "n"):
-            v = body.get(key)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise BadRequest(f"'{key}' must be a positive integer", param=key)
-
     # -- the request ----------------------------------------------------------------
     async def handle(self, request: Request, kind: Kind, ctx: RequestContext, path_model: str | None) -> Response:
         principal = self.principal(request)
@@ -212,9 +170,10 @@ class CompletionService:
             raise BadRequest("'model' is required", param="model")
         model = self.resolve_model(principal, requested)
         ctx.model = model
-        self.validate(kind, body)
-        stream = ctx.stream = bool(body.get("stream", False))
-        client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else True
+        # Validated, never rewritten: the client's body is what the engine receives.
+        req = parse_request(kind, body if "model" in body else {**body, "model": requested})
+        stream = ctx.stream = bool(req.stream)
+        client_wants_usage = bool(req.stream_options and req.stream_options.include_usage) if stream else True
         await self.admit(principal.tenant, principal, model, kind, body, ctx)
         if stream:
             # Always get usage from the engine, for the ledger; the tap forwards the
@@ -243,21 +202,26 @@ class CompletionService:
             st.in_flight -= 1
             raise
         ctx.replica = replica.assignment_id or replica.worker_id
-        if not stream:
-            return await self._respond_whole(model, upstream, replica, ctx)
+        if not stream or upstream.status_code >= 400:
+            # The engine's refusal is one JSON body, for a stream too.
+            return await self._respond_whole(model, upstream, replica, ctx, first, rest)
         return self._respond(model, upstream, replica, client_wants_usage, ctx, first, rest)
 
     async def admit(self, tenant: str, principal: Principal, model: Model, kind: Kind, body: dict[str, Any],
                     ctx: RequestContext) -> None:
         """Context length with the model's tokenizer, then the tenant's rate limits."""
         counter = await self.tokens.get(model.uri) if self.tokens else None
-        prompt_tokens: int | None = None
+        lengths: list[int] | None = None
         if counter is not None:
             try:
-                prompt_tokens = counter.count(kind, body)
-            except Exception as exc:  # a template that rejects these messages
+                lengths = counter.prompt_lengths(kind, body, max_model_len=model.max_context_tokens)
+            except PromptRejected as exc:  # the template refuses these messages, as it would in the engine
                 raise BadRequest(f"the messages do not fit the model's chat template: {exc}",
-                                 param="messages" if kind == "chat" else "prompt") from None
+                                 param="messages") from None
+            except Exception as exc:  # our bug, not the client's: the engine will count
+                log.warning("prompt_count_failed", model=model.name, error=repr(exc))
+        # Each prompt of a batch is its own sequence in the engine: the longest must fit.
+        prompt_tokens = max(lengths) if lengths else None
         max_new = body.get("max_completion_tokens") or body.get("max_tokens")
         n = body.get("n") or 1
         if prompt_tokens is not None:
@@ -270,10 +234,14 @@ class CompletionService:
                     ("messages" if kind == "chat" else "prompt"),
                     code="context_length_exceeded",
                 )
-        estimate = prompt_tokens if prompt_tokens is not None else len(json.dumps(body)) // 4
-        # Without max_tokens the engine may generate up to the context: reserve that.
-        reserve = estimate + n * (max_new or max(model.max_context_tokens - estimate, 0))
-        ctx.admission = self.limiter.admit(tenant, model.name, principal.limits, reserve, self.clock())
+        estimate = sum(lengths) if lengths else len(json.dumps(body)) // 4
+        sequences = n * (len(lengths) if lengths else 1)
+        # Without max_tokens the engine generates up to the context (chat) or its
+        # completions default: reserve that.
+        default_new = (max(model.max_context_tokens - (prompt_tokens or estimate), 0) if kind == "chat"
+                       else COMPLETIONS_DEFAULT_MAX_TOKENS)
+        reserve = estimate + sequences * (max_new or default_new)
+        ctx.admission = await self.limiter.admit(tenant, model.name, principal.limits, reserve, self.clock())
         ctx.rate_headers = ctx.admission.headers
 
     async def _send(
@@ -321,11 +289,14 @@ class CompletionService:
         raise AssertionError("unreachable")
 
     async def _respond_whole(
-        self, model: Model, upstream: httpx.Response, replica: Replica, ctx: RequestContext
+        self, model: Model, upstream: httpx.Response, replica: Replica, ctx: RequestContext,
+        first: bytes = b"", rest: AsyncIterator[bytes] | None = None,
     ) -> Response:
-        """A non-streamed answer: read it whole, take its usage, commit the record, answer."""
+        """A whole answer (not streamed, or the engine's refusal of a stream): read it,
+        take its usage, commit the record, answer. A refusal reaches the client in
+        OpenAI's error shape, with the engine's status and message."""
         try:
-            content = await upstream.aread()
+            content = await upstream.aread() if rest is None else first + b"".join([c async for c in rest])
             self._first_byte(model, replica, ctx)
         except httpx.HTTPError as exc:
             ctx.status = 502
@@ -341,6 +312,10 @@ class CompletionService:
         await self.record(ctx)
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
         headers.update(ctx.response_headers())
+        if upstream.status_code >= 400:
+            headers = {k: v for k, v in headers.items() if k.lower() not in ("content-type", "content-encoding")}
+            return Response(upstream_error_body(upstream.status_code, content), status_code=upstream.status_code,
+                            headers=headers, media_type="application/json")
         return Response(content, status_code=upstream.status_code, headers=headers,
                         media_type=upstream.headers.get("content-type"))
 
@@ -418,17 +393,24 @@ class CompletionService:
             return
         ctx.recorded = True
         now = self.clock()
-        if ctx.admission is not None:
-            self.limiter.settle(ctx.admission, ctx.usage.prompt_tokens + ctx.usage.completion_tokens, now)
-        await self.ledger.append(UsageRecord(
-            request_id=ctx.request_id, tenant=ctx.tenant, model=ctx.model.name if ctx.model else None,
-            status=ctx.status, error_code=error_code, prompt_tokens=ctx.usage.prompt_tokens,
-            completion_tokens=ctx.usage.completion_tokens, cached_tokens=ctx.usage.cached_tokens,
-            usage_source=ctx.usage.source, queue_ms=round(ctx.queue_s * 1000, 3),
-            ttft_ms=round((ctx.first_byte_at - ctx.arrival) * 1000, 3) if ctx.first_byte_at else None,
-            duration_ms=round((now - ctx.arrival) * 1000, 3), cold_start=ctx.cold, cancelled=ctx.cancelled,
-            stream=ctx.stream, replica=ctx.replica, started_at=ctx.arrival, finished_at=now,
-        ))
+        try:
+            # The record first: a limits store that is slow or away cannot hold it back.
+            await self.ledger.append(UsageRecord(
+                request_id=ctx.request_id, tenant=ctx.tenant, model=ctx.model.name if ctx.model else None,
+                status=ctx.status, error_code=error_code, prompt_tokens=ctx.usage.prompt_tokens,
+                completion_tokens=ctx.usage.completion_tokens, cached_tokens=ctx.usage.cached_tokens,
+                usage_source=ctx.usage.source, queue_ms=round(ctx.queue_s * 1000, 3),
+                ttft_ms=round((ctx.first_byte_at - ctx.arrival) * 1000, 3) if ctx.first_byte_at else None,
+                duration_ms=round((now - ctx.arrival) * 1000, 3), cold_start=ctx.cold, cancelled=ctx.cancelled,
+                stream=ctx.stream, replica=ctx.replica, started_at=ctx.arrival, finished_at=now,
+            ))
+        finally:
+            if ctx.admission is not None:
+                try:
+                    await self.limiter.settle(ctx.admission, ctx.usage.prompt_tokens + ctx.usage.completion_tokens,
+                                              now)
+                except Exception:
+                    log.exception("limits_settle_failed")
 
     def _first_byte(self, model: Model, replica: Replica, ctx: RequestContext) -> None:
         now = self.clock()

@@ -1,20 +1,48 @@
-"""Prompt length with the model's own tokenizer, before any GPU work.
+"""Prompt length as the engine counts it, before any GPU work.
 
-The tokenizer (``tokenizer.json``) and chat template (``tokenizer_config.json``) are
-fetched from the model's prefix in the store once per model and cached. A chat prompt
-is rendered with the template, as the engine will, then encoded.
+The model's tokenizer files are fetched from its prefix in the store once per model,
+loaded with ``transformers`` as vLLM loads them, and cached. A chat is rendered as
+vLLM renders it (``activator.chat_render``: its message parsing, content format,
+template arguments) with the tokenizer's own ``apply_chat_template``, then encoded
+without special tokens; a completions prompt is encoded with them. vLLM 0.32 does the
+same, so the count is its ``usage.prompt_tokens``.
+
+``AutoTokenizer`` is not used: it imports torch (through ``AutoConfig``), which the
+activator never loads. The tokenizer class is resolved from ``tokenizer_config.json``
+as ``AutoTokenizer`` does for a model without remote code: the class it names when
+``transformers`` has that fast tokenizer, else the generic ``TokenizersBackend``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
+from activator.chat_render import (
+    Unsupported,
+    accepted_kwargs,
+    content_format,
+    conversation,
+    developer_as_system,
+    supports_developer_role,
+    template_kwargs,
+    tool_dicts,
+)
 from thaw.log import get_logger
 
 log = get_logger()
+
+# What transformers reads from a tokenizer directory (chat_template.jinja: the template
+# saved on its own, as newer models ship it).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja")
+# vLLM's CompletionRequest.max_tokens default (and OpenAI's).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 class FileFetcher(Protocol):
@@ -23,58 +51,133 @@ class FileFetcher(Protocol):
     def __call__(self, uri: str, name: str) -> bytes | None: ...
 
 
+class PromptRejected(ValueError):
+    """The chat template refused these messages (vLLM answers 400 with this reason)."""
+
+
 @dataclass
 class ModelTokenizer:
-    tokenizer: Any  # tokenizers.Tokenizer
-    template: Any | None  # jinja2.Template
-    special: dict[str, str]
+    tokenizer: Any  # a transformers TokenizersBackend
+    apply_params: frozenset[str]  # what its apply_chat_template takes by name
 
-    def count(self, kind: str, body: dict[str, Any]) -> int:
-        if kind == "chat":
-            if self.template is None:
-                text = "\n".join(_text(m.get("content")) for m in body["messages"])
-                return len(self.tokenizer.encode(text, add_special_tokens=True).ids)
-            text = self.template.render(messages=body["messages"], add_generation_prompt=True,
-                                        tools=body.get("tools"), **self.special)
-            return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+    def prompt_lengths(self, kind: str, body: dict[str, Any], *, max_model_len: int | None = None) -> list[int] | None:
+        """Tokens in each prompt the engine runs for ``body`` (a chat: one; a batch of
+        completion prompts: one each), after ``truncate_prompt_tokens``; None when the
+        engine alone can count it (media, a template sent with the request, ...).
+        Raises ``PromptRejected`` when the chat template raises, as vLLM does."""
+        try:
+            lengths = self._chat(body) if kind == "chat" else self._completions(body)
+        except Unsupported:
+            return None
+        return [_truncated(n, kind, body, max_model_len) for n in lengths]
+
+    def count(self, kind: str, body: dict[str, Any], *, max_model_len: int | None = None) -> int | None:
+        """The request's prompt tokens as the engine reports them in ``usage``."""
+        lengths = self.prompt_lengths(kind, body, max_model_len=max_model_len)
+        return None if lengths is None else sum(lengths)
+
+    def _chat(self, body: dict[str, Any]) -> list[int]:
+        if body.get("chat_template") is not None:
+            raise Unsupported("chat_template")  # refused by the engine unless it trusts it
+        kwargs = template_kwargs(body, tool_dicts(body.get("tools")))
+        tools = kwargs.pop("tools", None)
+        try:
+            template = self.tokenizer.get_chat_template(None, tools=tools)
+        except ValueError:
+            raise Unsupported("no chat template") from None  # the engine refuses the chat
+        messages = conversation(body["messages"], content_format(template))
+        if any(m["role"] == "developer" for m in messages) and not supports_developer_role(template):
+            messages = developer_as_system(messages)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools, chat_template=template, tokenize=False,
+                **accepted_kwargs(template, kwargs, self.apply_params))
+        except Exception as exc:
+            raise PromptRejected(_template_error_reason(exc)) from None
+        add_special = body.get("add_special_tokens", False)
+        if not isinstance(add_special, bool):
+            raise Unsupported("add_special_tokens")
+        return [len(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])]
+
+    def _completions(self, body: dict[str, Any]) -> list[int]:
+        if body.get("prompt_embeds") is not None or body.get("suffix") is not None:
+            raise Unsupported("prompt_embeds or suffix")  # embeddings; fill-in-the-middle rendering
+        add_special = body.get("add_special_tokens", True)
+        if not isinstance(add_special, bool):
+            raise Unsupported("add_special_tokens")
         prompt = body["prompt"]
-        if isinstance(prompt, str):
-            return len(self.tokenizer.encode(prompt, add_special_tokens=True).ids)
-        if prompt and all(isinstance(t, int) for t in prompt):
-            return len(prompt)
-        # A batch of prompts: the longest one decides whether it fits.
-        return max((len(p) if isinstance(p, list) else len(self.tokenizer.encode(str(p)).ids)) for p in prompt)
+        prompts = [prompt] if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt) else prompt
+        return [len(p) if isinstance(p, list) else len(self.tokenizer(p, add_special_tokens=add_special)["input_ids"])
+                for p in prompts]
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
+def _truncated(n: int, kind: str, body: dict[str, Any], max_model_len: int | None) -> int:
+    """vLLM's TokenizeParams: ``truncate_prompt_tokens`` keeps that many; -1 keeps the
+    context, less one token for the output when the request asks for any."""
+    keep = body.get("truncate_prompt_tokens")
+    if not isinstance(keep, int) or isinstance(keep, bool):
+        return n
+    if keep < 0:
+        if max_model_len is None:
+            return n
+        if kind == "chat":
+            max_out = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+        else:
+            max_out = body.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS) or 0
+        keep = max_model_len if max_out == 0 else max(0, max_model_len - 1)
+    return min(n, keep)
 
 
-def build_tokenizer(tokenizer_json: bytes, tokenizer_config: bytes | None) -> ModelTokenizer:
-    import jinja2.sandbox
-    from tokenizers import Tokenizer
+def _template_error_reason(exc: BaseException) -> str:
+    """The most specific reason in the chain: the template's own message (vLLM's
+    ``_template_error_reason``)."""
+    import jinja2
 
-    tok = Tokenizer.from_str(tokenizer_json.decode())
-    template = None
-    special: dict[str, str] = {}
-    if tokenizer_config:
-        cfg = json.loads(tokenizer_config)
-        for k in ("bos_token", "eos_token"):
-            v = cfg.get(k)
-            special[k] = v.get("content", "") if isinstance(v, dict) else (v or "")
-        if isinstance(cfg.get("chat_template"), str):
-            env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, jinja2.TemplateError):
+            return str(current)
+        current = current.__cause__ or current.__context__
+    return str(exc)
 
-            def raise_exception(message: str) -> None:
-                raise jinja2.exceptions.TemplateError(message)
 
-            env.globals["raise_exception"] = raise_exception
-            template = env.from_string(cfg["chat_template"])
-    return ModelTokenizer(tok, template, special)
+def _tokenizer_class(tokenizer_config: dict[str, Any]) -> Any:
+    import transformers
+    from transformers import TokenizersBackend
+
+    name = tokenizer_config.get("tokenizer_class")
+    if isinstance(name, str) and "auto_map" not in tokenizer_config:
+        name = name.removesuffix("Fast")
+        # Only tokenizer classes: any other name could import a torch module.
+        cls = getattr(transformers, name, None) if name.endswith("Tokenizer") else None
+        if isinstance(cls, type) and issubclass(cls, TokenizersBackend):
+            return cls
+    return TokenizersBackend
+
+
+def build_tokenizer(files: Mapping[str, bytes]) -> ModelTokenizer:
+    """A tokenizer from the files of ``TOKENIZER_FILES`` that the model has
+    (``tokenizer.json`` at least)."""
+    import inspect
+
+    from transformers import PythonBackend
+
+    config = json.loads(files["tokenizer_config.json"]) if "tokenizer_config.json" in files else {}
+    cls = _tokenizer_class(config)
+    with tempfile.TemporaryDirectory(prefix="thaw-tokenizer-") as tmp:
+        for name, data in files.items():
+            (Path(tmp) / name).write_bytes(data)
+        # As vLLM's tokenizer registry loads it for a generating model.
+        tok = cls.from_pretrained(tmp, local_files_only=True, truncation_side="left")
+    # vLLM's resolve_chat_template_kwargs: the named parameters of apply_chat_template,
+    # this tokenizer's and the base class's.
+    params = set()
+    for fn in (tok.apply_chat_template, PythonBackend.apply_chat_template):
+        params |= {p.name for p in inspect.signature(fn).parameters.values()
+                   if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
+    return ModelTokenizer(tok, frozenset(params))
 
 
 class TokenCounter:
@@ -96,11 +199,11 @@ class TokenCounter:
 
     def _load(self, uri: str) -> ModelTokenizer | None:
         try:
-            tj = self._fetch(uri, "tokenizer.json")
-            if tj is None:
+            files = {name: data for name in TOKENIZER_FILES if (data := self._fetch(uri, name)) is not None}
+            if "tokenizer.json" not in files:
                 log.warning("tokenizer_missing", uri=uri)
                 return None
-            return build_tokenizer(tj, self._fetch(uri, "tokenizer_config.json"))
+            return build_tokenizer(files)
         except Exception as exc:  # a bad tokenizer must not take the API down
             log.warning("tokenizer_unusable", uri=uri, error=str(exc))
             return None

@@ -7,8 +7,9 @@ One run starts, on loopback:
 - a minimal fast upstream (:mod:`loadtests.fast_upstream`) that streams ``--tokens``
   one-token SSE chunks per request in vLLM's shape; it also serves the activator's
   route table, naming itself as the model's one ready replica;
-- the activator (the real app of `thaw up`: auth, limits, tokens estimate, routing,
-  SSE proxy, usage tap, SQLite ledger), one uvicorn process pinned to one core;
+- the activator (the real app of `thaw up`: auth, limits, the model's tokenizer and
+  chat template counting every prompt, routing, SSE proxy, usage tap, SQLite ledger),
+  one uvicorn process pinned to one core;
 - ``vllm-router`` (the Rust router from PyPI, policy ``cache_aware``) in front of the
   same upstream, pinned to the same core.
 
@@ -131,9 +132,21 @@ def activator_config(work: Path, port: int) -> dict[str, Any]:
     }
 
 
-def serve_activator(config: Path, pool_url: str) -> None:
+def dir_fetcher(root: Path) -> Any:
+    """A tokenizer-file fetcher over a local model directory (the benchmark's stand-in
+    for the store: the same files, read once per model as from S3)."""
+    def fetch(uri: str, name: str) -> bytes | None:
+        path = root / name
+        return path.read_bytes() if path.is_file() else None
+
+    return fetch
+
+
+def serve_activator(config: Path, pool_url: str, model_dir: Path) -> None:
     """The activator process of the benchmark (``--serve-activator``): `thaw up`'s app and
-    uvicorn settings, with ``pool_url`` (the upstream's fixed route table) as its pool."""
+    uvicorn settings, with ``pool_url`` (the upstream's fixed route table) as its pool,
+    and the demo model's tokenizer and chat template (``model_dir``), so that every
+    request is tokenized and its context length checked, as in `thaw up`."""
     import uvicorn
     import yaml
 
@@ -143,7 +156,7 @@ def serve_activator(config: Path, pool_url: str) -> None:
 
     cfg = ThawConfig.model_validate(yaml.safe_load(config.read_text()))
     setup_logging("activator", cfg.log_level)
-    app = create_app(cfg, pool_url, activator_id="bench")
+    app = create_app(cfg, pool_url, activator_id="bench", store_fetcher=dir_fetcher(model_dir))
     uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_config=None, access_log=False,
                 timeout_graceful_shutdown=5)
 
@@ -288,12 +301,15 @@ async def _bench_in(args: argparse.Namespace, rates: list[float], router_bin: st
         up_port, act_port, router_port = free_port(), free_port(), free_port()
         cfg_path = work / "activator.yaml"
         cfg_path.write_text(yaml.safe_dump(activator_config(work, act_port)))
+        from thaw.demo_model import build_demo_model
+
+        build_demo_model(work / "model")  # its tokenizer and chat template
         upstream_url = f"http://127.0.0.1:{up_port}"
         py = sys.executable
         up_cmd = pinned([py, "-m", "loadtests.fast_upstream", "--port", str(up_port), "--model", MODEL,
                          "--tokens", str(args.tokens), "--itl-ms", str(args.itl_ms)], gen_cores)
         act_cmd = pinned([py, "-m", "loadtests.bench_activator", "--serve-activator", str(cfg_path),
-                          "--pool-url", upstream_url], proxy_cores)
+                          "--pool-url", upstream_url, "--model-dir", str(work / "model")], proxy_cores)
         with ExitStack() as procs:
             procs.enter_context(serving(up_cmd, work / "upstream.log", upstream_url + "/health"))
             act = procs.enter_context(serving(act_cmd, work / "activator.log", f"http://127.0.0.1:{act_port}/healthz"))
@@ -467,10 +483,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--serve-activator", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--pool-url", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", type=Path, default=None, help=argparse.SUPPRESS)
     add_arguments(p)
     args = p.parse_args(argv)
     if args.serve_activator is not None:
-        serve_activator(args.serve_activator, args.pool_url)
+        serve_activator(args.serve_activator, args.pool_url, args.model_dir)
         return 0
     return run(args)
 

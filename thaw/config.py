@@ -365,6 +365,49 @@ class LedgerConfig(_Strict):
     # Extra wait for more records before a commit; records that queued while the
     # previous commit ran always share the next one (one fsync).
     group_window_ms: NonNegativeFloat = 0.0
+    # Ship sealed segments of the ledger to the object store (object_store.bucket), so
+    # that `thaw usage` and /v1/usage cover every activator. Serving never waits on it.
+    ship: bool = True
+    ship_interval_s: PositiveFloat = 10.0
+    ship_max_records: PositiveInt = 5000
+    # Segments go to <ship_prefix><activator-id>/<first-id>-<last-id>.jsonl.gz.
+    ship_prefix: Annotated[str, Field(pattern=r"^([A-Za-z0-9._-]+/)+$")] = "usage/"
+
+
+class LimitsConfig(_Strict):
+    """Where tenants' rate limits are counted: in each activator (``local``: limits are
+    per activator), or in Redis, shared by every activator of the cluster."""
+
+    backend: Literal["local", "redis"] = "local"
+    # redis://[user:password@]host:port/db, rediss:// (TLS) or unix:///path/to/socket.
+    url: str | None = None
+    # Every key starts with this; by default "thaw:<cluster.name>:limits", so clusters
+    # may share one Redis.
+    key_prefix: Annotated[str, Field(min_length=1)] = "thaw:thaw:limits"
+    # Budget of one Redis call on the request path; past it, the request is decided by
+    # this activator's share of the limits (degraded mode) and Redis is probed again
+    # every retry_interval_s.
+    timeout_ms: PositiveFloat = 100.0
+    retry_interval_s: PositiveFloat = 1.0
+    # A concurrency slot expires this long after its activator last refreshed it (every
+    # lease_ttl_s / 3 while its request runs), so an activator that dies frees its slots.
+    lease_ttl_s: Annotated[float, Field(ge=1.0)] = 30.0
+
+    @field_validator("url")
+    @classmethod
+    def _url_scheme(cls, v: str | None) -> str | None:
+        # The URL may hold a password: the message does not repeat it.
+        if v is not None and not re.match(r"^(redis|rediss|unix)://\S+$", v):
+            raise ValueError("use redis://host:port/db, rediss://host:port/db (TLS) or unix:///path/to/socket")
+        return v
+
+    @model_validator(mode="after")
+    def _url(self) -> LimitsConfig:
+        if self.backend == "redis" and self.url is None:
+            raise ValueError("backend 'redis' needs 'url' (redis://host:6379/0, rediss:// or unix://)")
+        if self.backend == "local" and self.url is not None:
+            raise ValueError("'url' is only used with backend 'redis'")
+        return self
 
 
 class ThawConfig(_Strict):
@@ -375,6 +418,7 @@ class ThawConfig(_Strict):
     cluster: Cluster = Cluster()
     controller: ControllerConfig = ControllerConfig()
     ledger: LedgerConfig = LedgerConfig()
+    limits: LimitsConfig = LimitsConfig()
     object_store: ObjectStore = ObjectStore()
     shapes: list[InstanceShape] = Field(min_length=1)
     pools: list[Pool] = Field(default_factory=list)
@@ -400,6 +444,19 @@ class ThawConfig(_Strict):
                     m = {**m, "engine": {**engine, "tensor_parallel_size": max(gpus[m["shape"]], 1)}}
             models.append(m)
         return {**data, "models": models}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _limits_prefix(cls, data: Any) -> Any:
+        """Limits' keys are namespaced by the cluster unless ``limits.key_prefix`` says otherwise."""
+        if not isinstance(data, dict) or not isinstance(data.get("limits", {}), dict):
+            return data
+        limits: dict[str, Any] = data.get("limits") or {}
+        if limits.get("key_prefix") is None:
+            cluster = data.get("cluster")
+            name = cluster.get("name", "thaw") if isinstance(cluster, dict) else getattr(cluster, "name", "thaw")
+            data = {**data, "limits": {**limits, "key_prefix": f"thaw:{name}:limits"}}
+        return data
 
     @field_validator("shapes", "pools", "models", "tenants")
     @classmethod
@@ -458,9 +515,14 @@ class ThawConfig(_Strict):
                 raise ValueError(f"tenants[{i}] ({t.name}): allowed_models names unknown models {unknown}")
         return self
 
-    @property
-    def ledger_path(self) -> Path:
-        return self.ledger.path if self.ledger.path.is_absolute() else self.data_dir / self.ledger.path
+    def activator_dir(self, activator_id: str) -> Path:
+        """What one activator keeps on its own disk: its ledger, the keys it was sent."""
+        return self.data_dir / "activators" / activator_id
+
+    def ledger_path_for(self, activator_id: str) -> Path:
+        """The activator's own ledger (an absolute ``ledger.path`` is taken as is: one
+        activator per machine)."""
+        return self.ledger.path if self.ledger.path.is_absolute() else self.activator_dir(activator_id) / self.ledger.path
 
     def pool(self, shape: str) -> Pool | None:
         return next((p for p in self.pools if p.shape == shape), None)

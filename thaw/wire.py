@@ -207,6 +207,10 @@ class RouteTable(_Msg):
     epoch: str
     version: int
     models: dict[str, ModelRoute]
+    # Activators heard from lately (each takes this share of a limit when the shared
+    # limits store is out of reach), and the version of the API key table.
+    activators: PositiveInt = 1
+    keys_version: NonNegativeInt = 0
 
 
 # -- controller → operators ------------------------------------------------------------
@@ -323,3 +327,51 @@ class BudgetView(_Msg):
     total_usd_per_hour: float | None
     total_source: str
     pools: list[PoolBudget]
+
+
+# -- operators → controller → activators: API keys ---------------------------------------
+
+
+class ApiKey(_Msg):
+    """One key of the table: its sha256 (hex), never the key."""
+
+    hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    tenant: str
+    label: str | None = None
+    # The key's first characters, to recognise it in listings ('' for a config key).
+    prefix: str
+    created_at: float
+    revoked_at: float | None = None
+
+
+class KeyTable(_Msg):
+    """``GET /v1/keys``: every key added or revoked at run time; ``version`` moves on
+    every change (the route table carries it, so activators know when to fetch)."""
+
+    version: NonNegativeInt
+    keys: list[ApiKey]
+
+
+class NewKey(_Msg):
+    """``POST /v1/keys``."""
+
+    tenant: str = Field(min_length=1, max_length=63)
+    label: str | None = Field(None, max_length=200)
+
+
+class NewKeyReply(_Msg):
+    # The key itself: the only time anyone sees it.
+    key: str
+    row: ApiKey
+
+
+class RevokeKey(_Msg):
+    """``POST /v1/keys/revoke``: the key, its sha256 ('sha256:<hex>' or hex), or its
+    listed prefix."""
+
+    key: str = Field(min_length=1, max_length=200)
+
+
+class RevokeReply(_Msg):
+    revoked: PositiveInt
+    version: NonNegativeInt

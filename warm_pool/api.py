@@ -23,12 +23,17 @@ from thaw.wire import (
     ColdStartRecord,
     DemandSignal,
     HeartbeatReply,
+    KeyTable,
+    NewKey,
+    NewKeyReply,
     PoolEvents,
     PoolStatus,
+    RevokeKey,
+    RevokeReply,
     RouteTable,
     WorkerStatus,
 )
-from warm_pool.manager import BudgetRefused, PoolManager, UnknownInstance
+from warm_pool.manager import BudgetRefused, PoolManager, UnknownInstance, UnknownKey, UnknownTenant
 from warm_pool.policy import ModelActivity
 
 
@@ -115,14 +120,36 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
 
     @app.put("/v1/pool/budget", response_model=BudgetView)
     async def set_budget(body: BudgetChange, request: Request) -> Response:
-        # Who asked: the operator's name as the CLI sends it, and the address it came from.
-        actor = request.headers.get("x-thaw-actor") or "unknown"
-        client = request.client.host if request.client else "?"
         try:
-            view = await manager.change_budget(body, f"{actor} ({client})")
+            view = await manager.change_budget(body, actor(request))
         except BudgetRefused as exc:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
         return Response(view.model_dump_json(), media_type="application/json")
+
+    def actor(request: Request) -> str:
+        # Who asked: the operator's name as the CLI sends it, and the address it came from.
+        client = request.client.host if request.client else "?"
+        return f"{request.headers.get('x-thaw-actor') or 'unknown'} ({client})"
+
+    @app.get("/v1/keys", response_model=KeyTable)
+    async def keys() -> Response:
+        return Response((await manager.key_table()).model_dump_json(), media_type="application/json")
+
+    @app.post("/v1/keys", response_model=NewKeyReply, status_code=201)
+    async def add_key(body: NewKey, request: Request) -> Response:
+        try:
+            reply = await manager.add_key(body.tenant, body.label, actor(request))
+        except UnknownTenant as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        return Response(reply.model_dump_json(), status_code=201, media_type="application/json")
+
+    @app.post("/v1/keys/revoke", response_model=RevokeReply)
+    async def revoke_key(body: RevokeKey, request: Request) -> Response:
+        try:
+            reply = await manager.revoke_key(body.key, actor(request))
+        except UnknownKey as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        return Response(reply.model_dump_json(), media_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -33,12 +33,15 @@ from thaw.wire import (
     BudgetView,
     ColdStartRecord,
     HeartbeatReply,
+    KeyTable,
     ModelRoute,
     ModelRow,
+    NewKeyReply,
     PoolEvent,
     PoolStatus,
     ReleaseRequest,
     ReplicaRoute,
+    RevokeReply,
     RouteTable,
     ShapeRow,
     SleepRequest,
@@ -48,6 +51,7 @@ from thaw.wire import (
     WorkerStatus,
 )
 from warm_pool.control import ControlError, WorkerControl
+from warm_pool.keys import KEYS_FILE, KeyStore
 from warm_pool.persist import (
     BudgetRefused,
     ControllerStore,
@@ -85,6 +89,14 @@ LAUNCH_ERROR_BACKOFF_S = (5.0, 120.0)
 
 class UnknownInstance(Exception):
     """A heartbeat from an instance that no provider of this cluster launched (403)."""
+
+
+class UnknownTenant(LookupError):
+    """A key for a tenant the config does not declare (404)."""
+
+
+class UnknownKey(LookupError):
+    """A revocation that matches no active key (404)."""
 
 
 @dataclass
@@ -184,6 +196,13 @@ class PoolManager:
         except BudgetRefused as exc:  # e.g. the config file changed under them
             log.warning("budget_overrides_dropped", error=str(exc))
             self.budget_overrides = {}
+        self.keys = KeyStore(state_dir / KEYS_FILE if state_dir is not None else None)
+        if state_dir is not None:
+            # An older Thaw kept run-time keys beside its one ledger: take them in once.
+            legacy = cfg.data_dir / "usage.db"
+            if (n := self.keys.import_legacy(legacy)):
+                log.info("keys_imported", count=n, source=str(legacy))
+        self.keys_version = self.keys.version
         self.state = PolicyState(epoch=self.epoch, models={
             name: ModelState(idle_histogram=h) for name, h in self.store.load_histograms(self.cfg).items()})
         self._saved_histograms = {n: ms.idle_histogram for n, ms in self.state.models.items()}
@@ -248,6 +267,7 @@ class PoolManager:
         for p in self._unique_providers():
             await p.close()
         await self.control.close()
+        self.keys.close()
 
     def _unique_providers(self) -> list[Provider]:
         out: list[Provider] = []
@@ -294,6 +314,36 @@ class PoolManager:
                             "before": before.model_dump(), "after": after.model_dump()})
         self._wake.set()
         return after
+
+    # -- API keys -------------------------------------------------------------------
+    async def add_key(self, tenant: str, label: str | None, who: str) -> NewKeyReply:
+        """A new key for a tenant of the config; every activator takes it within a second."""
+        tenants = sorted(t.name for t in self.base_cfg.tenants)
+        if tenant not in tenants:
+            raise UnknownTenant(f"no tenant {tenant!r} in the config; declared: {tenants}")
+        key, row = await asyncio.to_thread(self.keys.add, tenant, label)
+        self._event(None, "key", "operator", outcome="added",
+                    inputs={"who": who, "tenant": tenant, "prefix": row.prefix, "label": label})
+        await self._keys_changed()
+        return NewKeyReply(key=key, row=row)
+
+    async def revoke_key(self, key: str, who: str) -> RevokeReply:
+        """Revoke a key (the key, its hash, or its listed prefix), a config file's keys too."""
+        config_keys = {h.removeprefix("sha256:"): t.name for t in self.base_cfg.tenants for h in t.api_key_hashes}
+        n = await asyncio.to_thread(self.keys.revoke, key, config_keys=config_keys)
+        if n == 0:
+            raise UnknownKey("no such active key (give the key, its sha256, or the prefix `thaw tenants ls` shows)")
+        self._event(None, "key", "operator", outcome="revoked", inputs={"who": who, "count": n})
+        await self._keys_changed()
+        return RevokeReply(revoked=n, version=self.keys_version)
+
+    async def key_table(self) -> KeyTable:
+        return await asyncio.to_thread(self.keys.table)
+
+    async def _keys_changed(self) -> None:
+        self.keys_version = await asyncio.to_thread(lambda: self.keys.version)
+        if self.routes.version > 0:  # before adoption, the first table carries it
+            await self._publish_routes()
 
     # -- facts (the one place they change) -----------------------------------------
     def _observe(self, worker_id: str, shape: str, **changes: Any) -> WorkerFacts:
@@ -763,20 +813,26 @@ class PoolManager:
             )
         return models
 
+    def activators(self, now: float) -> int:
+        """Activators that reported lately (at least 1: the one asking)."""
+        return max(1, sum(1 for r in self.reports.values() if now - r.at <= REPORT_TTL_S))
+
     async def _publish_routes(self) -> None:
-        models = self.route_table(self.clock())
+        now = self.clock()
+        table = RouteTable(epoch=self.epoch, version=self.routes.version, models=self.route_table(now),
+                           activators=self.activators(now), keys_version=self.keys_version)
 
         # Only the parts activators act on decide whether the version moves.
-        def key(t: dict[str, ModelRoute]) -> Any:
-            return {n: (tuple(r.url for r in v.replicas), v.loading, v.failures, v.error,
-                        v.backoff_until is not None) for n, v in t.items()}
+        def key(t: RouteTable) -> Any:
+            return ({n: (tuple(r.url for r in v.replicas), v.loading, v.failures, v.error,
+                         v.backoff_until is not None) for n, v in t.models.items()}, t.activators, t.keys_version)
 
-        if key(models) != key(self.routes.models) or self.routes.version == 0:
+        if key(table) != key(self.routes) or self.routes.version == 0:
             async with self._routes_changed:
-                self.routes = RouteTable(epoch=self.epoch, version=self.routes.version + 1, models=models)
+                self.routes = table.model_copy(update={"version": self.routes.version + 1})
                 self._routes_changed.notify_all()
         else:
-            self.routes = RouteTable(epoch=self.epoch, version=self.routes.version, models=models)
+            self.routes = table
 
     async def wait_routes(self, since: int, epoch: str | None, timeout_s: float) -> RouteTable | None:
         """The route table once its version is past ``since`` (at once for a watcher of

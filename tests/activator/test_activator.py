@@ -7,9 +7,7 @@ exactly what the activator does with what it long-polls.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,43 +15,19 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import yaml
 
 from activator.app import create_app
 from tests.activator.fake_engine import FakeEngine, serve
-from thaw.config import ThawConfig, hash_api_key, parse_config
+from tests.activator.support import (
+    KEY,
+    LIMITED_KEY,
+    assert_openai_error,
+    make_config,
+    replica,
+    table,
+)
+from thaw.config import parse_config
 from thaw.embedded_store import free_port
-from thaw.wire import RouteTable
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
-KEY, LIMITED_KEY = "key-all", "key-limited"
-
-
-def make_config(data_dir: Path | None = None, **autoscaling: Any) -> ThawConfig:
-    data = yaml.safe_load(EXAMPLE.read_text())
-    data["data_dir"] = str(data_dir or Path(tempfile.mkdtemp(prefix="thaw-act-")))
-    demo = data["models"][0]
-    demo["autoscaling"].update({"activation_timeout_s": 2, "max_queue_length": 3, **autoscaling})
-    other = copy.deepcopy(demo)
-    other.update({"name": "other", "served_name": "other", "uri": "s3://thaw/models/other"})
-    data["models"].append(other)
-    data["server"]["max_body_bytes"] = 2000
-    data["tenants"] = [
-        {"name": "all", "api_key_hashes": [hash_api_key(KEY)], "allowed_models": ["*"]},
-        {"name": "limited", "api_key_hashes": [hash_api_key(LIMITED_KEY)], "allowed_models": ["other"]},
-    ]
-    return parse_config(data)
-
-
-def table(version: int, replicas: list[dict[str, Any]] | None = None, **demo: Any) -> RouteTable:
-    entry = {"served_name": "thaw-demo", "replicas": replicas or [], "loading": 0, "failures": 0,
-             "error": None, "backoff_until": None, **demo}
-    return RouteTable.model_validate({"epoch": "e1", "version": version, "models": {"demo": entry}})
-
-
-def replica(url: str, wid: str = "w1", assignment: str = "demo-1") -> dict[str, Any]:
-    return {"worker_id": wid, "url": url, "served_model_name": "served-demo", "assignment_id": assignment,
-            "phases": {"assigned": None, "snapshot_restored": None, "weights_loaded": None, "engine_ready": None}}
 
 
 @pytest.fixture(scope="module")
@@ -82,17 +56,6 @@ def oai(client: httpx.AsyncClient, key: str = KEY) -> openai.AsyncOpenAI:
 CHAT = {"model": "thaw-demo", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def assert_openai_error(r: httpx.Response, status: int, code: str | None = None, param: str | None = None) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert err["message"]
-    if code is not None:
-        assert err["code"] == code
-    if param is not None:
-        assert err["param"] == param
-    assert r.headers["x-request-id"]
-    return err
 
 
 async def test_bad_key_is_401(activator: tuple[Any, httpx.AsyncClient]) -> None:
@@ -333,7 +296,7 @@ def test_client_disconnect_aborts_the_upstream_stream(engine: tuple[FakeEngine, 
         deadline = time.time() + 10
         rows: list[dict[str, Any]] = []
         while not rows and time.time() < deadline:
-            rows = query_usage(app.state.cfg.ledger_path)
+            rows = query_usage(app.state.ledger.path)
             time.sleep(0.05)
         assert app.state.routes.routes["demo"].in_flight == 0
         assert [(r["cancelled"], r["usage_source"]) for r in rows] == [(1, "estimated")]
@@ -371,7 +334,7 @@ async def test_every_request_is_metered_with_the_usage_the_client_saw(
     with pytest.raises(openai.AuthenticationError):
         await oai(client, "wrong").chat.completions.create(**CHAT)
 
-    rows = query_usage(app.state.cfg.ledger_path)
+    rows = query_usage(app.state.ledger.path)
     assert [(r["status"], r["prompt_tokens"], r["completion_tokens"], r["usage_source"]) for r in rows] == [
         (200, 3, 5, "engine"), (200, 3, 5, "engine"), (200, 3, 5, "engine"), (404, 0, 0, "none"),
         (400, 0, 0, "none"),
@@ -477,36 +440,31 @@ async def test_context_length_exceeded_before_any_gpu_work(
     app.state.ledger.close()
 
 
-async def test_keys_added_and_revoked_without_restart(tmp_path: Path, engine: tuple[FakeEngine, str]) -> None:
-    from activator.keys import add_key, revoke
+async def test_keys_the_controller_sent_hold_across_a_restart_without_it(tmp_path: Path) -> None:
+    import hashlib
+
+    from activator.keys import KeyCache
+    from thaw.wire import ApiKey, KeyTable
 
     cfg = make_config(tmp_path)
+    added = "thaw-added-at-run-time"
+    KeyCache(cfg.activator_dir("t5")).save(KeyTable(version=7, keys=[
+        ApiKey(hash=hashlib.sha256(added.encode()).hexdigest(), tenant="limited", prefix=added[:9], created_at=1.0),
+        # A key of the config file, revoked at run time.
+        ApiKey(hash=hashlib.sha256(KEY.encode()).hexdigest(), tenant="all", label="config", prefix="",
+               created_at=2.0, revoked_at=2.0),
+    ]))
+    # The controller is down (nothing listens): the activator starts from what it kept.
     app = create_app(cfg, f"http://127.0.0.1:{free_port()}", activator_id="t5")
-    _, url = engine
     async with app.router.lifespan_context(app):
-        app.state.routes.apply(table(1, [replica(url)]))
+        assert app.state.routes.keys_version == 7
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
-            new_key = add_key(cfg.ledger_path, "limited", "ci")
-            h = {"Authorization": f"Bearer {new_key}"}
-
-            async def status_within(key_headers: dict[str, str], want: int) -> int:
-                got = 0
-                for _ in range(40):
-                    got = (await client.get("/v1/models", headers=key_headers)).status_code
-                    if got == want:
-                        break
-                    await asyncio.sleep(0.1)
-                return got
-
-            assert await status_within(h, 200) == 200
-            # The new key belongs to tenant 'limited': it sees only its models.
-            ids = [m["id"] for m in (await client.get("/v1/models", headers=h)).json()["data"]]
-            assert ids == ["other"]
-            assert revoke(cfg.ledger_path, new_key) == 1
-            assert await status_within(h, 401) == 401
-            # A key from the config file can be revoked too.
-            assert revoke(cfg.ledger_path, KEY, tenant_of_config_key="all") == 1
-            assert await status_within({"Authorization": f"Bearer {KEY}"}, 401) == 401
+            r = await client.get("/v1/models", headers={"Authorization": f"Bearer {added}"})
+            assert r.status_code == 200 and [m["id"] for m in r.json()["data"]] == ["other"]
+            assert (await client.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})).status_code == 401
+            ok = await client.get("/v1/models", headers={"Authorization": f"Bearer {LIMITED_KEY}"})
+            assert ok.status_code == 200
+    assert (cfg.activator_dir("t5") / "keys.json").stat().st_mode & 0o777 == 0o600
 
 
 async def test_fair_queue_round_robins_tenants_when_saturated(tmp_path: Path) -> None:
@@ -570,7 +528,7 @@ async def test_a_request_that_waits_for_a_busy_replica_is_not_a_cold_start(tmp_p
                 assert (await first).status_code == 200
         assert second.status_code == 503 and second.headers.get("retry-after")
         assert second.headers["x-thaw-cold-start"] == "false"
-        rows = query_usage(app.state.cfg.ledger_path)
+        rows = query_usage(app.state.ledger.path)
         assert sorted((r["status"], r["cold_start"]) for r in rows) == [(200, 0), (503, 0)]
 
 

@@ -14,17 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from activator.ledger import Ledger, UsageRecord, attribute_gpu_seconds, query_usage, usage_totals
+from activator.ledger import Ledger, attribute_gpu_seconds, query_usage, usage_totals
 from activator.usage import StreamTap, Usage, usage_from_body
-
-
-def record(i: int, tenant: str = "a", **kw: object) -> UsageRecord:
-    base = dict(request_id=f"r{i}", tenant=tenant, model="demo", status=200, error_code=None,
-                prompt_tokens=10, completion_tokens=5, cached_tokens=0, usage_source="engine", queue_ms=0.0,
-                ttft_ms=12.0, duration_ms=30.0, cold_start=False, cancelled=False, stream=True,
-                replica="demo-1", started_at=1000.0 + i, finished_at=1000.5 + i)
-    base.update(kw)
-    return UsageRecord(**base)  # type: ignore[arg-type]
+from tests.activator.support import record
 
 
 async def test_append_commits_and_groups(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,23 +104,73 @@ def test_models_ls_without_store_says_so(tmp_path: Path) -> None:
     assert "start the store first (`thaw store up`)" in proc.stderr
 
 
-def test_tenants_and_usage_commands(tmp_path: Path) -> None:
+def test_tenants_commands_keep_keys_at_the_controller(tmp_path: Path) -> None:
+    import httpx
+
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["data_dir"] = str(tmp_path / "data")
+    data["pools"] = []  # a controller that launches nothing
+    port = free_port()
+    data["controller"] = {"port": port}
+    cfg = tmp_path / "thaw.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    c = ("--config", str(cfg))
+    down = thaw("tenants", "ls", *c, check=False)
+    assert down.returncode == 3 and "does not answer" in down.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "thaw.cli.main", "controller", *c], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(150):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, "the controller exited"
+            time.sleep(0.1)
+        key = thaw("tenants", "add", "demo", "--label", "ci", *c).stdout.strip()
+        assert key.startswith("thaw-")
+        listed = thaw("tenants", "ls", *c).stdout
+        assert key[:9] in listed and "active" in listed and "ci" in listed and key not in listed
+        assert "revoked 1 key" in thaw("tenants", "revoke", key, *c).stdout
+        assert "revoked" in thaw("tenants", "ls", *c).stdout
+        bad = thaw("tenants", "add", "nobody", *c, check=False)
+        assert bad.returncode == 2 and "no tenant 'nobody'" in bad.stderr
+        again = thaw("tenants", "revoke", key, *c, check=False)
+        assert again.returncode == 2 and "no such active key" in again.stderr
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert (tmp_path / "data" / "controller" / "keys.db").exists()
+
+
+def test_usage_command(tmp_path: Path) -> None:
     data = yaml.safe_load(EXAMPLE.read_text())
     data["data_dir"] = str(tmp_path / "data")
     cfg = tmp_path / "thaw.yaml"
     cfg.write_text(yaml.safe_dump(data))
     c = ("--config", str(cfg))
-    assert thaw("usage", *c, check=False).returncode == 1  # no ledger yet: says so
-    key = thaw("tenants", "add", "demo", "--label", "ci", *c).stdout.strip()
-    assert key.startswith("thaw-")
-    listed = thaw("tenants", "ls", *c).stdout
-    assert key[:9] in listed and "active" in listed and "ci" in listed
-    assert "revoked 1 key" in thaw("tenants", "revoke", key, *c).stdout
-    assert "revoked" in thaw("tenants", "ls", *c).stdout
-    bad = thaw("tenants", "add", "nobody", *c, check=False)
-    assert bad.returncode == 2 and "no tenant 'nobody'" in bad.stderr
-    # The ledger file exists now (keys live in it): an empty window is fine.
-    assert "no usage in that window" in thaw("usage", "--since", "1h", *c).stdout
+    # No store (the embedded one is not up) and no activator ledger here: nothing to read.
+    nothing = thaw("usage", *c, check=False)
+    assert nothing.returncode == 3 and "no activator ledger under" in nothing.stderr
+    # An activator's ledger on this machine: answered from it, saying the store was not read.
+    import asyncio
+
+    from activator.ledger import Ledger
+    from tests.activator.test_ledger import record
+    from thaw.config import load_config
+
+    async def one_record() -> None:
+        ledger = Ledger(load_config(cfg).ledger_path_for("a"))
+        await ledger.append(record(1, "demo"))
+        ledger.close()
+
+    asyncio.run(one_record())
+    window = thaw("usage", "--since", "1h", *c).stdout
+    assert "no usage in that window" in window and "incomplete: the object store is not available" in window
+    answer = json.loads(thaw("usage", "--format", "json", *c).stdout)
+    assert answer["tenants"]["demo"]["requests"] == 1 and answer["complete"] is False
+    assert answer["records"][0]["activator"] == "a"
     assert thaw("usage", "--since", "yesterday", *c, check=False).returncode == 2
 
 

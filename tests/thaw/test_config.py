@@ -61,6 +61,9 @@ def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("tenants.0.allowed_models", ["nope"], "(top level)", "unknown models ['nope']"),
         ("object_store.kind", "gcs", "object_store.kind", "'embedded' or 's3'"),
         ("server.port", 70000, "server.port", "less than or equal to 65535"),
+        ("limits.backend", "redis", "limits", "backend 'redis' needs 'url'"),
+        ("limits.url", "http://cache:6379", "limits.url", "use redis://host:port/db"),
+        ("limits.lease_ttl_s", 0.5, "limits.lease_ttl_s", "greater than or equal to 1"),
     ],
 )
 def test_bad_config_names_the_field(path: str, value: Any, expected_field: str, expected_text: str) -> None:
@@ -68,6 +71,14 @@ def test_bad_config_names_the_field(path: str, value: Any, expected_field: str, 
         parse_config(_set(example(), path, value))
     problems = info.value.problems
     assert any(p.startswith(f"{expected_field}:") and expected_text in p for p in problems), problems
+
+
+def test_limits_keys_are_namespaced_by_the_cluster() -> None:
+    data = _set(example(), "limits", {"backend": "redis", "url": "redis://127.0.0.1:6379/0"})
+    assert parse_config(_set(data, "cluster.name", "prod")).limits.key_prefix == "thaw:prod:limits"
+    data = _set(data, "limits.key_prefix", "shared")
+    assert parse_config(data).limits.key_prefix == "shared"
+    assert load_config(EXAMPLE).limits.backend == "local"
 
 
 def test_every_problem_is_reported_not_just_the_first() -> None:

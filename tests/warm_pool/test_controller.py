@@ -143,3 +143,65 @@ async def test_a_budget_change_is_validated_applied_within_a_tick_and_survives_a
         await until("adopted", lambda: c.manager.adopted, c.manager)
         await asyncio.sleep(0.5)
         assert provider.launched == 2
+
+
+async def test_keys_added_and_revoked_reach_every_activator_and_survive_a_restart(
+    provider: InProcessProvider, tmp_path: Path,
+) -> None:
+    from thaw.wire import KeyTable
+
+    cfg = fleet_config()
+    port = port_of(provider)
+    seen: dict[str, list[KeyTable]] = {"a": [], "b": []}
+
+    def watcher(name: str) -> RouteWatcher:
+        async def on_keys(table: KeyTable) -> None:
+            seen[name].append(table)
+        return RouteWatcher(cfg.models, provider.controller_url, f"act-{name}", token=TOKEN, on_keys=on_keys,
+                            report_interval_s=0.1)
+
+    def revoked(name: str, hash_: str) -> bool:
+        return bool(seen[name]) and any(k.hash == hash_ and k.revoked_at for k in seen[name][-1].keys)
+
+    watchers = [watcher("a"), watcher("b")]
+    for w in watchers:
+        await w.start()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        async with controller(cfg, provider, port, state_dir=tmp_path / "ctl") as c, \
+                httpx.AsyncClient(base_url=c.url, headers=auth, timeout=5) as http:
+            m = c.manager
+            await until("both activators counted", lambda: all(w.activators == 2 for w in watchers), m)
+            r = await http.post("/v1/keys", json={"tenant": "demo", "label": "ci"})
+            assert r.status_code == 201, r.text
+            key, row = r.json()["key"], r.json()["row"]
+            assert key.startswith("thaw-") and key not in str(await http.get("/v1/keys"))
+            await until("both activators have the key",
+                        lambda: all(s and s[-1].keys and s[-1].keys[-1].hash == row["hash"] for s in seen.values()), m)
+            t0 = time.monotonic()
+            r = await http.post("/v1/keys/revoke", json={"key": key})
+            assert r.status_code == 200 and r.json()["revoked"] == 1
+            await until("both activators have the revocation",
+                        lambda: revoked("a", row["hash"]) and revoked("b", row["hash"]), m)
+            assert time.monotonic() - t0 < 1.0  # within a second: the long poll answers at once
+            # A key of the config file can be revoked too; nonsense is a 404 that says why.
+            config_key_hash = cfg.tenants[0].api_key_hashes[0]
+            assert (await http.post("/v1/keys/revoke", json={"key": config_key_hash})).json()["revoked"] == 1
+            bad = await http.post("/v1/keys/revoke", json={"key": "thaw-nothing"})
+            assert bad.status_code == 404 and "no such active key" in bad.json()["error"]
+            bad = await http.post("/v1/keys", json={"tenant": "nobody"})
+            assert bad.status_code == 404 and "no tenant 'nobody'" in bad.json()["error"]
+            assert (await http.post("/v1/keys", json={"tenant": "demo", "extra": 1})).status_code == 422
+            version = (await http.get("/v1/keys")).json()["version"]
+            assert any(e.kind == "key" and e.outcome == "revoked" for e in m.events)
+        assert (tmp_path / "ctl" / "keys.db").stat().st_mode & 0o777 == 0o600
+        # A new controller on the same state keeps the table and its version.
+        async with controller(cfg, provider, port, state_dir=tmp_path / "ctl") as c, \
+                httpx.AsyncClient(base_url=c.url, headers=auth, timeout=5) as http:
+            table = KeyTable.model_validate((await http.get("/v1/keys")).json())
+            assert table.version == version and revoked("a", row["hash"])
+            assert {k.hash for k in table.keys if k.revoked_at} == {row["hash"],
+                                                                    config_key_hash.removeprefix("sha256:")}
+    finally:
+        for w in watchers:
+            await w.close()

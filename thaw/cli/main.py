@@ -429,13 +429,18 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 
 def cmd_activator(args: argparse.Namespace) -> int:
-    from activator.server import create_activator_app
+    from activator.server import check_activator_id, create_activator_app, default_activator_id
     from thaw.serve import run_server
 
     cfg = _load(args)
     setup_logging("activator", args.log_level or cfg.log_level)
-    app = create_activator_app(cfg, (args.controller or cfg.controller.resolved_url).rstrip("/"), args.id)
-    return run_server(app, args.host or cfg.server.host, args.port or cfg.server.port, graceful_s=30)
+    port = args.port or cfg.server.port
+    try:
+        activator_id = check_activator_id(args.id) if args.id else default_activator_id(port)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_INVALID) from None
+    app = create_activator_app(cfg, (args.controller or cfg.controller.resolved_url).rstrip("/"), activator_id)
+    return run_server(app, args.host or cfg.server.host, port, graceful_s=30)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -449,36 +454,48 @@ def cmd_usage(args: argparse.Namespace) -> int:
     import time
 
     from activator.errors import ApiError
-    from activator.ledger import (
-        attribute_gpu_seconds,
-        parse_time,
-        query_usage,
-        replica_intervals,
-        usage_totals,
-    )
+    from activator.ledger import attribute_gpu_seconds, parse_time, usage_totals
+    from activator.shipping import CLIENT_CONFIG
+    from activator.usage_store import UsageReader, describe_lag, local_ledgers, read_usage
+    from thaw.objstore import StoreConfigError, resolve_endpoint
 
     cfg = _load(args)
-    path = cfg.ledger_path
-    if not path.exists():
-        raise CliError(f"no usage ledger at {path} yet (it is created when the activator starts)", EXIT_FAILED)
     try:
         since, until = parse_time(args.since, "since"), parse_time(args.until, "until")
     except ApiError as exc:
         raise CliError(exc.message, EXIT_INVALID) from None
-    records = query_usage(path, tenant=args.tenant, since=since, until=until)
+    # Every activator's shipped segments, plus the ledgers of the activators on this
+    # machine (the originals, with what is not shipped yet); each record counted once.
+    local = local_ledgers(cfg)
+    reader, no_store = None, "ledger.ship is false"
+    if cfg.ledger.ship:
+        try:
+            client = resolve_endpoint(cfg).client(**CLIENT_CONFIG)
+            reader = UsageReader(client, cfg.object_store.bucket, cfg.ledger.ship_prefix)
+        except StoreConfigError as exc:
+            no_store = f"the object store is not available ({exc})"
+    now = time.time()
+    # All tenants' records in the window: GPU-seconds are split by every tenant's tokens.
+    fleet = read_usage(reader, local, since=since, until=until, now=now, no_store=no_store)
+    if not fleet.complete and not local:
+        raise CliError(f"no usage to read: {fleet.reason}, and no activator ledger under "
+                       f"{cfg.data_dir / 'activators'}", EXIT_STORE if cfg.ledger.ship else EXIT_FAILED)
+    records = [r for r in fleet.records if args.tenant is None or r["tenant"] == args.tenant]
     if args.format == "csv":
         writer = csv.writer(sys.stdout)
         if records:
             writer.writerow(records[0].keys())
         for r in records:
             writer.writerow(r.values())
+        print(describe_lag(fleet), file=sys.stderr)
         return 0
-    gpu = attribute_gpu_seconds(records, replica_intervals(path), now=time.time())
+    gpu = attribute_gpu_seconds(fleet.records, fleet.intervals, now=now)
     tenants = sorted({r["tenant"] for r in records})
     per_tenant = {t: {**usage_totals(r for r in records if r["tenant"] == t),
                       "gpu_seconds": round(gpu.get(t, 0.0), 3)} for t in tenants}
     if args.format == "json":
-        print(json.dumps({"tenants": per_tenant, "records": records}, indent=2))
+        print(json.dumps({"tenants": per_tenant, "records": records, "shipping": fleet.shipping(),
+                          "complete": fleet.complete, "incomplete_reason": fleet.reason}, indent=2))
         return 0
     print(f"{'TENANT':16} {'REQUESTS':>8} {'PROMPT':>9} {'COMPLETION':>10} {'CACHED':>8} {'ERRORS':>6} "
           f"{'COLD':>5} {'GPU-S':>9}")
@@ -487,46 +504,32 @@ def cmd_usage(args: argparse.Namespace) -> int:
               f"{v['cached_tokens']:>8} {v['errors']:>6} {v['cold_starts']:>5} {v['gpu_seconds']:>9.1f}")
     if not per_tenant:
         print("no usage in that window")
+    print(describe_lag(fleet))
     return 0
 
 
 def cmd_tenants_add(args: argparse.Namespace) -> int:
-    from activator.keys import add_key
-
     cfg = _load(args)
-    if args.tenant not in {t.name for t in cfg.tenants}:
-        raise CliError(f"no tenant {args.tenant!r} in the config; declared: {sorted(t.name for t in cfg.tenants)}",
-                       EXIT_INVALID)
-    key = add_key(cfg.ledger_path, args.tenant, args.label)
-    print(key)
-    print(f"key for tenant {args.tenant!r} (shown once; stored only as a hash; active within a second)",
-          file=sys.stderr)
+    reply = _call(cfg, "POST", _controller(args, cfg), "/v1/keys", body={"tenant": args.tenant, "label": args.label})
+    print(reply["key"])
+    print(f"key for tenant {args.tenant!r} (shown once; stored only as a hash; in force on every activator "
+          "within a second)", file=sys.stderr)
     return 0
 
 
 def cmd_tenants_revoke(args: argparse.Namespace) -> int:
-    from activator.keys import revoke
-
     cfg = _load(args)
-    h = args.key.removeprefix("sha256:")
-    owner = next((t.name for t in cfg.tenants for k in t.api_key_hashes
-                  if k in (f"sha256:{h}", hash_api_key(args.key))), None)
-    n = revoke(cfg.ledger_path, args.key, tenant_of_config_key=owner)
-    if n == 0:
-        raise CliError("no such active key (give the key, its sha256, or the prefix `thaw tenants ls` shows)",
-                       EXIT_INVALID)
-    print(f"revoked {n} key(s); in effect within a second")
+    reply = _call(cfg, "POST", _controller(args, cfg), "/v1/keys/revoke", body={"key": args.key})
+    print(f"revoked {reply['revoked']} key(s); in force on every activator within a second")
     return 0
 
 
 def cmd_tenants_ls(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from activator.keys import list_keys
-
     cfg = _load(args)
-    rows = list_keys(cfg.ledger_path)
-    revoked = {r.hash for r in rows if r.revoked_at}
+    rows = _get(cfg, _controller(args, cfg), "/v1/keys")["keys"]
+    revoked = {r["hash"] for r in rows if r["revoked_at"]}
     print(f"{'TENANT':16} {'MODELS':24} {'KEY':14} {'SOURCE':8} STATUS")
     for t in cfg.tenants:
         models = ",".join(t.allowed_models)[:24]
@@ -535,10 +538,11 @@ def cmd_tenants_ls(args: argparse.Namespace) -> int:
             print(f"{t.name:16} {models:24} {hx[:12] + '…':14} {'config':8} "
                   f"{'revoked' if hx in revoked else 'active'}")
         for r in rows:
-            if r.tenant == t.name and r.label != "config":
-                when = datetime.fromtimestamp(r.created_at, UTC).strftime("%Y-%m-%d %H:%M")
-                print(f"{t.name:16} {models:24} {r.prefix + '…':14} {'added':8} "
-                      f"{'revoked' if r.revoked_at else 'active'} (added {when}{', ' + r.label if r.label else ''})")
+            if r["tenant"] == t.name and r["label"] != "config":
+                when = datetime.fromtimestamp(r["created_at"], UTC).strftime("%Y-%m-%d %H:%M")
+                print(f"{t.name:16} {models:24} {r['prefix'] + '…':14} {'added':8} "
+                      f"{'revoked' if r['revoked_at'] else 'active'} (added {when}"
+                      f"{', ' + r['label'] if r['label'] else ''})")
     return 0
 
 
@@ -592,7 +596,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--controller", metavar="URL", default=None, help="default: controller.url in the config")
     p.add_argument("--host", default=None, help="listen address (default: server.host)")
     p.add_argument("--port", type=int, default=None, help="listen port (default: server.port)")
-    p.add_argument("--id", default=None, help="this activator's name in reports (default: random)")
+    p.add_argument("--id", default=None,
+                   help="this activator's name: its reports, its local ledger and keys under "
+                        "<data_dir>/activators/ID, its usage segments (default: HOST-PORT, the same on "
+                        "every start)")
     from worker.__main__ import add_arguments as worker_arguments
 
     p = add(sub, "worker", "Run the worker agent of one instance (started by a provider).", cmd_worker)
@@ -691,21 +698,25 @@ def build_parser() -> argparse.ArgumentParser:
         p = add(s_sub, name, help_, getattr(snapshot_cli, f"cmd_{name}"))
         snapshot_cli.add_arguments(name, p)
 
-    p = add(sub, "usage", "Usage per tenant from the ledger (tokens, errors, cold starts, GPU-seconds).",
+    p = add(sub, "usage", "Usage per tenant across every activator: tokens, errors, cold starts, GPU-seconds.",
             cmd_usage)
     p.add_argument("--tenant", default=None)
     p.add_argument("--since", default=None, help="epoch seconds, ISO time, or a duration back (15m, 2h, 7d)")
     p.add_argument("--until", default=None)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
 
-    ten = sub.add_parser("tenants", help="Add, revoke or list tenants' API keys (no restart needed).")
+    ten = sub.add_parser("tenants", help="Add, revoke or list tenants' API keys (at the controller; every "
+                                          "activator follows within a second).")
     t_sub = ten.add_subparsers(dest="tenants_command", metavar="SUBCOMMAND", required=True)
     p = add(t_sub, "add", "Create an API key for a tenant of the config; prints it once.", cmd_tenants_add)
     p.add_argument("tenant", metavar="TENANT")
     p.add_argument("--label", default=None, help="a note kept with the key (who it is for)")
+    p.add_argument("--controller", metavar="URL", default=None)
     p = add(t_sub, "revoke", "Revoke a key (the key, its sha256, or its listed prefix).", cmd_tenants_revoke)
     p.add_argument("key", metavar="KEY")
-    add(t_sub, "ls", "List tenants and their keys (prefixes and hashes only).", cmd_tenants_ls)
+    p.add_argument("--controller", metavar="URL", default=None)
+    p = add(t_sub, "ls", "List tenants and their keys (prefixes and hashes only).", cmd_tenants_ls)
+    p.add_argument("--controller", metavar="URL", default=None)
 
     models = sub.add_parser("models", help="List the models in the store.")
     m_sub = models.add_subparsers(dest="models_command", metavar="SUBCOMMAND", required=True)
