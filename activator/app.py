@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activator.auth import Authenticator
+from activator.edge import CompletionEdge, IncomingRequest
 from activator.errors import (
     ApiError,
     BadRequest,
@@ -48,13 +49,14 @@ log = get_logger()
 
 def create_app(
     cfg: ThawConfig, pool_url: str, *, activator_id: str | None = None, store_fetcher: FileFetcher | None = None,
-    token: str | None = None, usage_client: S3Client | None = None,
+    token: str | None = None, usage_client: S3Client | None = None, processes: int = 1,
 ) -> FastAPI:
     """The activator. ``store_fetcher`` reads a model's tokenizer files from the store
     (for prompt lengths); without it, prompt lengths are estimated and not checked.
     ``token``: the cluster token its calls to the controller carry. ``usage_client``:
     the store that its ledger is shipped to and fleet usage read from (none: /v1/usage
-    answers from this activator's ledger alone)."""
+    answers from this activator's ledger alone). ``processes``: how many worker
+    processes of one `thaw activator --workers N` this is one of."""
     registry = CollectorRegistry()
     metrics = ActivatorMetrics(registry)
     activator_id = activator_id or f"activator-{uuid.uuid4().hex[:8]}"
@@ -89,7 +91,8 @@ def create_app(
     tokens = TokenCounter(store_fetcher) if store_fetcher is not None else None
     # limits.backend redis: shared by every activator; while Redis is away, this one's
     # share is the limit over the activators the controller hears from.
-    limiter = build_limiter(cfg.limits, metrics, owner=activator_id, activators=lambda: routes.activators)
+    limiter = build_limiter(cfg.limits, metrics, owner=activator_id, activators=lambda: routes.activators,
+                            processes=processes)
     service = CompletionService(cfg, auth, routes, metrics, ledger, tokens, limiter=limiter)
     bucket, prefix = cfg.object_store.bucket, cfg.ledger.ship_prefix
     shipper = (UsageShipper(ledger.path, activator_id, usage_client, bucket, prefix=prefix,
@@ -154,7 +157,7 @@ def create_app(
         return error_response(BadRequest(first.get("msg", "invalid request"), param=param),
                               {"x-request-id": request_id_from(request)})
 
-    async def completion(request: Request, kind: Kind, path_model: str | None) -> Response:
+    async def completion(request: IncomingRequest, kind: Kind, path_model: str | None) -> Response:
         ctx = RequestContext(request_id=request_id_from(request), arrival=time.time())
         with bind_request(ctx.request_id, kind=kind):
             try:
@@ -179,6 +182,10 @@ def create_app(
             log.info("request_dispatched", model=ctx.model.name if ctx.model else None, status=ctx.status,
                      cold_start=ctx.cold, queue_ms=round(ctx.queue_s * 1000))
             return response
+
+    # The completion endpoints' traffic takes the short way (activator.edge); the routes
+    # below document them in /openapi.json and serve them if the edge is not in front.
+    app.add_middleware(CompletionEdge, handler=completion)
 
     @app.post("/v1/chat/completions", openapi_extra=request_body("chat", model_in_path=False),
               responses=ERROR_RESPONSES)

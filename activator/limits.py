@@ -218,10 +218,13 @@ def _resized(bucket: Bucket | None, capacity: int | None, now: float) -> Bucket 
 
 class LocalLimiter:
     """``limits.backend: local``: the buckets in this activator's memory (limits are
-    then per activator)."""
+    then per activator). One of ``processes`` worker processes sharing a port
+    (`thaw activator --workers N`) takes its share of each limit, so that together
+    they admit no more than the limit."""
 
-    def __init__(self) -> None:
+    def __init__(self, processes: int = 1) -> None:
         self.buckets = RateLimiter()
+        self.processes = processes
 
     async def start(self) -> None:
         pass
@@ -230,6 +233,8 @@ class LocalLimiter:
         pass
 
     async def admit(self, tenant: str, model: str, limits: RateLimits, tokens: int, now: float) -> Admission:
+        if self.processes > 1:
+            limits = share(limits, self.processes)
         return self.buckets.admit(tenant, model, limits, tokens, now)
 
     async def settle(self, admission: Admission, used_tokens: int | None, now: float) -> None:
@@ -237,12 +242,14 @@ class LocalLimiter:
 
 
 def build_limiter(cfg: LimitsConfig, metrics: ActivatorMetrics, *, owner: str,
-                  activators: Callable[[], int], clock: Callable[[], float] = time.monotonic) -> Limiter:
+                  activators: Callable[[], int], clock: Callable[[], float] = time.monotonic,
+                  processes: int = 1) -> Limiter:
     """The backend ``cfg.backend`` names. ``owner`` (the activator's id) names its
     concurrency leases; ``activators()`` is how many activators share a limit, for this
-    one's share while Redis is out of reach."""
+    one's share while Redis is out of reach; ``processes``: how many worker processes
+    of one activator share its port (each takes its share of a local limit)."""
     if cfg.backend == "local":
-        return LocalLimiter()
+        return LocalLimiter(processes)
     if cfg.backend == "redis":
         from activator.limits_redis import RedisLimiter
 

@@ -6,8 +6,8 @@ Supports the analysis of `thaw bench activator` (docs/BENCHMARKS.md). On loopbac
 with the measured side pinned to one core and the other side on another:
 
 - ``client_httpx`` / ``client_aiohttp``: CPU per streamed request (1 token) of an
-  ``httpx.AsyncClient`` (the activator's upstream client, same limits and timeouts) and
-  of an ``aiohttp.ClientSession``, as the only work of a process, against
+  ``httpx.AsyncClient`` (with the limits the activator used) and of the activator's
+  upstream client (an ``aiohttp.ClientSession``), as the only work of a process, against
   :mod:`loadtests.fast_upstream`;
 - ``server_fastapi`` / ``server_raw_asgi``: CPU per request of a uvicorn process serving
   a 2-chunk SSE stream from a FastAPI route with ``StreamingResponse``, and from a bare
@@ -54,9 +54,11 @@ async def _closed_loop(one: Any, n: int) -> None:
 
 
 async def client_httpx(url: str, n: int) -> float:
-    from activator.service import upstream_client
+    import httpx
 
-    async with upstream_client() as c:
+    # The activator's upstream client until it was measured here: the same limits.
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=2.0),
+                                 limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)) as c:
         async def one() -> None:
             req = c.build_request("POST", url, content=BODY, headers={"content-type": "application/json"})
             r = await c.send(req, stream=True)
@@ -71,9 +73,9 @@ async def client_httpx(url: str, n: int) -> float:
 
 
 async def client_aiohttp(url: str, n: int) -> float:
-    import aiohttp
+    from activator.service import upstream_client
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1000)) as s:
+    async with upstream_client() as s:  # the activator's upstream client
         async def one() -> None:
             async with s.post(url, data=BODY, headers={"content-type": "application/json"}) as r:
                 async for _ in r.content.iter_any():

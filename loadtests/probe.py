@@ -75,7 +75,8 @@ def main() -> None:
     info = json.loads(args.endpoint.read_text())
     HEADERS.update(bearer(local_token(args.endpoint.parent)))
     base, key, model, control = info["base_url"], info["api_key"], info["model"], info["control_url"]
-    cold, hot = [], []
+    cold: list[dict[str, Any]] = []
+    hot: list[dict[str, Any]] = []
     for cycle in range(args.cycles):
         deadline = time.time() + args.zero_timeout_s
         while not _at_zero_with_standby(control, model):

@@ -1,11 +1,15 @@
 """Thaw as a fleet on one machine: `thaw controller`, two `thaw activator`s and a local
-pool of `thaw worker`s, as separate processes with real vLLM on the CPU and the store.
+pool of `thaw worker`s, as separate processes with real vLLM on the CPU, the store and
+a real Redis for the limits.
 
 A cold request through activator A starts exactly one replica and a request through B
 is hot; the controller is SIGKILLed under streamed load through both and restarted:
 no request fails, and the new controller adopts the same workers and replica without a
 launch. The control plane refuses calls without the cluster token, and no log, state,
-metrics or status output carries the token or the store's secret.
+metrics or status output carries the token or the store's secret. The activators share
+one truth: a key revoked at the controller is refused by both within a second, a
+tenant's limit holds across both (and is split between them while Redis is down), and
+`thaw usage` counts every request once, also across a SIGKILLed activator.
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ import psutil
 import pytest
 import yaml
 
+from activator.ledger import query_usage
 from loadtests.procs import kill_group
 from tests.conftest import BUCKET
+from tests.redis_server import RedisServer
+from thaw.config import hash_api_key
 from thaw.embedded_store import EmbeddedStore, free_port
 from thaw.objstore import S3Endpoint
 from weight_streaming.push import push_model
@@ -38,6 +45,8 @@ from weight_streaming.push import push_model
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 KEY = "thaw-demo-key"
+METERED_KEY = "thaw-metered-key"
+METERED_RPM = 6
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -47,6 +56,7 @@ class Fleet:
     config: Path
     controller_url: str
     activators: dict[str, str]  # name -> base URL (…/v1)
+    redis: RedisServer
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -93,8 +103,26 @@ class Fleet:
     def log_tail(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
 
-    def client(self, name: str) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.activators[name], api_key=KEY, max_retries=0, timeout=120)
+    def client(self, name: str, key: str = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.activators[name], api_key=key, max_retries=0, timeout=120)
+
+    def start_activator(self, name: str) -> None:
+        port = self.activators[name].rsplit(":", 1)[1].removesuffix("/v1")
+        self.start(f"activator-{name}", "activator", "--controller", self.controller_url, "--port", port,
+                   "--id", name)
+
+    def wait_healthy(self, base: str, timeout_s: float = 60) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(base.removesuffix("/v1") + "/healthz", timeout=2).json()["pool_connected"]:
+                    return
+            time.sleep(0.2)
+        raise AssertionError(f"{base} did not come up")
+
+    def thaw(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "thaw.cli.main", *args, "--config", str(self.config)],
+                              capture_output=True, text=True, timeout=60, cwd=self.tmp)
 
 
 def _kill_local_workers(data_dir: Path) -> None:
@@ -117,6 +145,8 @@ def _kill_local_workers(data_dir: Path) -> None:
 def fleet(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("fleet")
+    (tmp / "redis").mkdir()
+    redis = RedisServer(tmp / "redis")  # its port is known now; it starts below
     uri = f"s3://{BUCKET}/e2e/fleet-{os.getpid()}"
     push_model(s3.client(), demo_model_dir, uri)
     cfg = yaml.safe_load((ROOT / "examples" / "thaw.yaml").read_text())
@@ -127,7 +157,11 @@ def fleet(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
         "cluster": {"heartbeat_interval_s": 1, "worker_timeout_s": 10},
         "object_store": {"kind": "s3", "endpoint_url": s3.endpoint_url, "bucket": BUCKET,
                          "credentials": {"source": "file", "file": str(store.root / "credentials.json")}},
+        "limits": {"backend": "redis", "url": redis.url},
+        "ledger": {"ship_interval_s": 1, "ship_prefix": f"usage-{os.getpid()}/"},
     })
+    cfg["tenants"].append({"name": "metered", "api_key_hashes": [hash_api_key(METERED_KEY)],
+                           "limits": {"requests_per_minute": METERED_RPM}})
     cfg["models"][0].update({"uri": uri, "demo_if_missing": False})
     cfg["models"][0]["autoscaling"].update({"idle_grace_s": 600, "activation_timeout_s": 240})
     cfg["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 3})
@@ -135,18 +169,19 @@ def fleet(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
     path.write_text(yaml.safe_dump(cfg))
     ports = {"a": free_port(), "b": free_port()}
     f = Fleet(tmp, path, f"http://127.0.0.1:{controller_port}",
-              {n: f"http://127.0.0.1:{p}/v1" for n, p in ports.items()})
+              {n: f"http://127.0.0.1:{p}/v1" for n, p in ports.items()}, redis)
     try:
+        redis.start()
         f.start_controller()
-        for name, port in ports.items():
-            f.start(f"activator-{name}", "activator", "--controller", f.controller_url, "--port", str(port),
-                    "--id", name)
+        for name in ports:
+            f.start_activator(name)
         yield f
     finally:
         for name in [n for n in f.procs if n.startswith("activator")] + ["controller"]:
             if name in f.procs:
                 kill_group(f.procs[name], 60)
         _kill_local_workers(f.data_dir)
+        redis.stop()
 
 
 def ready_workers(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -317,3 +352,168 @@ def test_a_budget_change_from_the_cli_applies_survives_a_restart_and_is_an_event
     assert standbys(fleet.state()) == 2 == standbys(state)
     new_events = httpx.get(f"{fleet.controller_url}/v1/events", headers=fleet.auth(), timeout=5).json()["events"]
     assert not [e for e in new_events if e["kind"] in ("launch", "terminate")]
+
+
+def _status_with(client: openai.OpenAI, request_id: str) -> int:
+    try:
+        client.chat.completions.create(model="thaw-demo", messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=1, extra_headers={"x-request-id": request_id})
+        return 200
+    except openai.APIStatusError as exc:
+        return exc.status_code
+
+
+def _ledger(fleet: Fleet, name: str) -> dict[str, list[dict[str, Any]]]:
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for r in query_usage(fleet.data_dir / "activators" / name / "usage.db"):
+        by_id.setdefault(r["request_id"], []).append(r)
+    return by_id
+
+
+def test_a_key_revoked_at_the_controller_is_refused_by_both_activators_within_a_second(fleet: Fleet) -> None:
+    out = fleet.thaw("tenants", "add", "demo", "--label", "e2e", "--controller", fleet.controller_url)
+    assert out.returncode == 0, out.stderr
+    key = out.stdout.strip()
+
+    def codes() -> list[int]:
+        return [httpx.get(base + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=5).status_code
+                for base in fleet.activators.values()]
+
+    deadline = time.time() + 5
+    while codes() != [200, 200]:
+        assert time.time() < deadline, "the new key did not reach both activators"
+        time.sleep(0.05)
+    out = fleet.thaw("tenants", "revoke", key, "--controller", fleet.controller_url)
+    assert out.returncode == 0, out.stderr
+    revoked_at = time.time()
+    while codes() != [401, 401]:
+        time.sleep(0.02)
+        assert time.time() - revoked_at < 5, codes()
+    took = time.time() - revoked_at
+    assert took < 1.0, f"refused by both {took:.2f} s after the revocation"
+    print(f"\nkey revoked → refused by both activators after {took * 1000:.0f} ms")
+
+
+def test_a_tenant_limit_holds_across_both_activators_and_splits_while_redis_is_down(fleet: Fleet) -> None:
+    fleet.wait("a ready replica", lambda s: ready_workers(s))
+    clients = {n: fleet.client(n, METERED_KEY) for n in fleet.activators}
+    sent: dict[str, tuple[str, int]] = {}  # request id -> (activator, status)
+    for i in range(2 * METERED_RPM):
+        name = "ab"[i % 2]
+        rid = f"limit-{os.getpid()}-{i}"
+        sent[rid] = (name, _status_with(clients[name], rid))
+    ok = [rid for rid, (_, st) in sent.items() if st == 200]
+    # R across both, not 2R (one more if a refill landed while the test ran).
+    assert METERED_RPM <= len(ok) <= METERED_RPM + 1, sent
+    assert {st for _, st in sent.values()} <= {200, 429}
+    fleet.redis.stop()
+    try:
+        degraded: dict[str, list[int]] = {}
+        for name in fleet.activators:
+            for i in range(METERED_RPM):
+                rid = f"degraded-{os.getpid()}-{name}-{i}"
+                st = _status_with(clients[name], rid)
+                sent[rid] = (name, st)
+                degraded.setdefault(name, []).append(st)
+        # Each activator admits its share, ceil(R / 2), from its own buckets.
+        share = -(-METERED_RPM // 2)
+        assert all(codes.count(200) == share and codes[share:] == [429] * (METERED_RPM - share)
+                   for codes in degraded.values()), degraded
+        for base in fleet.activators.values():
+            metrics = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=5).text
+            assert "thaw_limits_degraded 1.0" in metrics
+    finally:
+        fleet.redis.start()
+    # Nothing is lost from the ledger: one record per request, with the status it got.
+    ledgers = {n: _ledger(fleet, n) for n in fleet.activators}
+    for rid, (name, status) in sent.items():
+        assert [r["status"] for r in ledgers[name].get(rid, [])] == [status], rid
+    for name in fleet.activators:  # said once, when it began
+        assert (fleet.tmp / f"activator-{name}.log").read_text().count('"limits_degraded"') == 1
+
+
+def test_usage_counts_every_request_once_across_both_and_a_sigkilled_activator(fleet: Fleet) -> None:
+    fleet.wait("a ready replica", lambda s: ready_workers(s))
+    completed: list[str] = []
+    failed: list[str] = []
+    stop = threading.Event()
+
+    def load(name: str) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            rid = f"usage-{os.getpid()}-{name}-{i}"
+            try:
+                fleet.client(name).chat.completions.create(
+                    model="thaw-demo", messages=[{"role": "user", "content": "count me"}], max_tokens=2,
+                    extra_headers={"x-request-id": rid})
+                completed.append(rid)
+            except Exception:
+                failed.append(rid)  # b's requests while it is down
+                time.sleep(0.2)
+
+    threads = [threading.Thread(target=load, args=(n,), daemon=True) for n in fleet.activators]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(3)
+        os.killpg(fleet.procs["activator-b"].pid, signal.SIGKILL)
+        fleet.procs["activator-b"].wait(10)
+        fleet.start_activator("b")
+        fleet.wait_healthy(fleet.activators["b"])
+        time.sleep(3)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert any("-b-" in rid for rid in completed) and failed
+    time.sleep(3)  # three shipping intervals
+    out = fleet.thaw("usage", "--since", "1h", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    records = json.loads(out.stdout)["records"]
+    seen: dict[str, int] = {}
+    for r in records:
+        seen[r["request_id"]] = seen.get(r["request_id"], 0) + 1
+    # Every answer a client saw complete is counted, and nothing twice.
+    assert all(seen.get(rid) == 1 for rid in completed), [rid for rid in completed if seen.get(rid) != 1]
+    assert not [rid for rid, n in seen.items() if n > 1]
+    # Both activators shipped segments to the store.
+    s3_keys = [o["Key"] for o in fleet_s3_objects(fleet)]
+    assert any("/a/" in k and k.endswith(".jsonl.gz") for k in s3_keys)
+    assert any("/b/" in k and k.endswith(".jsonl.gz") for k in s3_keys)
+
+
+def fleet_s3_objects(fleet: Fleet) -> list[dict[str, Any]]:
+    import boto3
+
+    cfg = yaml.safe_load(fleet.config.read_text())
+    creds = json.loads(Path(cfg["object_store"]["credentials"]["file"]).read_text())
+    s3 = boto3.client("s3", endpoint_url=cfg["object_store"]["endpoint_url"], region_name="us-east-1",
+                      aws_access_key_id=creds["access_key"], aws_secret_access_key=creds["secret_key"])
+    out = s3.list_objects_v2(Bucket=BUCKET, Prefix=cfg["ledger"]["ship_prefix"])
+    return list(out.get("Contents", []))
+
+
+def test_activator_workers_share_one_port_and_each_keeps_its_own_ledger(fleet: Fleet) -> None:
+    fleet.wait("a ready replica", lambda s: ready_workers(s))
+    port = free_port()
+    fleet.start("activator-c", "activator", "--controller", fleet.controller_url, "--port", str(port),
+                "--id", "c", "--workers", "2")
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        fleet.wait_healthy(base)
+        ids = [f"workers-{os.getpid()}-{i}" for i in range(16)]
+        for rid in ids:  # a new connection each: the kernel spreads connections, not requests
+            r = httpx.post(base + "/chat/completions", timeout=60, headers={
+                "Authorization": f"Bearer {KEY}", "x-request-id": rid},
+                json={"model": "thaw-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+            assert r.status_code == 200, r.text
+        per_worker = {w: set(_ledger(fleet, f"c.{w}")) & set(ids) for w in ("w0", "w1")}
+        assert per_worker["w0"] | per_worker["w1"] == set(ids) and not per_worker["w0"] & per_worker["w1"]
+        assert per_worker["w0"] and per_worker["w1"], per_worker
+        children = psutil.Process(fleet.procs["activator-c"].pid).children()
+        assert len(children) == 2
+    finally:
+        kill_group(fleet.procs["activator-c"], 40)
+    assert fleet.procs["activator-c"].returncode == 0
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in children)

@@ -22,7 +22,7 @@ from weight_streaming.safetensors_header import read_header_from_file
 __all__ = ["S3UriError", "join_key", "parse_s3_uri"]  # re-exported for the loaders
 
 MANIFEST_NAME = "thaw-manifest.json"
-MANIFEST_FORMAT = "thaw-manifest/1"
+MANIFEST_FORMAT: Literal["thaw-manifest/1"] = "thaw-manifest/1"
 # Multipart part size used for uploads; the expected ETag depends on it.
 PART_SIZE = 16 * 1024 * 1024
 

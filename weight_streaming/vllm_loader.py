@@ -105,7 +105,7 @@ class StreamOptions:
                 value = extra[key]
                 if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
                     raise ValueError(f"model_loader_extra_config.{key} must be a positive number, got {value!r}")
-                out = replace(out, **{attr: int(value * scale)})
+                out = replace(out, **{attr: int(value * scale)})  # type: ignore[arg-type]
         if "cache_dir" in extra:
             if not isinstance(extra["cache_dir"], str) or not extra["cache_dir"]:
                 raise ValueError("model_loader_extra_config.cache_dir must be a directory path")
@@ -269,7 +269,7 @@ class ThawModelLoader(BaseModelLoader):
         t0 = time.perf_counter()
         result = stream_model_weights(uri, self.options)
         t1 = time.perf_counter()
-        loaded = model.load_weights(_drain(result.tensors))
+        loaded = model.load_weights(_drain(result.tensors))  # type: ignore[operator]
         t2 = time.perf_counter()
         s = result.stats
         logger.info(

@@ -205,7 +205,7 @@ def _prepare_forkserver() -> None:
 
             cpu_vec_isa.pick_vec_isa()
     current_platform.register_triton_kernel_overrides()
-    type(current_platform).register_triton_kernel_overrides = classmethod(  # type: ignore[method-assign]
+    type(current_platform).register_triton_kernel_overrides = classmethod(  # type: ignore[method-assign,assignment]
         lambda cls: None
     )
     gc.collect()

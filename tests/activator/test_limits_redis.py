@@ -8,9 +8,6 @@ the tests fail (they do not skip): ``apt-get install redis-server``, or run
 from __future__ import annotations
 
 import asyncio
-import shutil
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -34,78 +31,10 @@ from activator.limits_redis import RedisLimiter
 from activator.metrics import ActivatorMetrics
 from tests.activator.fake_engine import FakeEngine, serve
 from tests.activator.support import KEY, make_config, replica, table
+from tests.redis_server import RedisServer
 from thaw.config import LimitsConfig, RateLimits, parse_config
 from thaw.embedded_store import free_port
 from thaw.wire import KeyTable
-
-MISSING = ("redis-server is not installed, and these tests need a real one: install it with "
-           "'apt-get install redis-server' (scripts/test installs it when it can)")
-
-
-class RedisServer:
-    """One ``redis-server`` on loopback, without persistence; stop and start it again
-    on the same port to play an outage."""
-
-    def __init__(self, workdir: Path) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            pytest.fail(MISSING, pytrace=False)
-        self.exe = exe
-        self.dir = workdir
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        log = (self.dir / "redis.log").open("ab")
-        self.proc = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.dir)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
-        )
-        log.close()
-        client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
-        deadline = time.monotonic() + 10
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    pytest.fail(f"redis-server exited ({self.proc.returncode}): {self.log_tail()}", pytrace=False)
-                try:
-                    if client.ping():
-                        return
-                except redis.RedisError:
-                    pass
-                if time.monotonic() > deadline:
-                    self.stop()
-                    pytest.fail(f"redis-server did not answer PING within 10 s: {self.log_tail()}", pytrace=False)
-                time.sleep(0.02)
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self.proc = None
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def log_tail(self) -> str:
-        p = self.dir / "redis.log"
-        return p.read_text(errors="replace")[-500:] if p.exists() else ""
 
 
 @pytest.fixture

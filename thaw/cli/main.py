@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 from thaw.config import DEFAULT_CONFIG_PATH, ConfigError, ThawConfig, hash_api_key, load_config
 from thaw.log import setup_logging
@@ -260,7 +261,7 @@ def cmd_models_ls(args: argparse.Namespace) -> int:
     except botocore.exceptions.ClientError as exc:
         raise CliError(f"cannot list bucket {cfg.object_store.bucket!r}: {exc}", EXIT_STORE) from None
     configured = {m.uri.rstrip("/"): m.name for m in cfg.models}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for m in models:
         man = m.manifest
         rows.append({
@@ -429,18 +430,35 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 
 def cmd_activator(args: argparse.Namespace) -> int:
-    from activator.server import check_activator_id, create_activator_app, default_activator_id
+    from activator.server import (
+        check_activator_id,
+        create_activator_app,
+        default_activator_id,
+        supervise,
+    )
     from thaw.serve import run_server
 
     cfg = _load(args)
     setup_logging("activator", args.log_level or cfg.log_level)
-    port = args.port or cfg.server.port
+    port, host = args.port or cfg.server.port, args.host or cfg.server.host
+    controller = (args.controller or cfg.controller.resolved_url).rstrip("/")
     try:
         activator_id = check_activator_id(args.id) if args.id else default_activator_id(port)
     except ValueError as exc:
         raise CliError(str(exc), EXIT_INVALID) from None
-    app = create_activator_app(cfg, (args.controller or cfg.controller.resolved_url).rstrip("/"), activator_id)
-    return run_server(app, args.host or cfg.server.host, port, graceful_s=30)
+    if args.workers < 1:
+        raise CliError("--workers must be at least 1", EXIT_INVALID)
+    if args.workers > 1:
+        # N processes on one port, each its own activator (<id>.w<k>: its ledger, keys,
+        # reports); local limits are split between them (Redis limits are shared anyway).
+        base = [sys.executable, "-m", "thaw.cli.main", "activator", "--config", str(_config_path(args)),
+                "--controller", controller, "--host", host, "--port", str(port), "--worker-of", str(args.workers)]
+        if args.log_level:
+            base += ["--log-level", args.log_level]
+        return supervise([[*base, "--id", f"{activator_id}.w{k}"] for k in range(args.workers)])
+    processes = args.worker_of or 1
+    app = create_activator_app(cfg, controller, activator_id, processes=processes)
+    return run_server(app, host, port, graceful_s=30, reuse_port=processes > 1)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -600,6 +618,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this activator's name: its reports, its local ledger and keys under "
                         "<data_dir>/activators/ID, its usage segments (default: HOST-PORT, the same on "
                         "every start)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes sharing the port (SO_REUSEPORT), one per core; each is activator "
+                        "ID.wK and takes 1/N of a local limit (default 1)")
+    p.add_argument("--worker-of", type=int, default=None, help=argparse.SUPPRESS)
     from worker.__main__ import add_arguments as worker_arguments
 
     p = add(sub, "worker", "Run the worker agent of one instance (started by a provider).", cmd_worker)
