@@ -191,6 +191,7 @@ class RedisLimiter:
         self.held: dict[str, tuple[str, str]] = {}
         self._conn: _Conn | None = None
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         metrics.limits_degraded.set(0)
 
     # -- lifetime ---------------------------------------------------------------------
@@ -214,12 +215,18 @@ class RedisLimiter:
         self._task = asyncio.create_task(self._maintain(), name="limits-maintain")
 
     async def close(self) -> None:
+        self._closing = True
         if self._task is not None:
+            # redis-py may swallow a cancellation that lands in a disconnect: the flag
+            # ends the loop anyway, and the wait is bounded.
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.wait([self._task], timeout=5)
             self._task = None
         if self._conn is not None:
-            await self._conn.redis.aclose()
+            try:
+                await asyncio.wait_for(self._conn.redis.aclose(), 5)
+            except Exception as exc:  # a Redis that is gone: nothing to close politely
+                log.info("limits_store_close_failed", error=str(exc) or type(exc).__name__)
             self._conn = None
 
     # -- the request path -------------------------------------------------------------
@@ -326,7 +333,7 @@ class RedisLimiter:
         lease_ttl_s / 3: push the expiry of the leases still held forward."""
         refresh_every = self.cfg.lease_ttl_s / 3
         next_refresh = self.clock() + refresh_every
-        while True:
+        while not self._closing:
             await asyncio.sleep(min(self.cfg.retry_interval_s, refresh_every))
             try:
                 if self.degraded:

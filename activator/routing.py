@@ -103,10 +103,11 @@ class RouteWatcher:
         # Told (up, replica id, model, time) when a replica appears or goes: the ledger
         # keeps replica lifetimes for GPU-second attribution.
         self.on_replica = on_replica
-        # Given each key table fetched when the route table's keys_version moves past
-        # ``keys_version`` (the version this activator holds; None: none yet).
+        # Given each key table fetched when the route table's keys_version differs from
+        # ``keys_version`` (the version this activator holds).
         self.on_keys = on_keys
-        self.keys_version = keys_version
+        # None known: the empty table, version 0 (the controller's before any key).
+        self.keys_version = keys_version or 0
         self._keys_wanted = asyncio.Event()
         self.routes: dict[str, ModelRoutes] = {m.name: ModelRoutes() for m in models}
         self.version = -1

@@ -9,13 +9,12 @@ A client that disconnects closes the upstream request, which makes vLLM abort it
 from __future__ import annotations
 
 import json
+import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from fastapi.responses import Response
 
 from activator.auth import Authenticator, Principal, check_model_access
@@ -36,6 +35,7 @@ from activator.protocol import Kind, parse_request
 from activator.router import prefix_key
 from activator.routing import Acquired, Replica, RouteWatcher
 from activator.tokens import COMPLETIONS_DEFAULT_MAX_TOKENS, PromptRejected, TokenCounter
+from activator.upstream import UpstreamPool, UpstreamResponse
 from activator.usage import DONE, StreamTap, Usage, usage_from_body
 from thaw.config import Model, ThawConfig
 from thaw.log import get_logger
@@ -52,7 +52,9 @@ def request_id_from(request: IncomingRequest) -> str:
     rid = request.headers.get("x-request-id", "")
     if rid and len(rid) <= 128 and rid.isprintable():
         return rid
-    return uuid.uuid4().hex
+    # A name, not a secret: no need for os.urandom, which lets go of the GIL and then
+    # waits to take it back from the ledger's thread.
+    return f"{random.getrandbits(128):032x}"
 
 
 @dataclass
@@ -85,23 +87,17 @@ class RequestContext:
         return h
 
 
-def upstream_client(timeout_s: float = 600.0) -> aiohttp.ClientSession:
+def upstream_client(timeout_s: float = 600.0) -> UpstreamPool:
     """The client the activator proxies to replicas with (``loadtests.http_overhead``
-    measures this very one against httpx: aiohttp costs about a sixth of httpx's CPU per
-    streamed request). Bodies pass through as the engine sent them (no decompression);
-    a replica has ``timeout_s`` between two reads of a stream."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0, keepalive_timeout=60),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=timeout_s),
-        auto_decompress=False,
-    )
+    measures it against aiohttp and httpx). A replica has ``timeout_s`` between two reads
+    of its answer; bodies pass through as the engine sent them."""
+    return UpstreamPool(connect_timeout_s=2.0, read_timeout_s=timeout_s)
 
 
 def _retryable(exc: BaseException) -> bool:
     """A replica that failed before its first byte, such that another may answer: it
     refused or dropped the connection (a replica that is merely slow is not retried)."""
-    return (isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError)
-            and not isinstance(exc, TimeoutError))
+    return isinstance(exc, ConnectionError) and not isinstance(exc, TimeoutError)
 
 
 class CompletionService:
@@ -127,19 +123,11 @@ class CompletionService:
         self.limiter: Limiter = limiter or LocalLimiter()
         self.clock = clock
         self.upstream_timeout_s = upstream_timeout_s
-        self._session: aiohttp.ClientSession | None = None
+        self._http = upstream_client(upstream_timeout_s)
         self._recorded_cold: set[str] = set()
 
-    @property
-    def _http(self) -> aiohttp.ClientSession:
-        # Made on first use: an aiohttp session belongs to the running loop.
-        if self._session is None:
-            self._session = upstream_client(self.upstream_timeout_s)
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._http.close()
 
     # -- admission ------------------------------------------------------------------
     def principal(self, request: IncomingRequest) -> Principal:
@@ -216,15 +204,15 @@ class CompletionService:
             ctx.enqueued_at = ctx.arrival  # demand is signalled as the request is queued
         st.in_flight += 1
         try:
-            upstream, replica, first, rest = await self._send(model, kind, body, acquired, ctx, stream=stream)
+            upstream, replica, first, _ = await self._send(model, kind, body, acquired, ctx, stream=stream)
         except BaseException:
             st.in_flight -= 1
             raise
         ctx.replica = replica.assignment_id or replica.worker_id
         if not stream or upstream.status >= 400:
             # The engine's refusal is one JSON body, for a stream too.
-            return await self._respond_whole(model, upstream, replica, ctx, first, rest)
-        return self._respond(model, upstream, replica, client_wants_usage, ctx, first, rest)
+            return await self._respond_whole(model, upstream, replica, ctx, first)
+        return self._respond(model, upstream, replica, client_wants_usage, ctx, first)
 
     async def admit(self, tenant: str, principal: Principal, model: Model, kind: Kind, body: dict[str, Any],
                     ctx: RequestContext) -> None:
@@ -266,7 +254,7 @@ class CompletionService:
     async def _send(
         self, model: Model, kind: Kind, body: dict[str, Any], acquired: Acquired, ctx: RequestContext,
         *, stream: bool = False,
-    ) -> tuple[aiohttp.ClientResponse, Replica, bytes, AsyncIterator[bytes] | None]:
+    ) -> tuple[UpstreamResponse, Replica, bytes, bool]:
         """Send upstream; a replica that fails before its first byte is dropped and another
         tried once. For a stream, the first chunk of the body is read here: a replica that
         sends its headers and dies before any of its body is a failure before the first
@@ -275,16 +263,16 @@ class CompletionService:
         for attempt in (1, 2):
             payload = json.dumps({**body, "model": replica.served_model_name}).encode()
             try:
-                resp = await self._http.post(replica.url + UPSTREAM_PATH[kind], data=payload, headers={
+                resp = await self._http.post(replica.url + UPSTREAM_PATH[kind], payload, {
                     "x-request-id": ctx.request_id, "content-type": "application/json"})
                 if not stream:
-                    return resp, replica, b"", None
+                    return resp, replica, b"", False
                 try:
-                    first = await resp.content.readany()
+                    first = await resp.readany()
                 except BaseException:
                     resp.close()
                     raise
-                return resp, replica, first, resp.content.iter_any()
+                return resp, replica, first, True
             except BaseException as exc:
                 # Whatever happened (a dead replica, a cancelled client), the slot is free.
                 self.routes.release(model.name, replica)
@@ -304,16 +292,16 @@ class CompletionService:
         raise AssertionError("unreachable")
 
     async def _respond_whole(
-        self, model: Model, upstream: aiohttp.ClientResponse, replica: Replica, ctx: RequestContext,
-        first: bytes = b"", rest: AsyncIterator[bytes] | None = None,
+        self, model: Model, upstream: UpstreamResponse, replica: Replica, ctx: RequestContext,
+        first: bytes = b"",
     ) -> Response:
         """A whole answer (not streamed, or the engine's refusal of a stream): read it,
         take its usage, commit the record, answer. A refusal reaches the client in
         OpenAI's error shape, with the engine's status and message."""
         try:
-            content = await upstream.read() if rest is None else first + b"".join([c async for c in rest])
+            content = first + await upstream.read()
             self._first_byte(model, replica, ctx)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (ConnectionError, TimeoutError) as exc:
             ctx.status = 502
             raise UpstreamError(f"the replica failed while answering: {exc or type(exc).__name__}") from None
         finally:
@@ -335,8 +323,8 @@ class CompletionService:
                         media_type=upstream.headers.get("content-type"))
 
     def _respond(
-        self, model: Model, upstream: aiohttp.ClientResponse, replica: Replica, client_wants_usage: bool,
-        ctx: RequestContext, first: bytes = b"", rest: AsyncIterator[bytes] | None = None,
+        self, model: Model, upstream: UpstreamResponse, replica: Replica, client_wants_usage: bool,
+        ctx: RequestContext, first: bytes = b"",
     ) -> Response:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
         headers.update(ctx.response_headers())
@@ -354,7 +342,7 @@ class CompletionService:
             self.routes.routes[model.name].last_request_at = self.clock()
             # A stream read to its end gives its connection back; one cut short closes it
             # (and vLLM aborts the request).
-            if upstream.content.at_eof():
+            if upstream.at_eof():
                 upstream.release()
             else:
                 upstream.close()
@@ -363,21 +351,19 @@ class CompletionService:
                 ctx.cancelled = not tap.saw_done
                 await self.record(ctx)
 
-        async def chunks() -> AsyncIterator[bytes]:
-            if first:
-                yield first
-            async for chunk in rest if rest is not None else upstream.content.iter_any():
-                yield chunk
-
         async def body_iter() -> AsyncIterator[bytes]:
+            chunk = first
             try:
-                async for chunk in chunks():
+                while chunk or not upstream.at_eof():
+                    if not chunk:
+                        chunk = await upstream.readany()
+                        continue
                     if ctx.first_byte_at is None:
                         self._first_byte(model, replica, ctx)
                     # The events of one upstream read go out in one write.
                     out = bytearray()
                     for event in tap.feed(chunk):
-                        if event.strip() == DONE:
+                        if len(event) < 32 and event.strip() == DONE:
                             if out:
                                 yield bytes(out)
                                 out.clear()
@@ -386,10 +372,11 @@ class CompletionService:
                         out += event
                     if out:
                         yield bytes(out)
+                    chunk = b""
                 rest = tap.flush()
                 if rest:
                     yield rest
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (ConnectionError, TimeoutError) as exc:
                 why = str(exc) or type(exc).__name__
                 log.warning("upstream_failed_mid_stream", url=replica.url, error=why)
                 ctx.status = 502

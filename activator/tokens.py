@@ -97,7 +97,7 @@ class ModelTokenizer:
         add_special = body.get("add_special_tokens", False)
         if not isinstance(add_special, bool):
             raise Unsupported("add_special_tokens")
-        return [len(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])]
+        return [self._length(text, add_special)]
 
     def _completions(self, body: dict[str, Any]) -> list[int]:
         if body.get("prompt_embeds") is not None or body.get("suffix") is not None:
@@ -107,8 +107,13 @@ class ModelTokenizer:
             raise Unsupported("add_special_tokens")
         prompt = body["prompt"]
         prompts = [prompt] if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt) else prompt
-        return [len(p) if isinstance(p, list) else len(self.tokenizer(p, add_special_tokens=add_special)["input_ids"])
-                for p in prompts]
+        return [len(p) if isinstance(p, list) else self._length(p, add_special) for p in prompts]
+
+    def _length(self, text: str, add_special: bool) -> int:
+        """Tokens in ``text``: the Rust tokenizer's own encode, which is what the
+        transformers call (``tokenizer(text)["input_ids"]``) runs underneath, without
+        the Python around it (a fifth of the activator's CPU per request)."""
+        return len(self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=add_special))
 
 
 def _truncated(n: int, kind: str, body: dict[str, Any], max_model_len: int | None) -> int:

@@ -54,10 +54,36 @@ class StreamTap:
         self.saw_done = False
 
     def feed(self, data: bytes) -> list[bytes]:
-        """Complete events (each with its trailing blank line) to forward, in order."""
+        """Complete events (each with its trailing blank line) to forward, in order.
+
+        Token chunks, all but the usage chunk and ``[DONE]`` at the end, are forwarded
+        as one piece and counted without splitting them into events: an event's
+        ``"choices"`` key cannot occur inside a JSON string, where quotes are escaped."""
         buf = self._buf + data if self._buf else data
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self._buf = buf
+            return []
+        whole = buf[: end + 2]
+        self._buf = buf[end + 2:]
+        # Up to the first event that needs a look (the usage chunk, [DONE]): one piece.
+        marks = [i for i in (whole.find(b'"usage"'), whole.find(b"[DONE]")) if i >= 0]
+        head = len(whole) if not marks else whole.rfind(b"\n\n", 0, min(marks)) + 2
         out = []
-        start = 0
+        if head > 1:
+            piece = whole[:head]
+            content = piece.count(b'"choices"') - len(_NO_CHOICES.findall(piece))
+            if content > 0:
+                self._count_content(content)
+            out.append(piece)
+        else:
+            head = 0
+        if head < len(whole):
+            self._events(whole, head, out)
+        return out
+
+    def _events(self, buf: bytes, start: int, out: list[bytes]) -> None:
+        """The events of ``buf`` from ``start``, one by one, each forwarded or not."""
         while True:
             # SSE events end with a blank line; vLLM uses "\n\n".
             idx = buf.find(b"\n\n", start)
@@ -67,8 +93,6 @@ class StreamTap:
             start = idx + 2
             if self._keep(event):
                 out.append(event)
-        self._buf = buf[start:]
-        return out
 
     def flush(self) -> bytes:
         """Whatever is left (an unterminated event) at the end of the stream."""
@@ -102,8 +126,8 @@ class StreamTap:
             self._count_content()
         return True
 
-    def _count_content(self) -> None:
-        self.content_chunks += 1
+    def _count_content(self, chunks: int = 1) -> None:
+        self.content_chunks += chunks
         if self.usage.source != "engine":
             # Until (unless) the engine reports usage, count what streamed: vLLM
             # sends one token per chunk unless it batches, so this is an estimate.

@@ -5,9 +5,10 @@
 Supports the analysis of `thaw bench activator` (docs/BENCHMARKS.md). On loopback,
 with the measured side pinned to one core and the other side on another:
 
-- ``client_httpx`` / ``client_aiohttp``: CPU per streamed request (1 token) of an
-  ``httpx.AsyncClient`` (with the limits the activator used) and of the activator's
-  upstream client (an ``aiohttp.ClientSession``), as the only work of a process, against
+- ``client_httpx`` / ``client_aiohttp`` / ``client_thaw``: CPU per streamed request of
+  an ``httpx.AsyncClient`` (with the limits the activator once used), an
+  ``aiohttp.ClientSession`` and the activator's own client (``activator/upstream.py``),
+  as the only work of a process, against
   :mod:`loadtests.fast_upstream`;
 - ``server_fastapi`` / ``server_raw_asgi``: CPU per request of a uvicorn process serving
   a 2-chunk SSE stream from a FastAPI route with ``StreamingResponse``, and from a bare
@@ -72,10 +73,30 @@ async def client_httpx(url: str, n: int) -> float:
         return (_cpu_self() - t) / n
 
 
-async def client_aiohttp(url: str, n: int) -> float:
+async def client_thaw(url: str, n: int) -> float:
     from activator.service import upstream_client
 
-    async with upstream_client() as s:  # the activator's upstream client
+    pool = upstream_client()  # the activator's own (activator/upstream.py)
+
+    async def one() -> None:
+        r = await pool.post(url, BODY, {"content-type": "application/json"})
+        while await r.readany():
+            pass
+        r.release()
+
+    try:
+        await _closed_loop(one, 100)
+        t = _cpu_self()
+        await _closed_loop(one, n)
+        return (_cpu_self() - t) / n
+    finally:
+        await pool.close()
+
+
+async def client_aiohttp(url: str, n: int) -> float:
+    import aiohttp
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1000), auto_decompress=False) as s:
         async def one() -> None:
             async with s.post(url, data=BODY, headers={"content-type": "application/json"}) as r:
                 async for _ in r.content.iter_any():
@@ -153,7 +174,7 @@ def _serve_asgi(kind: str, port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
 
 
-def run(n: int) -> dict[str, float]:
+def run(n: int, tokens: int = 1) -> dict[str, float]:
     cpus = sorted(os.sched_getaffinity(0))
     mine, other = ({cpus[0]}, {cpus[1]}) if len(cpus) > 1 else (None, None)
     before = os.sched_getaffinity(0)
@@ -164,11 +185,13 @@ def run(n: int) -> dict[str, float]:
             if mine is not None:
                 os.sched_setaffinity(0, mine)
             port = free_port()
-            with serving(pinned([py, "-m", "loadtests.fast_upstream", "--port", str(port), "--tokens", "1"], other),
+            with serving(pinned([py, "-m", "loadtests.fast_upstream", "--port", str(port), "--tokens", str(tokens)],
+                                other),
                          Path(tmp) / "upstream.log", f"http://127.0.0.1:{port}/health"):
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
                 out["client_httpx_ms"] = asyncio.run(client_httpx(url, n)) * 1000
                 out["client_aiohttp_ms"] = asyncio.run(client_aiohttp(url, n)) * 1000
+                out["client_thaw_ms"] = asyncio.run(client_thaw(url, n)) * 1000
             if other is not None:
                 os.sched_setaffinity(0, other)
             for kind in ("fastapi", "raw_asgi"):
@@ -185,6 +208,7 @@ def run(n: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--requests", type=int, default=3000)
+    p.add_argument("--tokens", type=int, default=1, help="tokens the upstream streams per request (clients)")
     p.add_argument("--out", default=None, metavar="FILE")
     p.add_argument("--serve", choices=("fastapi", "raw_asgi"), help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -192,10 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         _serve_asgi("raw" if args.serve == "raw_asgi" else "fastapi", args.port)
         return 0
-    figures = run(args.requests)
-    report = {"benchmark": "http_overhead", "requests": args.requests, "concurrency": CONCURRENCY,
+    figures = run(args.requests, args.tokens)
+    report = {"benchmark": "http_overhead", "requests": args.requests, "tokens": args.tokens,
+              "concurrency": CONCURRENCY,
               "cpu_ms_per_request": figures,
               "ratios": {"httpx_over_aiohttp": figures["client_httpx_ms"] / figures["client_aiohttp_ms"],
+                         "aiohttp_over_thaw": figures["client_aiohttp_ms"] / figures["client_thaw_ms"],
                          "fastapi_over_raw_asgi": figures["server_fastapi_ms"] / figures["server_raw_asgi_ms"]}}
     text = json.dumps(report, indent=2)
     if args.out:
