@@ -77,20 +77,30 @@ class FakeEngine:
 
 
 @contextmanager
-def serve(engine: FakeEngine) -> Iterator[str]:
-    """Run ``engine`` on a free loopback port in a thread; yields its base URL."""
+def serve_app(app: Any, *, lifespan: str = "auto", timeout_s: float = 20.0) -> Iterator[str]:
+    """Run the ASGI ``app`` on a free loopback port in a thread (with its lifespan);
+    yields its base URL, and fails the test if it does not start or stop in time."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(engine.app, host="127.0.0.1", port=port, log_config=None,
-                                           access_log=False))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False,
+                                           lifespan=lifespan))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.time() + 10
+    deadline = time.time() + timeout_s
     while not server.started:
-        if time.time() > deadline:
-            raise RuntimeError("fake engine did not start")
+        if time.time() > deadline or not thread.is_alive():
+            server.should_exit = True
+            raise RuntimeError("the server did not start")
         time.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        thread.join(timeout=10)
+        thread.join(timeout=timeout_s)
+        assert not thread.is_alive(), "the server did not stop"
+
+
+@contextmanager
+def serve(engine: FakeEngine) -> Iterator[str]:
+    """Run ``engine`` on a free loopback port in a thread; yields its base URL."""
+    with serve_app(engine.app) as url:
+        yield url

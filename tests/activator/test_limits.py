@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from activator.errors import TooManyRequests
-from activator.limits import RateLimiter
+from activator.limits import LocalLimiter, RateLimiter
 from activator.tokens import TOKENIZER_FILES, build_tokenizer
 from thaw.config import RateLimits
 
@@ -55,6 +55,22 @@ def test_concurrency_slots_are_freed_on_settle() -> None:
     assert info.value.code == "concurrency_limit_exceeded"
     rl.settle(a, None, now=1.0)
     rl.admit("t", "m", lim, 0, now=1.0)
+
+
+async def test_each_worker_process_takes_its_share_of_a_local_limit() -> None:
+    # `thaw activator --workers 2`: two processes, one port; together no more than the limit.
+    workers = [LocalLimiter(processes=2), LocalLimiter(processes=2)]
+    limits = RateLimits(requests_per_minute=5, max_concurrent_requests=3)
+    granted = []
+    for w in workers:
+        for _ in range(4):
+            try:
+                granted.append(await w.admit("t", "m", limits, 1, now=0.0))
+            except TooManyRequests as exc:
+                assert exc.code in ("rate_limit_requests", "concurrency_limit_exceeded")
+    assert len(granted) == 4  # ceil(5 / 2) = 3 requests, but ceil(3 / 2) = 2 at once, each
+    assert granted[0].headers["x-ratelimit-limit-requests"] == "3"
+    assert (await LocalLimiter().admit("t", "m", limits, 1, now=0.0)).headers["x-ratelimit-limit-requests"] == "5"
 
 
 def test_prompt_counted_with_the_chat_template(demo_model_dir: Path) -> None:

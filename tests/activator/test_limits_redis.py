@@ -8,10 +8,8 @@ the tests fail (they do not skip): ``apt-get install redis-server``, or run
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,6 @@ import httpx
 import pytest
 import redis
 import structlog
-import uvicorn
 from fastapi import FastAPI, Query, Request, Response
 from prometheus_client import CollectorRegistry
 
@@ -29,11 +26,10 @@ from activator.ledger import query_usage
 from activator.limits import Admission
 from activator.limits_redis import RedisLimiter
 from activator.metrics import ActivatorMetrics
-from tests.activator.fake_engine import FakeEngine, serve
+from tests.activator.fake_engine import FakeEngine, serve, serve_app
 from tests.activator.support import KEY, make_config, replica, table
 from tests.redis_server import RedisServer
 from thaw.config import LimitsConfig, RateLimits, parse_config
-from thaw.embedded_store import free_port
 from thaw.wire import KeyTable
 
 
@@ -289,28 +285,6 @@ class FakeController:
         self.app = app
 
 
-@contextmanager
-def serve_app(app: FastAPI) -> Iterator[str]:
-    """``app`` with its lifespan, on a free loopback port in a thread of its own."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False,
-                                           lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started:
-        if time.time() > deadline or not thread.is_alive():
-            server.should_exit = True
-            raise RuntimeError("server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        assert not thread.is_alive(), "the server did not stop"
-
-
 @pytest.fixture(scope="module")
 def engine_url() -> Iterator[str]:
     with serve(FakeEngine("one", tokens=2)) as url:
@@ -327,9 +301,9 @@ async def test_two_activators_one_redis_then_redis_stops(engine_url: str, redis_
     chat = {"model": "thaw-demo", "messages": [{"role": "user", "content": "hi"}]}
     sent: dict[int, dict[str, int]] = {0: {}, 1: {}}  # activator -> request id -> status
 
-    with serve_app(controller.app) as pool_url:
+    with serve_app(controller.app, lifespan="on") as pool_url:
         apps = [create_app(cfg, pool_url, activator_id=f"act{i}") for i in range(2)]
-        with serve_app(apps[0]) as url0, serve_app(apps[1]) as url1:
+        with serve_app(apps[0], lifespan="on") as url0, serve_app(apps[1], lifespan="on") as url1:
             urls = [url0, url1]
             await until(lambda: all(a.state.routes.activators == 2 and a.state.routes.routes["demo"].replicas
                                     for a in apps), 20.0, "both activators have the controller's table")
