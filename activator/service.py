@@ -122,7 +122,6 @@ class CompletionService:
         self.tokens = tokens
         self.limiter: Limiter = limiter or LocalLimiter()
         self.clock = clock
-        self.upstream_timeout_s = upstream_timeout_s
         self._http = upstream_client(upstream_timeout_s)
         self._recorded_cold: set[str] = set()
 
@@ -204,7 +203,7 @@ class CompletionService:
             ctx.enqueued_at = ctx.arrival  # demand is signalled as the request is queued
         st.in_flight += 1
         try:
-            upstream, replica, first, _ = await self._send(model, kind, body, acquired, ctx, stream=stream)
+            upstream, replica, first = await self._send(model, kind, body, acquired, ctx, stream=stream)
         except BaseException:
             st.in_flight -= 1
             raise
@@ -254,7 +253,7 @@ class CompletionService:
     async def _send(
         self, model: Model, kind: Kind, body: dict[str, Any], acquired: Acquired, ctx: RequestContext,
         *, stream: bool = False,
-    ) -> tuple[UpstreamResponse, Replica, bytes, bool]:
+    ) -> tuple[UpstreamResponse, Replica, bytes]:
         """Send upstream; a replica that fails before its first byte is dropped and another
         tried once. For a stream, the first chunk of the body is read here: a replica that
         sends its headers and dies before any of its body is a failure before the first
@@ -266,13 +265,13 @@ class CompletionService:
                 resp = await self._http.post(replica.url + UPSTREAM_PATH[kind], payload, {
                     "x-request-id": ctx.request_id, "content-type": "application/json"})
                 if not stream:
-                    return resp, replica, b"", False
+                    return resp, replica, b""
                 try:
                     first = await resp.readany()
                 except BaseException:
                     resp.close()
                     raise
-                return resp, replica, first, True
+                return resp, replica, first
             except BaseException as exc:
                 # Whatever happened (a dead replica, a cancelled client), the slot is free.
                 self.routes.release(model.name, replica)
