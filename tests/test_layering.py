@@ -48,3 +48,33 @@ def test_thaw_imports_no_other_package_outside_its_cli() -> None:
         if found:
             bad[str(p.relative_to(ROOT))] = sorted(found)
     assert bad == {}
+
+
+def is_test_module(name: str) -> bool:
+    """A module pytest collects as a test file (its default python_files: test_*.py, *_test.py)."""
+    return name.startswith("test_") or name.endswith("_test")
+
+
+def imported_test_modules(path: Path) -> list[str]:
+    """The test modules path imports, at any nesting level (inside functions too)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names if any(map(is_test_module, a.name.split(".")))]
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            if any(map(is_test_module, (node.module or "").split("."))):
+                out.append(module)
+            # `from tests.x import test_y` or `from . import test_y` imports the module itself.
+            elif node.level or module.split(".")[0] == "tests":
+                sep = "" if module.endswith(".") else "."
+                out += [module + sep + a.name for a in node.names if is_test_module(a.name)]
+    return out
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    # Shared helpers live in non-test modules (tests/<package>/support.py, tests/redis_server.py):
+    # importing a test module makes pytest run its tests twice and couples unrelated tests.
+    bad = {str(p.relative_to(ROOT)): found for p in sorted((ROOT / "tests").rglob("*.py"))
+           if (found := imported_test_modules(p))}
+    assert bad == {}

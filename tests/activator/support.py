@@ -1,5 +1,6 @@
 """What the activator's tests share: a config with two models and two tenants, route
-tables naming fake replicas, usage records, and the check of an OpenAI-shaped error."""
+tables naming fake replicas, usage records, the check of an OpenAI-shaped error, and a tokenizer
+fetcher reading a model directory."""
 
 from __future__ import annotations
 
@@ -66,3 +67,13 @@ def record(i: int, tenant: str = "a", **kw: object) -> UsageRecord:
                 replica="demo-1", started_at=1000.0 + i, finished_at=1000.5 + i)
     base.update(kw)
     return UsageRecord(**base)  # type: ignore[arg-type]
+
+
+def fetcher(model_dir: Path):  # type: ignore[no-untyped-def]
+    """A TokenCounter fetch function serving the tokenizer files in model_dir."""
+
+    def fetch(uri: str, name: str) -> bytes | None:
+        path = model_dir / name
+        return path.read_bytes() if path.exists() else None
+
+    return fetch

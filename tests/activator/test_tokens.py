@@ -8,14 +8,7 @@ import textwrap
 from pathlib import Path
 
 from activator.tokens import TOKENIZER_FILES, TokenCounter
-
-
-def fetcher(model_dir: Path):  # type: ignore[no-untyped-def]
-    def fetch(uri: str, name: str) -> bytes | None:
-        path = model_dir / name
-        return path.read_bytes() if path.exists() else None
-
-    return fetch
+from tests.activator.support import fetcher
 
 
 def test_counting_a_chat_never_imports_torch(demo_model_dir: Path) -> None:
@@ -25,7 +18,7 @@ def test_counting_a_chat_never_imports_torch(demo_model_dir: Path) -> None:
         from pathlib import Path
         from activator.app import create_app
         from activator.tokens import TokenCounter
-        from tests.activator.test_tokens import fetcher
+        from tests.activator.support import fetcher
         tok = asyncio.run(TokenCounter(fetcher(Path({str(demo_model_dir)!r}))).get("s3://b/demo"))
         n = tok.count("chat", {{"messages": [{{"role": "user", "content": "hi"}}], "tools": []}})
         assert n and n > 5, n

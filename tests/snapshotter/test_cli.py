@@ -16,7 +16,7 @@ from snapshotter.fingerprint import fingerprint_inputs, fingerprint_of
 from snapshotter.ops import CaptureStatus, capture_snapshot
 from snapshotter.runtime import detect
 from snapshotter.store import SnapshotLocation, read_snapshot_manifest
-from tests.snapshotter.test_archive import make_cache
+from tests.snapshotter.support import make_cache
 from thaw.config import EngineArgs
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint

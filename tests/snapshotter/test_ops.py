@@ -22,7 +22,7 @@ from snapshotter.store import (
     read_snapshot_manifest,
     upload_snapshot,
 )
-from tests.snapshotter.test_archive import make_cache
+from tests.snapshotter.support import make_cache
 from thaw.config import EngineArgs
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint

@@ -157,7 +157,7 @@ def test_usage_command(tmp_path: Path) -> None:
     import asyncio
 
     from activator.ledger import Ledger
-    from tests.activator.test_ledger import record
+    from tests.activator.support import record
     from thaw.config import load_config
 
     async def one_record() -> None:

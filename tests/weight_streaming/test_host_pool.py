@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.weight_streaming.test_streamer import assert_same, random_tensor
+from tests.weight_streaming.support import assert_same, random_tensor
 from weight_streaming.host_pool import HostBufferPool
 from weight_streaming.streamer import LoadResult, load_many
 

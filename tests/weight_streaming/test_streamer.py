@@ -7,13 +7,19 @@ import json
 import math
 import os
 import struct
-import threading
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.weight_streaming.support import (
+    TORCH_DTYPES,
+    LateCuda,
+    assert_same,
+    random_tensor,
+    raw_bytes,
+)
 from weight_streaming import streamer
 from weight_streaming.s3_source import S3RangeSource
 from weight_streaming.safetensors_header import MalformedSafetensors
@@ -21,28 +27,6 @@ from weight_streaming.sources import FileRangeSource, StreamError
 from weight_streaming.streamer import load, load_dir, load_many, read_header
 
 # --- helpers ------------------------------------------------------------------------
-
-
-def raw_bytes(t: torch.Tensor) -> bytes:
-    """The tensor's bytes in row-major order (works for 0-d, empty, bool and fp8)."""
-    return bytes(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert sorted(got) == sorted(want)
-    for name, w in want.items():
-        g = got[name]
-        assert g.dtype == w.dtype, name
-        assert tuple(g.shape) == tuple(w.shape), name
-        assert raw_bytes(g) == raw_bytes(w), name
-
-
-def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    """Random bit patterns (NaNs included): a byte out of place cannot go unnoticed."""
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=gen).bool()
-    n = math.prod(shape) * dtype.itemsize
-    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen).view(dtype).reshape(shape)
 
 
 def handcrafted(
@@ -93,22 +77,6 @@ class MemorySource:
 
     def __repr__(self) -> str:
         return "MemorySource()"
-
-
-TORCH_DTYPES = [
-    torch.float32,
-    torch.float16,
-    torch.bfloat16,
-    torch.float64,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.bool,
-    *[getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)],
-    *[getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)],
-]
 
 
 @pytest.fixture(scope="module")
@@ -317,65 +285,6 @@ def test_cuda_without_cuda_is_a_clear_error(tp_file: Path) -> None:
 
 
 # --- the CUDA path, on a fake GPU whose copies run as late as possible ---------------
-
-
-class LateCuda:
-    """Stands in for ``streamer._cuda``: an async copy runs only when an event or the
-    stream it was queued behind is waited for, and reads its source then. A reader that
-    refills a staging slot before the copy out of it finished ships the wrong bytes."""
-
-    def __init__(self) -> None:
-        self.queue: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.done = 0
-        self.max_in_flight = 0
-        self.lock = threading.Lock()
-
-    def drain(self, upto: int) -> None:
-        with self.lock:
-            while self.done < upto:
-                dst, src = self.queue[self.done]
-                dst.copy_(src)
-                self.done += 1
-
-    def is_available(self) -> bool:
-        return True
-
-    def current_device(self) -> int:
-        return 0
-
-    def set_device(self, device: torch.device) -> None:
-        pass
-
-    def empty(self, nbytes: int, device: torch.device) -> torch.Tensor:
-        return torch.full((nbytes,), 0xEE, dtype=torch.uint8)
-
-    def empty_pinned(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8)
-
-    def side_stream(self, device: torch.device) -> object:
-        cuda = self
-
-        class Stream:
-            def synchronize(self) -> None:
-                cuda.drain(len(cuda.queue))
-
-        return Stream()
-
-    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, stream: object) -> object:
-        with self.lock:
-            self.queue.append((dst, src))
-            position = len(self.queue)
-            self.max_in_flight = max(self.max_in_flight, position - self.done)
-        cuda = self
-
-        class Event:
-            def synchronize(self) -> None:
-                cuda.drain(position)
-
-        return Event()
-
-    def synchronize_current(self, device: torch.device) -> None:
-        pass
 
 
 @pytest.mark.parametrize("concurrency", [1, 3])
