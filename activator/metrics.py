@@ -12,11 +12,12 @@ _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60,
 class ActivatorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        # tier: where the replica got the model (asleep, host, disk, s3, launch: thaw.wire.Tier).
         self.cold_starts = Counter("thaw_cold_starts_total", "Cold starts served (one per activation)",
-                                   ["model"], registry=registry)
+                                   ["model", "tier"], registry=registry)
         self.cold_start_seconds = Histogram(
             "thaw_cold_start_seconds", "Time of each cold-start phase (phase='total': request to first token)",
-            ["model", "phase"], buckets=_SECONDS, registry=registry)
+            ["model", "phase", "tier"], buckets=_SECONDS, registry=registry)
         self.replicas = Gauge("thaw_replicas", "Replicas per model by state", ["model", "state"], registry=registry)
         self.queue_depth = Gauge("thaw_queue_depth", "Requests waiting in the cold queue", ["model"], registry=registry)
         self.ttft = Histogram("thaw_ttft_seconds", "Time from request arrival to the first byte of the answer",

@@ -33,6 +33,7 @@ from thaw.wire import (
     KeyTable,
     ModelActivityReport,
     RouteTable,
+    Tier,
 )
 
 log = get_logger()
@@ -49,6 +50,25 @@ class Replica:
     assignment_id: str | None
     phases: dict[str, float | None]
     outstanding: int = 0
+    # Where the worker read the weights from (thaw.wire.LoadView.tier), how long its
+    # loader took, and when the worker's agent started.
+    load_tier: str | None = None
+    load_s: float | None = None
+    worker_started_at: float | None = None
+
+
+def cold_start_tier(waiting_since: float, rep: Replica) -> Tier:
+    """Where the replica that ended a cold start got its model from: woken from sleep, a
+    worker launched after the request started waiting, else where its loader read the
+    weights (host memory, local disk, the store)."""
+    if rep.phases.get("woken") is not None or rep.load_tier == "asleep":
+        return "asleep"
+    if rep.worker_started_at is not None and rep.worker_started_at > waiting_since:
+        return "launch"
+    if rep.load_tier in ("host", "disk"):
+        return rep.load_tier  # type: ignore[return-value]
+    # Configured models live in the store; a loader that reports nothing read them there.
+    return "s3"
 
 
 @dataclass
@@ -181,7 +201,8 @@ class RouteWatcher:
             for r in entry.replicas:
                 prev = old.get(r.url)
                 rep = Replica(r.worker_id, r.url, r.served_model_name, r.assignment_id,
-                              r.phases.model_dump())
+                              r.phases.model_dump(), load_tier=r.load.tier if r.load else None,
+                              load_s=r.load.seconds if r.load else None, worker_started_at=r.worker_started_at)
                 if prev is not None and prev.assignment_id == rep.assignment_id:
                     rep.outstanding = prev.outstanding
                 st.replicas.append(rep)

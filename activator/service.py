@@ -33,7 +33,7 @@ from activator.limits import Admission, Limiter, LocalLimiter
 from activator.metrics import PHASES, ActivatorMetrics
 from activator.protocol import Kind, parse_request
 from activator.router import prefix_key
-from activator.routing import Acquired, Replica, RouteWatcher
+from activator.routing import Acquired, Replica, RouteWatcher, cold_start_tier
 from activator.tokens import COMPLETIONS_DEFAULT_MAX_TOKENS, PromptRejected, TokenCounter
 from activator.upstream import UpstreamPool, UpstreamResponse
 from activator.usage import DONE, StreamTap, Usage, usage_from_body
@@ -71,6 +71,8 @@ class RequestContext:
     tenant: str | None = None
     stream: bool = False
     replica: str | None = None
+    # hot, or where the cold start's replica got the model from (thaw.wire.Tier).
+    tier: str | None = None
     usage: Usage = field(default_factory=Usage)
     cancelled: bool = False
     recorded: bool = False
@@ -84,6 +86,8 @@ class RequestContext:
             h["x-thaw-queue-ms"] = str(round(self.queue_s * 1000))
         if self.replica:
             h["x-thaw-replica"] = self.replica
+        if self.tier:
+            h["x-thaw-tier"] = self.tier
         return h
 
 
@@ -208,6 +212,7 @@ class CompletionService:
             st.in_flight -= 1
             raise
         ctx.replica = replica.assignment_id or replica.worker_id
+        ctx.tier = cold_start_tier(ctx.enqueued_at or ctx.arrival, replica) if ctx.cold else "hot"
         if not stream or upstream.status >= 400:
             # The engine's refusal is one JSON body, for a stream too.
             return await self._respond_whole(model, upstream, replica, ctx, first)
@@ -440,14 +445,15 @@ class CompletionService:
             phases[name] = t - prev
             prev = t
         total = first_token - ctx.arrival
-        self.metrics.cold_starts.labels(model.name).inc()
+        tier = cold_start_tier(ctx.enqueued_at or ctx.arrival, replica)
+        self.metrics.cold_starts.labels(model.name, tier).inc()
         for name, secs in phases.items():
-            self.metrics.cold_start_seconds.labels(model.name, name).observe(secs)
-        self.metrics.cold_start_seconds.labels(model.name, "total").observe(total)
+            self.metrics.cold_start_seconds.labels(model.name, name, tier).observe(secs)
+        self.metrics.cold_start_seconds.labels(model.name, "total", tier).observe(total)
         record = ColdStartRecord(model=model.name, request_id=ctx.request_id, at=ctx.arrival,
                                  total_s=round(total, 3), phases_s={k: round(v, 3) for k, v in phases.items()},
                                  # Woken from the asleep tier rather than loaded.
-                                 woken=p.get("woken") is not None)
+                                 woken=p.get("woken") is not None, tier=tier, load_s=replica.load_s)
         log.info("cold_start", **record.model_dump())
         self.routes.record_cold_start(record)
 

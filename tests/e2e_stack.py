@@ -119,6 +119,13 @@ def running_stack(
         yield s
     finally:
         if proc.poll() is None:
+            # Gracefully first: workers give back what they hold (a host cache is memory).
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
+        if proc.poll() is None:
             proc.kill()
             for pid in s.seen_pids:
                 try:

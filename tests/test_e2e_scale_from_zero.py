@@ -61,27 +61,35 @@ def test_streamed_request_at_zero_cold_starts_once_then_serves_hot(stack: Stack)
         model="thaw-demo", messages=[{"role": "user", "content": "Hello!"}], max_tokens=8, stream=True)
     assert raw.headers["x-thaw-cold-start"] == "true"
     assert int(raw.headers["x-thaw-queue-ms"]) > 0
+    assert raw.headers["x-thaw-tier"] == "s3"  # nothing cached yet: the weights came from the store
     chunks = list(raw.parse())
     cold_s = time.time() - t0
     assert any(c.choices and c.choices[0].delta.content for c in chunks)
     m = stack.metrics()
-    assert m[("thaw_cold_starts_total", (("model", "demo"),))] == 1
+    assert m[("thaw_cold_starts_total", (("model", "demo"), ("tier", "s3")))] == 1
     phases = {"queued", "instance_acquired", "snapshot_restored", "weights_loaded", "engine_ready", "first_token", "total"}
     for phase in phases:
-        assert m[("thaw_cold_start_seconds_count", (("model", "demo"), ("phase", phase)))] == 1, phase
+        assert m[("thaw_cold_start_seconds_count", (("model", "demo"), ("phase", phase), ("tier", "s3")))] == 1, phase
     # The parts add up to the whole (each is observed once).
-    parts = sum(m[("thaw_cold_start_seconds_sum", (("model", "demo"), ("phase", p)))] for p in phases - {"total"})
-    total = m[("thaw_cold_start_seconds_sum", (("model", "demo"), ("phase", "total")))]
+    parts = sum(m[("thaw_cold_start_seconds_sum", (("model", "demo"), ("phase", p), ("tier", "s3")))] for p in phases - {"total"})
+    total = m[("thaw_cold_start_seconds_sum", (("model", "demo"), ("phase", "total"), ("tier", "s3")))]
     assert abs(parts - total) < 0.01 and 0 < total <= cold_s + 0.5
     # The worker's own milestones were used: loading weights and starting the engine took time.
-    assert m[("thaw_cold_start_seconds_sum", (("model", "demo"), ("phase", "engine_ready")))] > 0
+    assert m[("thaw_cold_start_seconds_sum", (("model", "demo"), ("phase", "engine_ready"), ("tier", "s3")))] > 0
 
     raw2 = stack.client().chat.completions.with_raw_response.create(
         model="thaw-demo", messages=[{"role": "user", "content": "Again"}], max_tokens=4)
     assert raw2.headers["x-thaw-cold-start"] == "false"
+    assert raw2.headers["x-thaw-tier"] == "hot"
     assert raw2.parse().choices[0].message.content is not None
-    assert stack.metrics()[("thaw_cold_starts_total", (("model", "demo"),))] == 1
+    assert cold_starts(stack) == 1
     print(f"\ncold start to last token: {cold_s:.2f}s; phases: {demo_state(stack.state())['last_cold_start']}")
+
+
+def cold_starts(stack: Stack) -> float:
+    """The demo model's cold starts, whichever tier served them."""
+    return sum(v for (name, labels), v in stack.metrics().items()
+               if name == "thaw_cold_starts_total" and ("model", "demo") in labels)
 
 
 def test_idle_model_scales_to_zero_and_worker_returns_to_standby(stack: Stack) -> None:
@@ -93,7 +101,7 @@ def test_idle_model_scales_to_zero_and_worker_returns_to_standby(stack: Stack) -
 
 
 def test_concurrent_requests_during_one_cold_start_share_one_replica(stack: Stack) -> None:
-    before = stack.metrics()[("thaw_cold_starts_total", (("model", "demo"),))]
+    before = cold_starts(stack)
     client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=KEY, max_retries=0, timeout=300)
 
     async def one(i: int) -> tuple[str, str]:
@@ -114,7 +122,7 @@ def test_concurrent_requests_during_one_cold_start_share_one_replica(stack: Stac
     state = stack.state()
     assert demo_state(state)["replicas"] == {"ready": 1}
     # One activation: one more cold start, one replica assigned.
-    assert stack.metrics()[("thaw_cold_starts_total", (("model", "demo"),))] == before + 1
+    assert cold_starts(stack) == before + 1
 
 
 def test_error_statuses_are_openai_errors(stack: Stack) -> None:

@@ -212,6 +212,23 @@ class Model(_Strict):
         return self.served_name or self.name
 
 
+class WeightCache(_Strict):
+    """A worker's cache of model weights on its local disk (``shapes[].cache``).
+
+    Filled as a model streams from the store (no second download), checked against the
+    model's manifest, least recently used evicted within ``max_gib``. On AWS ``dir`` is
+    the instance-store NVMe that ``infra/worker-bootstrap.sh`` mounts.
+    """
+
+    # Relative to the data directory. Workers of one machine share it.
+    dir: Path
+    max_gib: PositiveFloat
+    # Check every file a load reads (from the store or a cache) against the sha256 in
+    # the model's manifest. Costs CPU (hashing every byte); without it a cached file is
+    # checked by size and header only.
+    verify_sha256: bool = True
+
+
 class InstanceShape(_Strict):
     name: Name
     gpu_type: str = Field(description="e.g. 'h100-80gb', or 'cpu' for the embedded CPU engine")
@@ -225,6 +242,11 @@ class InstanceShape(_Strict):
     # How long a new standby of this shape usually takes to stand by (launch, boot,
     # runtime imports): the standby sizer covers the cold starts of that long.
     boot_s: PositiveFloat = 60.0
+    # Local copies of model weights: on disk (None: none), and in host memory (a tmpfs,
+    # /dev/shm) up to this many GiB, which keeps the last model a worker served while it
+    # stands by (0: none).
+    cache: WeightCache | None = None
+    host_cache_gib: NonNegativeFloat = 0.0
 
     @model_validator(mode="after")
     def _gpu(self) -> InstanceShape:
@@ -232,6 +254,9 @@ class InstanceShape(_Strict):
             raise ValueError(f"gpu_type {self.gpu_type!r} needs gpu_count >= 1 (use gpu_type 'cpu' for none)")
         if self.gpu_count > 0 and self.gpu_memory_gib <= 0:
             raise ValueError("gpu_memory_gib must be > 0 when gpu_count >= 1")
+        if self.host_cache_gib >= self.host_memory_gib:
+            raise ValueError(f"host_cache_gib ({self.host_cache_gib:g}) must be less than host_memory_gib "
+                             f"({self.host_memory_gib:g})")
         return self
 
 

@@ -51,8 +51,10 @@ def fit_problem(index: int, model: Model, cfg: ThawConfig, size: ModelSize) -> s
     else:
         kv = max(kv, int(e.cpu_kvcache_gib * GIB))
         kv_note = f"cpu_kvcache_gib {e.cpu_kvcache_gib:g}" if kv == int(e.cpu_kvcache_gib * GIB) else kv_note
-        usable = shape.host_memory_gib * GIB
-        where = f"host memory {shape.host_memory_gib:g} GiB"
+        # The host cache tier holds a copy of the weights in the same memory.
+        usable = (shape.host_memory_gib - shape.host_cache_gib) * GIB
+        where = f"host memory {shape.host_memory_gib:g} GiB" + (
+            f" less host_cache_gib {shape.host_cache_gib:g}" if shape.host_cache_gib else "")
     need = size.weights_bytes + kv
     if need <= usable:
         return None

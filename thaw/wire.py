@@ -12,7 +12,7 @@ environment, and the cluster token travels only in the ``Authorization`` header.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
@@ -47,6 +47,16 @@ REPORTED_STATES = frozenset({
 class _Msg(BaseModel):
     # A misspelt field is an error, not a silently ignored setting.
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# Where a request's replica got the model from, fastest first: it was serving already
+# (hot), it was asleep and woken, its weights came from a worker's host-memory cache,
+# from its disk cache, from the store (s3), or a new instance had to be launched first.
+Tier = Literal["hot", "asleep", "host", "disk", "s3", "launch"]
+TIERS: tuple[Tier, ...] = ("hot", "asleep", "host", "disk", "s3", "launch")
+# Where a load read its weights: a worker's cache tiers, the store, or a local
+# directory (a model not in the store: tests, `thaw snapshot build`).
+LoadSource = Literal["host", "disk", "s3", "local"]
 
 
 # -- controller → worker ---------------------------------------------------------------
@@ -111,6 +121,27 @@ class SnapshotView(_Msg):
     capture: str | None
 
 
+class LoadView(_Msg):
+    """How the current assignment got its weights (from the engine's loader)."""
+
+    # The slowest source any byte came from ("asleep": woken, nothing was read).
+    tier: Literal["asleep", "host", "disk", "s3", "local"]
+    # The loader's time and bytes (None: a loader that does not report them).
+    seconds: float | None = None
+    bytes: int | None = None
+    # Bytes per source.
+    sources: dict[str, int] = {}
+
+
+class CachedWeights(_Msg):
+    """Weights of one model a worker holds locally (``bytes`` of ``total_bytes``)."""
+
+    uri: str
+    tier: Literal["host", "disk"]
+    bytes: NonNegativeInt
+    total_bytes: NonNegativeInt
+
+
 class WorkerStatus(_Msg):
     """What a worker says about itself: its ``GET /state``, every control call's answer,
     and the body of its heartbeat to the controller."""
@@ -134,6 +165,12 @@ class WorkerStatus(_Msg):
     snapshot: SnapshotView | None = None
     error: str | None = None
     in_flight: int | None = None
+    # The current assignment's load (None: not loaded yet, or no assignment).
+    load: LoadView | None = None
+    # What this worker has cached, per model and tier.
+    cached: list[CachedWeights] = []
+    # Bytes per second this worker's recent loads read from each source.
+    load_bytes_per_s: dict[str, float] = {}
 
 
 class HeartbeatReply(_Msg):
@@ -177,6 +214,10 @@ class ColdStartRecord(_Msg):
     total_s: float
     phases_s: dict[str, float]
     woken: bool = False
+    # Where the replica got the model from (never "hot": a cold start is not).
+    tier: Tier | None = None
+    # The engine loader's time reading the weights (None: not reported).
+    load_s: float | None = None
 
 
 # -- controller → activator: the route table -------------------------------------------
@@ -188,6 +229,9 @@ class ReplicaRoute(_Msg):
     served_model_name: str
     assignment_id: str | None
     phases: Phases = Phases()
+    load: LoadView | None = None
+    # When the worker's agent started (a later start than a request's: launched for it).
+    worker_started_at: float | None = None
 
 
 class ModelRoute(_Msg):
@@ -237,6 +281,9 @@ class WorkerDetail(_Msg):
     error: str | None
     last_heartbeat_s_ago: float | None
     provider_state: str | None
+    # The current assignment's load, and the weights the worker holds locally.
+    load: LoadView | None = None
+    cached: list[CachedWeights] = []
 
 
 class ShapeRow(_Msg):

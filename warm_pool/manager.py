@@ -688,7 +688,8 @@ class PoolManager:
             self._control_failed(d.worker_id, "assign", exc)
             return
         self._answered(d.worker_id, status)
-        log.info("worker_assigned", worker_id=d.worker_id, model=model.name, assignment_id=d.assignment_id)
+        log.info("worker_assigned", worker_id=d.worker_id, model=model.name, assignment_id=d.assignment_id,
+                 expected_tier=d.tier, expected_load_s=d.expected_load_s)
 
     async def _sleep(self, d: Sleep) -> None:
         url = self._control_url(d.worker_id)
@@ -800,7 +801,8 @@ class PoolManager:
                 if v.state is WorkerState.READY and st is not None and st.engine_url:
                     ready.append(ReplicaRoute(worker_id=wid, url=st.engine_url,
                                               served_model_name=st.served_model_name or m.resolved_served_name,
-                                              assignment_id=v.assignment_id, phases=st.phases))
+                                              assignment_id=v.assignment_id, phases=st.phases, load=st.load,
+                                              worker_started_at=st.started_at))
                 elif v.state is WorkerState.LOADING:
                     loading += 1
             ms = self.state.models.get(m.name)
@@ -895,6 +897,7 @@ class PoolManager:
                 engine_url=f.status.engine_url if f.status else None, error=v.error,
                 last_heartbeat_s_ago=round(now - f.heard_at, 1) if f.heard_at else None,
                 provider_state=f.instance.state.value if f.instance else None,
+                load=f.status.load if f.status else None, cached=list(v.cached),
             ))
         return PoolStatus(now=now, controller_epoch=self.epoch, adopted=self.adopted, shapes=shapes,
                           models=models, workers=workers, worker_details=details)

@@ -9,6 +9,10 @@ panic, TTFT, bounds, delays) and when an idle model goes to zero or gets a repli
 early is the keep-alive policy's (``warm_pool.keepalive``). Then:
 - a request at zero with no replica ready or loading → assign a standby worker of the
   model's shape now; with no standby, launch one within ``max_instances``;
+- which standby: an asleep replica of the model first (a wake), then the standby that
+  would load it soonest from what it holds (its host-memory copy, its disk copy, else
+  the store), by the bytes each tier holds and the rates the worker measured
+  (``expected_load_s``; ServerlessLLM's locality-aware placement, OSDI 2024);
 - a failed load puts the model in exponential backoff (2 s, 4 s, … capped at 60 s);
   the failed worker is released back to standby. A successful start resets it.
 - with ``asleep_ttl_s`` (GPU): an idle replica is put to sleep instead of released;
@@ -32,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from thaw.config import Autoscaling, ThawConfig
-from thaw.wire import WorkerState
+from thaw.wire import CachedWeights, WorkerState
 from warm_pool.autoscaler import ScaleResult, ScaleState, autoscale, evolve, observe
 from warm_pool.budget import PoolAsk, PoolGrant, grant
 from warm_pool.keepalive import (
@@ -49,6 +53,9 @@ BACKOFF_BASE_S = 2.0
 # Cold starts counted for the standby sizer's rate (per shape).
 COLD_START_WINDOW_S = 600.0
 BACKOFF_MAX_S = 60.0
+# Bytes per second assumed for a source a worker has not measured yet: rough figures
+# for an instance's memory, NVMe and S3 (with none measured only their order matters).
+DEFAULT_LOAD_BYTES_PER_S = {"host": 8e9, "disk": 2e9, "s3": 1e9}
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,9 @@ class WorkerView:
     error: str | None = None
     # When the worker entered its current state (for "asleep": when it was put to sleep).
     since: float | None = None
+    # Weights it holds locally, and the bytes per second its loads read from each source.
+    cached: tuple[CachedWeights, ...] = ()
+    load_rates: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,6 +158,11 @@ class Assign:
     model: str
     assignment_id: str
     reason: AssignReason = "demand"
+    # Where the worker is expected to load the model from, and in how long (a standby
+    # placed by what it holds; None for a wake).
+    # Informational: not part of the decision's identity.
+    tier: str | None = field(default=None, compare=False)
+    expected_load_s: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -201,6 +216,33 @@ _SERVING = ("loading", "ready")
 # standby). Asleep workers are not: they are a tier of their own, bounded by their TTL
 # and the pool's caps, reclaimed for another model only when no standby is free.
 _STANDBY_LIKE = ("launching", "starting", "standby", "draining")
+
+
+def model_bytes(workers: Collection[WorkerView], uri: str) -> int:
+    """The size of the model at ``uri`` as any worker's cache records it (0: unknown)."""
+    return max((c.total_bytes for w in workers for c in w.cached if c.uri == uri), default=0)
+
+
+def expected_load(w: WorkerView, uri: str, total_bytes: int) -> tuple[float, str]:
+    """Seconds ``w`` would take to read the model at ``uri`` (``total_bytes``), and the
+    slowest tier it would read from: its host copy first, then what its disk holds
+    beyond that, the rest from the store, each at the rate the worker measured."""
+    rates = {**DEFAULT_LOAD_BYTES_PER_S, **{k: v for k, v in w.load_rates if v > 0}}
+    held = {c.tier: c.bytes for c in w.cached if c.uri == uri}
+    host = min(held.get("host", 0), total_bytes)
+    disk = min(max(held.get("disk", 0) - host, 0), total_bytes - host)
+    s3 = total_bytes - host - disk
+    seconds = host / rates["host"] + disk / rates["disk"] + s3 / rates["s3"]
+    tier = "s3" if s3 > 0 or total_bytes == 0 else "disk" if disk > 0 else "host"
+    return seconds, tier
+
+
+def place(standbys: list[WorkerView], uri: str, total_bytes: int) -> tuple[WorkerView, str, float]:
+    """Take from ``standbys`` the one expected to load ``uri`` soonest (ties: the first)."""
+    best = min(range(len(standbys)), key=lambda i: (expected_load(standbys[i], uri, total_bytes)[0], i))
+    w = standbys.pop(best)
+    seconds, tier = expected_load(w, uri, total_bytes)
+    return w, tier, seconds
 
 
 def launch_backoff_s(failures: int, base_s: float, max_s: float) -> float:
@@ -351,8 +393,9 @@ def decide(
                     gone.add(w.id)
                     decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}", reason))
                 elif standbys:
-                    w = standbys.pop(0)
-                    decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}", reason))
+                    w, tier, secs = place(standbys, m.uri, model_bytes(snap.workers, m.uri))
+                    decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}", reason, tier,
+                                            round(secs, 3)))
                 else:
                     n_assign -= 1
                     if not reclaim(m.shape, m.name):
@@ -444,8 +487,10 @@ def decide(
             total += 1
         # Excess goes newest first, and only ones standing by: one still booting may be a
         # launch for demand that a model takes the moment it stands by (removed then, if
-        # still in excess).
+        # still in excess). Ones holding weights in memory go last: they are the fast
+        # cold starts of the models they hold.
         idle_standby = sorted((w for w in standby if w.state == "standby"), key=lambda w: w.id, reverse=True)
+        idle_standby.sort(key=lambda w: sum(c.bytes for c in w.cached if c.tier == "host"))
         for w in idle_standby[: plan.stop_running]:
             decisions.append(Stop(w.id, "excess_standby"))
         for w in idle_standby[plan.stop_running: plan.stop_running + plan.terminate_running]:

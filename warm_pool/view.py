@@ -74,11 +74,15 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
     ``draining``, ``asleep``), so the next decision does not repeat it; else the
     worker's own report.
     """
+    inst, st = f.instance, f.status
+    # What the worker last said it holds (its disk and host memory outlive any state).
+    cached = tuple(st.cached) if st is not None else ()
+    rates = tuple(sorted(st.load_bytes_per_s.items())) if st is not None else ()
+
     def view(state: WorkerState, model: str | None = None, assignment_id: str | None = None,
              error: str | None = None, since: float | None = None) -> WorkerView:
-        return WorkerView(f.worker_id, f.shape, state, model, assignment_id, error, since)
+        return WorkerView(f.worker_id, f.shape, state, model, assignment_id, error, since, cached, rates)
 
-    inst, st = f.instance, f.status
     last_model = st.model if st else None
     last_assignment = st.assignment_id if st else None
     if inst is None and f.launch_requested_at is not None:

@@ -17,6 +17,13 @@ of S3. Layout and rules:
   never overshoot it together. A file larger than the whole budget is not cached.
 - Thread-safe (one lock) and process-safe (``flock`` on ``.lock`` around the
   check-evict-reserve and rename steps).
+- A full file system is not an error: an entry that does not fit in the free space
+  (less what temp files of running writers have yet to fill) is not started, and a
+  write that fails (``ENOSPC``) drops its entry; the load goes on from the store.
+- Which models a cache holds: after a load, ``record_model`` writes a small record
+  (``.models/<hash(uri)>.json``: the model's URI and its files' entry names and
+  sizes). ``models()`` reads the records back and checks each file against the
+  directory, so a record never claims an entry that was evicted since.
 
 A hit is trusted when its size matches the object's; the loader also checks the
 safetensors header and, when asked, the sha256, and evicts an entry that fails.
@@ -27,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
 import threading
@@ -43,6 +51,7 @@ log = get_logger()
 
 _TMP_PREFIX = ".tmp-"
 _LOCK_NAME = ".lock"
+_MODELS_DIR = ".models"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -57,6 +66,21 @@ class CacheEntry:
     path: Path
     size: int
     last_access_ns: int
+
+
+@dataclass(frozen=True)
+class CachedModel:
+    """What a cache holds of one model: ``bytes`` of its ``total_bytes`` are there."""
+
+    uri: str
+    bytes: int
+    total_bytes: int
+    files: int
+    files_present: int
+
+    @property
+    def complete(self) -> bool:
+        return self.files_present == self.files
 
 
 def entry_name(bucket: str, key: str, etag: str) -> str:
@@ -138,6 +162,56 @@ class DiskCache:
         """Bytes in the directory: entries plus temp files being written."""
         return sum(e.size for e in self.entries()) + sum(size for _, size in self._temps())
 
+    # --- which models ---------------------------------------------------------------
+
+    def record_model(self, uri: str, files: list[tuple[str, str, str, int]]) -> None:
+        """Note that the model at ``uri`` is made of these ``(bucket, key, etag, size)``
+        objects (after a load that cached them; see :meth:`models`)."""
+        body = {"uri": uri, "files": [{"name": entry_name(b, k, e), "size": n} for b, k, e, n in files]}
+        d = self.root / _MODELS_DIR
+        d.mkdir(exist_ok=True)
+        path = d / f"{_model_id(uri)}.json"
+        tmp = d / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        tmp.write_text(json.dumps(body))
+        os.replace(tmp, path)
+
+    def models(self) -> list[CachedModel]:
+        """The models recorded here, with how much of each is still cached (records of
+        which nothing is left are removed)."""
+        d = self.root / _MODELS_DIR
+        try:
+            paths = sorted(p for p in d.iterdir() if p.suffix == ".json" and not p.name.startswith("."))
+        except FileNotFoundError:
+            return []
+        sizes = {e.path.name: e.size for e in self.entries()}
+        out = []
+        for p in paths:
+            try:
+                rec = json.loads(p.read_text())
+                uri, files = str(rec["uri"]), [(str(f["name"]), int(f["size"])) for f in rec["files"]]
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("cache_model_record_unreadable", path=str(p))
+                self._remove(p)
+                continue
+            present = [(n, size) for n, size in files if sizes.get(n) == size]
+            if not present:
+                self._remove(p)
+                continue
+            out.append(CachedModel(uri, sum(s for _, s in present), sum(s for _, s in files), len(files),
+                                   len(present)))
+        return out
+
+    def clear(self) -> None:
+        """Remove every entry and record (e.g. a host cache given back when its worker stops)."""
+        self.flush()
+        with self._locked():
+            for e in self.entries():
+                self._remove(e.path)
+            d = self.root / _MODELS_DIR
+            if d.is_dir():
+                for p in d.iterdir():
+                    self._remove(p)
+
     # --- writing --------------------------------------------------------------------
 
     def begin(self, bucket: str, key: str, etag: str, size: int) -> CacheWriter | None:
@@ -158,6 +232,11 @@ class DiskCache:
                     "cache_skip_no_room", object=f"s3://{bucket}/{key}", size=size,
                     budget=self.max_bytes, used=self.used_bytes(),
                 )
+                return None
+            free = self._free_bytes()
+            if size > free:
+                log.warning("cache_skip_disk_full", object=f"s3://{bucket}/{key}", size=size,
+                            free=free, dir=str(self.root))
                 return None
             tmp = self.root / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-{name}"
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -257,6 +336,20 @@ class DiskCache:
                 log.info("cache_evicted", path=str(e.path), size=e.size)
             used -= e.size
         return used + size <= self.max_bytes
+
+    def _free_bytes(self) -> int:
+        """Free space on the file system, less what running writers' temp files (sized
+        up front, sparse) will still take."""
+        st = os.statvfs(self.root)
+        unwritten = 0
+        for p in self.root.iterdir():
+            if p.name.startswith(_TMP_PREFIX):
+                try:
+                    t = p.stat()
+                except FileNotFoundError:
+                    continue
+                unwritten += max(t.st_size - t.st_blocks * 512, 0)
+        return st.f_bavail * st.f_frsize - unwritten
 
     def _temps(self) -> Iterator[tuple[Path, int]]:
         for p in self.root.iterdir():
@@ -380,6 +473,10 @@ class CacheWriter:
             os.close(self.fd)
             self.fd = -1
         self.tmp.unlink(missing_ok=True)
+
+
+def _model_id(uri: str) -> str:
+    return hashlib.sha256(uri.encode()).hexdigest()[:20]
 
 
 def _pid_alive(pid: int) -> bool:

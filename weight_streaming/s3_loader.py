@@ -12,9 +12,12 @@ How a load goes:
    its ``weight_map`` names, all of which must be there). The LIST also gives each
    object's size and ETag, so no HEAD is needed. Explicit ``(bucket, key)`` pairs cost
    one HEAD each (in parallel); :class:`S3Object` values cost nothing.
-2. **Cache lookups** (with ``cache``): an entry for ``(bucket, key, ETag)`` of the right
-   size whose safetensors header parses is a hit and is read from local disk; zero GETs.
-   The ETag comes from step 1 (the LIST, or the HEAD), so a replaced object is a miss.
+2. **Cache lookups** (with ``caches``, fastest tier first, e.g. host memory then local
+   disk; ``cache`` is one tier named ``disk``): an entry for ``(bucket, key, ETag)`` of
+   the right size whose safetensors header parses is a hit and is read from that tier;
+   zero GETs. The ETag comes from step 1 (the LIST, or the HEAD), so a replaced object
+   is a miss. Tiers that miss a file are filled from whichever source serves it, as it
+   streams (a disk hit fills the host tier; an S3 read fills both).
 3. **Headers** of the misses: one ranged GET of the first 1 MiB each, in parallel
    (a longer header costs a second GET). A malformed file is refused here, before any
    tensor bytes move.
@@ -32,6 +35,9 @@ How a load goes:
    size, and with ``verify_sha256`` the sha256 of every file, hashed in file order as
    the chunks land. A cache entry that fails its checks is evicted and its object read
    from S3 again. Any failure raises; a load never returns a partial model.
+6. **Records**: after a load of ``s3://bucket/prefix``, every tier records that it
+   holds that model's files (``DiskCache.record_model``), which is how a worker tells
+   the controller what it has cached.
 
 With ``tp_size > 1`` a rank reads only its part of each file, so a miss cannot be
 cached as it streams: the whole object is first fetched into the cache (same parallel
@@ -47,7 +53,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -132,8 +138,9 @@ class FileLoad:
     uri: str
     size: int
     etag: str
-    source: Literal["s3", "cache"]
-    # A cache entry is being committed for it (a miss that fitted in the budget).
+    # "s3", or the name of the cache tier that served it ("host", "disk").
+    source: str
+    # Cache entries are being committed for it (tiers that missed it and had room).
     cache_written: bool = False
 
 
@@ -143,23 +150,47 @@ class S3LoadResult(LoadResult):
     whole call (listing, cache lookups, header GETs, data)."""
 
     files: tuple[FileLoad, ...] = ()
+    # Cached copies that failed a check during this load (evicted, read elsewhere):
+    # (uri, tier, reason).
+    rejected: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def cache_hits(self) -> int:
-        return sum(f.source == "cache" for f in self.files)
+        return sum(f.source != "s3" for f in self.files)
+
+    def bytes_by_source(self) -> dict[str, int]:
+        """Bytes read from each source ("s3", "host", "disk")."""
+        out: dict[str, int] = {}
+        for f in self.files:
+            out[f.source] = out.get(f.source, 0) + f.size
+        return out
 
     @property
     def s3_files(self) -> int:
         return sum(f.source == "s3" for f in self.files)
 
 
-class ChecksumMismatch(StreamError):
-    """A file's sha256 is not the one the manifest records."""
+@dataclass(frozen=True)
+class CacheTier:
+    """One local copy of the store a load may read from: ``name`` says which
+    ("host": memory-backed, "disk": the instance's disk)."""
 
-    def __init__(self, message: str, obj: S3Object, from_cache: bool) -> None:
+    name: str
+    cache: DiskCache
+
+
+class ChecksumMismatch(StreamError):
+    """A file's sha256 is not the one the manifest records; ``tier``: the cache tier
+    the bytes came from (None: the store)."""
+
+    def __init__(self, message: str, obj: S3Object, tier: str | None) -> None:
         super().__init__(message)
         self.obj = obj
-        self.from_cache = from_cache
+        self.tier = tier
+
+    @property
+    def from_cache(self) -> bool:
+        return self.tier is not None
 
 
 # --- public helpers -----------------------------------------------------------------
@@ -219,6 +250,7 @@ def load_s3(
     chunk_bytes: int = DEFAULT_S3_CHUNK_BYTES,
     concurrency: int = DEFAULT_S3_CONCURRENCY,
     cache: DiskCache | None = None,
+    caches: Sequence[CacheTier] = (),
     verify_sha256: Mapping[str, str] | None = None,
     progress: ProgressFn | None = None,
     tp_rank: int = 0,
@@ -234,7 +266,9 @@ def load_s3(
     (the model's ``*.safetensors`` under it), ``"s3://bucket/key.safetensors"``, or a
     list of ``(bucket, key)`` pairs or :class:`S3Object`.
 
-    ``cache``: serve hits from local disk and write misses to it. ``verify_sha256``:
+    ``caches``: local tiers, fastest first: serve hits from the first that has a file
+    and fill the others as it streams; ``cache``: one more tier, named "disk", after
+    them. ``verify_sha256``:
     object key → expected sha256 hex for every file (:func:`manifest_sha256` builds it
     from a manifest); with ``tp_size > 1`` it needs a ``cache`` (a rank reads only its
     part of a file, so the whole file is hashed from disk). ``progress``, ``tp_rank``,
@@ -252,7 +286,10 @@ def load_s3(
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if tp_size < 1 or not 0 <= tp_rank < tp_size:
         raise ValueError(f"need 0 <= tp_rank < tp_size, got tp_rank={tp_rank} tp_size={tp_size}")
-    if verify_sha256 is not None and tp_size > 1 and cache is None:
+    tiers = [*caches, *([CacheTier("disk", cache)] if cache is not None else [])]
+    if len({t.name for t in tiers}) != len(tiers) or any(t.name == "s3" for t in tiers):
+        raise ValueError(f"cache tier names must be unique and not 's3': {[t.name for t in tiers]}")
+    if verify_sha256 is not None and tp_size > 1 and not tiers:
         raise ValueError(
             "verify_sha256 with tp_size > 1 needs a cache: a rank reads only part of each file"
         )
@@ -264,15 +301,27 @@ def load_s3(
         if missing:
             raise StreamError(f"verify_sha256 has no sha256 for {', '.join(missing)}")
     opts = _Options(device, chunk_bytes, concurrency, progress, tp_rank, tp_size, shard_dims, host_pool)
-    # One retry: a cache entry that fails its sha256 is evicted and read from S3 again.
-    try:
-        result = _load_once(client, objs, opts, cache, verify_sha256)
-    except ChecksumMismatch as exc:
-        if not exc.from_cache or cache is None:
-            raise
-        log.warning("cache_entry_corrupt", object=exc.obj.uri, error=str(exc))
-        cache.evict(exc.obj.bucket, exc.obj.key, exc.obj.etag)
-        result = _load_once(client, objs, opts, cache, verify_sha256)
+    # A cache entry that fails its sha256 is evicted and the load tried again (the
+    # next tier, or S3): at most once per tier.
+    rejected: list[tuple[str, str, str]] = []
+    for attempt in range(len(tiers) + 1):
+        try:
+            result = _load_once(client, objs, opts, tiers, verify_sha256, rejected)
+            break
+        except ChecksumMismatch as exc:
+            tier = next((t for t in tiers if t.name == exc.tier), None)
+            if tier is None or attempt == len(tiers):
+                raise
+            log.warning("cache_entry_corrupt", object=exc.obj.uri, tier=tier.name, error=str(exc))
+            rejected.append((exc.obj.uri, tier.name, str(exc)))
+            tier.cache.evict(exc.obj.bucket, exc.obj.key, exc.obj.etag)
+    if isinstance(objects, str) and tiers:
+        files = [(o.bucket, o.key, o.etag, o.size) for o in objs if o.etag]
+        for t in tiers:
+            try:
+                t.cache.record_model(objects, files)
+            except OSError as exc:  # a full disk: the tier just does not say it has the model
+                log.warning("cache_record_failed", tier=t.name, uri=objects, error=str(exc))
     seconds = time.perf_counter() - t0
     stats = LoadStats(
         bytes=result.stats.bytes, seconds=seconds, files=result.stats.files, chunks=result.stats.chunks
@@ -280,9 +329,9 @@ def load_s3(
     log.info(
         "s3_load_done", files=len(objs), bytes=stats.bytes, seconds=round(seconds, 3),
         gib_per_s=round(stats.bytes / seconds / 2**30, 3) if seconds > 0 else None,
-        cache_hits=result.cache_hits, device=str(device),
+        cache_hits=result.cache_hits, sources=result.bytes_by_source(), device=str(device),
     )
-    return S3LoadResult(tensors=result.tensors, stats=stats, files=result.files)
+    return S3LoadResult(tensors=result.tensors, stats=stats, files=result.files, rejected=tuple(rejected))
 
 
 # --- one attempt --------------------------------------------------------------------
@@ -304,75 +353,92 @@ def _load_once(
     client: Any,
     objs: Sequence[S3Object],
     opts: _Options,
-    cache: DiskCache | None,
+    tiers: Sequence[CacheTier],
     verify: Mapping[str, str] | None,
+    rejected: list[tuple[str, str, str]],
 ) -> S3LoadResult:
-    hits: dict[int, tuple[FileRangeSource, SafetensorsHeader]] = {}
-    writers: list[CacheWriter] = []
+    hits: dict[int, tuple[CacheTier, FileRangeSource, SafetensorsHeader]] = {}
+    all_writers: list[CacheWriter] = []
     opened: list[FileRangeSource] = []
     try:
-        if cache is not None:
-            for i, obj in enumerate(objs):
-                if not obj.etag:  # without a version to key on, a cached copy could be stale
-                    continue
-                hit = _open_hit(cache, obj)
+        for i, obj in enumerate(objs):
+            if not obj.etag:  # without a version to key on, a cached copy could be stale
+                continue
+            for tier in tiers:
+                hit = _open_hit(tier, obj, rejected)
                 if hit is not None:
-                    hits[i] = hit
+                    hits[i] = (tier, *hit)
                     opened.append(hit[0])
+                    break
         misses = [i for i in range(len(objs)) if i not in hits]
         probes = _parallel(lambda i: _probe(client, objs[i]), misses, opts.concurrency)
         # On the host, chunks land in the final buffer, which outlives the load: the
-        # cache file is written from it by a background thread. On CUDA they land in
+        # cache files are written from it by background threads. On CUDA they land in
         # staging slots that are reused, so each chunk is written before the slot is.
         to_host = torch.device(opts.device).type == "cpu"
+        whole_file = opts.tp_size == 1
         sources: list[RangeSource] = []
         files: list[FileLoad] = []
         hashers: list[_Sha256Source] = []
         to_fill: list[tuple[RangeSource, CacheWriter, int, S3Object]] = []
         for i, obj in enumerate(objs):
             src: RangeSource
-            kind: Literal["s3", "cache"]
+            head: bytes | None
             if i in hits:
-                fs, header = hits[i]
-                src, head, kind, writer = fs, None, "cache", None
+                source_tier, fs, header = hits[i]
+                src, head, kind = fs, None, source_tier.name
             else:
+                source_tier = None
                 head, header = probes[i]
                 src = S3RangeSource(client, obj.bucket, obj.key, size=obj.size, etag=obj.etag, prefix=head)
                 kind = "s3"
-                writer = None
-                if cache is not None and obj.etag:
-                    writer = cache.begin(obj.bucket, obj.key, obj.etag, obj.size)
-                if writer is not None:
-                    writers.append(writer)
+            # Every other tier that has room gets a copy, from whichever source serves the file.
+            writers: list[CacheWriter] = []
+            if obj.etag:
+                for tier in tiers:
+                    if tier is source_tier or (not whole_file and writers):
+                        continue  # a rank's fill (tp_size > 1) goes to one tier only
+                    if source_tier is not None and tier.cache.lookup(obj.bucket, obj.key, obj.etag,
+                                                                     obj.size) is not None:
+                        continue  # this tier has it too
+                    w = tier.cache.begin(obj.bucket, obj.key, obj.etag, obj.size)
+                    if w is not None:
+                        writers.append(w)
+                        all_writers.append(w)
+            if writers:
+                if head is None:
+                    buf = bytearray(header.data_offset)
+                    src.read_into(0, memoryview(buf))
+                    head = bytes(buf)
+                for w in writers:
                     # The header goes in now; the data as it streams (or in the fill below).
-                    writer.write(0, head[: header.data_offset])
+                    w.write(0, head[: header.data_offset])
             expected = verify[obj.key] if verify is not None else None
-            whole_file = opts.tp_size == 1
-            if writer is not None and whole_file:
-                src = _TeeSource(src, writer, header.data_offset, later=to_host)
-            elif writer is not None:
+            if writers and whole_file:
+                src = _TeeSource(src, writers, header.data_offset, later=to_host)
+            elif writers:
                 # A rank reads only its part: fetch the whole object into the cache, then read from disk.
                 fill_src: RangeSource = src
                 if expected is not None:
-                    fill_src = _hashing(src, obj, expected, header, head, from_cache=False)
-                to_fill.append((fill_src, writer, header.data_offset, obj))
-                fs = FileRangeSource(writer.tmp)
+                    fill_src = _hashing(src, obj, expected, header, head, tier=kind if source_tier else None)
+                to_fill.append((fill_src, writers[0], header.data_offset, obj))
+                fs = FileRangeSource(writers[0].tmp)
                 opened.append(fs)
                 src, expected = fs, None  # hashed during the fill
             if expected is not None:
                 if whole_file:
-                    hs = _hashing(src, obj, expected, header, head, from_cache=kind == "cache")
+                    hs = _hashing(src, obj, expected, header, head, tier=kind if source_tier else None)
                     hashers.append(hs)
                     src = hs
-                elif kind == "cache":
-                    _hash_file(src, obj, expected)
+                elif source_tier is not None:
+                    _hash_file(src, obj, expected, source_tier.name)
                 else:
                     raise StreamError(
                         f"{obj.uri}: cannot verify sha256 with tp_size={opts.tp_size}: "
                         "the file does not fit in the cache"
                     )
             sources.append(src)
-            files.append(FileLoad(obj.uri, obj.size, obj.etag, kind, writer is not None))
+            files.append(FileLoad(obj.uri, obj.size, obj.etag, kind, bool(writers)))
 
         if to_fill:
             _fill(to_fill, opts.chunk_bytes, opts.concurrency)
@@ -390,7 +456,7 @@ def _load_once(
         for hs in hashers:
             hs.check_complete()
     except BaseException:
-        for w in writers:
+        for w in all_writers:
             w.abort()
         raise
     finally:
@@ -398,12 +464,15 @@ def _load_once(
             fs.close()
     # The load is whole: make its cache entries visible (in the background). A commit
     # that fails is logged by the cache and only costs a future download.
-    for w in writers:
+    for w in all_writers:
         w.commit()
     return S3LoadResult(tensors=result.tensors, stats=result.stats, files=tuple(files))
 
 
-def _open_hit(cache: DiskCache, obj: S3Object) -> tuple[FileRangeSource, SafetensorsHeader] | None:
+def _open_hit(
+    tier: CacheTier, obj: S3Object, rejected: list[tuple[str, str, str]]
+) -> tuple[FileRangeSource, SafetensorsHeader] | None:
+    cache = tier.cache
     path = cache.lookup(obj.bucket, obj.key, obj.etag, obj.size)
     if path is None:
         return None
@@ -416,7 +485,8 @@ def _open_hit(cache: DiskCache, obj: S3Object) -> tuple[FileRangeSource, Safeten
         header = read_header(fs, name=str(path))
     except (MalformedSafetensors, StreamError) as exc:
         fs.close()
-        log.warning("cache_entry_corrupt", object=obj.uri, path=str(path), error=str(exc))
+        log.warning("cache_entry_corrupt", object=obj.uri, tier=tier.name, path=str(path), error=str(exc))
+        rejected.append((obj.uri, tier.name, str(exc)))
         cache.evict(obj.bucket, obj.key, obj.etag)
         return None
     return fs, header
@@ -523,17 +593,18 @@ class _WrappedSource:
 
 
 class _TeeSource(_WrappedSource):
-    """Reads through ``inner`` and sends each data chunk to a cache file as it lands.
+    """Reads through ``inner`` and sends each data chunk to cache files as it lands.
 
-    ``later``: queue the write (the view must stay valid: the final host buffer);
+    ``later``: queue the writes (the view must stay valid: the final host buffer);
     otherwise write before returning (the view is a staging slot about to be reused).
     Reads before ``data_offset`` are the streamer's header reads (served from the probe
-    already in memory); the header was written to the cache file up front.
+    already in memory); the header was written to the cache files up front.
     """
 
-    def __init__(self, inner: RangeSource, writer: CacheWriter, data_offset: int, *, later: bool) -> None:
+    def __init__(self, inner: RangeSource, writers: Sequence[CacheWriter], data_offset: int, *,
+                 later: bool) -> None:
         self._inner = inner
-        self._writer = writer
+        self._writers = list(writers)
         self._data_offset = data_offset
         self._later = later
 
@@ -541,15 +612,17 @@ class _TeeSource(_WrappedSource):
         self._inner.read_into(offset, view)
         if offset < self._data_offset:
             return
-        if self._later:
-            self._writer.write_later(offset, view)
-            return
-        try:
-            self._writer.write(offset, view)
-        except OSError as exc:
-            # Disk full or similar: this entry is dropped (commit will refuse it), the load goes on.
-            log.warning("cache_write_failed", object=self._writer.uri, error=str(exc))
-            self._writer.mark_failed()
+        for writer in self._writers:
+            if self._later:
+                writer.write_later(offset, view)
+                continue
+            try:
+                writer.write(offset, view)
+            except OSError as exc:
+                # Disk full or similar: this entry is dropped (commit will refuse it), the load goes on.
+                log.warning("cache_write_failed", object=writer.uri, error=str(exc))
+                writer.mark_failed()
+
 
 class _Sha256Source(_WrappedSource):
     """Hashes the file's data in file order as the (parallel, unordered) chunks land.
@@ -561,12 +634,12 @@ class _Sha256Source(_WrappedSource):
     """
 
     def __init__(
-        self, inner: RangeSource, *, obj: S3Object, expected: str, head: bytes, from_cache: bool
+        self, inner: RangeSource, *, obj: S3Object, expected: str, head: bytes, tier: str | None
     ) -> None:
         self._inner = inner
         self._obj = obj
         self._expected = expected.lower()
-        self._from_cache = from_cache
+        self._tier = tier
         self._sha = hashlib.sha256(head)
         self._start = len(head)
         self._next = len(head)
@@ -613,11 +686,11 @@ class _Sha256Source(_WrappedSource):
             return
         got = self._sha.hexdigest()
         if got != self._expected:
-            where = "cached copy of " if self._from_cache else ""
+            where = f"{self._tier}-cached copy of " if self._tier else ""
             raise ChecksumMismatch(
                 f"{where}{self._obj.uri}: sha256 {got} does not match the manifest's {self._expected}",
                 self._obj,
-                self._from_cache,
+                self._tier,
             )
         self._checked = True
 
@@ -629,16 +702,16 @@ def _hashing(
     header: SafetensorsHeader,
     head: bytes | None,
     *,
-    from_cache: bool,
+    tier: str | None,
 ) -> _Sha256Source:
     if head is None:  # a cache hit: the header bytes come from the file
         buf = bytearray(header.data_offset)
         src.read_into(0, memoryview(buf))
         head = bytes(buf)
-    return _Sha256Source(src, obj=obj, expected=expected, head=head[: header.data_offset], from_cache=from_cache)
+    return _Sha256Source(src, obj=obj, expected=expected, head=head[: header.data_offset], tier=tier)
 
 
-def _hash_file(src: RangeSource, obj: S3Object, expected: str) -> None:
+def _hash_file(src: RangeSource, obj: S3Object, expected: str, tier: str) -> None:
     """Hash a whole (cached) file; ChecksumMismatch if it is not what the manifest says."""
     sha = hashlib.sha256()
     buf = bytearray(8 * MiB)
@@ -651,7 +724,7 @@ def _hash_file(src: RangeSource, obj: S3Object, expected: str) -> None:
     got = sha.hexdigest()
     if got != expected.lower():
         raise ChecksumMismatch(
-            f"cached copy of {obj.uri}: sha256 {got} does not match the manifest's {expected}", obj, True
+            f"{tier}-cached copy of {obj.uri}: sha256 {got} does not match the manifest's {expected}", obj, tier
         )
 
 

@@ -49,6 +49,8 @@ from weight_streaming.cache import DiskCache
 from weight_streaming.s3_loader import (
     DEFAULT_S3_CHUNK_BYTES,
     DEFAULT_S3_CONCURRENCY,
+    CacheTier,
+    S3LoadResult,
     load_s3,
     manifest_sha256,
     resolve_objects,
@@ -65,7 +67,8 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 # model_loader_extra_config keys this loader understands.
-_EXTRA_KEYS = frozenset({"concurrency", "chunk_mib", "cache_dir", "cache_max_gib", "verify_sha256"})
+_EXTRA_KEYS = frozenset({"concurrency", "chunk_mib", "cache_dir", "cache_max_gib", "host_cache_dir",
+                         "host_cache_max_gib", "verify_sha256"})
 
 
 class ThawLoadError(RuntimeError):
@@ -81,6 +84,9 @@ class StreamOptions:
     # The local disk cache tier for s3:// weights (weight_streaming.cache); None: off.
     cache_dir: str | None = None
     cache_max_bytes: int = 0
+    # The host-memory tier (a directory on a tmpfs), read before the disk; None: off.
+    host_cache_dir: str | None = None
+    host_cache_max_bytes: int = 0
     # Check every file against the sha256 in the model's Thaw manifest (CPU cost:
     # hashing every byte; off by default, the ETag and header checks always run).
     verify_sha256: bool = False
@@ -100,18 +106,20 @@ class StreamOptions:
             ("concurrency", "concurrency", 1, int),
             ("chunk_mib", "chunk_bytes", MiB, int),
             ("cache_max_gib", "cache_max_bytes", GiB, int | float),
+            ("host_cache_max_gib", "host_cache_max_bytes", GiB, int | float),
         ):
             if key in extra:
                 value = extra[key]
                 if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
                     raise ValueError(f"model_loader_extra_config.{key} must be a positive number, got {value!r}")
                 out = replace(out, **{attr: int(value * scale)})  # type: ignore[arg-type]
-        if "cache_dir" in extra:
-            if not isinstance(extra["cache_dir"], str) or not extra["cache_dir"]:
-                raise ValueError("model_loader_extra_config.cache_dir must be a directory path")
-            if "cache_max_gib" not in extra:
-                raise ValueError("model_loader_extra_config.cache_dir needs cache_max_gib (the cache's budget)")
-            out = replace(out, cache_dir=extra["cache_dir"])
+        for dir_key, budget_key in (("cache_dir", "cache_max_gib"), ("host_cache_dir", "host_cache_max_gib")):
+            if dir_key in extra:
+                if not isinstance(extra[dir_key], str) or not extra[dir_key]:
+                    raise ValueError(f"model_loader_extra_config.{dir_key} must be a directory path")
+                if budget_key not in extra:
+                    raise ValueError(f"model_loader_extra_config.{dir_key} needs {budget_key} (the cache's budget)")
+                out = replace(out, **{dir_key: extra[dir_key]})
         if "verify_sha256" in extra:
             if not isinstance(extra["verify_sha256"], bool):
                 raise ValueError("model_loader_extra_config.verify_sha256 must be true or false")
@@ -207,10 +215,16 @@ def stream_model_weights(uri: str, options: StreamOptions = StreamOptions()) -> 
                 chunk_bytes=options.chunk_bytes, concurrency=options.concurrency,
             )
         client = s3_client_from_env(options.concurrency)
-        cache = DiskCache(options.cache_dir, options.cache_max_bytes) if options.cache_dir else None
+        tiers = []
+        if options.host_cache_dir:
+            tiers.append(CacheTier("host", DiskCache(options.host_cache_dir, options.host_cache_max_bytes)))
+        if options.cache_dir:
+            tiers.append(CacheTier("disk", DiskCache(options.cache_dir, options.cache_max_bytes)))
+        # The caches' writes and commits finish in the background, while the engine
+        # starts: a worker stopped before they did leaves only temp files, never used.
         return load_s3(
             client, uri, device="cpu", chunk_bytes=options.chunk_bytes,
-            concurrency=options.concurrency, cache=cache,
+            concurrency=options.concurrency, caches=tiers,
             verify_sha256=_manifest_checksums(client, uri) if options.verify_sha256 else None,
         )
     except ThawLoadError:
@@ -272,6 +286,8 @@ class ThawModelLoader(BaseModelLoader):
         loaded = model.load_weights(_drain(result.tensors))  # type: ignore[operator]
         t2 = time.perf_counter()
         s = result.stats
+        global LAST_LOAD
+        LAST_LOAD = load_summary(result, t1 - t0)
         logger.info(
             "Thaw streamer: %d files, %.1f MiB in %.2f s (%.2f GB/s) from %s; load_weights %.2f s",
             s.files, s.bytes / MiB, t1 - t0, s.gbps, uri, t2 - t1,
@@ -283,6 +299,21 @@ class ThawModelLoader(BaseModelLoader):
             if missing:
                 shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
                 raise ThawLoadError(f"{uri}: the checkpoint does not provide these parameters: {shown}")
+
+
+# What the last load in this process read from where (the engine core reports it with
+# its "weights_loaded" event: see worker.engine_core_entry).
+LAST_LOAD: dict[str, Any] | None = None
+
+
+def load_summary(result: LoadResult, seconds: float) -> dict[str, Any]:
+    """Bytes, seconds and bytes per source ("s3", "host", "disk", or "local" for a
+    directory) of one load."""
+    if not isinstance(result, S3LoadResult):
+        return {"bytes": result.stats.bytes, "seconds": round(seconds, 4), "sources": {"local": result.stats.bytes}}
+    return {"bytes": result.stats.bytes, "seconds": round(seconds, 4), "sources": result.bytes_by_source(),
+            # Reasons cut short: the event line stays well under PIPE_BUF.
+            "rejected": [{"uri": u, "tier": t, "reason": r[:200]} for u, t, r in result.rejected[:4]]}
 
 
 def _drain(tensors: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -23,6 +23,8 @@ from thaw.objstore import worker_endpoint
 from worker.settings import AgentSettings
 
 DEFAULT_PORT = 8200
+# Memory-backed on Linux: the host cache tier's files are host memory.
+HOST_CACHE_ROOT = Path("/dev/shm/thaw")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the address the controller and activators reach this worker at (default: --host)")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="engine caches (default: DATA_DIR/workers/WORKER_ID)")
+    p.add_argument("--host-cache-dir", type=Path, default=None,
+                   help="the host-memory weight cache, with the shape's host_cache_gib (default: "
+                        f"{HOST_CACHE_ROOT}/WORKER_ID, a tmpfs)")
     p.add_argument("--exit-when-orphaned-s", type=float, default=None,
                    help="exit when the controller has accepted no heartbeat for this long (default: never)")
 
@@ -47,18 +52,28 @@ def settings_from(args: argparse.Namespace, cfg: ThawConfig) -> AgentSettings:
     if args.host in ("0.0.0.0", "::") and not args.advertise_host:
         raise ValueError(f"--host {args.host} listens everywhere: give --advertise-host, the address "
                          "the controller and activators reach this worker at")
-    if cfg.shape(args.shape) is None:
+    shape = cfg.shape(args.shape)
+    if shape is None:
         raise ValueError(f"--shape {args.shape!r} is not in the config; declared: "
                          f"{sorted(s.name for s in cfg.shapes)}")
     instance_id = args.instance_id or f"{socket.gethostname()}-{args.port}"
     worker_id = args.worker_id or instance_id
     data_dir = (args.data_dir or cfg.data_dir / "workers" / worker_id).resolve()
+    gib = 1 << 30
+    disk = shape.cache
+    host_dir = None
+    if shape.host_cache_gib > 0:
+        host_dir = (args.host_cache_dir or HOST_CACHE_ROOT / worker_id).resolve()
     return AgentSettings(
         worker_id=worker_id, instance_id=instance_id, shape=args.shape, port=args.port, host=args.host,
         advertise_host=args.advertise_host, log_level=args.log_level or cfg.log_level, data_dir=data_dir,
         store=worker_endpoint(cfg), controller_url=(args.controller or cfg.controller.resolved_url),
         token=cluster_token(cfg), heartbeat_interval_s=cfg.cluster.heartbeat_interval_s,
         exit_when_orphaned_s=args.exit_when_orphaned_s,
+        disk_cache_dir=(cfg.data_dir / disk.dir).resolve() if disk else None,
+        disk_cache_max_bytes=int(disk.max_gib * gib) if disk else 0,
+        host_cache_dir=host_dir, host_cache_max_bytes=int(shape.host_cache_gib * gib),
+        cache_verify_sha256=disk.verify_sha256 if disk else True,
     )
 
 

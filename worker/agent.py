@@ -8,6 +8,14 @@ twice in a row), stops the engine host's process group and starts a fresh engine
 host for the next model. A failure stops the engine host at once and starts a fresh
 one too; the failure stays visible until a release clears it.
 
+Local copies of weights (the shape's ``cache`` and ``host_cache_gib``): a launch with
+Thaw's loader reads through a host-memory tier (a tmpfs directory of this worker's
+own) and a disk tier, fastest first, and fills the tiers that missed as the weights
+stream (``weight_streaming.s3_loader``). The agent looks at the tiers every few
+seconds and after each load and release, and its status lists the models they hold
+(``cached``), which the controller's placement reads. The host tier is emptied when
+the agent stops: it is memory.
+
 Engine snapshots (``snapshotter``): before a compiled-mode launch the agent restores
 the model's compile caches for its fingerprint from the store into the engine's cache
 root (``phases.snapshot_restored`` ends then); once the engine is ready it counts the
@@ -26,6 +34,7 @@ cancelled (a half-spawned engine host would be an orphan); everything else
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import threading
 import time
@@ -45,17 +54,21 @@ from snapshotter.ops import (
     StoreSnapshots,
 )
 from snapshotter.store import SnapshotLocation
+from thaw.config import EngineArgs
 from thaw.embedded_store import free_port
 from thaw.log import get_logger
 from thaw.objstore import S3Endpoint
 from thaw.wire import (
     AssignRequest,
+    CachedWeights,
+    LoadView,
     Phases,
     ReleaseRequest,
     SleepRequest,
     SnapshotView,
     WorkerStatus,
 )
+from weight_streaming.cache import DiskCache
 from weight_streaming.manifest import Manifest
 from weight_streaming.push import read_manifest
 from worker.engine_client import EngineClient, EngineError, HttpEngineClient
@@ -69,7 +82,7 @@ from worker.launch import (
 )
 from worker.metrics import WorkerMetrics
 from worker.settings import AgentSettings
-from worker.state import Assignment, Facts, SnapshotFacts, WorkerState, derive_state
+from worker.state import Assignment, Facts, SnapshotFacts, WorkerState, derive_state, load_view
 
 log = get_logger()
 
@@ -157,6 +170,11 @@ class Agent:
         self._early_exits = 0
         # Called after every state change (the heartbeat tells the controller at once).
         self.on_state_change: Callable[[], None] | None = None
+        # The weight caches (opened by start), what they held at the last look, and the
+        # bytes per second recent loads read from each source.
+        self._caches: dict[str, DiskCache] = {}
+        self._cached: list[CachedWeights] = []
+        self._load_rates: dict[str, float] = {}
 
     # -- facts and the derived state ----------------------------------------------
 
@@ -210,6 +228,9 @@ class Agent:
             snapshot=_snapshot_view(f.snapshot) if a and f.snapshot else None,
             error=f.failure,
             in_flight=f.in_flight,
+            load=f.load if a else None,
+            cached=self._cached,
+            load_bytes_per_s=dict(self._load_rates),
         )
 
     # -- lifecycle ----------------------------------------------------------------
@@ -219,6 +240,9 @@ class Agent:
         self._replace_host()
         # Downloads and archives left by a previous agent that died mid-way.
         await asyncio.to_thread(shutil.rmtree, self.settings.snapshot_work_dir, True)
+        await asyncio.to_thread(self._open_caches)
+        await self.scan_caches()
+        self._spawn(self._scan_caches_every(self.settings.cache_scan_interval_s), name="scan_caches")
 
     async def stop(self) -> None:
         """Cancel what is running, then stop the engine host and its whole group."""
@@ -233,7 +257,77 @@ class Agent:
             if host is not None:
                 await host.stop(self._grace_s(self._graceful_stop_fits()))
         await self._close_engine()
+        host_cache = self._caches.get("host")
+        if host_cache is not None:
+            # Memory: nothing else would ever give it back.
+            await asyncio.to_thread(shutil.rmtree, host_cache.root, True)
         log.info("agent_stopped")
+
+    # -- weight caches ------------------------------------------------------------
+
+    def _open_caches(self) -> None:
+        s = self.settings
+        for tier, root, budget in (("host", s.host_cache_dir, s.host_cache_max_bytes),
+                                   ("disk", s.disk_cache_dir, s.disk_cache_max_bytes)):
+            if root is None or budget <= 0:
+                continue
+            try:
+                if tier == "host":
+                    _sweep_orphaned_host_caches(root.parent)
+                self._caches[tier] = DiskCache(root, budget)
+                if tier == "host":
+                    (root / HOST_CACHE_OWNER).write_text(str(os.getpid()))
+            except OSError as exc:  # serving goes on from the store
+                log.error("cache_unavailable", tier=tier, dir=str(root), error=str(exc))
+
+    def _read_caches(self) -> list[CachedWeights]:
+        out: list[CachedWeights] = []
+        for tier, cache in self._caches.items():
+            try:
+                models = cache.models()
+            except OSError as exc:
+                log.warning("cache_scan_failed", tier=tier, dir=str(cache.root), error=str(exc))
+                continue
+            out.extend(CachedWeights(uri=m.uri, tier=tier, bytes=m.bytes,  # type: ignore[arg-type]
+                                     total_bytes=m.total_bytes) for m in models)
+        return sorted(out, key=lambda c: (c.uri, c.tier))
+
+    async def scan_caches(self) -> list[CachedWeights]:
+        """Look at what the caches hold now (the status lists it)."""
+        if self._caches:
+            self._cached = await asyncio.to_thread(self._read_caches)
+            for tier in self._caches:
+                self.metrics.cache_bytes.labels(tier).set(sum(c.bytes for c in self._cached if c.tier == tier))
+        return self._cached
+
+    async def _scan_caches_every(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.scan_caches()
+
+    def _launch_engine_args(self, req: AssignRequest) -> EngineArgs:
+        """The assignment's engine settings, plus this worker's caches for Thaw's loader."""
+        s, e = self.settings, req.engine
+        if e.load_format != "thaw" or not self._caches:
+            return e
+        extra = dict(e.extra.get("model_loader_extra_config") or {})
+        gib = float(1 << 30)
+        for tier, dir_key, budget_key in (("host", "host_cache_dir", "host_cache_max_gib"),
+                                          ("disk", "cache_dir", "cache_max_gib")):
+            cache = self._caches.get(tier)
+            if cache is not None:
+                extra[dir_key] = str(cache.root)
+                extra[budget_key] = cache.max_bytes / gib
+        extra.setdefault("verify_sha256", s.cache_verify_sha256)
+        return e.model_copy(update={"extra": {**e.extra, "model_loader_extra_config": extra}})
+
+    def _note_load(self, lv: LoadView) -> None:
+        """Keep the rate of a load that read from one source (a moving average)."""
+        if lv.seconds and lv.bytes and len(lv.sources) == 1:
+            [src] = lv.sources
+            rate = lv.bytes / lv.seconds
+            prev = self._load_rates.get(src)
+            self._load_rates[src] = round(rate if prev is None else 0.5 * prev + 0.5 * rate, 1)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
@@ -320,7 +414,16 @@ class Agent:
             self._update(host_imported=True)
         elif kind == EV_WEIGHTS_LOADED:
             if f.assignment is not None and f.launched_at is not None and f.weights_loaded_at is None:
-                self._update(weights_loaded_at=float(event.get("t") or self._clock()))
+                report = event.get("load")
+                lv = load_view(f.assignment.uri, report if isinstance(report, dict) else None)
+                self._note_load(lv)
+                log.info("weights_loaded", assignment_id=f.assignment.assignment_id, model=f.assignment.model,
+                         tier=lv.tier, seconds=lv.seconds, bytes=lv.bytes, sources=lv.sources)
+                for r in (report.get("rejected") if isinstance(report, dict) else None) or []:
+                    # A cached copy failed its check: it was evicted and read from elsewhere.
+                    log.warning("cache_copy_rejected", assignment_id=f.assignment.assignment_id, **r)
+                self._update(weights_loaded_at=float(event.get("t") or self._clock()), load=lv)
+                self._spawn(self.scan_caches(), name="scan_caches_after_load")
         elif kind == EV_FAILED:
             self._fail(f"engine failed to start: {event.get('error') or 'no reason given'}")
 
@@ -370,7 +473,7 @@ class Agent:
         self._launched = req
         a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock())
         self._update(assignment=a, snapshot_restored_at=None, snapshot=None, launched_at=None,
-                     weights_loaded_at=None, engine_ready_at=None, failure=None, in_flight=None)
+                     weights_loaded_at=None, engine_ready_at=None, failure=None, in_flight=None, load=None)
         log.info("assignment_accepted", assignment_id=a.assignment_id, model=a.model, uri=a.uri)
         self._assignment_task = self._spawn(self._run_assignment(a, req), name="assignment")
 
@@ -401,7 +504,7 @@ class Agent:
         port = free_port()
         cmd = LaunchCommand(
             uri=req.uri, served_model_name=req.served_model_name, max_model_len=req.max_model_len,
-            engine=req.engine, port=port, host=s.host, sleep_mode=req.sleep_mode,
+            engine=self._launch_engine_args(req), port=port, host=s.host, sleep_mode=req.sleep_mode,
             env=engine_env(req.engine, store.env(), str(s.data_dir), cache_root=str(cache_root),
                            assets_dir=str(s.engine_assets_dir), sleep_mode=req.sleep_mode),
         )
@@ -624,7 +727,7 @@ class Agent:
         a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock())
         self._update(assignment=a, sleep_requested_at=None, snapshot_restored_at=None, snapshot=None,
                      launched_at=None, weights_loaded_at=None, engine_ready_at=None, woken_at=None,
-                     failure=None)
+                     failure=None, load=LoadView(tier="asleep"))
         log.info("assignment_accepted", assignment_id=a.assignment_id, model=a.model, uri=a.uri, wake=True)
         self._wake_task = self._spawn(self._run_wake(a), name="wake")
 
@@ -695,6 +798,8 @@ class Agent:
         await self._close_engine()
         if self._host is None or self._host.launched:
             await self._replace_host(graceful=drain)
+        # Before standby is reported: the controller places the next model by it.
+        await self.scan_caches()
         self._clear_assignment()
 
     async def _drain(self, engine: EngineClient, timeout_s: float) -> None:
@@ -724,7 +829,32 @@ class Agent:
         self._launched = None
         self._update(assignment=None, snapshot_restored_at=None, snapshot=None, launched_at=None,
                      weights_loaded_at=None, engine_ready_at=None, release_requested_at=None, failure=None,
-                     in_flight=None, sleep_requested_at=None, woken_at=None)
+                     in_flight=None, sleep_requested_at=None, woken_at=None, load=None)
+
+
+# In a host cache directory: the pid of the agent it belongs to.
+HOST_CACHE_OWNER = ".owner"
+
+
+def _sweep_orphaned_host_caches(parent: Path) -> None:
+    """Remove the host caches of agents that died without giving theirs back (SIGKILL):
+    on a tmpfs, nothing else ever would."""
+    try:
+        dirs = [d for d in parent.iterdir() if d.is_dir()]
+    except FileNotFoundError:
+        return
+    for d in dirs:
+        try:
+            pid = int((d / HOST_CACHE_OWNER).read_text().strip())
+        except (OSError, ValueError):
+            continue  # not an agent's (or still being set up)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            log.info("host_cache_orphan_removed", dir=str(d), pid=pid)
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:
+            pass
 
 
 def _config_sha256(manifest: object) -> str:

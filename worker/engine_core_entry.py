@@ -124,7 +124,8 @@ def _watch_weight_loading() -> None:
             result = original(self, *a, **kw)
             if not emitted:
                 emitted = True
-                emit_event(EV_WEIGHTS_LOADED)
+                # Where the weights came from (Thaw's loader only; None for the others).
+                emit_event(EV_WEIGHTS_LOADED, load=vllm_loader.LAST_LOAD)
             return result
 
         cls.load_model = load_model  # type: ignore[attr-defined]

@@ -34,6 +34,10 @@ class WorkerMetrics:
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
             registry=self.registry,
         )
+        self.cache_bytes = Gauge(
+            "thaw_worker_cache_bytes", "Bytes of model weights the worker's cache tiers hold",
+            ["tier"], registry=self.registry,
+        )
         self.heartbeats = Gauge(
             "thaw_worker_heartbeat_failures", "Heartbeats in a row the controller did not accept",
             registry=self.registry,

@@ -58,6 +58,17 @@ class AgentSettings:
     # model's local path, so a path under the worker's own data dir would make every
     # snapshot useless to any other worker (and to `thaw snapshot build`).
     engine_assets_dir: Path = ENGINE_ASSETS_DIR
+    # Local copies of weights (see weight_streaming.cache and the shape's ``cache`` and
+    # ``host_cache_gib``): a directory on disk, shared by the workers of one machine,
+    # and one of this worker's own in host memory (a tmpfs), emptied when it stops.
+    disk_cache_dir: Path | None = None
+    disk_cache_max_bytes: int = 0
+    host_cache_dir: Path | None = None
+    host_cache_max_bytes: int = 0
+    # Check every file a load reads against the manifest's sha256 (with a cache).
+    cache_verify_sha256: bool = True
+    # How often the caches are looked at for what they hold (heartbeats carry it).
+    cache_scan_interval_s: float = 5.0
 
     @property
     def control_url(self) -> str:

@@ -8,11 +8,12 @@ computes the state from them, so two code paths can never disagree about it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from thaw.wire import WorkerState
+from thaw.wire import LoadView, WorkerState
 
-__all__ = ["Assignment", "Facts", "SnapshotFacts", "WorkerState", "derive_state"]
+__all__ = ["Assignment", "Facts", "SnapshotFacts", "WorkerState", "derive_state", "load_view"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class Facts:
     sleep_requested_at: float | None = None
     # When this assignment woke a sleeping engine instead of loading the model.
     woken_at: float | None = None
+    # How the weights were loaded (from the engine's "weights_loaded" event).
+    load: LoadView | None = None
 
 
 def derive_state(f: Facts) -> WorkerState:
@@ -97,3 +100,26 @@ def derive_state(f: Facts) -> WorkerState:
     if f.host_running and f.host_imported:
         return WorkerState.STANDBY
     return WorkerState.STARTING
+
+
+# Sources a load can read from, fastest first.
+_SOURCE_ORDER = ("host", "disk", "local", "s3")
+
+
+def load_view(uri: str, report: Mapping[str, object] | None) -> LoadView:
+    """The load of ``uri`` as the engine's loader reported it (``report``: bytes,
+    seconds, bytes per source; None from a loader that reports nothing). Its tier is
+    the slowest source any byte came from: one file from the store makes it an s3
+    load whatever the caches held."""
+    sources: dict[str, int] = {}
+    seconds = nbytes = None
+    if report is not None:
+        raw = report.get("sources")
+        if isinstance(raw, Mapping):
+            sources = {str(k): int(v) for k, v in raw.items() if isinstance(v, int) and v > 0}
+        s, b = report.get("seconds"), report.get("bytes")
+        seconds = float(s) if isinstance(s, int | float) else None
+        nbytes = int(b) if isinstance(b, int) else None
+    used = [t for t in _SOURCE_ORDER if sources.get(t)]
+    tier = used[-1] if used else ("s3" if uri.startswith("s3://") else "local")
+    return LoadView(tier=tier, seconds=seconds, bytes=nbytes, sources=sources)  # type: ignore[arg-type]

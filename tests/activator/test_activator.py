@@ -167,10 +167,11 @@ async def test_cold_request_waits_for_the_route_then_streams(
     assert int(r.headers["x-thaw-queue-ms"]) >= 200
     assert r.text.endswith("data: [DONE]\n\n")
     metrics = (await client.get("/metrics")).text
-    assert 'thaw_cold_starts_total{model="demo"} 1.0' in metrics
+    assert r.headers["x-thaw-tier"] == "s3"  # the replica reported no load: read from the store
+    assert 'thaw_cold_starts_total{model="demo",tier="s3"} 1.0' in metrics
     for phase in ("queued", "instance_acquired", "snapshot_restored", "weights_loaded", "engine_ready",
                   "first_token", "total"):
-        assert f'thaw_cold_start_seconds_count{{model="demo",phase="{phase}"}} 1.0' in metrics
+        assert f'thaw_cold_start_seconds_count{{model="demo",phase="{phase}",tier="s3"}} 1.0' in metrics
 
 
 async def test_full_queue_is_429_and_deadline_is_503(activator: tuple[Any, httpx.AsyncClient]) -> None:

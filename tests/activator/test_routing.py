@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
-from activator.routing import RouteWatcher
+from activator.routing import Replica, RouteWatcher, cold_start_tier
 from thaw.config import parse_config
 from thaw.embedded_store import free_port
 
@@ -86,3 +87,16 @@ async def test_reports_carry_arrival_counters_and_take_ttft_samples() -> None:
         st.note_ttft(0.5)
     assert len(w.report_body().models["demo"].ttft_s) == 256  # a bounded sample
     await w.close()
+
+
+def test_cold_start_tier_says_where_the_replica_got_its_model() -> None:
+    def rep(**kw: Any) -> Replica:
+        return Replica("w1", "http://x", "m", "a1", {"woken": kw.pop("woken", None)}, **kw)
+
+    assert cold_start_tier(100.0, rep(load_tier="host", worker_started_at=50.0)) == "host"
+    assert cold_start_tier(100.0, rep(load_tier="disk", worker_started_at=50.0)) == "disk"
+    assert cold_start_tier(100.0, rep(load_tier="s3")) == "s3"
+    assert cold_start_tier(100.0, rep()) == "s3"  # a loader that reports nothing read the store
+    # The worker's agent started after the request began waiting: launched for it.
+    assert cold_start_tier(100.0, rep(load_tier="s3", worker_started_at=101.0)) == "launch"
+    assert cold_start_tier(100.0, rep(woken=120.0, load_tier="asleep")) == "asleep"

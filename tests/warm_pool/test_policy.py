@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from thaw.config import ThawConfig, parse_config
+from thaw.wire import CachedWeights
 from warm_pool.policy import (
     Assign,
     Launch,
@@ -21,6 +22,7 @@ from warm_pool.policy import (
     WorkerView,
     backoff_s,
     decide,
+    expected_load,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
@@ -269,3 +271,62 @@ def test_requests_that_came_and_went_between_ticks_keep_the_model_warm() -> None
     decisions, state = decide(snap, PolicyState(), config(), now=160.0)
     assert not any(isinstance(d, Release) for d in decisions)
     assert state.models["demo"].idle_since == 159.0
+
+
+# -- placement: the standby that loads the model soonest ------------------------------
+
+
+def holding(i: int, uri: str, **tiers: int) -> WorkerView:
+    """A standby holding ``tiers`` bytes of ``uri`` (e.g. host=100, disk=100) of 100."""
+    cached = tuple(CachedWeights(uri=uri, tier=t, bytes=n, total_bytes=100) for t, n in tiers.items())
+    return WorkerView(f"w{i}", "cpu-local", "standby", cached=cached)
+
+
+def placed(workers: tuple[WorkerView, ...], **autoscaling: Any) -> Assign:
+    cfg = config(**autoscaling)
+    snap = Snapshot(workers, {"demo": ModelActivity(queued=1, last_request_at=100.0)})
+    decisions, _ = decide(snap, PolicyState(), cfg, now=100.0)
+    [a] = [d for d in decisions if isinstance(d, Assign)]
+    return a
+
+
+def test_placement_prefers_host_memory_then_disk_then_any_standby() -> None:
+    uri = config().models[0].uri
+    other = "s3://thaw/models/other"
+    a = placed((standby(1), holding(2, uri, disk=100), holding(3, uri, host=100, disk=100), holding(4, other, host=100)))
+    assert (a.worker_id, a.tier) == ("w3", "host")
+    a = placed((standby(1), holding(2, uri, disk=100), holding(4, other, host=100)))
+    assert (a.worker_id, a.tier) == ("w2", "disk")
+    a = placed((holding(4, other, host=100), standby(1)))
+    assert (a.worker_id, a.tier) == ("w1", "s3")  # ties keep the id order
+    # A partial copy is worth its part: 60 bytes from disk beat 30 from host memory.
+    a = placed((holding(1, uri, host=30), holding(2, uri, disk=60)))
+    assert a.worker_id == "w2" and a.tier == "s3"
+
+
+def test_placement_uses_the_rates_each_worker_measured() -> None:
+    uri = config().models[0].uri
+    # This worker's disk reads at 10 B/s, its store at 1 GB/s: the store is sooner.
+    slow_disk = WorkerView("w1", "cpu-local", "standby",
+                           cached=(CachedWeights(uri=uri, tier="disk", bytes=100, total_bytes=100),),
+                           load_rates=(("disk", 10.0),))
+    a = placed((slow_disk, standby(2)))
+    assert a.worker_id == "w2"
+    seconds, tier = expected_load(slow_disk, uri, 100)
+    assert (seconds, tier) == (10.0, "disk")
+
+
+def test_an_asleep_replica_still_beats_any_cached_standby() -> None:
+    uri = config().models[0].uri
+    snap = Snapshot((holding(1, uri, host=100), asleep(9, since=99.0)),
+                    {"demo": ModelActivity(queued=1, last_request_at=100.0)})
+    decisions, _ = decide(snap, PolicyState(), gpu_config(), now=100.0)
+    assert decisions == [Assign("w9", "demo", "demo-1")]
+
+
+def test_excess_standby_keeps_the_one_holding_weights_in_memory() -> None:
+    uri = config().models[0].uri
+    # standby_max 1: one of the two goes; by id alone it would be w2 (the newest).
+    snap = Snapshot((standby(1), holding(2, uri, host=100)), {})
+    decisions, _ = decide(snap, PolicyState(), config(), now=100.0)
+    assert decisions == [Terminate("w1", "excess_standby")]

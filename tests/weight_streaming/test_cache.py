@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from weight_streaming.cache import CacheError, DiskCache, entry_name
+from weight_streaming.cache import CachedModel, CacheError, DiskCache, entry_name
 
 
 def put(cache: DiskCache, key: str, data: bytes, etag: str = "e1") -> bool:
@@ -202,3 +202,30 @@ def test_concurrent_writers_never_exceed_the_budget(tmp_path: Path) -> None:
 def test_negative_budget_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_bytes must be >= 0"):
         DiskCache(tmp_path, max_bytes=-1)
+
+
+def test_model_records_report_only_what_is_still_cached(tmp_path: Path) -> None:
+    cache = DiskCache(tmp_path, max_bytes=1000)
+    assert cache.models() == []
+    put(cache, "A", b"x" * 10)
+    put(cache, "B", b"y" * 20)
+    cache.record_model("s3://b/m", [("b", "A", "e1", 10), ("b", "B", "e1", 20)])
+    assert cache.models() == [CachedModel("s3://b/m", 30, 30, 2, 2)]
+    assert cache.models()[0].complete
+    cache.evict("b", "B", "e1")
+    [partial] = cache.models()
+    assert (partial.bytes, partial.total_bytes, partial.complete) == (10, 30, False)
+    # A file of another size under the same name is not the recorded one.
+    cache.record_model("s3://b/other", [("b", "A", "e1", 11)])
+    assert [m.uri for m in cache.models()] == ["s3://b/m"]
+    cache.evict("b", "A", "e1")
+    assert cache.models() == []
+    assert not list((tmp_path / ".models").glob("*.json"))  # records of nothing are removed
+
+
+def test_clear_removes_entries_and_records(tmp_path: Path) -> None:
+    cache = DiskCache(tmp_path, max_bytes=1000)
+    put(cache, "A", b"abc")
+    cache.record_model("s3://b/m", [("b", "A", "e1", 3)])
+    cache.clear()
+    assert cache.entries() == [] and cache.models() == []

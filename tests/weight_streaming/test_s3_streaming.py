@@ -17,15 +17,23 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.weight_streaming.test_streamer import TORCH_DTYPES, LateCuda, assert_same, random_tensor
+from tests.weight_streaming.support import (
+    TORCH_DTYPES,
+    LateCuda,
+    assert_same,
+    fill_filesystem,
+    random_tensor,
+    small_filesystem,
+)
 from thaw.objstore import S3Endpoint
 from weight_streaming import streamer
-from weight_streaming.cache import DiskCache, entry_name
+from weight_streaming.cache import CachedModel, DiskCache, entry_name
 from weight_streaming.host_pool import HostBufferPool
 from weight_streaming.manifest import parse_s3_uri
 from weight_streaming.push import push_model
 from weight_streaming.s3_loader import (
     HEADER_PROBE_BYTES,
+    CacheTier,
     ChecksumMismatch,
     S3LoadResult,
     load_s3,
@@ -228,7 +236,7 @@ def test_second_load_is_served_from_the_cache_without_data_gets(
 
     calls.clear()
     second = load(client, model.uri, cache=cache)
-    assert [f.source for f in second.files] == ["cache", "cache"]
+    assert [f.source for f in second.files] == ["disk", "disk"]
     assert calls.count("GetObject") == 0  # no data, no headers
     assert calls.ops == [("ListObjectsV2", None)]  # the LIST that gives the ETags
     assert_same(second.tensors, model.expected())
@@ -261,7 +269,7 @@ def test_changed_object_is_downloaded_again(model: Model, client: Any, tmp_path:
 
     calls = Calls(client)
     result = load(client, model.uri, cache=cache)
-    assert [f.source for f in result.files] == ["cache", "s3"]
+    assert [f.source for f in result.files] == ["disk", "s3"]
     assert calls.count("GetObject", model.key(SHARDS[0])) == 0
     assert calls.count("GetObject", model.key(SHARDS[1])) > 0
     want = load_file(str(model.files[0]))
@@ -291,7 +299,7 @@ def test_damaged_cache_file_is_detected_and_fetched_again(
 
     calls = Calls(client)
     result = load(client, model.uri, cache=cache)
-    assert [f.source for f in result.files] == ["s3", "cache"]
+    assert [f.source for f in result.files] == ["s3", "disk"]
     assert calls.count("GetObject", model.key(SHARDS[0])) > 0
     assert_same(result.tensors, model.expected())
     cache.flush()
@@ -319,7 +327,7 @@ def test_corrupt_data_in_cache_is_caught_by_sha256_and_refetched(
     assert not all(torch.equal(without.tensors[k], v) for k, v in load_file(str(src / SHARDS[1])).items())
 
     result = load(client, s3_prefix, cache=cache, verify_sha256=sha)
-    assert [f.source for f in result.files] == ["cache", "s3"]
+    assert [f.source for f in result.files] == ["disk", "s3"]
     want = load_file(str(src / SHARDS[0]))
     want.update(load_file(str(src / SHARDS[1])))
     assert_same(result.tensors, want)
@@ -348,7 +356,7 @@ def test_tp_with_cache_fills_whole_files_then_ranks_read_from_disk(
     cache.flush()
     calls = Calls(client)
     r1 = load(client, model.uri, cache=cache, tp_rank=1, tp_size=2, shard_dims=tp_dims, verify_sha256=sha)
-    assert [f.source for f in r1.files] == ["cache", "cache"]
+    assert [f.source for f in r1.files] == ["disk", "disk"]
     assert calls.count("GetObject") == 0
     assert_same(r1.tensors, tp_expected(model.expected(), 1))
 
@@ -385,7 +393,7 @@ def test_cuda_path_streams_caches_and_verifies(
         entry = tmp_path / "cache" / entry_name(model.bucket, model.key(path.name), _etag(client, model, path.name))
         assert entry.read_bytes() == path.read_bytes()
     second = load(client, model.uri, device="cuda", cache=cache, verify_sha256=sha)
-    assert [f.source for f in second.files] == ["cache", "cache"]
+    assert [f.source for f in second.files] == ["disk", "disk"]
     assert_same(second.tensors, model.expected())
 
 
@@ -532,3 +540,120 @@ def _sha256(path: Path) -> str:
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
+
+
+# --- cache tiers: host memory, then local disk ----------------------------------------
+
+
+def _tiers(tmp_path: Path, budget: int = 10 << 20) -> tuple[CacheTier, CacheTier]:
+    return (CacheTier("host", DiskCache(tmp_path / "host", budget)),
+            CacheTier("disk", DiskCache(tmp_path / "disk", budget)))
+
+
+def _entry(tier: CacheTier, client: Any, model: Model, name: str) -> Path:
+    return tier.cache.root / entry_name(model.bucket, model.key(name), _etag(client, model, name))
+
+
+def test_tiers_fill_from_the_store_then_serve_the_fastest_copy_and_refill_it(
+    model: Model, client: Any, tmp_path: Path
+) -> None:
+    host, disk = _tiers(tmp_path)
+    total = sum(p.stat().st_size for p in model.files)
+    first = load(client, model.uri, caches=[host, disk])
+    assert [f.source for f in first.files] == ["s3", "s3"]
+    assert first.bytes_by_source() == {"s3": total}
+    for t in (host, disk):
+        t.cache.flush()
+        assert t.cache.models() == [CachedModel(model.uri, total, total, 2, 2)]
+
+    calls = Calls(client)
+    second = load(client, model.uri, caches=[host, disk])
+    assert [f.source for f in second.files] == ["host", "host"]
+    assert calls.count("GetObject") == 0
+    assert_same(second.tensors, model.expected())
+
+    host.cache.clear()  # the host copy given back (e.g. its worker stopped)
+    assert host.cache.models() == []
+    third = load(client, model.uri, caches=[host, disk])
+    assert [f.source for f in third.files] == ["disk", "disk"]
+    assert_same(third.tensors, model.expected())
+    host.cache.flush()
+    for p in model.files:  # refilled from the disk copy as it was read
+        assert _entry(host, client, model, p.name).read_bytes() == p.read_bytes()
+    assert [f.source for f in load(client, model.uri, caches=[host, disk]).files] == ["host", "host"]
+
+
+def test_corrupt_host_copy_is_caught_by_sha256_served_from_disk_and_rewritten(
+    model: Model, client: Any, tmp_path: Path
+) -> None:
+    host, disk = _tiers(tmp_path)
+    sha = {model.key(p.name): _sha256(p) for p in model.files}
+    load(client, model.uri, caches=[host, disk], verify_sha256=sha)
+    host.cache.flush()
+    disk.cache.flush()
+    entry = _entry(host, client, model, SHARDS[1])
+    _overwrite(entry, entry.stat().st_size - 2, b"\xa5\xa5")  # a valid header: only the hash sees it
+
+    calls = Calls(client)
+    result = load(client, model.uri, caches=[host, disk], verify_sha256=sha)
+    assert [f.source for f in result.files] == ["host", "disk"]
+    assert [(u, t) for u, t, _ in result.rejected] == [(f"{model.uri}/{SHARDS[1]}", "host")]
+    assert calls.count("GetObject") == 0
+    assert_same(result.tensors, model.expected())
+    host.cache.flush()
+    assert entry.read_bytes() == model.files[1].read_bytes()
+
+
+def test_corrupt_copies_in_every_tier_end_in_the_store(model: Model, client: Any, tmp_path: Path) -> None:
+    host, disk = _tiers(tmp_path)
+    sha = {model.key(p.name): _sha256(p) for p in model.files}
+    load(client, model.uri, caches=[host, disk], verify_sha256=sha)
+    for t in (host, disk):
+        t.cache.flush()
+        entry = _entry(t, client, model, SHARDS[0])
+        _overwrite(entry, entry.stat().st_size - 1, b"\x00" if entry.read_bytes()[-1:] != b"\x00" else b"\x01")
+    result = load(client, model.uri, caches=[host, disk], verify_sha256=sha)
+    assert [f.source for f in result.files] == ["s3", "host"]
+    assert_same(result.tensors, model.expected())
+
+
+def test_a_full_file_system_degrades_to_the_store(model: Model, client: Any, tmp_path: Path) -> None:
+    sizes = [p.stat().st_size for p in model.files]
+    # Room for the first file only: the second is not started (the free space is
+    # counted less what the first file's writer has yet to fill).
+    with small_filesystem(tmp_path / "disk", sizes[0] + (256 << 10)) as root:
+        disk = CacheTier("disk", DiskCache(root, 10 << 20))
+        result = load(client, model.uri, caches=[disk])
+        assert [f.source for f in result.files] == ["s3", "s3"]
+        assert [f.cache_written for f in result.files] == [True, False]
+        assert_same(result.tensors, model.expected())
+        disk.cache.flush()
+        assert [e.size for e in disk.cache.entries()] == [sizes[0]]
+
+        # Full: nothing is cached, the load is whole.
+        disk.cache.clear()
+        filler = fill_filesystem(root)
+        result = load(client, model.uri, caches=[disk])
+        assert [f.source for f in result.files] == ["s3", "s3"]
+        assert_same(result.tensors, model.expected())
+        disk.cache.flush()
+        assert disk.cache.entries() == []
+        filler.unlink()
+
+
+def test_a_file_system_that_fills_during_the_writes_drops_the_entries_not_the_load(
+    model: Model, client: Any, tmp_path: Path
+) -> None:
+    with small_filesystem(tmp_path / "disk", 8 << 20) as root:
+        cache = GatedCache(root, 10 << 20)
+        result = load(client, model.uri, caches=[CacheTier("disk", cache)])
+        assert all(f.cache_written for f in result.files)  # started: there was room
+        filler = fill_filesystem(root)  # then the disk filled before the writes ran
+        cache.gate.set()
+        cache.flush()
+        assert_same(result.tensors, model.expected())
+        assert cache.entries() == []
+        assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]  # no partial file left
+        assert cache.models() == []
+        filler.unlink()
+        assert [f.source for f in load(client, model.uri, caches=[CacheTier("disk", cache)]).files] == ["s3", "s3"]

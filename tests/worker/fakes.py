@@ -35,6 +35,8 @@ class World:
     # in_flight readings, taken in order; the last one repeats.
     in_flight: list[int | None] = field(default_factory=lambda: [0])
     manifest: Callable[[S3Endpoint, str], object | None] = lambda store, uri: {"ok": True}
+    # What the engine's loader reports with "weights_loaded" (None: nothing, as runai).
+    load_report: dict[str, Any] | None = None
 
     # The engine's sleep mode: calls seen, and errors to raise.
     sleeps: list[int] = field(default_factory=list)
@@ -77,7 +79,7 @@ class FakeHost:
         loop = asyncio.get_running_loop()
         mode = self.world.on_launch
         if mode == "ok":
-            loop.call_later(0.01, self.emit, "weights_loaded")
+            loop.call_later(0.01, lambda: self.emit("weights_loaded", load=self.world.load_report))
             loop.call_later(0.02, setattr, self.world, "healthy", True)
         elif mode == "fail":
             loop.call_later(0.01, lambda: self.emit("failed", error="FileNotFoundError: NoSuchKey", where="engine_core"))

@@ -172,3 +172,18 @@ def test_parse_in_flight_sums_running_and_waiting_over_label_sets() -> None:
 def test_parse_in_flight_unknown_without_the_gauges() -> None:
     assert parse_in_flight("# TYPE other gauge\nother 1.0\n") is None
     assert parse_in_flight("") is None
+
+
+def test_load_view_names_the_slowest_source() -> None:
+    from worker.state import load_view
+
+    def tier(sources: dict[str, int]) -> str:
+        return load_view("s3://b/m", {"bytes": sum(sources.values()), "seconds": 1.0, "sources": sources}).tier
+
+    assert tier({"host": 10}) == "host"
+    assert tier({"host": 10, "disk": 1}) == "disk"
+    assert tier({"disk": 10, "s3": 1}) == "s3"
+    assert tier({"host": 5, "s3": 0}) == "host"  # a source that gave nothing does not count
+    assert load_view("s3://b/m", None).tier == "s3"  # a loader that reports nothing read the store
+    assert load_view("/models/m", None).tier == "local"
+    assert load_view("s3://b/m", {"sources": "junk"}).sources == {}

@@ -31,7 +31,9 @@ def _models(state: dict[str, Any], now: float) -> list[str]:
         cs = m.get("last_cold_start")
         if cs:
             phases = "  ".join(f"{k} {v:.2f}s" for k, v in cs["phases_s"].items())
-            out.append(f"    last cold start {_ago(cs['at'], now)}: {cs['total_s']:.2f}s to first token = {phases}")
+            tier = f" from {cs['tier']}" if cs.get("tier") else ""
+            out.append(f"    last cold start {_ago(cs['at'], now)}{tier}: {cs['total_s']:.2f}s to first token = "
+                       f"{phases}")
     return out
 
 
@@ -45,7 +47,18 @@ def _workers(state: dict[str, Any]) -> list[str]:
         out.append(f"  {w['id']:14} {w['instance_id'] or '-':22} {d.get('shape', '-'):12} {w['state']:11} "
                    f"{w['model'] or '-':12} age {w['age_s']:.0f}s  {w['control_url'] or '-'}"
                    + (f"\n    error: {d['error']}" if d.get("error") else ""))
+        load = d.get("load")
+        if load and w["model"]:
+            secs = f" in {load['seconds']:.2f}s" if load.get("seconds") is not None else ""
+            out.append(f"    loaded from {load['tier']}{secs}")
+        if d.get("cached"):
+            held = ", ".join(f"{c['uri']} {c['tier']} {_pct(c['bytes'], c['total_bytes'])}" for c in d["cached"])
+            out.append(f"    cached: {held}")
     return out
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "0%"
 
 
 def render_status(info: dict[str, Any], state: dict[str, Any]) -> str:
