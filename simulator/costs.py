@@ -1,7 +1,8 @@
 """What things cost and how long they take, for the simulator.
 
-Per model: how long a replica takes to become ready from each tier (asleep, standby;
-no standby adds the shape's boot time), and how fast a ready replica serves (prefill
+Per model: how long a replica takes to become ready from each tier (asleep; a standby
+holding the weights in host memory or on its disk; a standby reading them from the
+store; no standby adds the shape's boot time), and how fast a ready replica serves (prefill
 tokens per second, seconds per output token). Per shape: its price and boot time come
 from the Thaw config itself.
 
@@ -30,6 +31,9 @@ GB = 1e9
 # and Thaw's reach several GB/s on instances with 100+ Gbit/s networking; 2 GB/s is a
 # conservative middle for one instance pulling from S3.
 LOAD_GB_PER_S = 2.0
+# From a worker's own copy: host memory (a tmpfs) and instance-store NVMe.
+HOST_LOAD_GB_PER_S = 10.0
+DISK_LOAD_GB_PER_S = 4.0
 # Engine start after the weights are in: restoring a snapshot (compile cache) instead
 # of compiling (docs/BENCHMARKS.md, cold-start).
 ENGINE_INIT_S = 5.0
@@ -54,9 +58,20 @@ class ModelCosts:
     prefill_tokens_per_s: float
     tpot_s: float
     source: str
+    # From a standby holding the weights in host memory, or on its disk (None: as from
+    # the store).
+    host_load_s: float | None = None
+    disk_load_s: float | None = None
 
     def load_s(self, tier: str) -> float:
-        return self.asleep_load_s if tier == "asleep" else self.standby_load_s
+        """Seconds to ready from ``tier``: asleep, host, disk, or the store (s3)."""
+        if tier == "asleep":
+            return self.asleep_load_s
+        if tier == "host" and self.host_load_s is not None:
+            return self.host_load_s
+        if tier in ("host", "disk") and self.disk_load_s is not None:
+            return self.disk_load_s
+        return self.standby_load_s
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,8 @@ class CostError(ValueError):
 
 
 _OVERRIDABLE = {f.name for f in fields(ModelCosts)} - {"source"}
+# A costs file that gives all of these needs no planner (the tiers default to the store's).
+_REQUIRED = _OVERRIDABLE - {"host_load_s", "disk_load_s"}
 
 
 def planner_costs(model: Model, cfg: ThawConfig, catalog_model: str) -> ModelCosts:
@@ -103,6 +120,8 @@ def planner_costs(model: Model, cfg: ThawConfig, catalog_model: str) -> ModelCos
     return ModelCosts(
         weights_gib=perf.weights_bytes / catalog.GIB,
         standby_load_s=weights_gb / LOAD_GB_PER_S + ENGINE_INIT_S,
+        host_load_s=weights_gb / HOST_LOAD_GB_PER_S + ENGINE_INIT_S,
+        disk_load_s=weights_gb / DISK_LOAD_GB_PER_S + ENGINE_INIT_S,
         asleep_load_s=WAKE_S,
         release_s=RELEASE_S,
         prefill_tokens_per_s=perf.prefill_tokens_per_s,
@@ -147,8 +166,8 @@ def cost_model(cfg: ThawConfig, *, catalog_model: str = "llama-3.1-8b",
     out = {}
     for m in cfg.models:
         given = {**defaults, **per_model.get(m.name, {})}
-        if _OVERRIDABLE <= set(given):
-            costs = ModelCosts(**{k: float(given[k]) for k in _OVERRIDABLE}, source="costs file")
+        if _REQUIRED <= set(given):
+            costs = ModelCosts(**{k: float(given[k]) for k in _OVERRIDABLE & set(given)}, source="costs file")
         else:
             costs = planner_costs(m, cfg, catalog_model)
             if given:

@@ -34,7 +34,7 @@ from typing import Any
 from simulator.costs import CostModel, ModelCosts
 from simulator.traces import Trace
 from thaw.config import Model, ThawConfig
-from thaw.wire import WorkerState
+from thaw.wire import CachedWeights, WorkerState
 from warm_pool.keepalive import keep_alive_decision, keep_alive_window
 from warm_pool.policy import (
     COLD_START_WINDOW_S,
@@ -60,6 +60,7 @@ INF = math.inf
 MAX_TTFTS = 256
 
 _SERVING = frozenset(("loading", "ready"))
+GIB = 1 << 30
 _STANDBY_LIKE = frozenset(("launching", "starting", "standby", "draining"))
 
 # Event kinds, in the order events at the same instant are handled.
@@ -70,7 +71,7 @@ _WAITING, _ADMITTED, _TIMED_OUT, _REFUSED = 0, 1, 2, 3
 
 class _Worker:
     __slots__ = ("id", "shape", "price", "state", "model", "aid", "since", "entered", "inflight",
-                 "epoch", "tier", "view", "releasing")
+                 "epoch", "tier", "view", "releasing", "host", "disk", "cached")
 
     def __init__(self, wid: str, shape: str, price: float, state: str, now: float) -> None:
         self.id, self.shape, self.price, self.state = wid, shape, price, state
@@ -80,13 +81,38 @@ class _Worker:
         self.entered = now
         self.inflight = 0
         self.epoch = 0  # bumps on every change: a scheduled transition of an older epoch is void
-        self.tier = "standby"
+        self.tier = "s3"
         self.releasing = False
+        # Models whose weights it holds (name -> GiB), least recently loaded first, and
+        # what its status says of them (rebuilt only when they change).
+        self.host: dict[str, _Model] = {}
+        self.disk: dict[str, _Model] = {}
+        self.cached: tuple[CachedWeights, ...] = ()
         self.view = self._view()
 
     def _view(self) -> WorkerView:
         return WorkerView(self.id, self.shape, WorkerState(self.state),
-                          self.model.name if self.model else None, self.aid, None, self.since)
+                          self.model.name if self.model else None, self.aid, None, self.since, self.cached)
+
+    def hold(self, m: _Model, host_gib: float, disk_gib: float) -> None:
+        """The worker loaded ``m``: its tiers keep a copy, least recently loaded evicted."""
+        gib = m.costs.weights_gib
+        for held, budget in ((self.host, host_gib), (self.disk, disk_gib)):
+            held.pop(m.name, None)
+            if gib > budget:
+                continue
+            while held and sum(h.costs.weights_gib for h in held.values()) + gib > budget:
+                held.pop(next(iter(held)))
+            held[m.name] = m
+        self.cached = tuple(
+            CachedWeights(uri=h.cfg.uri, tier=tier, bytes=int(h.costs.weights_gib * GIB),  # type: ignore[arg-type]
+                          total_bytes=int(h.costs.weights_gib * GIB))
+            for tier, held in (("host", self.host), ("disk", self.disk)) for h in held.values())
+        self.view = self._view()
+
+    def tier_for(self, m: _Model) -> str:
+        """Where this worker would read ``m`` from."""
+        return "host" if m.name in self.host else "disk" if m.name in self.disk else "s3"
 
 
 class _Model:
@@ -143,7 +169,7 @@ class ColdStart:
     model: str
     at: float
     ready_after_s: float
-    tier: str  # asleep | standby | launch
+    tier: str  # asleep | host | disk | s3 | launch
 
 
 @dataclass
@@ -389,6 +415,8 @@ class Simulator:
             m = w.model
             assert m is not None
             self._set(w, "ready", t)
+            shape = self.shapes[w.shape]
+            w.hold(m, shape.host_cache_gib, shape.cache.max_gib if shape.cache else 0.0)
             m.ready.append(w)
             if m.cold_open:
                 m.cold_open = False
@@ -585,7 +613,7 @@ class Simulator:
         if isinstance(d, Assign):
             w = self.workers[d.worker_id]
             target = self.by_name[d.model]
-            w.tier = "asleep" if w.state == "asleep" else "standby"
+            w.tier = "asleep" if w.state == "asleep" else w.tier_for(target)
             if target.cold_open and target.cold_tier is None:
                 target.cold_tier = w.tier
             self._set(w, "loading", t, model=target, aid=d.assignment_id, since=t)

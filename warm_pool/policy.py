@@ -245,6 +245,11 @@ def place(standbys: list[WorkerView], uri: str, total_bytes: int) -> tuple[Worke
     return w, tier, seconds
 
 
+def _held(w: WorkerView) -> tuple[int, int]:
+    """What a standby's copies are worth keeping it for: bytes in memory, then on disk."""
+    return (sum(c.bytes for c in w.cached if c.tier == "host"), sum(c.bytes for c in w.cached if c.tier == "disk"))
+
+
 def launch_backoff_s(failures: int, base_s: float, max_s: float) -> float:
     """``base_s`` doubled per failure after the first, capped at ``max_s``: the pause
     after ``failures`` failures in a row (a shape's launches, a model's loads)."""
@@ -487,10 +492,13 @@ def decide(
             total += 1
         # Excess goes newest first, and only ones standing by: one still booting may be a
         # launch for demand that a model takes the moment it stands by (removed then, if
-        # still in excess). Ones holding weights in memory go last: they are the fast
-        # cold starts of the models they hold.
+        # still in excess). Ones holding weights go last, those in memory the very last:
+        # they are the fast cold starts of the models they hold.
         idle_standby = sorted((w for w in standby if w.state == "standby"), key=lambda w: w.id, reverse=True)
-        idle_standby.sort(key=lambda w: sum(c.bytes for c in w.cached if c.tier == "host"))
+        idle_standby.sort(key=_held)
+        if any(w.state in ("launching", "starting") for w in standby):
+            # Not for one still booting: it becomes the excess once it stands by.
+            idle_standby = [w for w in idle_standby if not w.cached]
         for w in idle_standby[: plan.stop_running]:
             decisions.append(Stop(w.id, "excess_standby"))
         for w in idle_standby[plan.stop_running: plan.stop_running + plan.terminate_running]:

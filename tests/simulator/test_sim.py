@@ -79,7 +79,7 @@ def test_a_hand_computed_run() -> None:
     # SLO 5 s: the hot request met it, the two cold ones did not.
     assert s["slo_met_share"] == pytest.approx(1 / 3)
     per = s["per_model"]["m0"]
-    assert per["cold_starts_by_tier"] == {"standby": 2}
+    assert per["cold_starts_by_tier"] == {"s3": 2}
     assert per["cold_start_s"]["p50"] == pytest.approx(10.0)
 
 
@@ -243,3 +243,20 @@ def test_prepare_refuses_a_shape_the_planner_does_not_know() -> None:
 
     with pytest.raises(CostError, match="costs file"):
         prepare(cfg, trace([(0.0, "m0", 1, 1)]))
+
+
+def test_workers_keep_the_models_they_loaded_and_placement_finds_them() -> None:
+    """Cold starts of one model, far apart: the first reads the store, the next ones a
+    standby's host copy (at the host load time); a host tier too small falls to disk."""
+    def run(host_gib: float) -> list[tuple[str, float]]:
+        data = config(idle_grace_s=10, standby_max=1).model_dump()
+        data["shapes"][0].update({"host_cache_gib": host_gib, "cache": {"dir": "c", "max_gib": 10}})
+        cfg = ThawConfig.model_validate(data)
+        cm = CostModel({"m0": ModelCosts(weights_gib=1.0, standby_load_s=20.0, host_load_s=2.0, disk_load_s=5.0,
+                                         asleep_load_s=1.0, release_s=0.0, prefill_tokens_per_s=1e6, tpot_s=0.01,
+                                         source="test")})
+        r = Simulator(cfg, cm, trace([(0.0, "m0", 10, 4), (500.0, "m0", 10, 4), (1000.0, "m0", 10, 4)])).run()
+        return [(c.tier, round(c.ready_after_s, 1)) for c in r.cold_starts]
+
+    assert run(host_gib=2) == [("s3", 20.0), ("host", 2.0), ("host", 2.0)]
+    assert run(host_gib=0.5) == [("s3", 20.0), ("disk", 5.0), ("disk", 5.0)]

@@ -330,3 +330,10 @@ def test_excess_standby_keeps_the_one_holding_weights_in_memory() -> None:
     snap = Snapshot((standby(1), holding(2, uri, host=100)), {})
     decisions, _ = decide(snap, PolicyState(), config(), now=100.0)
     assert decisions == [Terminate("w1", "excess_standby")]
+
+
+def test_a_standby_holding_weights_is_not_traded_for_one_still_booting() -> None:
+    uri = config().models[0].uri
+    snap = Snapshot((holding(1, uri, host=100), WorkerView("w2", "cpu-local", "starting")), {})
+    decisions, _ = decide(snap, PolicyState(), config(), now=100.0)
+    assert decisions == []  # w2 goes once it stands by (the test above)
