@@ -16,6 +16,9 @@ THAW_PACKAGE="${THAW_PACKAGE:-thaw-serve[gpu]}"
 # Optional: an s3:// URI of the Thaw config file, fetched with the instance role. Without
 # it the worker reads /etc/thaw/thaw.yaml if the AMI has one.
 THAW_CONFIG_URI="${THAW_CONFIG_URI:-}"
+# Where the instance-store NVMe is mounted: the disk tier of the weight cache (the
+# config's shapes[].cache.dir). Without instance store it is a directory on the root volume.
+THAW_CACHE_MOUNT="${THAW_CACHE_MOUNT:-/mnt/thaw-cache}"
 
 # Tests (tests/test_infra.py) run this script with stub commands and a scratch
 # directory standing in for /; on an instance it is unset.
@@ -101,6 +104,48 @@ if ! id thaw >/dev/null 2>&1; then
     useradd --system --home-dir "$HOME_DIR" --create-home --shell /usr/sbin/nologin thaw
 fi
 
+# The weight cache's disk: instance store is blank after every stop, so the worker's unit
+# mounts it (formatting it) before each start, as root; here it is done once now too.
+MOUNT_CACHE="$PREFIX/mount-cache.sh"
+cat >"$MOUNT_CACHE" <<'SH'
+#!/usr/bin/env bash
+# mount-cache.sh MOUNTPOINT OWNER [ROOT]: the instance-store NVMe drives, striped when
+# there are several, as a fresh XFS at MOUNTPOINT (nothing on them outlives a stop).
+set -euo pipefail
+mp="${3:-}$1"
+owner="$2"
+mkdir -p "$mp"
+while read -r _ m _; do
+    if [ "$m" = "$mp" ]; then exit 0; fi
+done </proc/mounts
+devices=()
+declare -A seen=()
+for link in "${3:-}"/dev/disk/by-id/nvme-Amazon_EC2_NVMe_Instance_Storage_*; do
+    [ -e "$link" ] || continue
+    case "$link" in *-part*) continue ;; esac
+    dev="$(readlink -f "$link")"
+    if [ -n "${seen[$dev]:-}" ]; then continue; fi
+    seen[$dev]=1
+    devices+=("$dev")
+done
+if [ "${#devices[@]}" -eq 0 ]; then
+    echo "mount-cache: no instance-store NVMe; $mp stays on the root volume" >&2
+else
+    dev="${devices[0]}"
+    if [ "${#devices[@]}" -gt 1 ]; then
+        dev=/dev/md/thaw-cache
+        if [ ! -e "$dev" ]; then
+            mdadm --create "$dev" --level=0 --raid-devices="${#devices[@]}" "${devices[@]}" --run --force
+        fi
+    fi
+    mkfs.xfs -f -q "$dev"
+    mount -o noatime "$dev" "$mp"
+fi
+chown "$owner" "$mp"
+SH
+chmod 0755 "$MOUNT_CACHE"
+"$BASH" "$MOUNT_CACHE" "$THAW_CACHE_MOUNT" thaw "$ROOT"
+
 mkdir -p "$(dirname "$UNIT")"
 cat >"$UNIT" <<UNIT
 [Unit]
@@ -116,6 +161,7 @@ Environment=$(unit_word "THAW_CLUSTER=$THAW_CLUSTER")
 Environment=$(unit_word "AWS_REGION=$REGION")
 Environment=$(unit_word "AWS_DEFAULT_REGION=$REGION")
 $CONFIG_ENV
+ExecStartPre=+$(exec_word "$MOUNT_CACHE") $(exec_word "$THAW_CACHE_MOUNT") thaw
 ExecStart=$VENV/bin/thaw worker \
     --controller $(exec_word "$THAW_CONTROLLER_URL") \
     --shape $(exec_word "$THAW_SHAPE") \

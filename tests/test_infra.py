@@ -75,7 +75,7 @@ def test_missing_variable_fails_before_doing_anything(tmp_path: Path, missing: s
 def _stubs(bin_dir: Path, calls: Path) -> None:
     """curl answering as IMDS, python3 that makes a fake venv, and recorders for the rest."""
     bin_dir.mkdir()
-    for tool in ("mkdir", "cat", "dirname", "cp"):
+    for tool in ("mkdir", "cat", "dirname", "cp", "chmod", "readlink"):
         (bin_dir / tool).symlink_to(shutil.which(tool) or f"/bin/{tool}")
     stubs = {
         "curl": """echo "curl $*" >>CALLS
@@ -92,6 +92,10 @@ if [ "$1" = - ]; then cat >/dev/null && echo "fetched: $2" >"$3"; fi""",
         "id": "exit 1",
         "useradd": 'echo "useradd $*" >>CALLS',
         "systemctl": 'echo "systemctl $*" >>CALLS',
+        "chown": 'echo "chown $*" >>CALLS',
+        "mdadm": 'echo "mdadm $*" >>CALLS',
+        "mkfs.xfs": 'echo "mkfs.xfs $*" >>CALLS',
+        "mount": 'echo "mount $*" >>CALLS',
     }
     for name, body in stubs.items():
         (bin_dir / name).write_text(f"#!{BASH}\n" + body.replace("CALLS", shlex.quote(str(calls))) + "\n")
@@ -145,7 +149,37 @@ def test_writes_and_starts_the_worker_unit(tmp_path: Path, package: str | None, 
     assert f"python -m venv {venv}" in log
     assert f"python -m pip install --quiet {package or 'thaw-serve[gpu]'}" in log
     assert log[-2:] == ["systemctl daemon-reload", "systemctl enable --now thaw-worker.service"]
+    # No instance store here: the cache directory stays on the root volume, the worker's.
+    assert f"chown thaw {root}/mnt/thaw-cache" in log and not any(c.startswith("mkfs") for c in log)
+    mount_cache = root / "opt/thaw/mount-cache.sh"
+    assert _unit_words(settings["ExecStartPre"][0]) == [f"+{mount_cache}", "/mnt/thaw-cache", "thaw"]
     if config_uri:
         assert f"python - {config_uri} {config}" in log and config.read_text() == f"fetched: {config_uri}\n"
     else:
         assert not any(c.startswith("python - ") for c in log) and not config.exists()
+
+
+def test_instance_store_drives_are_striped_formatted_and_mounted_for_the_cache(tmp_path: Path) -> None:
+    root, calls = tmp_path / "root", tmp_path / "calls"
+    _stubs(tmp_path / "bin", calls)
+    by_id = root / "dev/disk/by-id"
+    by_id.mkdir(parents=True)
+    for name in ("nvme1n1", "nvme2n1"):
+        (root / "dev" / name).write_text("")
+    # udev links each drive under two names, and its partitions: each drive counts once.
+    for link, target in (("AWS1A", "nvme1n1"), ("AWS1A_1", "nvme1n1"), ("AWS2B", "nvme2n1"),
+                         ("AWS2B-part1", "nvme2n1")):
+        (by_id / f"nvme-Amazon_EC2_NVMe_Instance_Storage_{link}").symlink_to(root / "dev" / target)
+    user_data = tmp_path / "user-data"
+    user_data.write_text(render_user_data(SCRIPT.read_text(), VALUES))
+    r = subprocess.run([BASH, str(user_data)], capture_output=True, text=True,
+                       env={"PATH": str(tmp_path / "bin"), "THAW_BOOTSTRAP_ROOT": str(root)})
+    assert r.returncode == 0, r.stderr
+    log = [c for c in calls.read_text().splitlines() if c.split()[0] in ("mdadm", "mkfs.xfs", "mount", "chown")]
+    assert log == [
+        f"mdadm --create /dev/md/thaw-cache --level=0 --raid-devices=2 {root}/dev/nvme1n1 {root}/dev/nvme2n1 "
+        "--run --force",
+        "mkfs.xfs -f -q /dev/md/thaw-cache",
+        f"mount -o noatime /dev/md/thaw-cache {root}/mnt/thaw-cache",
+        f"chown thaw {root}/mnt/thaw-cache",
+    ]
