@@ -107,6 +107,8 @@ def create_app(
         await limiter.start()
         if shipper is not None:
             await shipper.start()
+        prefetch = (asyncio.create_task(tokens.prefetch(m.uri for m in cfg.models), name="tokenizer_prefetch")
+                    if tokens is not None else None)
         # What exists now (modules, the app, config) lives as long as the process: out of
         # the collector's sight, full collections stay short under load (tail latency).
         gc.collect()
@@ -114,6 +116,9 @@ def create_app(
         try:
             yield
         finally:
+            if prefetch is not None:
+                prefetch.cancel()
+                await asyncio.gather(prefetch, return_exceptions=True)
             await routes.close()
             await service.close()
             await limiter.close()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -201,6 +201,20 @@ class TokenCounter:
             if uri not in self._cache:
                 self._cache[uri] = await asyncio.to_thread(self._load, uri)
         return self._cache[uri]
+
+    async def prefetch(self, uris: Iterable[str]) -> None:
+        """Load these models' tokenizers ahead of their first request, one at a time in a
+        thread, so that request pays neither the store's round trips nor transformers'
+        import (about 2 s here). A model whose tokenizer is not in the store yet (a model
+        pushed later) is left for its first request to try again."""
+        for uri in dict.fromkeys(uris):
+            lock = self._locks.setdefault(uri, asyncio.Lock())
+            async with lock:
+                if uri in self._cache:
+                    continue
+                tok = await asyncio.to_thread(self._load, uri)
+                if tok is not None:
+                    self._cache[uri] = tok
 
     def _load(self, uri: str) -> ModelTokenizer | None:
         try:

@@ -62,3 +62,24 @@ async def test_a_template_that_raises_is_the_clients_error(tmp_path: Path, demo_
         assert str(exc) == "the first turn must be the user"
     else:
         raise AssertionError("the template's refusal was not raised")
+
+
+async def test_prefetch_loads_tokenizers_before_the_first_request_and_retries_missing_ones(
+    tmp_path: Path, demo_model_dir: Path,
+) -> None:
+    fetched: list[str] = []
+    serve = fetcher(demo_model_dir)
+
+    def fetch(uri: str, name: str) -> bytes | None:
+        fetched.append(uri)
+        return serve(uri, name) if uri == "s3://b/demo" else None
+
+    counter = TokenCounter(fetch)
+    await counter.prefetch(["s3://b/demo", "s3://b/later", "s3://b/demo"])
+    assert set(fetched) == {"s3://b/demo", "s3://b/later"}
+    fetched.clear()
+    assert await counter.get("s3://b/demo") is not None
+    assert fetched == []  # loaded already
+    # Not in the store at start-up (pushed later, say): the first request tries again.
+    assert await counter.get("s3://b/later") is None
+    assert fetched and set(fetched) == {"s3://b/later"}
