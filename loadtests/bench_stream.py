@@ -98,37 +98,16 @@ BodyReader = Callable[[Any, memoryview], int]
 
 
 def _read_http_readinto(body: Any, mv: memoryview) -> int:
-    """The ``http.client`` response under botocore's body, ``readinto`` the buffer:
-    the socket's bytes land in our buffer with no intermediate object."""
-    raw: Any = getattr(body, "_raw_stream", None)  # urllib3.HTTPResponse
-    fp: Any = getattr(raw, "_fp", None)  # http.client.HTTPResponse
-    headers = getattr(raw, "headers", None) or {}
-    if (
-        fp is None
-        or not hasattr(fp, "readinto")
-        or not hasattr(raw, "release_conn")
-        or getattr(raw, "_fp_bytes_read", 1) != 0
-        or getattr(raw, "chunked", False)
-        or headers.get("content-encoding", "identity") != "identity"
-    ):
-        raise RuntimeError(
-            f"http_readinto: this botocore/urllib3 body ({type(body).__module__}.{type(body).__name__}) "
-            "does not expose a plain http.client response; use --ceiling-reader body_readinto"
-        )
-    n, got = len(mv), 0
-    try:
-        while got < n:
-            k = fp.readinto(mv[got:])
-            if not k:
-                break
-            got += k
-    except BaseException:
-        raw.close()  # never hand a half-read connection back to the pool
-        raise
-    if got == n and fp.isclosed():
-        raw.release_conn()  # the body ended where it should: the connection is reusable
-    else:
-        raw.close()
+    """The ``http.client`` response under botocore's body, ``readinto`` the buffer: the
+    socket's bytes land in our buffer with no intermediate object. This is the body
+    reader Thaw's streamer uses (``weight_streaming.s3_source.read_body_into``, which
+    falls back to botocore's ``readinto`` for a body it cannot see through); nothing
+    else of Thaw's is on the ceiling's path."""
+    from weight_streaming.s3_source import read_body_into
+
+    got, err = read_body_into(body, mv)
+    if err is not None:
+        raise err
     return got
 
 

@@ -28,24 +28,27 @@ def cache_dirs(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "host-cache", tmp_path / "disk-cache"
 
 
-@pytest.fixture
-async def client(tmp_path: Path) -> AsyncIterator[tuple[World, httpx.AsyncClient]]:
-    world = World()
-
+def agent_app(world: World, tmp_path: Path, **caches: Any) -> Any:
+    """The agent's app on fake engine hosts that import at once, with these cache settings."""
     async def spawn(on_event: OnEvent) -> FakeHost:
         h = FakeHost(world, on_event)
         world.hosts.append(h)
         asyncio.get_running_loop().call_later(0.01, h.emit, "imported")
         return h
 
-    host_dir, disk_dir = cache_dirs(tmp_path)
     settings = AgentSettings(worker_id="w1", shape="cpu-small", port=0, data_dir=tmp_path / "data",
                              store=S3Endpoint("http://127.0.0.1:9", "AK", SECRET), token=TOKEN,
-                             ready_poll_s=0.01, in_flight_poll_s=0.01, drain_poll_s=0.01,
-                             disk_cache_dir=disk_dir, disk_cache_max_bytes=3 * GiB,
-                             host_cache_dir=host_dir, host_cache_max_bytes=GiB // 2, cache_scan_interval_s=0.05)
-    app = create_app(settings, spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
-                     manifest_reader=lambda store, uri: world.manifest(store, uri))
+                             ready_poll_s=0.01, in_flight_poll_s=0.01, drain_poll_s=0.01, **caches)
+    return create_app(settings, spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
+                      manifest_reader=lambda store, uri: world.manifest(store, uri))
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[tuple[World, httpx.AsyncClient]]:
+    world = World()
+    host_dir, disk_dir = cache_dirs(tmp_path)
+    app = agent_app(world, tmp_path, disk_cache_dir=disk_dir, disk_cache_max_bytes=3 * GiB,
+                    host_cache_dir=host_dir, host_cache_max_bytes=GiB // 2, cache_scan_interval_s=0.05)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://agent",
@@ -124,20 +127,8 @@ async def test_status_lists_what_the_tiers_hold_and_the_host_tier_goes_when_the_
 
 async def test_stopping_gives_the_host_tier_back_and_keeps_the_disk(tmp_path: Path) -> None:
     host_dir, disk_dir = cache_dirs(tmp_path)
-    world = World()
-
-    async def spawn(on_event: OnEvent) -> FakeHost:
-        h = FakeHost(world, on_event)
-        world.hosts.append(h)
-        asyncio.get_running_loop().call_later(0.01, h.emit, "imported")
-        return h
-
-    settings = AgentSettings(worker_id="w1", shape="cpu-small", port=0, data_dir=tmp_path / "data",
-                             store=S3Endpoint("http://127.0.0.1:9", "AK", SECRET), token=TOKEN,
-                             disk_cache_dir=disk_dir, disk_cache_max_bytes=GiB,
-                             host_cache_dir=host_dir, host_cache_max_bytes=GiB)
-    app = create_app(settings, spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
-                     manifest_reader=lambda store, uri: world.manifest(store, uri))
+    app = agent_app(World(), tmp_path, disk_cache_dir=disk_dir, disk_cache_max_bytes=GiB,
+                    host_cache_dir=host_dir, host_cache_max_bytes=GiB)
     async with app.router.lifespan_context(app):
         put_model(DiskCache(host_dir, GiB), "s3://thaw/models/a", [10])
         put_model(DiskCache(disk_dir, GiB), "s3://thaw/models/a", [10])
@@ -155,18 +146,7 @@ async def test_host_caches_of_dead_agents_are_removed_at_start(tmp_path: Path) -
         (d / "weights").write_bytes(b"x")
         if owner:
             (d / ".owner").write_text(owner)
-    world = World()
-
-    async def spawn(on_event: OnEvent) -> FakeHost:
-        h = FakeHost(world, on_event)
-        world.hosts.append(h)
-        return h
-
-    settings = AgentSettings(worker_id="w1", shape="cpu-small", port=0, data_dir=tmp_path / "data",
-                             store=S3Endpoint("http://127.0.0.1:9", "AK", SECRET), token=TOKEN,
-                             host_cache_dir=host_dir, host_cache_max_bytes=GiB)
-    app = create_app(settings, spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
-                     manifest_reader=lambda store, uri: world.manifest(store, uri))
+    app = agent_app(World(), tmp_path, host_cache_dir=host_dir, host_cache_max_bytes=GiB)
     async with app.router.lifespan_context(app):
         assert not orphan.exists()
         assert (alive / "weights").exists() and (other / "weights").exists()
