@@ -59,8 +59,9 @@ table (hot, host, disk, s3, launch and on-demand vLLM, all eager: median TTFT, m
 Thaw's loader alone buys and what the standby buys with that same loader: their
 product is the standby's ratio), the environment, and the goals, those not met listed.
 Reps are interleaved across variants (the machine is shared: drift hits every variant
-alike), after one untimed cold start that warms the activator up (it fetches a model's
-tokenizer on its first request).
+alike), after one untimed cold start, so that one-off costs of a fresh stack (the
+first engine launch of a worker, the first request through the activator) are not
+charged to whichever variant happens to run first.
 
 Module-level imports stay light: the CLI builds its parser from this module.
 """
