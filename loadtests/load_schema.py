@@ -160,3 +160,143 @@ class Report(_Model):
     generator_fell_behind: bool
     lag: LagSummary
     replicas_source: str
+
+
+# -- `thaw load calibrate` -------------------------------------------------------------
+#
+# DIR/costs.json is the simulator's costs file (``simulator.costs``: only its keys);
+# how each figure was taken, and the samples behind it, go in ``calibration.json``'s
+# ``costs`` (a :class:`CostModelReport`) and DIR/cost_samples.json (:class:`CostMeasurements`).
+
+CALIBRATION_FILE = "calibration.json"
+COSTS_FILE = "costs.json"
+COST_SAMPLES_FILE = "cost_samples.json"
+CALIBRATION_TRACE_FILE = "trace.csv"
+
+
+class TraceParams(_Model):
+    """How the calibration's trace was cut from its source: a window, thinned, sped up,
+    spread over the models, token counts capped (all deterministic given ``seed``)."""
+
+    source_file: str
+    start_s: NonNegativeFloat  # the window's start in the source (seconds from its start)
+    duration_s: float = Field(gt=0)  # the compressed trace's length; the window is duration_s x speedup
+    speedup: float = Field(gt=0)
+    rate_per_s: float = Field(gt=0)  # mean arrivals per second after compression (all models)
+    models: int = Field(ge=1)
+    zipf_s: NonNegativeFloat  # model k (from 0) draws a request with weight 1 / (k + 1) ** zipf_s
+    seed: int
+    max_input_tokens: int = Field(ge=1)
+    max_output_tokens: int = Field(ge=1)
+
+
+class TraceInfo(_Model):
+    file: str  # DIR/trace.csv, generic format: what both the live run and the simulator read
+    citation: str
+    source: str  # the trace's provenance chain (simulator.traces' ``source``)
+    params: TraceParams
+    requests: NonNegativeInt
+    duration_s: float  # the last arrival
+    per_model: dict[str, int]
+
+
+class TierProbe(_Model):
+    """One cold start of a model at zero from a chosen tier, and the hot requests with
+    the same prompt right after it (the request's own share of its TTFT)."""
+
+    tier: str  # the tier the caches were prepared for
+    served_tier: str | None  # x-thaw-tier of the answer: the sample counts only when it is ``tier``
+    ttft_s: float | None
+    hot_ttft_s: list[float] = Field(default_factory=list)
+    request_id: str | None = None
+    load_s: float | None = None  # the loader's own time, from the activator's cold-start record
+    phases_s: dict[str, float] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class HotSample(_Model):
+    """A request to a model with a ready replica, alone on it (nothing else in flight)."""
+
+    prompt_tokens: NonNegativeInt
+    completion_tokens: NonNegativeInt
+    ttft_s: float
+    tpot_s: float | None  # (last content chunk - first) / (completion_tokens - 1)
+
+
+class Interval(_Model):
+    """A worker's release (release decision -> standby again) or boot (launch decision -> standby)."""
+
+    worker_id: str
+    start_at: float  # epoch seconds of the decision
+    seconds: NonNegativeFloat
+
+
+class CostMeasurements(_Model):
+    """``cost_samples.json``: every sample the cost model was taken from."""
+
+    weights_bytes: NonNegativeInt
+    tier_probes: list[TierProbe]
+    hot: list[HotSample]
+    releases: list[Interval]
+    boots: list[Interval]
+
+
+class CostFigure(_Model):
+    value: float
+    n: NonNegativeInt  # samples behind it (0: not measured, the value is a stand-in)
+    method: str
+
+
+class CostModelReport(_Model):
+    """The cost model as measured: each figure with how it was taken. ``costs_file`` is
+    exactly what ``costs.json`` holds; ``boot_s`` goes into the simulated shape instead."""
+
+    figures: dict[str, CostFigure]
+    costs_file: dict[str, dict[str, float]]
+    boot_s: CostFigure
+
+
+class SideBySide(_Model):
+    """One figure, live and simulated; ``rel_diff`` = (sim - live) / live (None when live is 0
+    or either is missing; 0 when both are 0)."""
+
+    metric: str
+    live: float | None
+    sim: float | None
+    rel_diff: float | None
+
+
+class Goal(_Model):
+    metric: str
+    tolerance: float  # |rel_diff| at most this
+    live: float | None
+    sim: float | None
+    rel_diff: float | None
+    met: bool | None  # None: not measurable (a side missing)
+
+
+class Verdict(_Model):
+    goals: list[Goal]
+    met: bool
+    not_met: list[str]  # metrics of the goals not met (or not measurable)
+    text: str
+
+
+class Calibration(_Model):
+    """``calibration.json``: the live run and the simulation of the same trace, side by side."""
+
+    out_dir: str
+    started_at: float  # epoch seconds
+    wall_s: float
+    stack: dict[str, object]  # models, pool, autoscaling and cache settings the stack ran with
+    trace: TraceInfo
+    costs: CostModelReport
+    # The share of the trace's length one engine spends serving it at the measured speeds
+    # (load_calibrate.serving_share): how much the live run loads this machine's cores.
+    serving_share: NonNegativeFloat
+    live_counts: RunCounts
+    generator_fell_behind: bool
+    rows: list[SideBySide]  # what the goal is about: cold starts, replica-seconds, TTFT, requests
+    diagnostics: list[SideBySide]  # what explains differences: per-tier cold TTFT, releases, boots
+    verdict: Verdict
+    notes: list[str] = Field(default_factory=list)

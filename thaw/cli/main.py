@@ -714,13 +714,15 @@ def build_parser() -> argparse.ArgumentParser:
         p = add(b_sub, name, help_, mod.run)
         mod.add_arguments(p)
 
-    from loadtests import load_report, load_run
+    from loadtests import load_calibrate, load_report, load_run
 
     load = sub.add_parser("load", help="Replay a request trace against a running Thaw and report on it.")
     l_sub = load.add_subparsers(dest="load_command", metavar="SUBCOMMAND", required=True)
     for name, mod, help_ in (
         ("run", load_run, "Replay a trace open loop against an OpenAI endpoint; record every request."),
         ("report", load_report, "TTFT, TPOT, errors and goodput of a `thaw load run` directory, with plots."),
+        ("calibrate", load_calibrate, "Measure the cost model on a stack of its own, replay a trace live and "
+                                      "simulated, compare them side by side."),
     ):
         p = add(l_sub, name, help_, mod.run, with_common=False)
         mod.add_arguments(p)
