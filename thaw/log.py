@@ -18,6 +18,19 @@ import structlog
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+class _Stderr:
+    """Writes to the ``sys.stderr`` of the moment, not the one logging was set up with:
+    whoever replaces it later (a test harness capturing output, a daemon redirecting it)
+    must not leave the loggers writing to a closed file, which would raise in the code
+    that logs."""
+
+    def write(self, s: str) -> int:
+        return sys.stderr.write(s)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def setup_logging(component: str, level: str = "info", stream: TextIO | None = None) -> None:
     """Configure structlog and the stdlib root logger to write JSON lines.
 
@@ -37,11 +50,11 @@ def setup_logging(component: str, level: str = "info", stream: TextIO | None = N
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream or _Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     # Libraries (uvicorn, botocore) log through the stdlib: render them as JSON too.
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = logging.StreamHandler(stream or _Stderr())  # type: ignore[arg-type]
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],

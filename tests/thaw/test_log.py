@@ -5,6 +5,8 @@ import io
 import json
 import logging
 
+import pytest
+
 from thaw.log import bind_request, get_logger, setup_logging
 
 
@@ -45,3 +47,24 @@ def test_request_ids_do_not_leak_between_tasks() -> None:
 
     asyncio.run(main())
     assert sorted(str(ln["request_id"]) for ln in _lines(buf)) == ["a", "b"]
+
+
+def test_logging_follows_stderr_when_it_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Set up with one stderr, which is then closed and replaced (as a test harness
+    does between tests): a log call writes to the new one instead of raising."""
+    import io
+    import logging
+    import sys
+
+    from thaw.log import get_logger, setup_logging
+
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    setup_logging("test")
+    first.close()
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    get_logger().info("after_the_swap")
+    logging.getLogger("lib").warning("from a library")
+    assert '"event": "after_the_swap"' in second.getvalue()
+    assert "from a library" in second.getvalue()
