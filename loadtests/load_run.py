@@ -49,6 +49,7 @@ from loadtests.load_schema import (
     RunInfo,
 )
 from loadtests.load_stats import DEFAULT_LAG_THRESHOLD_MS, counts, fell_behind, lag_summary, tier_of
+from thaw.aio import wait_event
 
 if TYPE_CHECKING:
     import openai
@@ -358,10 +359,7 @@ async def poll_replicas(url: str, token: str | None, clock: Clock, start: float,
                                             replicas=dict(m.get("replicas") or {})))
             except (httpx.HTTPError, ValueError, KeyError):
                 errors += 1
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=interval_s)
-            except TimeoutError:
-                pass
+            await wait_event(stop, interval_s)
     return errors
 
 

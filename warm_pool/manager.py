@@ -25,6 +25,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from thaw.aio import wait_event
 from thaw.config import ThawConfig
 from thaw.log import get_logger
 from thaw.wire import (
@@ -460,15 +461,14 @@ class PoolManager:
 
     # -- the loop -------------------------------------------------------------------
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 await self.step()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("pool_tick_failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
+            await wait_event(self._wake, self.poll_interval_s)
             self._wake.clear()
 
     async def step(self) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import httpx
 
+from thaw.aio import wait_event
 from thaw.auth import bearer
 from thaw.log import get_logger
 from thaw.wire import HeartbeatReply, WorkerStatus
@@ -119,5 +120,4 @@ class Heartbeat:
                 if self.on_orphaned is not None:
                     self.on_orphaned()
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.interval_s)
+            await wait_event(self._kick, self.interval_s)

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from thaw.aio import wait_event
 from thaw.config import ThawConfig, hash_api_key
 from thaw.log import get_logger
 
@@ -157,8 +158,7 @@ async def serve(cfg: ThawConfig, config_path: Path, port: int | None, stop: asyn
             print(f"  demo API key: {info['api_key']}", flush=True)
         print(f"  controller: {controller_url} (`thaw pool status`); logs: {logs}; Ctrl-C stops", flush=True)
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.5)
+            await wait_event(stop, 0.5)
             for svc in services:
                 if not stop.is_set() and svc.proc is not None and svc.proc.returncode is not None:
                     # A service that died is started again: the controller adopts the
