@@ -272,8 +272,15 @@ class RouteWatcher:
         return sum(len(q) for q in self.routes[model].fair.values())
 
     def release(self, model: str, replica: Replica) -> None:
-        """A request on ``replica`` ended: free its slot and hand it to the next waiter."""
+        """A request on ``replica`` ended: free its slot and hand it to the next waiter.
+
+        A route table taken in since the request began holds a new ``Replica`` for the
+        same assignment, which carried the count over: the slot is freed there too
+        (else every table that arrives during a request would leak one slot)."""
         replica.outstanding = max(replica.outstanding - 1, 0)
+        for live in self.routes[model].replicas:
+            if live is not replica and live.url == replica.url and live.assignment_id == replica.assignment_id:
+                live.outstanding = max(live.outstanding - 1, 0)
         self._dispatch_fair(model)
 
     def _dispatch_fair(self, model: str) -> None:

@@ -100,3 +100,27 @@ def test_cold_start_tier_says_where_the_replica_got_its_model() -> None:
     # The worker's agent started after the request began waiting: launched for it.
     assert cold_start_tier(100.0, rep(load_tier="s3", worker_started_at=101.0)) == "launch"
     assert cold_start_tier(100.0, rep(woken=120.0, load_tier="asleep")) == "asleep"
+
+
+async def test_a_route_table_taken_in_during_a_request_does_not_leak_its_slot() -> None:
+    from thaw.wire import ModelRoute, ReplicaRoute, RouteTable
+
+    w = RouteWatcher(CFG.models, "http://127.0.0.1:9", "a1")
+    try:
+        route = ReplicaRoute(worker_id="w1", url="http://127.0.0.1:1", served_model_name="demo", assignment_id="a-1")
+
+        def table(version: int) -> RouteTable:
+            return RouteTable(epoch="e", version=version, models={"demo": ModelRoute(served_name="demo",
+                                                                                      replicas=[route])})
+
+        w.apply(table(1))
+        model = CFG.models[0]
+        got = await w.acquire(model, w.clock())
+        assert got.replica.outstanding == 1
+        w.apply(table(2))  # a new table while the request runs: a new Replica object
+        live = w.routes["demo"].replicas[0]
+        assert live is not got.replica and live.outstanding == 1
+        w.release("demo", got.replica)
+        assert live.outstanding == 0
+    finally:
+        await w.close()
