@@ -14,7 +14,9 @@ early is the keep-alive policy's (``warm_pool.keepalive``). Then:
   the store), by the bytes each tier holds and the rates the worker measured
   (``expected_load_s``; ServerlessLLM's locality-aware placement, OSDI 2024);
 - a failed load puts the model in exponential backoff (2 s, 4 s, … capped at 60 s);
-  the failed worker is released back to standby. A successful start resets it.
+  the failed worker is released back to standby. A successful start resets it. A
+  replica that crashes after serving is placed again at once, unless another crashed
+  within ``CRASH_WINDOW_S`` (then it backs off like a failed load: a crash loop);
 - with ``asleep_ttl_s`` (GPU): an idle replica is put to sleep instead of released;
   demand for its model wakes it (an ``Assign`` to the asleep worker) before any standby
   is used; after ``asleep_ttl_s`` asleep it is released. Another model that finds no
@@ -53,6 +55,8 @@ BACKOFF_BASE_S = 2.0
 # Cold starts counted for the standby sizer's rate (per shape).
 COLD_START_WINDOW_S = 600.0
 BACKOFF_MAX_S = 60.0
+# A second crash after serving within this many seconds of the first is a crash loop.
+CRASH_WINDOW_S = 300.0
 # Bytes per second assumed for a source a worker has not measured yet: rough figures
 # for an instance's memory, NVMe and S3 (with none measured only their order matters).
 DEFAULT_LOAD_BYTES_PER_S = {"host": 8e9, "disk": 2e9, "s3": 1e9}
@@ -73,6 +77,8 @@ class WorkerView:
     # Weights it holds locally, and the bytes per second its loads read from each source.
     cached: tuple[CachedWeights, ...] = ()
     load_rates: tuple[tuple[str, float], ...] = ()
+    # Its current assignment reached ready (so a failure now is a crash while serving).
+    served: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,8 @@ class ModelState:
     # The assignment whose failure was last counted, so a failure seen on several
     # ticks (until the worker is reset) counts once.
     counted_assignment: str | None = None
+    # When a replica of it last crashed after serving (see CRASH_WINDOW_S).
+    last_crash_at: float | None = None
     # The autoscaler's carried state (windows, delays, panic) and its last result.
     scale: ScaleState = ScaleState()
     last_scale: ScaleResult | None = None
@@ -314,11 +322,18 @@ def decide(
             if w.model is not None:
                 ms = models.get(w.model, ModelState())
                 if w.assignment_id is None or w.assignment_id != ms.counted_assignment:
-                    failures = ms.failures + 1
-                    models[w.model] = ModelState(
-                        failures=failures, backoff_until=now + backoff_s(failures),
-                        last_error=w.error, counted_assignment=w.assignment_id,
-                    )
+                    if w.served and (ms.last_crash_at is None or now - ms.last_crash_at > CRASH_WINDOW_S):
+                        # A replica that served, then crashed: its weights and settings are
+                        # proven, so the model is placed again at once, its requests wait
+                        # for that instead of being refused.
+                        models[w.model] = evolve(ms, last_crash_at=now, counted_assignment=w.assignment_id)
+                    else:
+                        failures = ms.failures + 1
+                        models[w.model] = ModelState(
+                            failures=failures, backoff_until=now + backoff_s(failures),
+                            last_error=w.error, counted_assignment=w.assignment_id,
+                            last_crash_at=now if w.served else ms.last_crash_at,
+                        )
             decisions.append(Release(w.id, w.model, "failed"))
         elif w.state == "unreachable":
             decisions.append(Terminate(w.id, "unreachable"))

@@ -81,7 +81,8 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
 
     def view(state: WorkerState, model: str | None = None, assignment_id: str | None = None,
              error: str | None = None, since: float | None = None) -> WorkerView:
-        return WorkerView(f.worker_id, f.shape, state, model, assignment_id, error, since, cached, rates)
+        served = st is not None and st.assignment_id == assignment_id and st.phases.engine_ready is not None
+        return WorkerView(f.worker_id, f.shape, state, model, assignment_id, error, since, cached, rates, served)
 
     last_model = st.model if st else None
     last_assignment = st.assignment_id if st else None

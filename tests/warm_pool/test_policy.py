@@ -11,6 +11,7 @@ import yaml
 from thaw.config import ThawConfig, parse_config
 from thaw.wire import CachedWeights
 from warm_pool.policy import (
+    CRASH_WINDOW_S,
     Assign,
     Launch,
     ModelActivity,
@@ -153,6 +154,35 @@ def test_failed_load_backs_off_exponentially_and_counts_once() -> None:
     # A replica that becomes ready clears the failures.
     _, state = decide(Snapshot((serving(1),), act), state, cfg, now=30.0)
     assert state.models["demo"].failures == 0
+
+
+def test_a_crash_after_serving_is_placed_again_at_once_and_a_crash_loop_backs_off() -> None:
+    cfg = config()
+    act = {"demo": ModelActivity(queued=3, last_request_at=10.0)}
+    crashed = WorkerView("w1", "cpu-local", "failed", "demo", "demo-0", "engine exited while serving", served=True)
+    decisions, state = decide(Snapshot((crashed, standby(2)), act), PolicyState(), cfg, now=10.0)
+    # No backoff, no error for the activator to refuse with: the standby gets it now.
+    assert Release("w1", "demo", "failed") in decisions
+    assert any(isinstance(d, Assign) and d.worker_id == "w2" for d in decisions)
+    ms = state.models["demo"]
+    assert (ms.failures, ms.backoff_until, ms.last_error, ms.last_crash_at) == (0, 0.0, None, 10.0)
+    # Seen again on the next tick: counted once.
+    _, state = decide(Snapshot((crashed, serving(2)), act), state, cfg, now=10.5)
+    assert state.models["demo"].last_crash_at == 10.0 and state.models["demo"].failures == 0
+
+    # Another crash within the window: a crash loop, which backs off like a failed load.
+    again = WorkerView("w2", "cpu-local", "failed", "demo", "demo-1", "engine exited while serving", served=True)
+    decisions, state = decide(Snapshot((again, standby(3)), act), state, cfg, now=100.0)
+    ms = state.models["demo"]
+    assert (ms.failures, ms.backoff_until, ms.last_error) == (1, 102.0, "engine exited while serving")
+    assert not any(isinstance(d, Assign) for d in decisions)
+
+    # Past the window a crash is a first crash again.
+    late = WorkerView("w3", "cpu-local", "failed", "demo", "demo-2", "engine exited while serving", served=True)
+    later = 100.0 + CRASH_WINDOW_S + 1
+    decisions, state = decide(Snapshot((late, standby(4)), act), state, cfg, now=later)
+    assert any(isinstance(d, Assign) and d.worker_id == "w4" for d in decisions)
+    assert state.models["demo"].last_crash_at == later
 
 
 @pytest.mark.parametrize(("failures", "wait"), [(1, 2.0), (2, 4.0), (3, 8.0), (6, 60.0), (10, 60.0)])
