@@ -15,16 +15,18 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activator.auth import Authenticator
-from activator.edge import CompletionEdge, IncomingRequest
+from activator.bounds import RequestBounds
+from activator.edge import CompletionEdge, IncomingRequest, RequestGuard, request_id_from
 from activator.errors import (
     ApiError,
     BadRequest,
     NotFound,
+    TooManyFailedAuth,
     error_body,
     error_response,
     internal_error_response,
@@ -36,11 +38,12 @@ from activator.limits import build_limiter
 from activator.metrics import ActivatorMetrics
 from activator.protocol import ERROR_RESPONSES, add_request_schemas, request_body
 from activator.routing import RouteWatcher
-from activator.service import CompletionService, Kind, RequestContext, request_id_from
+from activator.service import CompletionService, Kind, RequestContext
 from activator.shipping import S3Client, UsageShipper
 from activator.tokens import FileFetcher, TokenCounter
 from activator.usage_store import UsageReader, read_usage
 from thaw.config import ThawConfig
+from thaw.http_api import allowed_methods
 from thaw.log import bind_request, get_logger
 from thaw.wire import KeyTable
 
@@ -150,10 +153,16 @@ def create_app(
         elif exc.status_code == 405:
             return JSONResponse(error_body(405, f"method {request.method} not allowed on {request.url.path}",
                                            "invalid_request_error", None, "method_not_allowed"),
-                                status_code=405, headers={"x-request-id": rid})
+                                status_code=405, headers={"x-request-id": rid,
+                                                          "Allow": allowed_methods(app.router.routes, request.scope)})
         else:
             err = BadRequest(str(exc.detail))
         return error_response(err, {"x-request-id": rid})
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        # E.g. the guard's 408 for a body too slow, raised while a route reads it.
+        return error_response(exc, {"x-request-id": request_id_from(request)})
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -171,8 +180,9 @@ def create_app(
                 ctx.status = exc.status
                 await service.record(ctx, exc.code)
                 service.observe_end(ctx, exc)
-                log.info("request_refused", status=exc.status, code=exc.code, message=exc.message,
-                         model=ctx.model.name if ctx.model else None)
+                if not isinstance(exc, TooManyFailedAuth):  # logged once per address (activator.throttle)
+                    log.info("request_refused", status=exc.status, code=exc.code, message=exc.message,
+                             model=ctx.model.name if ctx.model else None)
                 return error_response(exc, ctx.response_headers())
             except Exception:
                 log.exception("request_failed")
@@ -191,6 +201,9 @@ def create_app(
     # The completion endpoints' traffic takes the short way (activator.edge); the routes
     # below document them in /openapi.json and serve them if the edge is not in front.
     app.add_middleware(CompletionEdge, handler=completion)
+    # In front of both (added last: outermost of the two): header bounds, body deadline.
+    app.add_middleware(RequestGuard, bounds=RequestBounds.from_server(cfg.server),
+                       body_timeout_s=cfg.server.body_timeout_s)
 
     @app.post("/v1/chat/completions", openapi_extra=request_body("chat", model_in_path=False),
               responses=ERROR_RESPONSES)
@@ -237,11 +250,11 @@ def create_app(
         data = [model_entry(m.name) for m in cfg.models if principal.may_use(m.name)]
         return JSONResponse({"object": "list", "data": data}, headers={"x-request-id": rid})
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=ERROR_RESPONSES)
     async def models(request: Request) -> Response:
         return await list_models(request, None)
 
-    @app.get("/v1/models/{model:path}")
+    @app.get("/v1/models/{model:path}", responses=ERROR_RESPONSES)
     async def model_by_id(model: str, request: Request) -> Response:
         rid = request_id_from(request)
         try:
@@ -250,11 +263,11 @@ def create_app(
             return error_response(exc, {"x-request-id": rid})
         return JSONResponse(model_entry(m.name), headers={"x-request-id": rid})
 
-    @app.get("/m/{model}/v1/models")
+    @app.get("/m/{model}/v1/models", responses=ERROR_RESPONSES)
     async def models_for(model: str, request: Request) -> Response:
         return await list_models(request, model)
 
-    @app.get("/v1/usage")
+    @app.get("/v1/usage", responses=ERROR_RESPONSES)
     async def usage(request: Request, since: str | None = None, until: str | None = None) -> Response:
         """The caller's own usage records (never another tenant's) and their totals, from
         every activator's shipped segments and this one's ledger, with the shipping lag."""
@@ -281,7 +294,7 @@ def create_app(
     async def healthz() -> dict[str, Any]:
         return {"ok": True, "pool_connected": routes.connected}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_endpoint() -> Response:
         for m in cfg.models:
             st = routes.routes[m.name]

@@ -9,17 +9,24 @@ completion endpoints (and their ``/m/<model>/`` forms) that is all the traffic, 
 disconnect with one task, which cancels the stream (and so the upstream request, which
 makes vLLM abort it). ``thaw bench activator`` measures what this saves; see
 docs/BENCHMARKS.md.
+
+In front of everything, ``RequestGuard`` bounds each request before any route sees it:
+its headers (431) and the time its body may take to arrive (408); see
+docs/RELIABILITY.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from typing import Any, Protocol
 
 from starlette.responses import Response
 
+from activator.bounds import RequestBounds, check_headers
+from activator.errors import ApiError, RequestTimeout, error_response
 from activator.protocol import Kind
 
 Scope = MutableMapping[str, Any]
@@ -38,6 +45,9 @@ class IncomingRequest(Protocol):
     @property
     def headers(self) -> Mapping[str, str]: ...
 
+    @property
+    def scope(self) -> Scope: ...
+
     def stream(self) -> AsyncIterator[bytes]: ...
 
 
@@ -45,13 +55,14 @@ class RawRequest:
     """A request straight from the ASGI scope: header names lower-case (the first of
     repeated ones wins, as with Starlette), and the body as it arrives."""
 
-    __slots__ = ("headers", "_receive")
+    __slots__ = ("headers", "scope", "_receive")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         headers: dict[str, str] = {}
         for name, value in scope["headers"]:
             headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
         self.headers = headers
+        self.scope = scope
         self._receive = receive
 
     async def stream(self) -> AsyncIterator[bytes]:
@@ -64,6 +75,22 @@ class RawRequest:
                 yield body
             if not message.get("more_body", False):
                 return
+
+
+def request_id_from(request: IncomingRequest) -> str:
+    rid = request.headers.get("x-request-id", "")
+    if rid and len(rid) <= 128 and rid.isprintable():
+        return rid
+    # A name, not a secret: no need for os.urandom, which lets go of the GIL and then
+    # waits to take it back from the ledger's thread.
+    return f"{random.getrandbits(128):032x}"
+
+
+def client_address(request: IncomingRequest) -> str:
+    """The client's address as the server put it in the scope (uvicorn: the peer, or
+    X-Forwarded-For from a trusted proxy)."""
+    client = request.scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 def route_of(path: str) -> tuple[Kind, str | None] | None:
@@ -141,3 +168,70 @@ class ProxyStream(Response):
             watcher.cancel()
             with contextlib.suppress(RuntimeError):  # already closed by the loop above
                 await self.chunks.aclose()  # type: ignore[attr-defined]
+
+
+class RequestGuard:
+    """ASGI middleware in front of the whole app: every request's headers are bounded
+    (431), and its body must arrive within ``body_timeout_s`` of the start of its
+    handling (408 where an answer can still be sent). An answer sent before the body was
+    read to its end closes the connection afterwards: a client that goes on sending it,
+    however slowly, holds nothing. (The headers' own deadline, and their bound on the
+    wire, are the connection's business: ``thaw.serve``.)"""
+
+    def __init__(self, app: ASGIApp, bounds: RequestBounds, body_timeout_s: float) -> None:
+        self.app = app
+        self.bounds = bounds
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            check_headers(scope["headers"], self.bounds)
+        except ApiError as exc:
+            rid = request_id_from(RawRequest(scope, receive))
+            await error_response(exc, {"x-request-id": rid, "connection": "close"})(scope, receive, send)
+            return
+        deadline = asyncio.get_running_loop().time() + self.body_timeout_s
+        body_read = not _has_body(scope["headers"])
+        started = False
+
+        async def bounded_receive() -> Message:
+            nonlocal body_read
+            if body_read:
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise RequestTimeout(f"the request body did not arrive within {self.body_timeout_s:g} s") from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_read = True
+            return message
+
+        async def closing_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if not body_read:
+                    message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+            await send(message)
+
+        try:
+            await self.app(scope, bounded_receive, closing_send)
+        except RequestTimeout as exc:
+            # A route that let the timeout through (the completion routes answer it themselves).
+            if started:
+                raise
+            rid = request_id_from(RawRequest(scope, receive))
+            await error_response(exc, {"x-request-id": rid})(scope, receive, closing_send)
+
+
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        if name == b"content-length":
+            return value.strip() not in (b"0", b"")
+        if name == b"transfer-encoding":
+            return True
+    return False

@@ -49,12 +49,24 @@ class NotFound(ApiError):
     status, type, code = 404, "invalid_request_error", "model_not_found"
 
 
+class RequestTimeout(ApiError):
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
 class PayloadTooLarge(ApiError):
     status, type, code = 413, "invalid_request_error", "request_too_large"
 
 
+class HeadersTooLarge(ApiError):
+    status, type, code = 431, "invalid_request_error", "request_header_fields_too_large"
+
+
 class TooManyRequests(ApiError):
     status, type, code = 429, "rate_limit_exceeded", "queue_full"
+
+
+class TooManyFailedAuth(ApiError):
+    status, type, code = 429, "rate_limit_exceeded", "too_many_failed_auth"
 
 
 class ServiceUnavailable(ApiError):

@@ -8,12 +8,12 @@ restart while the controller is away neither loses a key nor forgets a revocatio
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from thaw.log import get_logger
+from thaw.private_files import write_private
 from thaw.wire import KeyTable
 
 log = get_logger()
@@ -48,12 +48,6 @@ class KeyCache:
             return None
 
     def save(self, table: KeyTable) -> None:
-        """Written whole and renamed into place: a crash leaves the old table or the new."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(table.model_dump_json().encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        """Written whole (0600, whatever the umask) and renamed into place: a crash
+        leaves the old table or the new."""
+        write_private(self.path, table.model_dump_json().encode())

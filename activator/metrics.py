@@ -24,6 +24,10 @@ class ActivatorMetrics:
                               ["model"], buckets=_SECONDS, registry=registry)
         self.requests = Counter("thaw_requests_total", "Requests answered, by HTTP status",
                                 ["model", "status"], registry=registry)
+        # refused: 401; throttled: 429, the client's address over its budget (activator/throttle.py).
+        self.auth_failures = Counter("thaw_auth_failures_total",
+                                     "Requests with a missing or invalid API key, by outcome",
+                                     ["outcome"], registry=registry)
         self.upstream_retries = Counter("thaw_upstream_retries_total",
                                         "Requests retried on another replica after one failed before its first byte",
                                         ["model"], registry=registry)

@@ -4,8 +4,9 @@ The models validate only what the activator itself acts on: ``model`` (routing),
 ``stream`` and ``stream_options`` (the proxy and the ledger), the shape of
 ``messages`` / ``prompt`` (the prompt count), ``max_tokens`` /
 ``max_completion_tokens`` and ``n`` (the context check and the rate-limit
-reservation). Every other field is left as the client sent it
-(``extra="allow"``) and forwarded: the engine answers for what it supports.
+reservation), ``cache_salt`` (replaced by one of the tenant's: ``tenant_cache_salt``).
+Every other field is left as the client sent it (``extra="allow"``) and forwarded:
+the engine answers for what it supports.
 
 A field is refused here only where OpenAI's API would refuse it too: a name in
 neither OpenAI's documented fields nor vLLM's extras gets 400
@@ -16,6 +17,7 @@ supplied: X").
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
@@ -108,6 +110,10 @@ class _CompletionBase(OpenAIBaseModel):
     stream: StrictBool | None = Field(None, description="Answer as server-sent events.")
     stream_options: StreamOptions | None = None
     n: PositiveCount | None = Field(None, description="How many choices to generate.")
+    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=1024)] | None = Field(
+        None, description="Divides the caller's own share of the engine's prefix cache further. "
+        "Whatever is sent, the engine receives a salt derived from it and the caller's tenant "
+        "(`tenant_cache_salt`).")
 
 
 class ChatCompletionRequest(_CompletionBase):
@@ -145,7 +151,23 @@ _EXPECTED = {
     "n": "a positive integer",
     "max_tokens": "a positive integer",
     "max_completion_tokens": "a positive integer",
+    "cache_salt": "a non-empty string of at most 1024 characters",
 }
+
+
+def tenant_cache_salt(tenant: str, client_salt: str | None = None) -> str:
+    """The ``cache_salt`` the engine receives for a request of ``tenant``.
+
+    vLLM's automatic prefix cache is shared by every request of a replica: a request
+    that finds its prompt's prefix cached answers sooner, which would tell one tenant
+    what another recently sent. vLLM mixes the salt into the hash of a prompt's first
+    block, so requests with different salts never share a cached block. The salt is a
+    digest of the tenant and the client's own salt (NUL cannot occur in a tenant name):
+    a client may divide its tenant's cache further but cannot name another tenant's
+    salt, since whatever it sends is hashed with its own tenant. It need not be secret:
+    no client ever passes a salt to the engine unhashed. 64 hex digits: within vLLM's
+    128 characters, none of its forbidden ones."""
+    return hashlib.sha256(f"{tenant}\0{client_salt or ''}".encode()).hexdigest()
 
 
 def parse_request(kind: Kind, body: dict[str, Any]) -> _CompletionBase:
@@ -231,6 +253,28 @@ def request_schemas() -> dict[str, Any]:
     return out
 
 
+# What needs no API key (everything else takes a tenant's key as the bearer).
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+SECURITY_SCHEME = "apiKey"
+
+
 def add_request_schemas(openapi: dict[str, Any]) -> dict[str, Any]:
-    openapi.setdefault("components", {}).setdefault("schemas", {}).update(request_schemas())
+    """FastAPI's document, plus what it cannot see: the completion bodies (read raw),
+    their answers (JSON, or server-sent events with ``stream``), and the API key."""
+    components = openapi.setdefault("components", {})
+    components.setdefault("schemas", {}).update(request_schemas())
+    components.setdefault("securitySchemes", {})[SECURITY_SCHEME] = {
+        "type": "http", "scheme": "bearer", "description": "A tenant's API key"}
+    for path, operations in openapi.get("paths", {}).items():
+        for operation in operations.values():
+            operation["security"] = [] if path in OPEN_PATHS else [{SECURITY_SCHEME: []}]
+            ok = operation.get("responses", {}).get("200")
+            if path.endswith("/completions") and ok is not None:
+                ok["content"] = {"application/json": {"schema": {"type": "object"}},
+                                 # Server-sent events, each a chunk (JSON in ``data``) or
+                                 # ``data: [DONE]`` at the end.
+                                 "text/event-stream": {"schema": {
+                                     "type": "object", "required": ["data"],
+                                     "properties": {"data": {"type": "string"}, "event": {"type": "string"},
+                                                    "id": {"type": "string"}}}}}
     return openapi

@@ -11,8 +11,9 @@ from fastapi import FastAPI
 
 from activator.app import create_app
 from thaw.auth import cluster_token
-from thaw.config import NAME_PATTERN, ThawConfig
+from thaw.config import NAME_PATTERN, Server, ThawConfig
 from thaw.log import get_logger
+from thaw.serve import ConnectionLimits
 
 log = get_logger()
 
@@ -28,6 +29,13 @@ def check_activator_id(value: str) -> str:
     if not re.match(NAME_PATTERN, value):
         raise ValueError(f"activator id {value!r}: use letters, digits, '.', '_' or '-' (at most 63)")
     return value
+
+
+def connection_limits(server: Server) -> ConnectionLimits:
+    """The activator's connections: its header deadline, and a bound on the wire well
+    above the app's own (``activator.bounds``), which answers the moderately large with
+    OpenAI's error shape and a request id."""
+    return ConnectionLimits(header_timeout_s=server.header_timeout_s, max_header_bytes=4 * server.max_header_bytes)
 
 
 def create_activator_app(cfg: ThawConfig, controller_url: str, activator_id: str, *, processes: int = 1) -> FastAPI:

@@ -9,7 +9,6 @@ A client that disconnects closes the upstream request, which makes vLLM abort it
 from __future__ import annotations
 
 import json
-import random
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -18,12 +17,15 @@ from typing import Any
 from fastapi.responses import Response
 
 from activator.auth import Authenticator, Principal, check_model_access
-from activator.edge import IncomingRequest, ProxyStream
+from activator.bounds import RequestBounds, parse_json
+from activator.edge import IncomingRequest, ProxyStream, client_address
 from activator.errors import (
     ApiError,
     BadRequest,
     NotFound,
     PayloadTooLarge,
+    TooManyFailedAuth,
+    Unauthorized,
     UpstreamError,
     error_body,
     upstream_error_body,
@@ -31,9 +33,10 @@ from activator.errors import (
 from activator.ledger import Ledger, UsageRecord
 from activator.limits import Admission, Limiter, LocalLimiter
 from activator.metrics import PHASES, ActivatorMetrics
-from activator.protocol import Kind, parse_request
+from activator.protocol import Kind, parse_request, tenant_cache_salt
 from activator.router import prefix_key
 from activator.routing import Acquired, Replica, RouteWatcher, cold_start_tier
+from activator.throttle import FailedAuthThrottle
 from activator.tokens import COMPLETIONS_DEFAULT_MAX_TOKENS, PromptRejected, TokenCounter
 from activator.upstream import UpstreamPool, UpstreamResponse
 from activator.usage import DONE, StreamTap, Usage, usage_from_body
@@ -46,15 +49,6 @@ log = get_logger()
 UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Headers from the engine that are about the connection, not the content.
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
-
-
-def request_id_from(request: IncomingRequest) -> str:
-    rid = request.headers.get("x-request-id", "")
-    if rid and len(rid) <= 128 and rid.isprintable():
-        return rid
-    # A name, not a secret: no need for os.urandom, which lets go of the GIL and then
-    # waits to take it back from the ledger's thread.
-    return f"{random.getrandbits(128):032x}"
 
 
 @dataclass
@@ -117,9 +111,12 @@ class CompletionService:
         clock: Callable[[], float] = time.time,
         upstream_timeout_s: float = 600.0,
         limiter: Limiter | None = None,
+        auth_throttle: FailedAuthThrottle | None = None,
     ) -> None:
         self.cfg = cfg
         self.auth = auth
+        self.auth_throttle = auth_throttle or FailedAuthThrottle(cfg.server.failed_auth)
+        self.bounds = RequestBounds.from_server(cfg.server)
         self.routes = routes
         self.metrics = metrics
         self.ledger = ledger
@@ -134,7 +131,22 @@ class CompletionService:
 
     # -- admission ------------------------------------------------------------------
     def principal(self, request: IncomingRequest) -> Principal:
-        return self.auth.authenticate(request.headers.get("authorization"))
+        """The caller, by its API key. Every key is checked; a failure counts against the
+        client's address (``activator.throttle``): past its budget, 429 instead of 401."""
+        try:
+            return self.auth.authenticate(request.headers.get("authorization"))
+        except Unauthorized as exc:
+            refused = exc
+        address = client_address(request)
+        verdict = self.auth_throttle.failed(address)
+        if not verdict.retry_after_s:
+            self.metrics.auth_failures.labels("refused").inc()
+            raise refused
+        self.metrics.auth_failures.labels("throttled").inc()
+        if verdict.newly_throttled:
+            log.warning("auth_throttled", client=address, retry_after_s=round(verdict.retry_after_s, 1))
+        raise TooManyFailedAuth("too many requests with a missing or invalid API key from this address",
+                                retry_after_s=verdict.retry_after_s)
 
     def resolve_model(self, principal: Principal, requested: str) -> Model:
         model = self.cfg.model(requested)
@@ -142,6 +154,11 @@ class CompletionService:
             raise NotFound(f"the model {requested!r} does not exist", param="model")
         check_model_access(principal, model.name, requested)
         return model
+
+    def visible_model(self, principal: Principal, name: str) -> Model | None:
+        """The model ``name`` names, if this tenant may use it (else as if none did)."""
+        model = self.cfg.model(name)
+        return model if model is not None and principal.may_use(model.name) else None
 
     async def read_json(self, request: IncomingRequest) -> dict[str, Any]:
         limit = self.cfg.server.max_body_bytes
@@ -157,10 +174,7 @@ class CompletionService:
         raw = b"".join(chunks)
         if not raw:
             raise BadRequest("request body is empty; send a JSON object")
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        body = parse_json(raw, self.bounds)  # depth and string lengths bounded: 400
         if not isinstance(body, dict):
             raise BadRequest(f"request body must be a JSON object, not {type(body).__name__}")
         return body
@@ -173,14 +187,18 @@ class CompletionService:
         body = await self.read_json(request)
         requested = body.get("model")
         if path_model is not None:
-            if requested is not None and requested != path_model and self.cfg.model(requested) is not self.cfg.model(path_model):
+            # Whether the two name one model is judged among the models this tenant may
+            # use: the answer must not tell another tenant's model from a missing one.
+            if (requested is not None and requested != path_model
+                    and self.visible_model(principal, requested) is not self.visible_model(principal, path_model)):
                 raise BadRequest(f"'model' is {requested!r} but the URL is for {path_model!r}", param="model")
             requested = path_model
         if not isinstance(requested, str) or not requested:
             raise BadRequest("'model' is required", param="model")
         model = self.resolve_model(principal, requested)
         ctx.model = model
-        # Validated, never rewritten: the client's body is what the engine receives.
+        # Validated; the engine receives the client's body but for the served name, the
+        # tenant's cache_salt and (streams) the usage chunk asked for.
         req = parse_request(kind, body if "model" in body else {**body, "model": requested})
         stream = ctx.stream = bool(req.stream)
         client_wants_usage = bool(req.stream_options and req.stream_options.include_usage) if stream else True
@@ -189,6 +207,9 @@ class CompletionService:
             # Always get usage from the engine, for the ledger; the tap forwards the
             # usage chunk only when the client asked for it.
             body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+        body = {**body, "cache_salt": tenant_cache_salt(principal.tenant, req.cache_salt)}
+        # The engine's prefix cache is shared by every request: salted per tenant, one
+        # tenant's cached prompts cannot speed up (and so reveal themselves to) another's.
 
         st = self.routes.routes[model.name]
         st.last_request_at = self.clock()

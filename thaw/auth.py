@@ -22,11 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from thaw.config import ThawConfig
+from thaw.private_files import open_private
+from thaw.wire import ErrorReply
 
 TOKEN_ENV = "THAW_CLUSTER_TOKEN"
 SSM_ENV = "THAW_CLUSTER_TOKEN_SSM_PARAMETER"
 TOKEN_FILE = "cluster-token"
 OPEN_PATHS = frozenset({"/healthz"})
+# The security scheme's name in the controller's and the workers' /openapi.json.
+SCHEME = "clusterToken"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -71,12 +75,14 @@ def _from_ssm(name: str, client: Any) -> str:
 
 
 def _from_file(path: Path) -> str:
-    """Read the token file, creating it first if nobody has (O_EXCL: one writer wins)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Read the token file, creating it first if nobody has (O_EXCL: one writer wins).
+    Created 0600 in a directory nobody else may write to (see thaw.private_files)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     except FileExistsError:
         pass
+    except OSError as exc:
+        raise TokenError(f"cannot create the cluster token at {path}: {exc}") from None
     else:
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(32))
@@ -134,3 +140,24 @@ class ClusterAuth:
             (b"www-authenticate", b"Bearer"),
         ]})
         await send({"type": "http.response.body", "body": body})
+
+
+def document_cluster_auth(openapi: dict[str, Any], open_paths: frozenset[str] = OPEN_PATHS) -> dict[str, Any]:
+    """Declare in an app's OpenAPI document what :class:`ClusterAuth` enforces: the
+    bearer scheme on every operation but ``open_paths``, and their 401 answer."""
+    openapi.setdefault("components", {}).setdefault("securitySchemes", {})[SCHEME] = {
+        "type": "http", "scheme": "bearer", "description": "The cluster token (see `thaw.auth`)."}
+    refused = {"description": "No cluster token, or the wrong one",
+               "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorReply"}}}}
+    schemas = openapi["components"].setdefault("schemas", {})
+    if "ErrorReply" not in schemas:
+        schema = ErrorReply.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}), ErrorReply=schema)
+    for path, operations in openapi.get("paths", {}).items():
+        for operation in operations.values():
+            if path in open_paths:
+                operation["security"] = []
+            else:
+                operation["security"] = [{SCHEME: []}]
+                operation.setdefault("responses", {}).setdefault("401", refused)
+    return openapi

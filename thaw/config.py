@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -28,9 +29,16 @@ from pydantic import (
     model_validator,
 )
 
+from thaw.s3uri import S3UriError, check_allowed, check_uri, split_uri
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
-S3Uri = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")]
+# A plain s3://bucket/seg/... URI: no other scheme, no ./.. or empty segments, no
+# backslashes or percent-encoding (thaw.s3uri.check_uri says which).
+# /openapi.json shows a pattern every URI it matches passes (no dots in the bucket, no
+# segment starting with one); check_uri itself admits a little more.
+S3_URI_SCHEMA_PATTERN = r"^s3://[a-z0-9][a-z0-9-]{1,61}[a-z0-9](/[A-Za-z0-9_-][A-Za-z0-9._-]*)*/?$"
+S3Uri = Annotated[str, AfterValidator(check_uri), Field(json_schema_extra={"pattern": S3_URI_SCHEMA_PATTERN})]
 Sha256Hex = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 DEFAULT_CONFIG_PATH = Path("examples/thaw.yaml")
@@ -76,6 +84,20 @@ class ObjectStore(_Strict):
     bucket: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")] = "thaw"
     credentials: Credentials = Credentials()
     embedded: EmbeddedStore = EmbeddedStore()
+    # Where models may be: every models[].uri, and every URI a worker is assigned, must
+    # be one of these or under it (whole segments: s3://b/models does not admit
+    # s3://b/models-evil). Each names the bucket above. Default: the whole bucket.
+    allowed_prefixes: list[S3Uri] = Field(default_factory=lambda: ["s3://thaw/"], min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_prefixes(cls, data: Any) -> Any:
+        # The default follows the bucket; resolved here once, so consumers read one list.
+        if isinstance(data, dict) and data.get("allowed_prefixes") is None:
+            bucket = data.get("bucket", "thaw")
+            if isinstance(bucket, str) and re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket):
+                data = {**data, "allowed_prefixes": [f"s3://{bucket}/"]}
+        return data
 
     @model_validator(mode="after")
     def _endpoint(self) -> ObjectStore:
@@ -83,7 +105,14 @@ class ObjectStore(_Strict):
             raise ValueError("endpoint_url is derived for kind 'embedded'; set embedded.s3_port instead")
         if self.kind == "s3" and self.credentials.source == "generated":
             raise ValueError("credentials.source 'generated' only applies to kind 'embedded'")
+        for p in self.allowed_prefixes:
+            if split_uri(p)[0] != self.bucket:
+                raise ValueError(f"allowed_prefixes: {p!r} is not in the bucket {self.bucket!r}")
         return self
+
+    def check_model_uri(self, uri: str) -> str:
+        """``uri`` if it is inside ``allowed_prefixes``, else :class:`~thaw.s3uri.S3UriError`."""
+        return check_allowed(uri, self.allowed_prefixes)
 
     @property
     def resolved_endpoint_url(self) -> str | None:
@@ -344,10 +373,34 @@ class Tenant(_Strict):
     limits: RateLimits = RateLimits()
 
 
+class FailedAuthThrottle(_Strict):
+    """Requests with a missing or invalid API key, per client address and activator
+    process: a token bucket of ``burst`` refilled at ``refill_per_s``; beyond it, 429.
+    A valid key is never throttled."""
+
+    burst: PositiveInt = 20
+    refill_per_s: PositiveFloat = 1.0
+    # Addresses tracked at once; the least recently seen is forgotten first.
+    max_addresses: PositiveInt = 10_000
+
+
 class Server(_Strict):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8000
     max_body_bytes: PositiveInt = 4 * 1024 * 1024
+    # Request headers beyond these get 431 (activator/bounds.py). Far beyond (over four
+    # times max_header_bytes) the connection itself refuses them (thaw/serve.py).
+    max_header_count: PositiveInt = 100
+    max_header_bytes: PositiveInt = 16 * 1024
+    max_header_line_bytes: PositiveInt = 8 * 1024
+    # A JSON body nested deeper, or with a longer string (in characters), gets 400.
+    max_json_depth: PositiveInt = 32
+    max_json_string_chars: PositiveInt = 1024 * 1024
+    # From a connection's first byte (or a request's) to the end of its headers; then
+    # the connection is closed. From the end of the headers to the end of the body; then 408.
+    header_timeout_s: PositiveFloat = 10.0
+    body_timeout_s: PositiveFloat = 30.0
+    failed_auth: FailedAuthThrottle = FailedAuthThrottle()
 
 
 class Cluster(_Strict):
@@ -526,6 +579,11 @@ class ThawConfig(_Strict):
                     f"models[{i}] ({m.name}): autoscaling.asleep_ttl_s needs vLLM's sleep mode, which needs a "
                     f"GPU; shape {m.shape!r} has none (set asleep_ttl_s to 0)"
                 )
+        for i, m in enumerate(self.models):
+            try:
+                self.object_store.check_model_uri(m.uri)
+            except S3UriError as exc:
+                raise ValueError(f"models[{i}] ({m.name}): uri {exc}") from None
         served: dict[str, str] = {}
         for m in self.models:
             other = served.setdefault(m.resolved_served_name, m.name)

@@ -24,6 +24,7 @@ import botocore.exceptions
 
 from thaw.log import get_logger
 from thaw.objstore import S3Endpoint
+from thaw.private_files import ensure_private_dir, write_private
 
 log = get_logger()
 
@@ -107,14 +108,19 @@ class EmbeddedStore:
         if path.exists():
             data = json.loads(path.read_text())
             return data["access_key"], data["secret_key"]
-        self.root.mkdir(parents=True, exist_ok=True)
         access, secret = "thaw" + secrets.token_hex(8), secrets.token_urlsafe(32)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"access_key": access, "secret_key": secret}, f)
-        os.replace(tmp, path)
+        write_private(path, json.dumps({"access_key": access, "secret_key": secret}).encode())
         return access, secret
+
+    def write_identities(self, access: str, secret: str) -> Path:
+        """SeaweedFS's S3 identities file (it holds the secret key too: 0600)."""
+        ids = self.root / "s3-identities.json"
+        write_private(ids, json.dumps({"identities": [{
+            "name": "thaw",
+            "credentials": [{"accessKey": access, "secretKey": secret}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }]}).encode())
+        return ids
 
     def endpoint(self) -> S3Endpoint:
         ports = self._saved_ports()
@@ -173,17 +179,11 @@ class EmbeddedStore:
             self._wait_ready(ep, timeout_s)
             self._ensure_bucket(ep)
             return ep
+        ensure_private_dir(self.root)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ports = self._choose_ports()
         access, secret = self.credentials()
-        ids = self.root / "s3-identities.json"
-        fd = os.open(ids, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"identities": [{
-                "name": "thaw",
-                "credentials": [{"accessKey": access, "secretKey": secret}],
-                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-            }]}, f)
+        ids = self.write_identities(access, secret)
         cmd = [
             weed_binary(), "server",
             f"-dir={self.data_dir}",

@@ -59,6 +59,19 @@ TIERS: tuple[Tier, ...] = ("hot", "asleep", "host", "disk", "s3", "launch")
 LoadSource = Literal["host", "disk", "s3", "local"]
 
 
+# -- every refusal of the controller's and the workers' APIs -----------------------------
+
+
+class ErrorReply(_Msg):
+    """A refusal: 401 without the cluster token, 422 for a malformed request, and each
+    endpoint's own (404, 409...). ``problems``: a 422's field errors, one a line (the
+    worker's); ``state``: a worker's state that refused the call (409)."""
+
+    error: str
+    problems: list[str] | None = None
+    state: WorkerState | None = None
+
+
 # -- controller → worker ---------------------------------------------------------------
 
 

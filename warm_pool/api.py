@@ -9,19 +9,23 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from thaw.auth import ClusterAuth
+from thaw.auth import ClusterAuth, document_cluster_auth
+from thaw.http_api import allowed_methods
 from thaw.wire import (
     ActivityReport,
     BudgetChange,
     BudgetView,
     ColdStartRecord,
     DemandSignal,
+    ErrorReply,
     HeartbeatReply,
     KeyTable,
     NewKey,
@@ -50,7 +54,10 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
             if manage_lifecycle:
                 await manager.close()
 
-    app = FastAPI(title="thaw controller", lifespan=lifespan)
+    # Every refusal is an ErrorReply, a malformed request's (422) too.
+    app = FastAPI(title="thaw controller", lifespan=lifespan,
+                  responses={400: refusal("The body could not be read (not UTF-8)"),
+                             422: refusal("Malformed request: each field's problem")})
     app.state.manager = manager
 
     @app.exception_handler(RequestValidationError)
@@ -59,11 +66,21 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
                     for e in exc.errors()]
         return JSONResponse({"error": "invalid request: " + "; ".join(problems)}, status_code=422)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own refusals (a body that is not UTF-8, an unknown path or method)
+        # in this API's shape, not FastAPI's {"detail": ...}.
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(app.router.routes, request.scope)
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=headers)
+
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:
         return {"ok": True, "epoch": manager.epoch, "adopted": manager.adopted}
 
-    @app.post("/v1/workers/heartbeat", response_model=HeartbeatReply)
+    @app.post("/v1/workers/heartbeat", response_model=HeartbeatReply,
+              responses={403: refusal("An instance this controller did not launch, or one it is terminating")})
     async def heartbeat(body: WorkerStatus) -> Response:
         try:
             reply = manager.heartbeat(body)
@@ -81,7 +98,7 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         )
         return Response(status_code=204)
 
-    @app.post("/v1/demand", status_code=202)
+    @app.post("/v1/demand", status_code=202, responses={404: refusal("No such model in the config")})
     async def demand(body: DemandSignal) -> JSONResponse:
         model = manager.cfg.model(body.model)
         if model is None:
@@ -94,7 +111,8 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         manager.record_cold_start(body)
         return Response(status_code=204)
 
-    @app.get("/v1/routes", response_model=RouteTable)
+    @app.get("/v1/routes", response_model=RouteTable,
+             responses={503: refusal("The controller is still adopting the fleet (see Retry-After)")})
     async def routes(since: int = Query(-1), epoch: str | None = Query(None),
                      wait_s: float = Query(0.0, ge=0.0, le=60.0)) -> Response:
         # Long poll: answer as soon as the table's version passes `since` (at once for a
@@ -118,7 +136,8 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
     async def budget() -> Response:
         return Response(manager.budget_view().model_dump_json(), media_type="application/json")
 
-    @app.put("/v1/pool/budget", response_model=BudgetView)
+    @app.put("/v1/pool/budget", response_model=BudgetView,
+             responses={404: refusal("No pool of that shape")})
     async def set_budget(body: BudgetChange, request: Request) -> Response:
         try:
             view = await manager.change_budget(body, actor(request))
@@ -135,7 +154,8 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
     async def keys() -> Response:
         return Response((await manager.key_table()).model_dump_json(), media_type="application/json")
 
-    @app.post("/v1/keys", response_model=NewKeyReply, status_code=201)
+    @app.post("/v1/keys", response_model=NewKeyReply, status_code=201,
+              responses={404: refusal("No such tenant in the config")})
     async def add_key(body: NewKey, request: Request) -> Response:
         try:
             reply = await manager.add_key(body.tenant, body.label, actor(request))
@@ -143,7 +163,7 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
             return JSONResponse({"error": str(exc)}, status_code=404)
         return Response(reply.model_dump_json(), status_code=201, media_type="application/json")
 
-    @app.post("/v1/keys/revoke", response_model=RevokeReply)
+    @app.post("/v1/keys/revoke", response_model=RevokeReply, responses={404: refusal("No such active key")})
     async def revoke_key(body: RevokeKey, request: Request) -> Response:
         try:
             reply = await manager.revoke_key(body.key, actor(request))
@@ -151,10 +171,17 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
             return JSONResponse({"error": str(exc)}, status_code=404)
         return Response(reply.model_dump_json(), media_type="application/json")
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         return Response(generate_latest(manager.registry), media_type=CONTENT_TYPE_LATEST)
 
     if token is not None:
         app.add_middleware(ClusterAuth, token=token)
+        fastapi_openapi = app.openapi
+        app.openapi = lambda: app.openapi_schema or document_cluster_auth(fastapi_openapi())  # type: ignore[method-assign]
     return app
+
+
+def refusal(description: str) -> dict[str, Any]:
+    """An error answer in /openapi.json."""
+    return {"model": ErrorReply, "description": description}

@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from thaw.private_files import open_private
 from thaw.wire import ApiKey, KeyTable
 
 KEYS_FILE = "keys.db"
@@ -49,9 +50,10 @@ class KeyStore:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Created 0600: hashes are not keys, but nobody else needs to read them.
-            os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+            # Created 0600 (an older, looser file narrowed): hashes are not keys, but
+            # nobody else needs to read them. SQLite gives its -wal and -shm files the
+            # database file's mode.
+            os.close(open_private(path, os.O_CREAT | os.O_RDWR))
         self._conn = sqlite3.connect(":memory:" if path is None else path, timeout=30, isolation_level=None,
                                      check_same_thread=False)
         self._conn.execute("PRAGMA journal_mode=WAL")

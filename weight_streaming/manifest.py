@@ -12,11 +12,11 @@ import hashlib
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt
 
-from thaw.s3uri import S3UriError, join_key, parse_s3_uri
+from thaw.s3uri import S3UriError, check_key_path, join_key, parse_s3_uri
 from weight_streaming.safetensors_header import read_header_from_file
 
 __all__ = ["S3UriError", "join_key", "parse_s3_uri"]  # re-exported for the loaders
@@ -27,10 +27,20 @@ MANIFEST_FORMAT: Literal["thaw-manifest/1"] = "thaw-manifest/1"
 PART_SIZE = 16 * 1024 * 1024
 
 
+def _relative_path(path: str) -> str:
+    check_key_path(path, what=f"file path {path!r}")
+    return path
+
+
+# A manifest is read from the store: its file names are joined to the model's prefix
+# (and by the caches to local names), so one like "../other/x" or "/etc/x" is refused.
+RelativePath = Annotated[str, AfterValidator(_relative_path)]
+
+
 class FileEntry(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    path: str
+    path: RelativePath
     size: NonNegativeInt
     sha256: str
     # What S3 must report for this object when uploaded with PART_SIZE parts.

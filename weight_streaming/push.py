@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
+from thaw.s3uri import S3UriError, check_key_path, check_uri
 from weight_streaming.manifest import (
     MANIFEST_NAME,
     PART_SIZE,
@@ -72,6 +73,12 @@ def validate_model_dir(model_dir: Path) -> list[Path]:
     if not model_dir.is_dir():
         raise InvalidModelDir(f"{model_dir} is not a directory")
     files = model_files(model_dir)
+    for p in files:
+        rel = p.relative_to(model_dir).as_posix()
+        try:
+            check_key_path(rel, what=f"file {rel!r}")
+        except S3UriError as exc:
+            raise InvalidModelDir(f"refusing to push: {exc}; rename it") from None
     weights = [p for p in files if p.suffix == ".safetensors"]
     if not weights:
         other = [p for p in files if p.suffix in (".bin", ".pt", ".pth", ".gguf")]
@@ -97,7 +104,7 @@ def push_model(
 ) -> Manifest:
     """Push ``model_dir`` to ``uri`` (``s3://bucket/prefix``) and return the manifest written."""
     model_dir = Path(model_dir)
-    bucket, prefix = parse_s3_uri(uri)
+    bucket, prefix = parse_s3_uri(check_uri(uri))
     files = validate_model_dir(model_dir)
     rels = [p.relative_to(model_dir).as_posix() for p in files]
     sizes = {rel: p.stat().st_size for rel, p in zip(rels, files, strict=True)}

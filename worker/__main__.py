@@ -74,6 +74,7 @@ def settings_from(args: argparse.Namespace, cfg: ThawConfig) -> AgentSettings:
         disk_cache_max_bytes=int(disk.max_gib * gib) if disk else 0,
         host_cache_dir=host_dir, host_cache_max_bytes=int(shape.host_cache_gib * gib),
         cache_verify_sha256=disk.verify_sha256 if disk else True,
+        allowed_uri_prefixes=tuple(cfg.object_store.allowed_prefixes),
     )
 
 

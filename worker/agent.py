@@ -58,6 +58,7 @@ from thaw.config import EngineArgs
 from thaw.embedded_store import free_port
 from thaw.log import get_logger
 from thaw.objstore import S3Endpoint
+from thaw.s3uri import S3UriError, check_allowed
 from thaw.wire import (
     AssignRequest,
     CachedWeights,
@@ -124,6 +125,11 @@ class Conflict(Exception):
     def __init__(self, message: str, state: WorkerState) -> None:
         super().__init__(message)
         self.state = state
+
+
+class Refused(Exception):
+    """A request this worker will never carry out, whatever its state (HTTP 403):
+    e.g. a model URI outside the store prefixes its config allows."""
 
 
 def read_store_manifest(store: S3Endpoint, uri: str) -> object | None:
@@ -459,7 +465,14 @@ class Agent:
         """Accept an assignment (raises :class:`Conflict` unless standing by).
 
         The same ``assignment_id`` again is accepted as a no-op (a retried request).
+        Raises :class:`Refused` for a model URI outside ``settings.allowed_uri_prefixes``.
         """
+        if self.settings.allowed_uri_prefixes is not None:
+            try:
+                check_allowed(req.uri, self.settings.allowed_uri_prefixes)
+            except S3UriError as exc:
+                log.warning("assignment_refused", assignment_id=req.assignment_id, uri=req.uri, error=str(exc))
+                raise Refused(f"refusing the assignment: model uri {exc}") from None
         f = self._facts
         if (f.assignment is not None and f.assignment.assignment_id == req.assignment_id
                 and f.release_requested_at is None):

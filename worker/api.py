@@ -1,8 +1,9 @@
 """The agent's control API: a thin router over :class:`worker.agent.Agent`.
 
-Errors are mapped here, in one place: :class:`~worker.agent.Conflict` is 409 and a
-malformed body is 422, both as ``{"error": ...}`` JSON. Every endpoint but ``/healthz``
-needs the cluster token (401 without it) when the settings carry one.
+Errors are mapped here, in one place: :class:`~worker.agent.Conflict` is 409,
+:class:`~worker.agent.Refused` 403 and a malformed body 422, each as ``{"error": ...}``
+JSON. Every endpoint but ``/healthz`` needs the cluster token (401 without it) when the
+settings carry one.
 """
 
 from __future__ import annotations
@@ -13,16 +14,21 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from thaw.auth import ClusterAuth
-from thaw.wire import AssignRequest, ReleaseRequest, SleepRequest, WorkerStatus
-from worker.agent import Agent, Conflict
+from thaw.auth import ClusterAuth, document_cluster_auth
+from thaw.http_api import allowed_methods
+from thaw.wire import AssignRequest, ErrorReply, ReleaseRequest, SleepRequest, WorkerStatus
+from worker.agent import Agent, Conflict, Refused
 from worker.heartbeat import Heartbeat
 from worker.metrics import CONTENT_TYPE
 from worker.settings import AgentSettings
 
 router = APIRouter()
+# The refusals of the calls that change the worker's state (in /openapi.json).
+CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorReply, "description": "Not in this state (the answer names it)"}}
 
 
 def _agent(request: Request) -> Agent:
@@ -39,28 +45,31 @@ async def get_state(request: Request) -> WorkerStatus:
     return _agent(request).view()
 
 
-@router.post("/assign", status_code=202, response_model=WorkerStatus)
+@router.post("/assign", status_code=202, response_model=WorkerStatus, responses={
+    **CONFLICT, 403: {"model": ErrorReply, "description": "Never here (e.g. a URI outside the allowed prefixes)"}})
 async def assign(body: AssignRequest, request: Request) -> WorkerStatus:
     agent = _agent(request)
     await agent.assign(body)
     return agent.view()
 
 
-@router.post("/release", response_model=WorkerStatus)
+@router.post("/release", response_model=WorkerStatus,
+             responses={**CONFLICT, 202: {"model": WorkerStatus, "description": "Draining started"}})
 async def release(request: Request, body: ReleaseRequest | None = None) -> JSONResponse:
     agent = _agent(request)
     started = await agent.release(body or ReleaseRequest())
     return JSONResponse(agent.view().model_dump(mode="json"), status_code=202 if started else 200)
 
 
-@router.post("/sleep", response_model=WorkerStatus)
+@router.post("/sleep", response_model=WorkerStatus,
+             responses={**CONFLICT, 202: {"model": WorkerStatus, "description": "Going to sleep"}})
 async def sleep(request: Request, body: SleepRequest | None = None) -> JSONResponse:
     agent = _agent(request)
     started = await agent.sleep(body or SleepRequest())
     return JSONResponse(agent.view().model_dump(mode="json"), status_code=202 if started else 200)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
     return Response(_agent(request).metrics.render(), media_type=CONTENT_TYPE)
 
@@ -104,12 +113,18 @@ def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | Non
                 await beat.close()
             await agent.stop()
 
-    app = FastAPI(title="Thaw worker agent", lifespan=lifespan)
+    app = FastAPI(title="Thaw worker agent", lifespan=lifespan, responses={
+        400: {"model": ErrorReply, "description": "The body could not be read (not UTF-8)"},
+        422: {"model": ErrorReply, "description": "Malformed request: each field's problem"}})
     app.include_router(router)
 
     @app.exception_handler(Conflict)
     async def conflict(_: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"error": str(exc), "state": exc.state.value}, status_code=409)
+
+    @app.exception_handler(Refused)
+    async def refused(_: Request, exc: Refused) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=403)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -117,6 +132,17 @@ def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | Non
         return JSONResponse({"error": "invalid request body: " + "; ".join(problems), "problems": problems},
                             status_code=422)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own refusals (a body that is not UTF-8, an unknown path or method)
+        # in this API's shape, not FastAPI's {"detail": ...}.
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(app.router.routes, request.scope)
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=headers)
+
     if settings.token:
         app.add_middleware(ClusterAuth, token=settings.token)
+        fastapi_openapi = app.openapi
+        app.openapi = lambda: app.openapi_schema or document_cluster_auth(fastapi_openapi())  # type: ignore[method-assign]
     return app

@@ -69,6 +69,10 @@ class AgentSettings:
     cache_verify_sha256: bool = True
     # How often the caches are looked at for what they hold (heartbeats carry it).
     cache_scan_interval_s: float = 5.0
+    # The store prefixes an assignment's model URI must be under (the config's
+    # object_store.allowed_prefixes); others are refused with 403. None: any plain
+    # s3:// URI (tests; `thaw worker` always sets it).
+    allowed_uri_prefixes: tuple[str, ...] | None = None
 
     @property
     def control_url(self) -> str:

@@ -25,6 +25,10 @@ class FakeEngine:
         self.requests: list[dict[str, Any]] = []
         self.cancelled = 0
         self.token_delay_s = 0.0
+        # The text of every answer (non-streamed: all of it; streamed: each chunk's), instead of tokN.
+        self.reply: str | None = None
+        # Refuse every request with this status, echoing its prompt as vLLM's refusals may.
+        self.refuse_status: int | None = None
         self.app = self._build()
 
     def _build(self) -> FastAPI:
@@ -36,8 +40,13 @@ class FakeEngine:
             if body.get("model") != "served-demo":
                 return JSONResponse({"error": {"message": "wrong model", "type": "NotFoundError", "param": None,
                                                "code": 404}}, status_code=404)
+            if self.refuse_status is not None:
+                prompt = json.dumps(body.get("messages") or body.get("prompt"))
+                return JSONResponse({"error": {"message": f"cannot serve this prompt: {prompt}",
+                                               "type": "BadRequestError", "param": None,
+                                               "code": self.refuse_status}}, status_code=self.refuse_status)
             if not body.get("stream"):
-                text = " ".join(f"tok{i}" for i in range(self.tokens))
+                text = self.reply if self.reply is not None else " ".join(f"tok{i}" for i in range(self.tokens))
                 return JSONResponse({"id": "x", "object": "chat.completion", "model": body["model"],
                                      "engine": self.name,
                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -51,7 +60,7 @@ class FakeEngine:
                         if self.die_after_chunks is not None and i >= self.die_after_chunks:
                             raise RuntimeError("engine died")
                         chunk = {"id": "x", "object": "chat.completion.chunk", "model": body["model"],
-                                 "choices": [{"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}]}
+                                 "choices": [{"index": 0, "delta": {"content": self.reply or f"tok{i} "}, "finish_reason": None}]}
                         yield f"data: {json.dumps(chunk)}\n\n".encode()
                         await asyncio.sleep(self.token_delay_s)
                     if (body.get("stream_options") or {}).get("include_usage"):

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from activator.app import create_app
+from activator.protocol import tenant_cache_salt
 from tests.activator.fake_engine import FakeEngine, serve
 from tests.activator.support import (
     KEY,
@@ -139,7 +140,8 @@ async def test_hot_stream_is_passed_through(activator: tuple[Any, httpx.AsyncCli
                           headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 200
     assert fake.requests[-1]["kind"] == "completions"
-    assert fake.requests[-1]["body"] == {"prompt": "hello", "model": "served-demo"}
+    assert fake.requests[-1]["body"] == {"prompt": "hello", "model": "served-demo",
+                                         "cache_salt": tenant_cache_salt("all")}
     r = await client.post("/m/thaw-demo/v1/completions", json={"prompt": "hello", "model": "other"},
                           headers={"Authorization": f"Bearer {KEY}"})
     assert_openai_error(r, 400, param="model")

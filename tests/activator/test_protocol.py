@@ -22,6 +22,7 @@ from activator.protocol import (
     OPENAI_COMPLETIONS_FIELDS,
     VLLM_CHAT_FIELDS,
     VLLM_COMPLETIONS_FIELDS,
+    tenant_cache_salt,
 )
 from tests.activator.fake_engine import FakeEngine, serve
 from tests.activator.support import KEY, assert_openai_error, make_config, replica, table
@@ -35,7 +36,7 @@ PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 VALID = {
     "model": "thaw-demo", "messages": [{"role": "user", "content": "hi"}], "prompt": "Once upon",
     "stream": False, "stream_options": {"include_usage": True}, "n": 1, "max_tokens": 4,
-    "max_completion_tokens": 4,
+    "max_completion_tokens": 4, "cache_salt": "my-own-salt",
 }
 ANY = {"nested": [1, "two", None, {"three": 3.5}], "flag": True}
 
@@ -76,8 +77,9 @@ async def test_every_documented_field_is_forwarded_unchanged(
     r = await client.post(PATH[kind], json=body, headers=AUTH)
     assert r.status_code == 200, r.text
     sent = fake.requests[-1]["body"]
-    # Only the model is renamed: to the name the replica serves it under.
-    assert sent == {**body, "model": "served-demo"}
+    # Only the model is renamed (to the name the replica serves it under) and the cache
+    # salt set: the tenant's, with the client's own in it (test_tenant_isolation).
+    assert sent == {**body, "model": "served-demo", "cache_salt": tenant_cache_salt("all", body.get("cache_salt"))}
 
 
 @pytest.mark.parametrize(("kind", "field"), [
@@ -233,4 +235,5 @@ async def test_on_a_models_own_path_the_body_needs_no_model(
     body = {"messages": [{"role": "user", "content": "hi"}], "metadata": {"k": "v"}}
     r = await client.post("/m/thaw-demo/v1/chat/completions", json=body, headers=AUTH)
     assert r.status_code == 200, r.text
-    assert fake.requests[-1]["body"] == {**body, "model": "served-demo"}
+    # As sent, but for the served name and the tenant's cache salt (test_tenant_isolation).
+    assert fake.requests[-1]["body"] == {**body, "model": "served-demo", "cache_salt": tenant_cache_salt("all")}

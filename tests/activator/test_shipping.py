@@ -216,6 +216,8 @@ def fleet_config(tmp_path: Path, data_dir: Path, s3: S3Endpoint, prefix: str) ->
     creds.write_text(json.dumps({"access_key": s3.access_key, "secret_key": s3.secret_key}))
     data["object_store"] = {"kind": "s3", "endpoint_url": s3.endpoint_url, "region": s3.region, "bucket": BUCKET,
                             "credentials": {"source": "file", "file": str(creds)}}
+    for m in data["models"]:  # models live in the store's bucket (object_store.allowed_prefixes)
+        m["uri"] = f"s3://{BUCKET}/models/{m['name']}"
     data["ledger"] = {"ship_prefix": prefix, "ship_max_records": 3}
     data["tenants"] = [
         {"name": "acme", "api_key_hashes": [hash_api_key(ACME)], "allowed_models": ["*"]},

@@ -49,7 +49,7 @@ def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("models.0.autoscaling.max_replicas", 0, "models[0].autoscaling.max_replicas", "greater than 0"),
         # min 2 > max 1
         ("models.0.autoscaling.min_replicas", 2, "models[0].autoscaling", "must not exceed max_replicas"),
-        ("models.0.uri", "http://example.com/x", "models[0].uri", "should match pattern"),
+        ("models.0.uri", "http://example.com/x", "models[0].uri", "is not an s3:// URI (http:// is refused)"),
         ("models.0.shape", "gpu-huge", "(top level)", "shape 'gpu-huge' is not declared"),
         ("models.0.autoscaling.idle_grace_s", -1, "models[0].autoscaling.idle_grace_s", "greater than or equal to 0"),
         ("models.0.engine.gpu_memory_utilization", 1.5, "models[0].engine.gpu_memory_utilization", "less than or equal to 1"),

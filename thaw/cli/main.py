@@ -221,12 +221,12 @@ def cmd_push(args: argparse.Namespace) -> int:
     import botocore.exceptions
 
     from thaw.cli.progress import JsonLinesProgress, ProgressBar
-    from thaw.s3uri import S3UriError, parse_s3_uri
+    from thaw.s3uri import S3UriError
     from weight_streaming.push import InvalidModelDir, PushError, push_model
 
     cfg = _load(args)
     try:
-        parse_s3_uri(args.uri)
+        cfg.object_store.check_model_uri(args.uri)
     except S3UriError as exc:
         raise CliError(str(exc), EXIT_INVALID) from None
     reporter = ProgressBar(sys.stderr) if sys.stderr.isatty() and not args.json else JsonLinesProgress(sys.stdout)
@@ -432,6 +432,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
 def cmd_activator(args: argparse.Namespace) -> int:
     from activator.server import (
         check_activator_id,
+        connection_limits,
         create_activator_app,
         default_activator_id,
         supervise,
@@ -458,7 +459,8 @@ def cmd_activator(args: argparse.Namespace) -> int:
         return supervise([[*base, "--id", f"{activator_id}.w{k}"] for k in range(args.workers)])
     processes = args.worker_of or 1
     app = create_activator_app(cfg, controller, activator_id, processes=processes)
-    return run_server(app, host, port, graceful_s=30, reuse_port=processes > 1)
+    return run_server(app, host, port, graceful_s=30, reuse_port=processes > 1,
+                      limits=connection_limits(cfg.server))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

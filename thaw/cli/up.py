@@ -17,12 +17,14 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from thaw.aio import wait_event
 from thaw.config import ThawConfig, hash_api_key
 from thaw.log import get_logger
+from thaw.private_files import write_private
 
 log = get_logger()
 
@@ -50,6 +52,17 @@ def ensure_demo_models(cfg: ThawConfig) -> list[str]:
 
 def endpoint_file(cfg: ThawConfig) -> Path:
     return cfg.data_dir / "endpoint.json"
+
+
+def write_endpoint_file(cfg: ThawConfig, info: Mapping[str, object]) -> Path:
+    """Where `thaw up` serves, for the tools on this machine (``loadtests.probe``).
+
+    It may hold the demo key, the one key this file ever holds: a documented constant,
+    printed for the user anyway, whose hash the local config lists. Still 0600, like
+    every file with a key in it (thaw.private_files)."""
+    path = endpoint_file(cfg)
+    write_private(path, json.dumps(info, indent=2).encode())
+    return path
 
 
 def _demo_key(cfg: ThawConfig) -> str | None:
@@ -147,9 +160,7 @@ async def serve(cfg: ThawConfig, config_path: Path, port: int | None, stop: asyn
         info = {"base_url": base_url, "model": cfg.models[0].resolved_served_name if cfg.models else None,
                 "models": [m.resolved_served_name for m in cfg.models], "api_key": _demo_key(cfg),
                 "control_url": controller_url, "pid": os.getpid()}
-        path = endpoint_file(cfg)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(info, indent=2))
+        write_endpoint_file(cfg, info)
         print(f"thaw up: serving on {base_url}", flush=True)
         for m in cfg.models:
             print(f"  model {m.resolved_served_name!r} ({m.uri}), scales to zero after "
