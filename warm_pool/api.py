@@ -15,10 +15,9 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from thaw.auth import ClusterAuth, document_cluster_auth
-from thaw.http_api import allowed_methods
+from thaw.http_api import refuse_in_api_shape
 from thaw.wire import (
     ActivityReport,
     BudgetChange,
@@ -66,14 +65,7 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
                     for e in exc.errors()]
         return JSONResponse({"error": "invalid request: " + "; ".join(problems)}, status_code=422)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # Starlette's own refusals (a body that is not UTF-8, an unknown path or method)
-        # in this API's shape, not FastAPI's {"detail": ...}.
-        headers = dict(exc.headers or {})
-        if exc.status_code == 405:
-            headers["Allow"] = allowed_methods(app.router.routes, request.scope)
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=headers)
+    refuse_in_api_shape(app)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:

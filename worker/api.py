@@ -15,10 +15,9 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from thaw.auth import ClusterAuth, document_cluster_auth
-from thaw.http_api import allowed_methods
+from thaw.http_api import refuse_in_api_shape
 from thaw.wire import AssignRequest, ErrorReply, ReleaseRequest, SleepRequest, WorkerStatus
 from worker.agent import Agent, Conflict, Refused
 from worker.heartbeat import Heartbeat
@@ -132,14 +131,7 @@ def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | Non
         return JSONResponse({"error": "invalid request body: " + "; ".join(problems), "problems": problems},
                             status_code=422)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # Starlette's own refusals (a body that is not UTF-8, an unknown path or method)
-        # in this API's shape, not FastAPI's {"detail": ...}.
-        headers = dict(exc.headers or {})
-        if exc.status_code == 405:
-            headers["Allow"] = allowed_methods(app.router.routes, request.scope)
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=headers)
+    refuse_in_api_shape(app)
 
     if settings.token:
         app.add_middleware(ClusterAuth, token=settings.token)
