@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from thaw.s3uri import S3UriError, check_allowed, check_uri, split_uri
+from thaw.s3uri import BUCKET_PATTERN, S3UriError, check_allowed, check_uri, split_uri
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -81,7 +81,7 @@ class ObjectStore(_Strict):
     # Required for kind 's3' with a non-AWS endpoint; for 'embedded' it is derived.
     endpoint_url: str | None = None
     region: str = "us-east-1"
-    bucket: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")] = "thaw"
+    bucket: Annotated[str, Field(pattern=BUCKET_PATTERN)] = "thaw"
     credentials: Credentials = Credentials()
     embedded: EmbeddedStore = EmbeddedStore()
     # Where models may be: every models[].uri, and every URI a worker is assigned, must
@@ -95,7 +95,7 @@ class ObjectStore(_Strict):
         # The default follows the bucket; resolved here once, so consumers read one list.
         if isinstance(data, dict) and data.get("allowed_prefixes") is None:
             bucket = data.get("bucket", "thaw")
-            if isinstance(bucket, str) and re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket):
+            if isinstance(bucket, str) and re.match(BUCKET_PATTERN, bucket):
                 data = {**data, "allowed_prefixes": [f"s3://{bucket}/"]}
         return data
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# An S3 bucket name (the config's object_store.bucket is held to it too).
+BUCKET_PATTERN = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
+_BUCKET = re.compile(BUCKET_PATTERN)
 # Characters a segment may not hold: a backslash is a separator to some tools,
 # percent-encoding hides one (%2e%2e, %2f), control characters and whitespace hide
 # anything from a person reading a log.
