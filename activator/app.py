@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hmac
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from activator.errors import (
     BadRequest,
     NotFound,
     TooManyFailedAuth,
+    Unauthorized,
     error_body,
     error_response,
     internal_error_response,
@@ -36,7 +38,7 @@ from activator.keys import split as split_keys
 from activator.ledger import Ledger, parse_time, usage_totals
 from activator.limits import build_limiter
 from activator.metrics import ActivatorMetrics
-from activator.protocol import ERROR_RESPONSES, add_request_schemas, request_body
+from activator.protocol import ERROR_RESPONSES, ErrorResponse, add_request_schemas, request_body
 from activator.routing import RouteWatcher
 from activator.service import CompletionService, Kind, RequestContext
 from activator.shipping import S3Client, UsageShipper
@@ -294,8 +296,19 @@ def create_app(
     async def healthz() -> dict[str, Any]:
         return {"ok": True, "pool_connected": routes.connected}
 
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics_endpoint() -> Response:
+    # The metrics name every model: on the tenants' port they are the operators' and
+    # need the cluster token (Prometheus: `authorization: {credentials: <token>}`), or a
+    # tenant would learn which models other tenants have. Without a token (a bare
+    # create_app in tests and tools) they are open.
+    expected = f"Bearer {token}".encode() if token else None
+
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={401: {"model": ErrorResponse, "description": "No cluster token, or the wrong one"}})
+    async def metrics_endpoint(request: Request) -> Response:
+        if expected is not None and not hmac.compare_digest(
+                request.headers.get("authorization", "").encode(), expected):
+            raise Unauthorized("/metrics needs the cluster token (Authorization: Bearer <token>)",
+                               code="cluster_token_required", headers={"WWW-Authenticate": "Bearer"})
         for m in cfg.models:
             st = routes.routes[m.name]
             metrics.replicas.labels(m.name, "ready").set(len(st.replicas))

@@ -882,7 +882,9 @@ class Stack:
     def metrics_text(self) -> str:
         import httpx
 
-        return httpx.get(self.base_url.removesuffix("/v1") + "/metrics", timeout=10).text
+        from thaw.auth import bearer
+
+        return httpx.get(self.base_url.removesuffix("/v1") + "/metrics", timeout=10, headers=bearer(self.token())).text
 
     def push_models(self, size: str) -> int:
         """Build the demo model of ``size`` once and push it under every model's URI;

@@ -51,7 +51,8 @@ class Stack:
         return r.json()  # type: ignore[no-any-return]
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        text = httpx.get(self.base_url.removesuffix("/v1") + "/metrics", timeout=5).text
+        text = httpx.get(self.base_url.removesuffix("/v1") + "/metrics", timeout=5,
+                         headers=bearer(self.token())).text
         out = {}
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:

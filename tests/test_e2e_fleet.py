@@ -307,7 +307,7 @@ def test_no_secret_in_logs_state_metrics_or_pool_status(fleet: Fleet, store: Emb
              "/v1/state": json.dumps(fleet.state()),
              "controller /metrics": httpx.get(f"{fleet.controller_url}/metrics", headers=fleet.auth()).text}
     for name, base in fleet.activators.items():
-        texts[f"activator {name} /metrics"] = httpx.get(base.removesuffix("/v1") + "/metrics").text
+        texts[f"activator {name} /metrics"] = httpx.get(base.removesuffix("/v1") + "/metrics", headers=fleet.auth()).text
     for w in status["workers"]:
         texts[f"worker {w['id']} /state"] = httpx.get(f"{w['control_url']}/state", headers=fleet.auth()).text
         texts[f"worker {w['id']} /metrics"] = httpx.get(f"{w['control_url']}/metrics", headers=fleet.auth()).text
@@ -423,7 +423,7 @@ def test_a_tenant_limit_holds_across_both_activators_and_splits_while_redis_is_d
         assert all(codes.count(200) == share and codes[share:] == [429] * (METERED_RPM - share)
                    for codes in degraded.values()), degraded
         for base in fleet.activators.values():
-            metrics = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=5).text
+            metrics = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=5, headers=fleet.auth()).text
             assert "thaw_limits_degraded 1.0" in metrics
     finally:
         fleet.redis.start()

@@ -307,15 +307,20 @@ async def test_prompts_and_answers_reach_only_their_requester_and_no_log(
     assert not leaked, leaked
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14, open: the activator's /metrics, on the tenants' port and "
-                   "without a key, labels every model by name (thaw_replicas{model=...})")
-async def test_metrics_do_not_name_another_tenants_models(tmp_path: Path) -> None:
+async def test_metrics_need_the_cluster_token(tmp_path: Path) -> None:
+    """/metrics names every model: on the tenants' port only the cluster token reads it
+    (with a tenant's key or none, a tenant would learn the other tenants' models)."""
     app = create_app(two_tenant_config(tmp_path), f"http://127.0.0.1:{free_port()}", activator_id="iso",
                      token="cluster-secret")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
-        for headers in (B, {}):
+        for headers in (B, {}, {"Authorization": "Bearer cluster-secre"}, {"Authorization": "cluster-secret"}):
             r = await client.get("/metrics", headers=headers)
-            assert r.status_code != 200 or 'model="demo"' not in r.text
+            assert r.status_code == 401, (headers, r.text)
+            assert 'model="demo"' not in r.text
+            assert r.json()["error"]["code"] == "cluster_token_required"
+            assert r.headers["www-authenticate"] == "Bearer"
+        r = await client.get("/metrics", headers={"Authorization": "Bearer cluster-secret"})
+        assert r.status_code == 200 and 'model="demo"' in r.text
     await app.state.routes.close()
     await app.state.service.close()
     app.state.ledger.close()

@@ -67,7 +67,7 @@ def test_services_start_register_and_exit_0_on_sigterm(tmp_path: Path) -> None:
         for name, proc in procs.items():
             wait_ok(f"{urls[name]}/healthz", proc, tmp_path / f"{name}.log")
             assert httpx.get(f"{urls[name]}/metrics", headers=auth, timeout=5).status_code == 200
-        for name in ("controller", "worker"):
+        for name in ("controller", "worker", "activator"):
             assert httpx.get(f"{urls[name]}/metrics", timeout=5).status_code == 401
         deadline = time.monotonic() + 30
         while True:
