@@ -312,9 +312,11 @@ class Agent:
             await self.scan_caches()
 
     def _launch_engine_args(self, req: AssignRequest) -> EngineArgs:
-        """The assignment's engine settings, plus this worker's caches for Thaw's loader."""
+        """The assignment's engine settings, plus this worker's caches for Thaw's loader,
+        which checks every file against the manifest's sha256 with or without caches (a
+        corrupt object in the store is never served)."""
         s, e = self.settings, req.engine
-        if e.load_format != "thaw" or not self._caches:
+        if e.load_format != "thaw":
             return e
         extra = dict(e.extra.get("model_loader_extra_config") or {})
         gib = float(1 << 30)

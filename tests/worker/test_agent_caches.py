@@ -101,6 +101,20 @@ async def test_other_loaders_get_no_cache_settings_and_report_the_store(
     assert body["load"] == {"tier": "s3", "seconds": None, "bytes": None, "sources": {}}
 
 
+async def test_a_thaw_load_without_caches_still_checks_every_hash(tmp_path: Path) -> None:
+    """A corrupt object in the store fails its load on the manifest's sha256 whether or
+    not the worker keeps copies; a worker whose settings turn the check off says so."""
+    for verify in (True, False):
+        world = World()
+        app = agent_app(world, tmp_path / str(verify), cache_verify_sha256=verify)
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent",
+                                         headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+                await ready(c, engine={"load_format": "thaw"})
+        extra = world.hosts[0].launches[0].engine.extra["model_loader_extra_config"]
+        assert extra == {"verify_sha256": verify}
+
+
 async def test_status_lists_what_the_tiers_hold_and_the_host_tier_goes_when_the_agent_stops(
     tmp_path: Path, client: tuple[World, httpx.AsyncClient],
 ) -> None:
