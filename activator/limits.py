@@ -28,29 +28,35 @@ if TYPE_CHECKING:
 
 @dataclass
 class Bucket:
-    """``capacity`` tokens, refilled continuously at ``capacity`` per minute."""
+    """``capacity`` tokens, refilled continuously at ``per_s`` a second (None: the
+    capacity per minute, as the rate limits are stated)."""
 
     capacity: float
     level: float
     updated: float
+    per_s: float | None = None
 
     @classmethod
-    def full(cls, capacity: float, now: float) -> Bucket:
-        return cls(capacity, capacity, now)
+    def full(cls, capacity: float, now: float, per_s: float | None = None) -> Bucket:
+        return cls(capacity, capacity, now, per_s)
+
+    @property
+    def rate(self) -> float:
+        return self.capacity / 60.0 if self.per_s is None else self.per_s
 
     def refill(self, now: float) -> None:
         if now > self.updated:
-            self.level = min(self.capacity, self.level + (now - self.updated) * self.capacity / 60.0)
+            self.level = min(self.capacity, self.level + (now - self.updated) * self.rate)
             self.updated = now
 
     def wait_s(self, amount: float) -> float:
         """Seconds until ``amount`` is available (0 if it is now)."""
         missing = amount - self.level
-        return 0.0 if missing <= 0 else missing * 60.0 / self.capacity
+        return 0.0 if missing <= 0 else missing / self.rate
 
     def reset_s(self) -> float:
         """Seconds until the bucket is full again."""
-        return (self.capacity - self.level) * 60.0 / self.capacity
+        return (self.capacity - self.level) / self.rate
 
 
 @dataclass

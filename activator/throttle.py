@@ -23,16 +23,19 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from activator.limits import Bucket
 from thaw.config import FailedAuthThrottle as FailedAuthConfig
 
 
 @dataclass(frozen=True)
-class Bucket:
-    tokens: float
-    at: float
-    # Refusing since its last spend: an address that starts being refused is logged once.
+class Address:
+    """An address's bucket of failures (``activator.limits.Bucket``, refilled at
+    ``refill_per_s``), and whether it is being refused since its last spend (an address
+    that starts being refused is logged once)."""
+
+    bucket: Bucket
     refusing: bool = False
 
 
@@ -45,13 +48,15 @@ class Verdict:
     newly_throttled: bool = False
 
 
-def spend(bucket: Bucket | None, now: float, cfg: FailedAuthConfig) -> tuple[Verdict, Bucket]:
-    """One failed authentication from the address whose bucket this is (None: unseen)."""
-    tokens = cfg.burst if bucket is None else min(cfg.burst, bucket.tokens + (now - bucket.at) * cfg.refill_per_s)
-    if tokens >= 1:
-        return Verdict(0.0), Bucket(tokens - 1, now)
-    newly = bucket is None or not bucket.refusing
-    return Verdict((1 - tokens) / cfg.refill_per_s, newly), Bucket(tokens, now, refusing=True)
+def spend(address: Address | None, now: float, cfg: FailedAuthConfig) -> tuple[Verdict, Address]:
+    """One failed authentication from ``address`` (None: unseen), as a new state."""
+    b = Bucket.full(cfg.burst, now, cfg.refill_per_s) if address is None else replace(address.bucket)
+    b.refill(now)
+    if b.level >= 1:
+        b.level -= 1
+        return Verdict(0.0), Address(b)
+    newly = address is None or not address.refusing
+    return Verdict(b.wait_s(1), newly), Address(b, refusing=True)
 
 
 class FailedAuthThrottle:
@@ -60,7 +65,7 @@ class FailedAuthThrottle:
     def __init__(self, cfg: FailedAuthConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.clock = clock
-        self._buckets: OrderedDict[str, Bucket] = OrderedDict()
+        self._buckets: OrderedDict[str, Address] = OrderedDict()
 
     def failed(self, address: str) -> Verdict:
         """Count a failed authentication from ``address``."""

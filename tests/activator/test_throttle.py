@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from activator.app import create_app
-from activator.throttle import Bucket, FailedAuthThrottle, Verdict, spend
+from activator.limits import Bucket
+from activator.throttle import Address, FailedAuthThrottle, Verdict, spend
 from tests.activator.support import KEY, assert_openai_error, make_config
 from thaw.config import FailedAuthThrottle as FailedAuthConfig
 from thaw.embedded_store import free_port
@@ -19,20 +20,26 @@ from thaw.embedded_store import free_port
 CFG = FailedAuthConfig(burst=3, refill_per_s=0.5, max_addresses=2)
 
 
-@pytest.mark.parametrize("bucket, now, verdict, after", [
+def at(tokens: float, t: float, refusing: bool = False) -> Address:
+    return Address(Bucket(CFG.burst, tokens, t, CFG.refill_per_s), refusing)
+
+
+@pytest.mark.parametrize("address, now, verdict, after", [
     # Unseen: a full bucket of 3, one spent.
-    (None, 10.0, Verdict(0.0), Bucket(2.0, 10.0)),
+    (None, 10.0, Verdict(0.0), at(2.0, 10.0)),
     # 0.5 left, 1 s later: 0.5 + 1 * 0.5 = 1 -> spent, allowed.
-    (Bucket(0.5, 9.0), 10.0, Verdict(0.0), Bucket(0.0, 10.0)),
+    (at(0.5, 9.0), 10.0, Verdict(0.0), at(0.0, 10.0)),
     # 0 left, 1 s later: 0.5 < 1 -> refused; (1 - 0.5) / 0.5 = 1 s to a whole token.
-    (Bucket(0.0, 9.0), 10.0, Verdict(1.0, newly_throttled=True), Bucket(0.5, 10.0, refusing=True)),
+    (at(0.0, 9.0), 10.0, Verdict(1.0, newly_throttled=True), at(0.5, 10.0, refusing=True)),
     # Refused before too: not newly throttled (logged once); (1 - 0) / 0.5 = 2 s.
-    (Bucket(0.0, 10.0, refusing=True), 10.0, Verdict(2.0), Bucket(0.0, 10.0, refusing=True)),
+    (at(0.0, 10.0, refusing=True), 10.0, Verdict(2.0), at(0.0, 10.0, refusing=True)),
     # A long quiet: refilled to the burst, no more: min(3, 0 + 100 * 0.5) - 1 = 2.
-    (Bucket(0.0, 0.0, refusing=True), 100.0, Verdict(0.0), Bucket(2.0, 100.0)),
+    (at(0.0, 0.0, refusing=True), 100.0, Verdict(0.0), at(2.0, 100.0)),
 ])
-def test_spend(bucket: Bucket | None, now: float, verdict: Verdict, after: Bucket) -> None:
-    assert spend(bucket, now, CFG) == (verdict, after)
+def test_spend(address: Address | None, now: float, verdict: Verdict, after: Address) -> None:
+    before = repr(address)
+    assert spend(address, now, CFG) == (verdict, after)
+    assert repr(address) == before  # a new state; the old one is untouched
 
 
 def test_the_burst_then_one_per_refill_from_one_address() -> None:
