@@ -8,13 +8,14 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from thaw.embedded_store import free_port
+from thaw.serve import ConnectionLimits, server_config
 
 
 class FakeEngine:
@@ -86,12 +87,16 @@ class FakeEngine:
 
 
 @contextmanager
-def serve_app(app: Any, *, lifespan: str = "auto", timeout_s: float = 20.0) -> Iterator[str]:
+def serve_app(app: Any, *, lifespan: Literal["auto", "on", "off"] = "auto", timeout_s: float = 20.0,
+              limits: ConnectionLimits | None = None) -> Iterator[str]:
     """Run the ASGI ``app`` on a free loopback port in a thread (with its lifespan);
-    yields its base URL, and fails the test if it does not start or stop in time."""
+    yields its base URL, and fails the test if it does not start or stop in time. With
+    ``limits``, served as Thaw's services are (``thaw.serve.server_config``: the guarded
+    protocol with those connection limits)."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False,
-                                           lifespan=lifespan))
+    config = (uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan=lifespan)
+              if limits is None else server_config(app, "127.0.0.1", port, lifespan=lifespan, limits=limits))
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + timeout_s
@@ -113,3 +118,13 @@ def serve(engine: FakeEngine) -> Iterator[str]:
     """Run ``engine`` on a free loopback port in a thread; yields its base URL."""
     with serve_app(engine.app) as url:
         yield url
+
+
+def read_until_closed(sock: Any, timeout_s: float) -> bytes:
+    """Everything a server sends on ``sock`` until it closes the connection (a hang
+    past ``timeout_s`` per read fails)."""
+    sock.settimeout(timeout_s)
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out

@@ -6,23 +6,23 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from activator.app import create_app
 from activator.bounds import RequestBounds, check_headers, parse_json
 from activator.errors import BadRequest, HeadersTooLarge
 from activator.server import connection_limits
+from tests.activator.fake_engine import read_until_closed as read_wire
+from tests.activator.fake_engine import serve_app
 from tests.activator.support import KEY, assert_openai_error, make_config
 from thaw.config import ThawConfig
 from thaw.embedded_store import free_port
-from thaw.serve import ConnectionLimits, server_config
+from thaw.serve import ConnectionLimits
 
 CHAT = {"model": "thaw-demo", "messages": [{"role": "user", "content": "hi"}]}
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -145,30 +145,13 @@ def served() -> Iterator[int]:
     with the connection limits `thaw activator` gives it; yields the port."""
     cfg = config(header_timeout_s=0.5, body_timeout_s=0.5, max_header_bytes=4096)
     app = create_app(cfg, f"http://127.0.0.1:{free_port()}", activator_id="b-served")
-    port = free_port()
-    server = uvicorn.Server(server_config(app, "127.0.0.1", port, lifespan="off",
-                                          limits=connection_limits(cfg.server)))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + HANG_S
-    while not server.started:
-        assert time.monotonic() < deadline, "the activator did not start"
-        time.sleep(0.02)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(timeout=HANG_S)
-        app.state.ledger.close()
+    with serve_app(app, lifespan="off", limits=connection_limits(cfg.server), timeout_s=HANG_S) as url:
+        yield int(url.rsplit(":", 1)[1])
+    app.state.ledger.close()
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection (a hang fails)."""
-    sock.settimeout(HANG_S)
-    out = b""
-    while chunk := sock.recv(65536):
-        out += chunk
-    return out
+    return read_wire(sock, HANG_S)
 
 
 def read_answer(sock: socket.socket) -> bytes:

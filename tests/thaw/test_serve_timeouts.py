@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
-import uvicorn
 
-from thaw.embedded_store import free_port
-from thaw.serve import ConnectionLimits, server_config
+from tests.activator.fake_engine import read_until_closed as read_wire
+from tests.activator.fake_engine import serve_app
+from thaw.serve import ConnectionLimits
 
 LIMITS = ConnectionLimits(header_timeout_s=0.5, max_header_bytes=8 * 1024)
 # A hang fails the test in this time instead of holding it; nothing waits for it.
@@ -36,28 +36,12 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
 
 @contextmanager
 def serving(limits: ConnectionLimits = LIMITS) -> Iterator[int]:
-    port = free_port()
-    server = uvicorn.Server(server_config(app, "127.0.0.1", port, lifespan="off", limits=limits))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + HANG_S
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(timeout=HANG_S)
+    with serve_app(app, lifespan="off", limits=limits, timeout_s=HANG_S) as url:
+        yield int(url.rsplit(":", 1)[1])
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection (a hang fails)."""
-    sock.settimeout(HANG_S)
-    out = b""
-    while chunk := sock.recv(65536):
-        out += chunk
-    return out
+    return read_wire(sock, HANG_S)
 
 
 def status_and_body(raw: bytes) -> tuple[int, dict[str, Any]]:
