@@ -203,13 +203,13 @@ class CompletionService:
         stream = ctx.stream = bool(req.stream)
         client_wants_usage = bool(req.stream_options and req.stream_options.include_usage) if stream else True
         await self.admit(principal.tenant, principal, model, kind, body, ctx)
+        # The engine's prefix cache is shared by every request: salted per tenant, one
+        # tenant's cached prompts cannot speed up (and so reveal themselves to) another's.
+        body = {**body, "cache_salt": tenant_cache_salt(principal.tenant, req.cache_salt)}
         if stream:
             # Always get usage from the engine, for the ledger; the tap forwards the
             # usage chunk only when the client asked for it.
-            body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
-        body = {**body, "cache_salt": tenant_cache_salt(principal.tenant, req.cache_salt)}
-        # The engine's prefix cache is shared by every request: salted per tenant, one
-        # tenant's cached prompts cannot speed up (and so reveal themselves to) another's.
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
 
         st = self.routes.routes[model.name]
         st.last_request_at = self.clock()
