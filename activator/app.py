@@ -92,6 +92,7 @@ def create_app(
             log.warning("key_cache_write_failed", path=str(key_cache.path), error=str(exc))
 
     routes = RouteWatcher(cfg.models, pool_url, activator_id, token=token, on_replica=on_replica,
+                          ejection_s=cfg.server.replica_ejection_s,
                           on_keys=on_keys, keys_version=known_keys.version if known_keys else None)
     tokens = TokenCounter(store_fetcher) if store_fetcher is not None else None
     # limits.backend redis: shared by every activator; while Redis is away, this one's

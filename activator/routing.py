@@ -79,6 +79,10 @@ class ModelRoutes:
     error: str | None = None
     backoff_until: float | None = None
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    # The replicas the last table listed; ``replicas`` is these less the ejected ones
+    # (url -> until when, clock time): replicas that failed before a first byte here.
+    listed: list[Replica] = field(default_factory=list)
+    ejected: dict[str, float] = field(default_factory=dict)
     # Requests waiting for a slot on saturated replicas, per tenant, served round-robin.
     fair: dict[str, deque[tuple[asyncio.Future[Replica], str | None]]] = field(default_factory=dict)
     fair_order: deque[str] = field(default_factory=deque)
@@ -114,8 +118,10 @@ class RouteWatcher:
         on_replica: Callable[[bool, str, str, float], None] | None = None,
         on_keys: Callable[[KeyTable], Awaitable[None]] | None = None,
         keys_version: int | None = None,
+        ejection_s: float = 10.0,
     ) -> None:
         self.models = {m.name: m for m in models}
+        self.ejection_s = ejection_s
         self.pool_url = pool_url.rstrip("/")
         self.activator_id = activator_id
         self.clock = clock
@@ -196,8 +202,8 @@ class RouteWatcher:
             st = self.routes.get(name)
             if st is None:
                 continue
-            old = {r.url: r for r in st.replicas}
-            st.replicas = []
+            old = {r.url: r for r in st.listed}
+            st.listed = []
             for r in entry.replicas:
                 prev = old.get(r.url)
                 rep = Replica(r.worker_id, r.url, r.served_model_name, r.assignment_id,
@@ -205,10 +211,11 @@ class RouteWatcher:
                               load_s=r.load.seconds if r.load else None, worker_started_at=r.worker_started_at)
                 if prev is not None and prev.assignment_id == rep.assignment_id:
                     rep.outstanding = prev.outstanding
-                st.replicas.append(rep)
+                st.listed.append(rep)
+            self._usable(st, now)
             if self.on_replica is not None:
                 before = {r.assignment_id or r.url for r in old.values()}
-                after = {r.assignment_id or r.url for r in st.replicas}
+                after = {r.assignment_id or r.url for r in st.listed}
                 for rid in after - before:
                     self.on_replica(True, rid, name, now)
                 for rid in before - after:
@@ -278,7 +285,7 @@ class RouteWatcher:
         same assignment, which carried the count over: the slot is freed there too
         (else every table that arrives during a request would leak one slot)."""
         replica.outstanding = max(replica.outstanding - 1, 0)
-        for live in self.routes[model].replicas:
+        for live in self.routes[model].listed:
             if live is not replica and live.url == replica.url and live.assignment_id == replica.assignment_id:
                 live.outstanding = max(live.outstanding - 1, 0)
         self._dispatch_fair(model)
@@ -306,10 +313,31 @@ class RouteWatcher:
             rep.outstanding += 1
             fut.set_result(rep)
 
-    def drop_replica(self, model: str, url: str) -> None:
-        """Stop using a replica that failed before its first byte, until the next table."""
+    @staticmethod
+    def _usable(st: ModelRoutes, now: float) -> None:
+        """``replicas``: the listed ones but those ejected until later than ``now``."""
+        for url in [u for u, until in st.ejected.items() if until <= now]:
+            del st.ejected[url]
+        st.replicas = [r for r in st.listed if r.url not in st.ejected] if st.ejected else list(st.listed)
+
+    def eject(self, model: str, url: str) -> None:
+        """Send no request to a replica that failed before its first byte (refused,
+        dropped or stalled) for ``ejection_s``, whatever the tables say meanwhile: the
+        controller may still list it (a link broken between this activator and it, not
+        the controller). Then it is tried again; if it fails again, ejected again."""
         st = self.routes[model]
-        st.replicas = [r for r in st.replicas if r.url != url]
+        until = st.ejected[url] = self.clock() + self.ejection_s
+        self._usable(st, self.clock())
+        asyncio.get_running_loop().call_later(self.ejection_s, self._readmit, model, url, until)
+
+    def _readmit(self, model: str, url: str, until: float) -> None:
+        st = self.routes[model]
+        if st.ejected.get(url) == until:  # not ejected again since
+            del st.ejected[url]
+        self._usable(st, self.clock())
+        if st.replicas:
+            self._release_waiters(st)
+            self._dispatch_fair(model)
 
     def state_of(self, model: str) -> str:
         st = self.routes[model]

@@ -92,10 +92,14 @@ def upstream_client(timeout_s: float = 600.0) -> UpstreamPool:
     return UpstreamPool(connect_timeout_s=2.0, read_timeout_s=timeout_s)
 
 
-def _retryable(exc: BaseException) -> bool:
+def _retryable(exc: BaseException, stream: bool) -> bool:
     """A replica that failed before its first byte, such that another may answer: it
-    refused or dropped the connection (a replica that is merely slow is not retried)."""
-    return isinstance(exc, ConnectionError) and not isinstance(exc, TimeoutError)
+    refused or dropped the connection, or (a stream) sent nothing for the stream idle
+    limit, which an engine that is merely busy does not reach. A whole answer that is
+    slow is not retried: its replica is working on it."""
+    if isinstance(exc, TimeoutError):
+        return stream
+    return isinstance(exc, ConnectionError)
 
 
 class CompletionService:
@@ -109,7 +113,6 @@ class CompletionService:
         tokens: TokenCounter | None = None,
         *,
         clock: Callable[[], float] = time.time,
-        upstream_timeout_s: float = 600.0,
         limiter: Limiter | None = None,
         auth_throttle: FailedAuthThrottle | None = None,
     ) -> None:
@@ -123,7 +126,7 @@ class CompletionService:
         self.tokens = tokens
         self.limiter: Limiter = limiter or LocalLimiter()
         self.clock = clock
-        self._http = upstream_client(upstream_timeout_s)
+        self._http = upstream_client(cfg.server.upstream_timeout_s)
         self._recorded_cold: set[str] = set()
 
     async def close(self) -> None:
@@ -289,7 +292,8 @@ class CompletionService:
             payload = json.dumps({**body, "model": replica.served_model_name}).encode()
             try:
                 resp = await self._http.post(replica.url + UPSTREAM_PATH[kind], payload, {
-                    "x-request-id": ctx.request_id, "content-type": "application/json"})
+                    "x-request-id": ctx.request_id, "content-type": "application/json"},
+                    read_timeout_s=self.cfg.server.upstream_stream_idle_s if stream else None)
                 if not stream:
                     return resp, replica, b""
                 try:
@@ -301,11 +305,11 @@ class CompletionService:
             except BaseException as exc:
                 # Whatever happened (a dead replica, a cancelled client), the slot is free.
                 self.routes.release(model.name, replica)
-                if not _retryable(exc):
+                if not _retryable(exc, stream):
                     raise
                 log.warning("upstream_failed_before_first_byte", url=replica.url, attempt=attempt, error=str(exc))
                 self.metrics.upstream_retries.labels(model.name).inc()
-                self.routes.drop_replica(model.name, replica.url)
+                self.routes.eject(model.name, replica.url)
                 if attempt == 2:
                     raise UpstreamError(
                         f"the replica for {model.resolved_served_name!r} failed before answering; retry"

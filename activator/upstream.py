@@ -13,7 +13,7 @@ cookies, request bodies other than bytes, compression. Connections are kept aliv
 answer came back is replaced by a fresh one once, transparently (the server never saw
 the request). Errors: :class:`UpstreamClosed` (a ``ConnectionError``) when a replica
 refuses the connection or drops it; ``TimeoutError`` when it is silent for
-``read_timeout_s``.
+``read_timeout_s`` (the pool's, or the one ``post`` was given for that answer).
 """
 
 from __future__ import annotations
@@ -103,8 +103,10 @@ class UpstreamResponse:
     or :meth:`read`. :meth:`release` when done (the connection is kept if the answer was
     whole), :meth:`close` to drop it (the replica sees the client leave)."""
 
-    def __init__(self, pool: UpstreamPool, key: tuple[str, int], conn: _Connection) -> None:
+    def __init__(self, pool: UpstreamPool, key: tuple[str, int], conn: _Connection,
+                 read_timeout_s: float | None = None) -> None:
         self._pool = pool
+        self.read_timeout_s = pool.read_timeout_s if read_timeout_s is None else read_timeout_s
         self._key = key
         self._conn = conn
         self.status = 0
@@ -127,7 +129,7 @@ class UpstreamResponse:
     async def _wait(self, what: str) -> None:
         loop = self._conn.loop
         fut = self._waiter = loop.create_future()
-        timer = loop.call_later(self._pool.read_timeout_s, _expire, fut, what)
+        timer = loop.call_later(self.read_timeout_s, _expire, fut, what)
         try:
             await fut
         finally:
@@ -199,9 +201,11 @@ class UpstreamPool:
         self.max_idle_per_host = max_idle_per_host
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+    async def post(self, url: str, body: bytes, headers: dict[str, str],
+                   read_timeout_s: float | None = None) -> UpstreamResponse:
         """Send ``body`` to ``url`` (``http://host:port/path``); returns once the status
-        and headers are in."""
+        and headers are in. ``read_timeout_s``: this answer's longest silence (before its
+        headers, between two reads), instead of the pool's."""
         host, port, path = _split(url)
         key = (host, port)
         head = (f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"
@@ -211,7 +215,7 @@ class UpstreamPool:
             fresh = conn is None
             if conn is None:
                 conn = await self._connect(host, port)
-            response = UpstreamResponse(self, key, conn)
+            response = UpstreamResponse(self, key, conn, read_timeout_s)
             conn.response = response
             assert conn.transport is not None
             conn.transport.writelines((head, body))

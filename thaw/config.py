@@ -401,6 +401,16 @@ class Server(_Strict):
     header_timeout_s: PositiveFloat = 10.0
     body_timeout_s: PositiveFloat = 30.0
     failed_auth: FailedAuthThrottle = FailedAuthThrottle()
+    # The activator's reads from replicas. A streamed answer whose replica is silent this
+    # long (before its headers or first chunk, between two chunks: a stalled link or
+    # engine) is cut: before its first byte the request goes to another replica, after
+    # it the client gets an error event. A whole (not streamed) answer comes at its end,
+    # so its replica may be silent up to upstream_timeout_s.
+    upstream_stream_idle_s: PositiveFloat = 60.0
+    upstream_timeout_s: PositiveFloat = 600.0
+    # A replica that failed before its first byte (refused, dropped or stalled) gets no
+    # requests from this activator for this long (or until a route table drops it).
+    replica_ejection_s: PositiveFloat = 10.0
 
 
 class Cluster(_Strict):

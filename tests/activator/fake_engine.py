@@ -30,6 +30,10 @@ class FakeEngine:
         self.reply: str | None = None
         # Refuse every request with this status, echoing its prompt as vLLM's refusals may.
         self.refuse_status: int | None = None
+        # Go silent (a stalled link or engine): before answering at all, or in a stream
+        # after this many chunks (0: after the headers, before any chunk); until reset.
+        self.stall_before_headers = False
+        self.stall_after_chunks: int | None = None
         self.app = self._build()
 
     def _build(self) -> FastAPI:
@@ -38,6 +42,8 @@ class FakeEngine:
         async def handle(request: Request, kind: str) -> Response:
             body = await request.json()
             self.requests.append({"kind": kind, "body": body, "request_id": request.headers.get("x-request-id")})
+            while self.stall_before_headers:  # noqa: ASYNC110 - let go from the test's thread
+                await asyncio.sleep(0.05)
             if body.get("model") != "served-demo":
                 return JSONResponse({"error": {"message": "wrong model", "type": "NotFoundError", "param": None,
                                                "code": 404}}, status_code=404)
@@ -60,6 +66,8 @@ class FakeEngine:
                     for i in range(self.tokens):
                         if self.die_after_chunks is not None and i >= self.die_after_chunks:
                             raise RuntimeError("engine died")
+                        while self.stall_after_chunks is not None and i >= self.stall_after_chunks:  # noqa: ASYNC110
+                            await asyncio.sleep(0.05)
                         chunk = {"id": "x", "object": "chat.completion.chunk", "model": body["model"],
                                  "choices": [{"index": 0, "delta": {"content": self.reply or f"tok{i} "}, "finish_reason": None}]}
                         yield f"data: {json.dumps(chunk)}\n\n".encode()

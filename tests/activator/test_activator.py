@@ -249,6 +249,66 @@ async def test_failure_after_first_byte_becomes_an_sse_error_then_done(
     assert events[-1] == "data: [DONE]"
 
 
+def stall_app(**server: Any) -> Any:
+    cfg = make_config()
+    return create_app(cfg.model_copy(update={"server": cfg.server.model_copy(update=server)}),
+                      f"http://127.0.0.1:{free_port()}", activator_id="stall")
+
+
+async def test_a_stream_whose_replica_stays_silent_goes_to_another(engine: tuple[FakeEngine, str]) -> None:
+    """A replica silent past the stream idle limit before its first byte (a stalled link
+    or engine) is cut and the request served by another; the silent one gets nothing
+    more until its ejection ends, then is tried again."""
+    good, url = engine
+    app = stall_app(upstream_stream_idle_s=0.3, replica_ejection_s=0.6)
+    silent = FakeEngine("silent")
+    silent.stall_before_headers = True
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
+            with serve(silent) as silent_url:
+                app.state.routes.apply(table(1, [replica(silent_url, "w0", "demo-0"), replica(url, "w1", "demo-1")]))
+                for r_ in app.state.routes.routes["demo"].replicas:
+                    r_.outstanding = 0 if r_.url == silent_url else 5  # the silent one is picked first
+                r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                                      headers={"Authorization": f"Bearer {KEY}"})
+                assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text
+                assert "error" not in r.text
+                assert len(silent.requests) == 1 and len(good.requests) == 1
+                assert [x.url for x in app.state.routes.routes["demo"].replicas] == [url]
+                # The same table again (the controller still lists it): still ejected.
+                app.state.routes.apply(table(2, [replica(silent_url, "w0", "demo-0"), replica(url, "w1", "demo-1")]))
+                assert [x.url for x in app.state.routes.routes["demo"].replicas] == [url]
+                await asyncio.sleep(0.8)
+                assert {x.url for x in app.state.routes.routes["demo"].replicas} == {url, silent_url}
+                silent.stall_before_headers = False
+    finally:
+        await app.state.routes.close()
+        await app.state.service.close()
+        app.state.ledger.close()
+
+
+async def test_a_stream_that_goes_silent_midway_ends_with_an_error_event(engine: tuple[FakeEngine, str]) -> None:
+    app = stall_app(upstream_stream_idle_s=0.3)
+    stalling = FakeEngine("stalling", tokens=5)
+    stalling.stall_after_chunks = 2
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
+            with serve(stalling) as url:
+                app.state.routes.apply(table(1, [replica(url)]))
+                r = await asyncio.wait_for(client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                                                       headers={"Authorization": f"Bearer {KEY}"}), 10)
+                stalling.stall_after_chunks = None
+        events = [e for e in r.text.split("\n\n") if e]
+        assert "tok1" in events[1]
+        err = json.loads(events[-2][len("data: "):])["error"]
+        assert err["code"] == "upstream_error" and "sent nothing for too long" in err["message"], err
+        assert events[-1] == "data: [DONE]"
+    finally:
+        await app.state.routes.close()
+        await app.state.service.close()
+        app.state.ledger.close()
+
+
 async def test_models_list_shows_state(activator: tuple[Any, httpx.AsyncClient], engine: tuple[FakeEngine, str]) -> None:
     app, client = activator
     _, url = engine

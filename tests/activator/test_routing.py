@@ -124,3 +124,31 @@ async def test_a_route_table_taken_in_during_a_request_does_not_leak_its_slot() 
         assert live.outstanding == 0
     finally:
         await w.close()
+
+
+async def test_an_ejected_replica_comes_back_after_its_ejection_and_wakes_the_waiting() -> None:
+    """Its only replica ejected, a model's requests wait in the cold queue; the ejection
+    ends on its own (the controller never dropped the replica), and they get it."""
+    from thaw.wire import ModelRoute, ReplicaRoute, RouteTable
+
+    w = RouteWatcher(CFG.models, "http://127.0.0.1:9", "a1", ejection_s=0.3)
+    try:
+        route = ReplicaRoute(worker_id="w1", url="http://127.0.0.1:1", served_model_name="demo", assignment_id="a-1")
+        w.apply(RouteTable(epoch="e", version=1, models={"demo": ModelRoute(served_name="demo", replicas=[route])}))
+        w.eject("demo", route.url)
+        assert w.state_of("demo") == "cold"
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        got = await asyncio.wait_for(w.acquire(CFG.models[0], w.clock()), 5)
+        assert got.replica.url == route.url and got.cold
+        assert loop.time() - t0 >= 0.25
+        # Ejected again before the first ejection's timer: that timer does not end the second.
+        w.eject("demo", route.url)
+        await asyncio.sleep(0.2)
+        w.eject("demo", route.url)
+        await asyncio.sleep(0.2)
+        assert w.routes["demo"].replicas == []
+        await asyncio.sleep(0.2)
+        assert [r.url for r in w.routes["demo"].replicas] == [route.url]
+    finally:
+        await w.close()
