@@ -523,8 +523,8 @@ class Agent:
             env=engine_env(req.engine, store.env(), str(s.data_dir), cache_root=str(cache_root),
                            assets_dir=str(s.engine_assets_dir), sleep_mode=req.sleep_mode),
         )
-        self._engine_url = f"http://{s.advertised}:{port}"
-        self._engine = engine = self._engine_client(self._engine_url)
+        self._engine_url = f"http://{s.advertised}:{port}"  # for the routes
+        self._engine = engine = self._engine_client(f"http://{s.local}:{port}")
         self._update(launched_at=self._clock())
         try:
             await host.launch(cmd)

@@ -83,6 +83,13 @@ class AgentSettings:
         """The host in the URLs this worker hands out (control API, engine)."""
         return self.advertise_host or self.host
 
+    @property
+    def local(self) -> str:
+        """Where the agent itself reaches its engine: the address it listens on (the
+        loopback when that is every address), never through the advertised one, which
+        may be a route others take (a load balancer, NAT, a proxy)."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+
     def engine_cache_root(self, model: str) -> Path:
         """The engine's VLLM_CACHE_ROOT for ``model``: one per model, so a snapshot holds
         that model's compile caches only."""

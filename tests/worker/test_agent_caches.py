@@ -165,3 +165,33 @@ async def test_host_caches_of_dead_agents_are_removed_at_start(tmp_path: Path) -
         assert not orphan.exists()
         assert (alive / "weights").exists() and (other / "weights").exists()
         assert (host_dir / ".owner").read_text() == str(os.getpid())
+
+
+async def test_the_agent_reaches_its_engine_locally_and_advertises_the_other_address(tmp_path: Path) -> None:
+    """Behind a proxy, NAT or load balancer the advertised address is others' way in;
+    the agent's own health and in-flight polls go to where the engine listens."""
+    world, engines = World(), []
+
+    async def spawn(on_event: OnEvent) -> FakeHost:
+        h = FakeHost(world, on_event)
+        world.hosts.append(h)
+        asyncio.get_running_loop().call_later(0.01, h.emit, "imported")
+        return h
+
+    def engine(url: str) -> FakeEngine:
+        engines.append(url)
+        return FakeEngine(world, url)
+
+    settings = AgentSettings(worker_id="w1", shape="cpu", port=0, data_dir=tmp_path, host="127.0.0.2",
+                             advertise_host="10.1.2.3", store=S3Endpoint("http://127.0.0.1:9", "AK", SECRET),
+                             token=TOKEN, ready_poll_s=0.01, in_flight_poll_s=0.01, drain_poll_s=0.01)
+    app = create_app(settings, spawn_host=spawn, engine_client=engine,
+                     manifest_reader=lambda store, uri: world.manifest(store, uri))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent",
+                                     headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+            body = await ready(c)
+    launch = world.hosts[0].launches[0]
+    assert launch.host == "127.0.0.2"
+    assert engines == [f"http://127.0.0.2:{launch.port}"]
+    assert body["engine_url"] == f"http://10.1.2.3:{launch.port}"
