@@ -39,7 +39,7 @@ from activator.ledger import Ledger, parse_time, usage_totals
 from activator.limits import build_limiter
 from activator.metrics import ActivatorMetrics
 from activator.protocol import ERROR_RESPONSES, ErrorResponse, add_request_schemas, request_body
-from activator.routing import RouteWatcher
+from activator.routing import RouteWatcher, public_failure
 from activator.service import CompletionService, Kind, RequestContext
 from activator.shipping import S3Client, UsageShipper
 from activator.tokens import FileFetcher, TokenCounter
@@ -237,7 +237,7 @@ def create_app(
             "max_model_len": m.max_context_tokens,
             "thaw": {"state": routes.state_of(m.name), "replicas_ready": len(st.replicas),
                      "replicas_loading": st.loading, "queue_depth": len(st.waiters),
-                     "error": st.error if routes.state_of(m.name) == "failed" else None},
+                     "error": public_failure(st.error) if routes.state_of(m.name) == "failed" else None},
         }
 
     async def list_models(request: Request, only: str | None) -> Response:

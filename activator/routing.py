@@ -71,6 +71,29 @@ def cold_start_tier(waiting_since: float, rep: Replica) -> Tier:
     return "s3"
 
 
+# What a tenant is told when its model's load failed: the kind of failure, never the
+# operator's details (store endpoints, bucket paths, hashes, tracebacks: those are in the
+# controller's state, `thaw status` and the logs). First match wins.
+_PUBLIC_FAILURES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("sha256", "checksummismatch", "does not match the manifest"),
+     "its weights failed their sha256 check against the manifest"),
+    (("could not connect", "endpoint url", "connection refused", "connection reset", "nosuchkey", "nosuchbucket",
+      "manifest", "no model at", "accessdenied", "timed out reading"),
+     "its weights could not be read from the object store"),
+    (("out of memory", "outofmemory", "cannot allocate", "memoryerror", "not enough memory"),
+     "it does not fit in the worker's memory"),
+)
+
+
+def public_failure(error: str | None) -> str:
+    """The reason a model failed to start, as its callers may see it."""
+    low = (error or "").lower()
+    for needles, reason in _PUBLIC_FAILURES:
+        if any(n in low for n in needles):
+            return reason
+    return "its engine did not start"
+
+
 @dataclass
 class ModelRoutes:
     replicas: list[Replica] = field(default_factory=list)
@@ -230,8 +253,9 @@ class RouteWatcher:
                 self._dispatch_fair(name)
             elif new_failure:
                 retry = (st.backoff_until - now) if st.backoff_until else TIMEOUT_RETRY_AFTER_S
+                served = m.resolved_served_name if (m := self.models.get(name)) else name
                 exc = ServiceUnavailable(
-                    f"model {name!r} failed to start: {st.error}; retrying after a backoff",
+                    f"model {served!r} failed to start: {public_failure(st.error)}; retrying after a backoff",
                     retry_after_s=retry,
                 )
                 while st.waiters:
@@ -402,7 +426,7 @@ class RouteWatcher:
         now = self.clock()
         if st.backoff_until and st.backoff_until > now and not st.loading and st.error:
             raise ServiceUnavailable(
-                f"model {model.resolved_served_name!r} failed to start: {st.error}; "
+                f"model {model.resolved_served_name!r} failed to start: {public_failure(st.error)}; "
                 f"the next attempt is in {st.backoff_until - now:.0f} s",
                 retry_after_s=st.backoff_until - now,
             )

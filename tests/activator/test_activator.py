@@ -207,17 +207,22 @@ async def test_load_failure_fails_waiters_with_the_reason(activator: tuple[Any, 
             break
         await asyncio.sleep(0.01)
     backoff_until = routes.clock() + 4
-    routes.apply(table(2, [], failures=1, error="no model at s3://thaw/models/demo", backoff_until=backoff_until))
+    # The operator's detail (the store's address, the bucket's paths) stays with the
+    # operator: a tenant is told what kind of failure it was.
+    detail = ('cannot read the model\'s manifest at s3://thaw/models/demo: Could not connect to the endpoint URL: '
+              '"http://10.0.0.7:8333/thaw/models/demo/thaw-manifest.json"')
+    routes.apply(table(2, [], failures=1, error=detail, backoff_until=backoff_until))
+    reason = "model 'thaw-demo' failed to start: its weights could not be read from the object store"
     for resp in await asyncio.gather(*waiting):
         err = assert_openai_error(resp, 503, "model_unavailable")
-        assert "no model at s3://thaw/models/demo" in err["message"]
+        assert err["message"].startswith(reason) and "s3://" not in err["message"] and "10.0.0.7" not in err["message"]
         assert 1 <= int(resp.headers["retry-after"]) <= 4
     # A new request during the backoff is answered at once, with the same reason.
     r = await client.post("/v1/chat/completions", json=CHAT, headers=h)
-    assert "no model at s3://thaw/models/demo" in assert_openai_error(r, 503)["message"]
+    assert assert_openai_error(r, 503)["message"].startswith(reason)
     models = (await client.get("/v1/models", headers=h)).json()["data"]
     demo = next(m for m in models if m["id"] == "thaw-demo")
-    assert demo["thaw"]["state"] == "failed"
+    assert demo["thaw"]["state"] == "failed" and "s3://" not in json.dumps(demo)
 
 
 async def test_dead_replica_before_first_byte_is_retried_on_another(
@@ -260,7 +265,9 @@ async def test_a_stream_whose_replica_stays_silent_goes_to_another(engine: tuple
     or engine) is cut and the request served by another; the silent one gets nothing
     more until its ejection ends, then is tried again."""
     good, url = engine
-    app = stall_app(upstream_stream_idle_s=0.3, replica_ejection_s=0.6)
+    # Margins for a loaded machine: the good engine answers in milliseconds, well within
+    # 1 s; the checks while ejected happen well within 3 s.
+    app = stall_app(upstream_stream_idle_s=1.0, replica_ejection_s=3.0)
     silent = FakeEngine("silent")
     silent.stall_before_headers = True
     try:
@@ -269,16 +276,20 @@ async def test_a_stream_whose_replica_stays_silent_goes_to_another(engine: tuple
                 app.state.routes.apply(table(1, [replica(silent_url, "w0", "demo-0"), replica(url, "w1", "demo-1")]))
                 for r_ in app.state.routes.routes["demo"].replicas:
                     r_.outstanding = 0 if r_.url == silent_url else 5  # the silent one is picked first
+                served_before = len(good.requests)  # the engine fixture serves other tests too
                 r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
                                       headers={"Authorization": f"Bearer {KEY}"})
                 assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text
                 assert "error" not in r.text
-                assert len(silent.requests) == 1 and len(good.requests) == 1
+                assert len(silent.requests) == 1 and len(good.requests) == served_before + 1
                 assert [x.url for x in app.state.routes.routes["demo"].replicas] == [url]
                 # The same table again (the controller still lists it): still ejected.
                 app.state.routes.apply(table(2, [replica(silent_url, "w0", "demo-0"), replica(url, "w1", "demo-1")]))
                 assert [x.url for x in app.state.routes.routes["demo"].replicas] == [url]
-                await asyncio.sleep(0.8)
+                for _ in range(100):  # readmitted once its ejection ends
+                    if len(app.state.routes.routes["demo"].replicas) == 2:
+                        break
+                    await asyncio.sleep(0.1)
                 assert {x.url for x in app.state.routes.routes["demo"].replicas} == {url, silent_url}
                 silent.stall_before_headers = False
     finally:
@@ -288,7 +299,7 @@ async def test_a_stream_whose_replica_stays_silent_goes_to_another(engine: tuple
 
 
 async def test_a_stream_that_goes_silent_midway_ends_with_an_error_event(engine: tuple[FakeEngine, str]) -> None:
-    app = stall_app(upstream_stream_idle_s=0.3)
+    app = stall_app(upstream_stream_idle_s=1.0)
     stalling = FakeEngine("stalling", tokens=5)
     stalling.stall_after_chunks = 2
     try:
