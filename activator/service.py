@@ -312,7 +312,8 @@ class CompletionService:
                 self.routes.eject(model.name, replica.url)
                 if attempt == 2:
                     raise UpstreamError(
-                        f"the replica for {model.resolved_served_name!r} failed before answering; retry"
+                        f"the replica for {model.resolved_served_name!r} failed before answering; retry",
+                        retry_after_s=self.cfg.server.replica_ejection_s,  # when it is tried again
                     ) from None
                 again = await self.routes.acquire(model, ctx.arrival, prefix_key(kind, body), ctx.tenant or "")
                 ctx.cold = ctx.cold or again.cold

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,18 @@ async def test_load_failure_fails_waiters_with_the_reason(activator: tuple[Any, 
     models = (await client.get("/v1/models", headers=h)).json()["data"]
     demo = next(m for m in models if m["id"] == "thaw-demo")
     assert demo["thaw"]["state"] == "failed" and "s3://" not in json.dumps(demo)
+
+
+async def test_two_dead_replicas_are_a_502_that_says_when_to_retry(activator: tuple[Any, httpx.AsyncClient]) -> None:
+    """Both tries fail before a first byte: 502 in OpenAI's shape, with Retry-After as
+    long as the replicas stay ejected (retrying then may find them back)."""
+    app, client = activator
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]  # nothing listens there
+    app.state.routes.apply(table(1, [replica(dead[0], "w0", "demo-0"), replica(dead[1], "w1", "demo-1")]))
+    r = await client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"})
+    err = assert_openai_error(r, 502, "upstream_error")
+    assert "failed before answering" in err["message"]
+    assert r.headers["retry-after"] == str(math.ceil(app.state.cfg.server.replica_ejection_s))
 
 
 async def test_dead_replica_before_first_byte_is_retried_on_another(
