@@ -11,6 +11,7 @@ in order against one stack; the disk tier is a small tmpfs so that it can be fil
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.e2e_stack import Stack, running_stack
+from tests.faults.support import check, open_load, wait_recorded
 from tests.weight_streaming.support import fill_filesystem, small_filesystem
 from thaw.embedded_store import EmbeddedStore
 from thaw.objstore import S3Endpoint
@@ -145,14 +147,22 @@ def test_a_corrupted_disk_copy_is_caught_by_its_hash_and_fetched_again(stack: St
 
 
 def test_a_full_cache_disk_degrades_to_the_store(stack: Stack, disk_dir: Path) -> None:
+    """9. The cache disk full: an open-loop load arrives at a model at zero; the cold
+    start streams from the store without caching, and every request is answered whole
+    and recorded once."""
     w = standby_worker(stack, holding={"host": True, "disk": True})
     host_cache(stack, w["id"]).clear()
     DiskCache(disk_dir, 1 << 30).clear()
     filler = fill_filesystem(disk_dir)
     standby_worker(stack, holding={"host": False, "disk": False})
-    rec = cold_start(stack, "disk_full")
-    assert rec["tier"] == "s3"
-    assert rec["answer"] == SEEN["s3"]["answer"]
+    with open_load(stack.client(), "thaw-demo", rate_per_s=1.0, timeout_s=180) as load:
+        time.sleep(8)
+        outcomes = load.stop()
+    rec = demo(stack.state())["last_cold_start"]
+    SEEN["disk_full"] = rec
+    assert rec["tier"] == "s3" and rec["request_id"] in {o.rid for o in outcomes}
+    verdict = check("disk full (worker cache)", outcomes, wait_recorded(stack.data_dir, outcomes), allow={"ok"})
+    assert not verdict.problems, verdict.problems
     assert DiskCache(disk_dir, 1 << 30).entries() == []
     filler.unlink()
     print("\n" + json.dumps({k: {"tier": v["tier"], "load_s": v["load_s"], "total_s": v["total_s"]}

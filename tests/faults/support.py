@@ -13,6 +13,7 @@ import json
 import os
 import random
 import signal
+import socket
 import sqlite3
 import threading
 import time
@@ -50,6 +51,14 @@ class Outcome:
     completion_tokens: int | None = None  # the engine's count, from the usage chunk
     finish_reason: str | None = None
     detail: str = ""
+
+    @property
+    def err(self) -> dict[str, Any]:
+        """The error object ({message, type, code, ...}) however the client nested it
+        (the openai client unwraps ``{"error": ...}`` for status errors and events)."""
+        e = self.error or {}
+        inner = e.get("error")
+        return inner if isinstance(inner, dict) else e
 
     @property
     def answered(self) -> bool:
@@ -155,7 +164,7 @@ def open_load(client: openai.OpenAI, model: str, **kw: Any) -> Iterator[OpenLoad
 def timeline(outcomes: Iterable[Outcome], t0: float) -> str:
     """One line per request (seconds from ``t0``), for a failure message."""
     return "\n".join(f"{o.sent_at - t0:7.2f} -> {o.ended_at - t0:7.2f}  {o.kind:16} {o.status} chunks={o.chunks} "
-                     f"{(o.error or {}).get('error', {}).get('code', '') if o.error else ''} {o.detail[:80]}"
+                     f"{o.err.get('code') or ''} {o.detail[:80]}"
                      for o in sorted(outcomes, key=lambda o: o.sent_at))
 
 
@@ -208,7 +217,7 @@ def check(fault: str, outcomes: list[Outcome], ledger: dict[str, list[dict[str, 
 
     - each request ended as one of the ``allow``-ed kinds, never truncated, never hung;
     - an error response is in OpenAI's shape, its status one of ``statuses``, with a
-      ``Retry-After`` for 429 and 503; an error event is in OpenAI's shape too;
+      ``Retry-After`` for 429, 502 and 503 (retrying helps with each); an error event is in OpenAI's shape too;
     - the ledger holds exactly one record per answered request, with the status the
       client saw, and the tokens it received: the engine's count for a complete stream,
       the chunks that reached it for one cut short.
@@ -219,14 +228,12 @@ def check(fault: str, outcomes: list[Outcome], ledger: dict[str, list[dict[str, 
         if o.kind not in allow:
             problems.append(f"not allowed here: {where}")
         if o.kind in ("http_error", "error_event"):
-            err = (o.error or {})
-            err = err.get("error", err) if isinstance(err.get("error"), dict) else err
-            if not {"message", "type", "code"} <= set(err):
+            if not {"message", "type", "code"} <= set(o.err):
                 problems.append(f"error not in OpenAI's shape: {where}: {o.error}")
         if o.kind == "http_error":
             if o.status not in statuses:
                 problems.append(f"unexpected status: {where}: {o.error}")
-            if o.status in (429, 503) and not o.retry_after:
+            if o.status in (429, 502, 503) and not o.retry_after:
                 problems.append(f"{o.status} without Retry-After: {where}")
         rows = ledger.get(o.rid, [])
         if o.answered and len(rows) != 1:
@@ -257,6 +264,92 @@ def check(fault: str, outcomes: list[Outcome], ledger: dict[str, list[dict[str, 
         with open(target, "a") as f:
             f.write(json.dumps(verdict.as_row()) + "\n")
     return verdict
+
+
+# -- a loopback TCP proxy that can be cut ------------------------------------------------
+class Proxy:
+    """Forwards ``listen`` → ``target`` on loopback, in a thread. ``mode``:
+    "pass" (forward), "reset" (connections are refused with a reset, existing ones cut),
+    "stall" (connections are accepted and held; nothing is forwarded either way)."""
+
+    def __init__(self, target: tuple[str, int], listen: tuple[str, int]) -> None:
+        self.target, self.listen = target, listen
+        self.mode = "pass"
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._server = socket.create_server(listen, reuse_port=False)
+        self._server.settimeout(0.2)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
+        self._thread.start()
+
+    def set(self, mode: str) -> None:
+        """"stall" holds the connections open with their bytes undelivered; "reset" cuts
+        them (RST) and refuses new ones; "pass" forwards again (new connections)."""
+        assert mode in ("pass", "reset", "stall")
+        self.mode = mode
+        if mode == "reset":
+            self._cut_all(reset=True)
+
+    def _cut_all(self, *, reset: bool) -> None:
+        with self._lock:
+            conns, self._conns = list(self._conns), set()
+        for s in conns:
+            with contextlib.suppress(OSError):
+                if reset:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                s.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            mode = self.mode
+            if mode == "reset":
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                client.close()
+                continue
+            if mode == "stall":
+                with self._lock:
+                    self._conns.add(client)  # held open, never read
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                while self.mode == "stall":
+                    time.sleep(0.05)  # a stalled link: bytes wait (and the sockets stay open)
+                if self.mode == "reset":
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._server.close()
+        self._thread.join(5)
+        self._cut_all(reset=False)
 
 
 # -- levers -----------------------------------------------------------------------------
@@ -318,3 +411,83 @@ def wait_until(what: str, pred: Callable[[], Any], timeout_s: float, interval_s:
         if time.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def flip_byte(client: Any, bucket: str, key: str, offset_from_end: int = 64) -> None:
+    """Corrupt one object in the store: one byte of its tail (a safetensors file's
+    tensor data) flipped, the object replaced whole (as a bad upload or a bit rot would
+    leave it)."""
+    body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[-offset_from_end] ^= 0xFF
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+
+
+@dataclass
+class SlowRead:
+    """What a client reading a stream one byte a second saw."""
+
+    read: bytes = b""
+    status_line: bytes = b""
+
+
+def slow_stream(base_url: str, api_key: str, body: dict[str, Any], *, seconds: float, rid: str,
+                bytes_per_s: float = 1.0) -> SlowRead:
+    """A streamed request from a client that reads its answer at ``bytes_per_s`` for
+    ``seconds``, then goes away (a raw socket with a small receive buffer: nothing reads
+    ahead for it)."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(base_url)
+    payload = json.dumps(body).encode()
+    head = (f"POST {u.path.rstrip('/')}/chat/completions HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\n"
+            f"Authorization: Bearer {api_key}\r\nContent-Type: application/json\r\nx-request-id: {rid}\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n").encode()
+    out = SlowRead()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect((u.hostname or "127.0.0.1", u.port or 80))
+        s.sendall(head + payload)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            b = s.recv(1)
+            if not b:
+                break
+            out.read += b
+            time.sleep(1.0 / bytes_per_s)
+    out.status_line = out.read.split(b"\r\n", 1)[0]
+    return out
+
+
+@dataclass(frozen=True)
+class TcpQueue:
+    """One TCP socket of a process, as the kernel sees it: bytes sent but not yet
+    acknowledged (``tx``), bytes received but not yet read by the process (``rx``)."""
+
+    local_port: int
+    remote_port: int
+    tx: int
+    rx: int
+
+
+def tcp_queues(pid: int) -> list[TcpQueue]:
+    """The IPv4 TCP sockets ``pid`` holds, with their queues (/proc/net/tcp)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    out = []
+    with open(f"/proc/{pid}/net/tcp") as f:
+        next(f)
+        for line in f:
+            cols = line.split()
+            if cols[9] in inodes:
+                tx, rx = (int(x, 16) for x in cols[4].split(":"))
+                out.append(TcpQueue(int(cols[1].split(":")[1], 16), int(cols[2].split(":")[1], 16), tx, rx))
+    return out
+
+
+def rss(pid: int) -> int:
+    return int(psutil.Process(pid).memory_info().rss)
