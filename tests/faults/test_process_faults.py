@@ -229,6 +229,15 @@ def long_stream_in_background(stack: Stack, model: str = "thaw-demo") -> tuple[A
     return fut, streaming
 
 
+def served_again(stack: Stack, model: str, *, timeout_s: float, interval_s: float) -> Outcome:
+    """The first complete answer from ``model``, asked again every ``interval_s``."""
+    def once() -> Outcome | None:
+        o = stream_once(stack.client(), model, max_tokens=4, timeout_s=CLIENT_TIMEOUT_S)
+        return o if o.kind == "ok" else None
+
+    return wait_until(f"{model} served again", once, timeout_s=timeout_s, interval_s=interval_s)  # type: ignore[no-any-return]
+
+
 def test_worker_sigkill_mid_stream(stack: Stack) -> None:
     """1. The worker dies under a stream: that client gets an error event and [DONE]
     (never a 200 that just stops); the model comes back on another worker, and the load
@@ -347,9 +356,7 @@ def test_store_down_during_hot_serving_and_a_cold_start(stack: Stack, store_link
         finally:
             store_link.set("pass")
         up_at = time.time()
-        back = wait_until("spare served with the store back", lambda: (
-            o := stream_once(stack.client(), "spare", max_tokens=8, timeout_s=CLIENT_TIMEOUT_S)).kind == "ok" and o,
-            timeout_s=240, interval_s=2)
+        back = served_again(stack, "spare", timeout_s=240, interval_s=2)
         time.sleep(1)
         outcomes = load.stop()
     print(f"\ncold start in the outage: {cold.kind} {cold.status} "
@@ -426,9 +433,7 @@ def test_partition_between_the_activator_and_a_worker(stack: Stack, far: FarWork
         time.sleep(10)
         far.engine.set("pass")
         healed_at = time.time()
-        back = wait_until("far served again", lambda: (
-            o := stream_once(stack.client(), "far", max_tokens=4, timeout_s=CLIENT_TIMEOUT_S)).kind == "ok" and o,
-            timeout_s=120, interval_s=1)
+        back = served_again(stack, "far", timeout_s=120, interval_s=1)
         time.sleep(2)
         far_outcomes = cut_off.stop()
         outcomes = hot.stop()
