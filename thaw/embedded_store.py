@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -47,7 +48,32 @@ class _Ports:
     s3_grpc: int
 
 
+_LISTEN_PORTS_FROM = 10000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A free loopback port for a server to listen on, outside the kernel's ephemeral
+    range: a port picked there can be taken by an outgoing connection (SeaweedFS makes
+    dozens while it starts) before the server binds it, and the server dies with
+    "address already in use". Never the same port twice from one process."""
+    low, _ = _ephemeral_ports()
+    rng = random.SystemRandom()
+    if low - _LISTEN_PORTS_FROM >= 1000:
+        for _ in range(500):
+            port = rng.randrange(_LISTEN_PORTS_FROM, low)
+            if port not in _handed_out and _port_free(port):
+                _handed_out.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
