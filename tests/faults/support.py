@@ -431,10 +431,10 @@ class SlowRead:
 
 
 def slow_stream(base_url: str, api_key: str, body: dict[str, Any], *, seconds: float, rid: str,
-                bytes_per_s: float = 1.0) -> SlowRead:
+                bytes_per_s: float = 1.0, stop: threading.Event | None = None) -> SlowRead:
     """A streamed request from a client that reads its answer at ``bytes_per_s`` for
-    ``seconds``, then goes away (a raw socket with a small receive buffer: nothing reads
-    ahead for it)."""
+    ``seconds`` (or until ``stop`` is set), then goes away (a raw socket with a small
+    receive buffer: nothing reads ahead for it)."""
     from urllib.parse import urlsplit
 
     u = urlsplit(base_url)
@@ -448,7 +448,7 @@ def slow_stream(base_url: str, api_key: str, body: dict[str, Any], *, seconds: f
         s.connect((u.hostname or "127.0.0.1", u.port or 80))
         s.sendall(head + payload)
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
             b = s.recv(1)
             if not b:
                 break

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import threading
 import time
@@ -17,6 +18,7 @@ import httpx
 
 from tests.activator.fake_engine import read_until_closed as read_wire
 from tests.activator.fake_engine import serve_app
+from tests.faults.support import tcp_queues
 from thaw.serve import ConnectionLimits
 
 LIMITS = ConnectionLimits(header_timeout_s=0.5, max_header_bytes=8 * 1024)
@@ -122,3 +124,29 @@ def test_headers_over_the_wire_bound_get_431_and_the_connection_closes() -> None
                                  "param": None, "code": "request_header_fields_too_large"}
         # Headers within the bound are served.
         assert httpx.get(f"http://127.0.0.1:{port}/", headers={"X-Ok": "a" * 4000}, timeout=HANG_S).text == "ok"
+
+
+async def flood(scope: Any, receive: Any, send: Any) -> None:
+    """Streams 32 MiB as fast as the connection takes it."""
+    assert scope["type"] == "http"
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    chunk = b"x" * (64 * 1024)
+    for _ in range(512):
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def test_a_client_that_does_not_read_gets_a_bounded_kernel_send_buffer() -> None:
+    """What waits in the kernel for a client that stopped reading is bounded by
+    ``send_buffer_bytes`` (doubled by the kernel), not grown by autotuning to 4 MiB."""
+    limits = ConnectionLimits(send_buffer_bytes=128 * 1024)
+    with serve_app(flood, lifespan="off", limits=limits, timeout_s=HANG_S) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            sock.recv(1)  # the answer has begun; from now on nothing is read
+            waiting = 0
+            for _ in range(20):
+                time.sleep(0.1)
+                waiting = max([q.tx for q in tcp_queues(os.getpid()) if q.local_port == port] or [0])
+            assert 0 < waiting <= 2 * 128 * 1024 + 64 * 1024, waiting
