@@ -349,9 +349,9 @@ class RouteWatcher:
         dropped or stalled) for ``ejection_s``, whatever the tables say meanwhile: the
         controller may still list it (a link broken between this activator and it, not
         the controller). Then it is tried again; if it fails again, ejected again."""
-        st = self.routes[model]
-        until = st.ejected[url] = self.clock() + self.ejection_s
-        self._usable(st, self.clock())
+        st, now = self.routes[model], self.clock()
+        until = st.ejected[url] = now + self.ejection_s
+        self._usable(st, now)
         asyncio.get_running_loop().call_later(self.ejection_s, self._readmit, model, url, until)
 
     def _readmit(self, model: str, url: str, until: float) -> None:
