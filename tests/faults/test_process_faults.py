@@ -66,6 +66,8 @@ RATE = float(os.environ.get("THAW_FAULTS_RATE", "2"))
 # client timeout is a hang, never a slow but bounded refusal.
 ACTIVATION_S = 60
 CLIENT_TIMEOUT_S = 150
+# Room for a whole activation timeout of the load, twice over.
+QUEUE_LENGTH = int(2 * ACTIVATION_S * RATE) + 16
 # A stream long enough that a fault lands while it streams (the demo model has random
 # weights: ignore_eos makes the length exact).
 LONG_TOKENS = 600
@@ -105,7 +107,11 @@ def stack(store: EmbeddedStore, s3: S3Endpoint, store_link: Proxy, demo_model_di
         cfg["cluster"].update({"heartbeat_interval_s": 1, "worker_timeout_s": 10})
         cfg["pools"][0].update({"standby_min": 2, "standby_max": 2, "max_instances": 4})
         demo = cfg["models"][0]
-        demo["autoscaling"].update({"idle_grace_s": 600, "activation_timeout_s": ACTIVATION_S, "max_replicas": 1})
+        # The queue holds every request that could still be served within its activation
+        # timeout: on 2 busy cores an engine can take 45 s to come back after a crash, and
+        # at 2 req/s the example's 64 overflowed (429s); overflow is fault 8's subject.
+        demo["autoscaling"].update({"idle_grace_s": 600, "activation_timeout_s": ACTIVATION_S, "max_replicas": 1,
+                                    "max_queue_length": QUEUE_LENGTH})
         # A second model for the fault during a load: the same weights, its own replicas.
         spare = {**demo, "name": "spare", "served_name": "spare",
                  "autoscaling": {**demo["autoscaling"], "idle_grace_s": 5}}
