@@ -24,18 +24,19 @@ does the I/O (it runs :mod:`snapshotter.runtime` in the engine's interpreter).
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import subprocess
 from dataclasses import dataclass
 from typing import Any
 
 from thaw.config import EngineArgs
+from thaw.digest import ID_HEX_CHARS, diff_inputs, format_diff, json_normal, short_id
 
 # Bump when the meaning of the inputs changes: every snapshot gets a new id.
 FINGERPRINT_VERSION = 1
-# Hex digits of the id: 64 bits; a collision is still caught by comparing inputs.
-ID_HEX_CHARS = 16
+
+__all__ = ["ID_HEX_CHARS", "Fingerprint", "diff_inputs", "fingerprint_inputs", "fingerprint_of", "format_diff",
+           "probe_runtime"]
 
 RUNTIME_KEYS = ("vllm", "torch", "python", "python_prefix", "machine", "device", "device_name",
                 "device_capability", "cpu_isa")
@@ -47,12 +48,6 @@ class Fingerprint:
 
     id: str
     inputs: dict[str, Any]
-
-
-def _json_normal(value: Any) -> Any:
-    # The inputs go through JSON in the manifest; normalising now makes a stored copy
-    # compare equal to a freshly computed one (tuples become lists, and so on).
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
 def fingerprint_inputs(
@@ -68,7 +63,7 @@ def fingerprint_inputs(
     missing = [k for k in RUNTIME_KEYS if k not in runtime]
     if missing:
         raise ValueError(f"runtime facts lack {missing}")
-    return _json_normal({
+    return json_normal({
         "fingerprint_version": FINGERPRINT_VERSION,
         **{k: runtime[k] for k in RUNTIME_KEYS},
         "model_uri": model_uri.rstrip("/"),
@@ -85,20 +80,8 @@ def fingerprint_inputs(
 
 def fingerprint_of(inputs: dict[str, Any]) -> Fingerprint:
     """The stable id of ``inputs``: sha256 of their canonical JSON, shortened."""
-    normal = _json_normal(inputs)
-    canonical = json.dumps(normal, sort_keys=True, separators=(",", ":"))
-    return Fingerprint(hashlib.sha256(canonical.encode()).hexdigest()[:ID_HEX_CHARS], normal)
-
-
-def diff_inputs(expected: dict[str, Any], actual: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{key: (expected, actual)}`` for every input that differs (absent is None)."""
-    keys = sorted(set(expected) | set(actual))
-    return {k: (expected.get(k), actual.get(k)) for k in keys if expected.get(k) != actual.get(k)}
-
-
-def format_diff(diff: dict[str, tuple[Any, Any]]) -> str:
-    """``key: ours != theirs`` for a log line or an error message."""
-    return "; ".join(f"{k}: {a!r} != {b!r}" for k, (a, b) in diff.items())
+    normal = json_normal(inputs)
+    return Fingerprint(short_id(normal), normal)
 
 
 @functools.cache

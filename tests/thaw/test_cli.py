@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from thaw.config import Model, parse_config
 from thaw.embedded_store import free_port
+from thaw.engine_class import engine_class_of
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 THAW = [sys.executable, "-m", "thaw.cli.main"]
@@ -24,6 +26,10 @@ def thaw(*args: str, cwd: Path | None = None, check: bool = True, timeout: float
     if check and proc.returncode != 0:
         raise AssertionError(f"thaw {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def cfg_models(data: dict[str, object]) -> list[Model]:
+    return parse_config(data).models
 
 
 def test_help_lists_every_command_with_a_description() -> None:
@@ -78,10 +84,15 @@ def test_store_push_ls_and_restart_keeps_data(tmp_path: Path, demo_model_dir: Pa
 
         listed = json.loads(thaw("models", "ls", "--json", *c).stdout)
         assert [(m["uri"], m["status"], m["configured_as"]) for m in listed] == [
-            ("s3://thaw/models/demo", "complete", "demo")
+            ("s3://thaw/models/demo", "complete", ["demo"])
         ]
+        # The engine class, from the config.json in the store and the model's engine settings.
+        demo = next(m for m in cfg_models(data) if m.name == "demo")
+        expected = engine_class_of(json.loads((demo_model_dir / "config.json").read_text()), demo.engine,
+                                   max_model_len=demo.max_context_tokens).id
+        assert listed[0]["engine_classes"] == {"demo": expected}
         table = thaw("models", "ls", *c).stdout
-        assert "s3://thaw/models/demo" in table and "complete" in table
+        assert "s3://thaw/models/demo" in table and "complete" in table and f"demo ({expected})" in table
 
         assert thaw("store", "down", *c).stdout.strip() == "store stopped"
         assert thaw("store", "status", *c, check=False).returncode == 3

@@ -15,7 +15,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from thaw.config import DEFAULT_CONFIG_PATH, ConfigError, ThawConfig, hash_api_key, load_config
+from thaw.config import (
+    DEFAULT_CONFIG_PATH,
+    ConfigError,
+    Model,
+    ThawConfig,
+    hash_api_key,
+    load_config,
+)
 from thaw.log import setup_logging
 
 EXIT_FAILED = 1
@@ -251,23 +258,38 @@ def cmd_push(args: argparse.Namespace) -> int:
 def cmd_models_ls(args: argparse.Namespace) -> int:
     import botocore.exceptions
 
-    from weight_streaming.push import list_models
+    from thaw.engine_class import engine_class_of
+    from weight_streaming.push import list_models, read_model_config
 
     cfg = _load(args)
+    client = _client(cfg)
     try:
-        models = list_models(_client(cfg), cfg.object_store.bucket)
+        models = list_models(client, cfg.object_store.bucket)
     except botocore.exceptions.EndpointConnectionError as exc:
         raise CliError(f"cannot reach the store: {exc} (is it up? `thaw store up`)", EXIT_STORE) from None
     except botocore.exceptions.ClientError as exc:
         raise CliError(f"cannot list bucket {cfg.object_store.bucket!r}: {exc}", EXIT_STORE) from None
-    configured = {m.uri.rstrip("/"): m.name for m in cfg.models}
+    configured: dict[str, list[Model]] = {}
+    for cm in cfg.models:
+        configured.setdefault(cm.uri.rstrip("/"), []).append(cm)
     rows: list[dict[str, Any]] = []
     for m in models:
         man = m.manifest
+        # The engine class of each model configured on these weights (its engine
+        # settings are part of it): models of one class can swap into one engine.
+        classes: dict[str, str] = {}
+        config = read_model_config(client, m.uri) if man and configured.get(m.uri) else None
+        for cm in configured.get(m.uri, []) if config else []:
+            try:
+                classes[cm.name] = engine_class_of(config or {}, cm.engine,
+                                                   max_model_len=cm.max_context_tokens).id
+            except ValueError as exc:
+                classes[cm.name] = f"none ({exc})"
         rows.append({
             "uri": m.uri,
             "status": "complete" if man else "incomplete (no manifest: interrupted push?)",
-            "configured_as": configured.get(m.uri),
+            "configured_as": [cm.name for cm in configured.get(m.uri, [])],
+            "engine_classes": classes,
             "bytes": man.total_bytes if man else m.stored_bytes,
             "parameters": man.parameter_count if man else None,
             "dtypes": man.dtypes if man else [],
@@ -280,11 +302,13 @@ def cmd_models_ls(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no models in s3://{cfg.object_store.bucket} (push one with `thaw push DIR s3://...`)")
         return 0
-    print(f"{'URI':40} {'STATUS':10} {'SIZE':>10} {'PARAMS':>12} {'DTYPES':10} {'PUSHED':20} CONFIGURED AS")
+    print(f"{'URI':40} {'STATUS':10} {'SIZE':>10} {'PARAMS':>12} {'DTYPES':10} {'PUSHED':20} "
+          f"CONFIGURED AS (ENGINE CLASS)")
     for r in rows:
+        as_ = ", ".join(f"{n} ({r['engine_classes'].get(n, '-')})" for n in r["configured_as"]) or "-"
         print(f"{r['uri']:40} {r['status'].split()[0]:10} {r['bytes'] / 2**20:>8.1f}Mi "
               f"{(format(r['parameters'], ',') if r['parameters'] is not None else '-'):>12} "
-              f"{','.join(r['dtypes']) or '-':10} {(r['pushed_at'] or '-')[:19]:20} {r['configured_as'] or '-'}")
+              f"{','.join(r['dtypes']) or '-':10} {(r['pushed_at'] or '-')[:19]:20} {as_}")
     return 0
 
 
