@@ -334,6 +334,10 @@ class Pool(_Strict):
     # new ones when the running standby runs low.
     stopped_standby_min: NonNegativeInt = 0
     stopped_standby_max: NonNegativeInt = 0
+    # Models whose engine class this pool's standbys build before any request (one class
+    # per standby): a cold start of any model of such a class swaps its weights into a
+    # built engine instead of building one. Models of this pool's shape.
+    prebuild: list[Name] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _bounds(self) -> Pool:
@@ -571,6 +575,15 @@ class ThawConfig(_Strict):
                 raise ValueError(
                     f"pools[{i}]: shape {p.shape!r} is not declared; declared: {sorted(shapes)}"
                 )
+            on_shape = {m.name for m in self.models if m.shape == p.shape}
+            wrong = [n for n in p.prebuild if n not in on_shape]
+            if wrong:
+                raise ValueError(
+                    f"pools[{i}] ({p.shape}): prebuild names {wrong}, which are not models of shape "
+                    f"{p.shape!r}; models of that shape: {sorted(on_shape)}"
+                )
+            if len(set(p.prebuild)) != len(p.prebuild):
+                raise ValueError(f"pools[{i}] ({p.shape}): prebuild names a model twice: {p.prebuild}")
             if p.provider == "ec2" and self.controller.url is None:
                 raise ValueError(
                     f"pools[{i}] (ec2): set controller.url to the address its instances reach the "

@@ -50,10 +50,12 @@ class _Msg(BaseModel):
 
 
 # Where a request's replica got the model from, fastest first: it was serving already
-# (hot), it was asleep and woken, its weights came from a worker's host-memory cache,
-# from its disk cache, from the store (s3), or a new instance had to be launched first.
-Tier = Literal["hot", "asleep", "host", "disk", "s3", "launch"]
-TIERS: tuple[Tier, ...] = ("hot", "asleep", "host", "disk", "s3", "launch")
+# (hot), it was asleep and woken, its weights were swapped into an engine built before
+# the request (swap), a standby built an engine and read the weights from its
+# host-memory cache, its disk cache or the store (s3), or a new instance had to be
+# launched first.
+Tier = Literal["hot", "asleep", "swap", "host", "disk", "s3", "launch"]
+TIERS: tuple[Tier, ...] = ("hot", "asleep", "swap", "host", "disk", "s3", "launch")
 # Where a load read its weights: a worker's cache tiers, the store, or a local
 # directory (a model not in the store: tests, `thaw snapshot build`).
 LoadSource = Literal["host", "disk", "s3", "local"]
@@ -88,6 +90,23 @@ class AssignRequest(_Msg):
     # Start the engine with vLLM's sleep mode, so that it can be put to sleep when idle
     # (the asleep tier, GPU only) and woken by the next assignment of the same model.
     sleep_mode: bool = False
+    # The model's engine class as the controller computed it (thaw.engine_class). A
+    # worker holding a built engine swaps the weights in only when its own computation
+    # from the model's config.json agrees; otherwise it builds an engine as usual.
+    engine_class: str | None = None
+
+
+class PrebuildRequest(_Msg):
+    """Build an engine for ``model`` while standing by (``pools[].prebuild``): a later
+    assignment of any model of its engine class swaps its weights in."""
+
+    model: Name
+    uri: S3Uri
+    served_model_name: Id
+    max_model_len: PositiveInt
+    engine: EngineArgs = EngineArgs()
+    engine_class: str
+    snapshots: bool = True
 
 
 class ReleaseRequest(_Msg):
@@ -139,6 +158,8 @@ class LoadView(_Msg):
 
     # The slowest source any byte came from ("asleep": woken, nothing was read).
     tier: Literal["asleep", "host", "disk", "s3", "local"]
+    # The weights were swapped into an engine built before the assignment.
+    swap: bool = False
     # The loader's time and bytes (None: a loader that does not report them).
     seconds: float | None = None
     bytes: int | None = None
@@ -153,6 +174,18 @@ class CachedWeights(_Msg):
     tier: Literal["host", "disk"]
     bytes: NonNegativeInt
     total_bytes: NonNegativeInt
+
+
+class PrebuiltView(_Msg):
+    """An engine a worker keeps across assignments (``pools[].prebuild``)."""
+
+    engine_class: str
+    # The model whose weights the engine holds now (the one it was built for, or the
+    # last one swapped in).
+    model: str
+    # building: the engine is being built (no swap yet); ready: a swap can start now.
+    state: Literal["building", "ready"]
+    built_at: float | None = None
 
 
 class WorkerStatus(_Msg):
@@ -184,6 +217,8 @@ class WorkerStatus(_Msg):
     cached: list[CachedWeights] = []
     # Bytes per second this worker's recent loads read from each source.
     load_bytes_per_s: dict[str, float] = {}
+    # The engine it keeps across assignments, if any.
+    prebuilt: PrebuiltView | None = None
 
 
 class HeartbeatReply(_Msg):
@@ -229,6 +264,8 @@ class ColdStartRecord(_Msg):
     woken: bool = False
     # Where the replica got the model from (never "hot": a cold start is not).
     tier: Tier | None = None
+    # Where its weights came from (host, disk, s3), also for a swap.
+    weights_from: LoadSource | None = None
     # The engine loader's time reading the weights (None: not reported).
     load_s: float | None = None
 

@@ -10,9 +10,12 @@ early is the keep-alive policy's (``warm_pool.keepalive``). Then:
 - a request at zero with no replica ready or loading → assign a standby worker of the
   model's shape now; with no standby, launch one within ``max_instances``;
 - which standby: an asleep replica of the model first (a wake), then the standby that
-  would load it soonest from what it holds (its host-memory copy, its disk copy, else
+  would serve it soonest: one holding a built engine of the model's engine class (a
+  swap: only the weights move), else one that builds an engine, each by how long it
+  would read the weights from what it holds (its host-memory copy, its disk copy, else
   the store), by the bytes each tier holds and the rates the worker measured
-  (``expected_load_s``; ServerlessLLM's locality-aware placement, OSDI 2024);
+  (``expected_load_s``; ServerlessLLM's locality-aware placement, OSDI 2024); a standby
+  holding an engine of another class comes last (its engine must go first);
 - a failed load puts the model in exponential backoff (2 s, 4 s, … capped at 60 s);
   the failed worker is released back to standby. A successful start resets it. A
   replica that crashes after serving is placed again at once, unless another crashed
@@ -27,7 +30,9 @@ spend stays within the pool's budget and the global one (``warm_pool.budget``: s
 replicas count first and are never cut; asleep ones are released before standby is
 cut); the target is reached through the stopped tier on EC2 (start stopped ones before
 launching, stop excess ones before terminating). Ones draining back to standby count;
-never more than ``max_instances`` in all.
+never more than ``max_instances`` in all. With ``prebuild``, standbys build engines of
+the named models' classes before any request, each class's share of the standbys
+following the cold starts of its models (:func:`plan_prebuilds`).
 """
 
 from __future__ import annotations
@@ -60,6 +65,12 @@ CRASH_WINDOW_S = 300.0
 # Bytes per second assumed for a source a worker has not measured yet: rough figures
 # for an instance's memory, NVMe and S3 (with none measured only their order matters).
 DEFAULT_LOAD_BYTES_PER_S = {"host": 8e9, "disk": 2e9, "s3": 1e9}
+# Seconds a standby takes to build an engine (start the engine core, build the model,
+# allocate the KV cache, warm up, compile), which a swap skips; and to first stop an
+# engine of another class. Rough: placement compares them with load times, so only
+# their order against those matters.
+ENGINE_BUILD_S = 20.0
+ENGINE_TEARDOWN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,10 @@ class WorkerView:
     load_rates: tuple[tuple[str, float], ...] = ()
     # Its current assignment reached ready (so a failure now is a crash while serving).
     served: bool = False
+    # The engine class of an engine it keeps across assignments (None: none), and
+    # whether that engine is built (a swap can start now).
+    prebuilt_class: str | None = None
+    prebuilt_ready: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,8 @@ class Snapshot:
     activity: dict[str, ModelActivity] = field(default_factory=dict)
     # Shapes whose launches are paused until then (capacity errors): shape -> epoch s.
     launch_blocked_until: dict[str, float] = field(default_factory=dict)
+    # Each model's engine class (thaw.engine_class), where known.
+    model_classes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -140,6 +157,8 @@ class PoolState:
     sizer: SizerState = SizerState()
     # When models of this shape needed a cold start, within COLD_START_WINDOW_S.
     cold_starts: tuple[float, ...] = ()
+    # The same per engine class of the pool's prebuild list (its share of prebuilt standbys).
+    class_cold_starts: dict[str, tuple[float, ...]] = field(default_factory=dict)
     target: StandbyTarget | None = None
     grant: PoolGrant | None = None
 
@@ -205,6 +224,15 @@ class Start:
 
 
 @dataclass(frozen=True)
+class Prebuild:
+    """Have a standby build an engine of ``model``'s engine class before any request."""
+
+    worker_id: str
+    model: str
+    engine_class: str
+
+
+@dataclass(frozen=True)
 class Launch:
     shape: str
     reason: Literal["standby", "demand"]
@@ -216,7 +244,7 @@ class Terminate:
     reason: Literal["unreachable", "excess_standby", "excess_stopped"]
 
 
-Decision = Assign | Release | Sleep | Launch | Terminate | Stop | Start
+Decision = Assign | Release | Sleep | Launch | Terminate | Stop | Start | Prebuild
 
 
 _SERVING = ("loading", "ready")
@@ -245,17 +273,65 @@ def expected_load(w: WorkerView, uri: str, total_bytes: int) -> tuple[float, str
     return seconds, tier
 
 
-def place(standbys: list[WorkerView], uri: str, total_bytes: int) -> tuple[WorkerView, str, float]:
-    """Take from ``standbys`` the one expected to load ``uri`` soonest (ties: the first)."""
-    best = min(range(len(standbys)), key=lambda i: (expected_load(standbys[i], uri, total_bytes)[0], i))
-    w = standbys.pop(best)
+def expected_start(w: WorkerView, uri: str, total_bytes: int, engine_class: str | None) -> tuple[float, str]:
+    """Seconds until ``w`` would serve the model at ``uri`` (of ``engine_class``) and the
+    tier it would start from: "swap" into its built engine of that class (only the
+    weights move), else build an engine and load (after stopping an engine of another
+    class it holds), the tier then being where the weights come from."""
     seconds, tier = expected_load(w, uri, total_bytes)
-    return w, tier, seconds
+    if w.prebuilt_class is not None and w.prebuilt_class == engine_class:
+        return (seconds, "swap") if w.prebuilt_ready else (seconds + ENGINE_BUILD_S, tier)
+    if w.prebuilt_class is not None:
+        return seconds + ENGINE_BUILD_S + ENGINE_TEARDOWN_S, tier
+    return seconds + ENGINE_BUILD_S, tier
 
 
-def _held(w: WorkerView) -> tuple[int, int]:
-    """What a standby's copies are worth keeping it for: bytes in memory, then on disk."""
-    return (sum(c.bytes for c in w.cached if c.tier == "host"), sum(c.bytes for c in w.cached if c.tier == "disk"))
+def place(standbys: list[WorkerView], uri: str, total_bytes: int,
+          engine_class: str | None = None) -> tuple[WorkerView, str, float]:
+    """Take from ``standbys`` the one expected to serve ``uri`` soonest (ties: the first);
+    returns it, its tier and the expected seconds of the load (a swap's or a build's)."""
+    best = min(range(len(standbys)),
+               key=lambda i: (expected_start(standbys[i], uri, total_bytes, engine_class)[0], i))
+    w = standbys.pop(best)
+    _, tier = expected_start(w, uri, total_bytes, engine_class)
+    return w, tier, expected_load(w, uri, total_bytes)[0]
+
+
+def plan_prebuilds(prebuild: list[tuple[str, str]], standbys: list[WorkerView], *, target: int,
+                   class_cold_starts: dict[str, int]) -> list[Prebuild]:
+    """Which idle standbys should build an engine, and of which class.
+
+    ``prebuild``: ``(model, engine class)`` in the pool's order (the first model named
+    for a class builds it); ``standbys``: the pool's idle standbys; ``target``: the
+    pool's standby target; ``class_cold_starts``: recent cold starts per class, of all
+    the pool's models (``""``: models of no prebuilt class). Each class wants
+    ``ceil(target x its share of the cold starts)`` standbys with its engine, at least
+    one; with no cold starts yet, one each. Standbys holding an engine (built or
+    building) count where they are; only standbys without one are given one, in id
+    order, never more than there are.
+    """
+    classes: dict[str, str] = {}
+    for model, cls in prebuild:
+        classes.setdefault(cls, model)
+    total = sum(class_cold_starts.values())
+    have = {cls: sum(1 for w in standbys if w.prebuilt_class == cls) for cls in classes}
+    plain = sorted((w for w in standbys if w.prebuilt_class is None), key=lambda w: w.id)
+    out: list[Prebuild] = []
+    for cls, model in classes.items():
+        share = class_cold_starts.get(cls, 0) / total if total else 0.0
+        wanted = max(1, math.ceil(target * share))
+        for _ in range(max(wanted - have[cls], 0)):
+            if not plain:
+                return out
+            out.append(Prebuild(plain.pop(0).id, model, cls))
+    return out
+
+
+def _held(w: WorkerView) -> tuple[bool, int, int]:
+    """What a standby is worth keeping for: a built engine (the fastest cold starts of
+    its class), then its copies of weights, bytes in memory, then on disk."""
+    return (w.prebuilt_class is not None, sum(c.bytes for c in w.cached if c.tier == "host"),
+            sum(c.bytes for c in w.cached if c.tier == "disk"))
 
 
 def launch_backoff_s(failures: int, base_s: float, max_s: float) -> float:
@@ -366,6 +442,7 @@ def decide(
     # an idle model keeps a replica (or gets one back early) and when it goes to zero.
     launches_for_demand: dict[str, int] = {}
     cold_now: dict[str, int] = {}
+    cold_class_now: dict[str, int] = {}
     # Models whose requests wait at zero take the free standbys first, the longest
     # waiting first; the others follow in config order.
     judged = cfg.models if only is None else [m for m in cfg.models if m.name in only]
@@ -390,6 +467,8 @@ def decide(
         if act.demand and not replicas:
             if ms.at_zero_since is None:
                 cold_now[m.shape] = cold_now.get(m.shape, 0) + 1
+                cls = snap.model_classes.get(m.name, "")
+                cold_class_now[cls] = cold_class_now.get(cls, 0) + 1
             at_zero_since = now if ms.at_zero_since is None else ms.at_zero_since
         models[m.name] = ms = evolve(ms, scale=scale, last_scale=result, keep_alive=window,
                                      at_zero_since=at_zero_since)
@@ -413,7 +492,8 @@ def decide(
                     gone.add(w.id)
                     decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}", reason))
                 elif standbys:
-                    w, tier, secs = place(standbys, m.uri, model_bytes(snap.workers, m.uri))
+                    w, tier, secs = place(standbys, m.uri, model_bytes(snap.workers, m.uri),
+                                          snap.model_classes.get(m.name))
                     decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}", reason, tier,
                                             round(secs, 3)))
                 else:
@@ -455,7 +535,13 @@ def decide(
         colds = tuple(t for t in ps.cold_starts if now - t < COLD_START_WINDOW_S) + (now,) * cold_now.get(pool.shape, 0)
         target, sizer = size_standby(ps.sizer, cold_starts_per_min=cold_start_rate(colds, now, COLD_START_WINDOW_S),
                                      boot_s=shape.boot_s, pool=pool, now=now)
-        pool_states[pool.shape] = evolve(ps, sizer=sizer, cold_starts=colds, target=target)
+        class_colds = ps.class_cold_starts
+        if pool.prebuild:
+            classes_here = {snap.model_classes.get(m.name, "") for m in cfg.models if m.shape == pool.shape}
+            class_colds = {cls: tuple(t for t in ps.class_cold_starts.get(cls, ()) if now - t < COLD_START_WINDOW_S)
+                           + (now,) * cold_class_now.get(cls, 0) for cls in classes_here}
+        pool_states[pool.shape] = evolve(ps, sizer=sizer, cold_starts=colds, target=target,
+                                         class_cold_starts=class_colds)
         mine = [w for w in snap.workers if w.shape == pool.shape]
         serving = [w for w in mine if w.state in ("loading", "ready")]
         asleep_here = [w for w in mine if w.state == "asleep" and w.id not in gone]
@@ -513,12 +599,19 @@ def decide(
         idle_standby.sort(key=_held)
         if any(w.state in ("launching", "starting") for w in standby):
             # Not for one still booting: it becomes the excess once it stands by.
-            idle_standby = [w for w in idle_standby if not w.cached]
+            idle_standby = [w for w in idle_standby if not w.cached and w.prebuilt_class is None]
         for w in idle_standby[: plan.stop_running]:
             decisions.append(Stop(w.id, "excess_standby"))
         for w in idle_standby[plan.stop_running: plan.stop_running + plan.terminate_running]:
             decisions.append(Terminate(w.id, "excess_standby"))
         for w in stopped[plan.start_stopped: plan.start_stopped + plan.terminate_stopped]:
             decisions.append(Terminate(w.id, "excess_stopped"))
+        if pool.prebuild:
+            removed = {d.worker_id for d in decisions if isinstance(d, Stop | Terminate)}
+            named = [(n, snap.model_classes[n]) for n in pool.prebuild if n in snap.model_classes]
+            waiting = [w for w in standby if w.state == "standby" and w.id not in removed]
+            colds_by_class = pool_states[pool.shape].class_cold_starts
+            decisions.extend(plan_prebuilds(named, waiting, target=g.standby,
+                                            class_cold_starts={c: len(ts) for c, ts in colds_by_class.items()}))
 
     return decisions, PolicyState(models=models, assignments=n_assign, epoch=state.epoch, pools=pool_states)

@@ -57,6 +57,8 @@ def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("models.0.idle_grace", 3, "models[0].idle_grace", "unknown field"),
         ("shapes.0.price_per_hour_usd", "cheap", "shapes[0].price_per_hour_usd", "valid number"),
         ("pools.0.standby_min", 5, "pools[0]", "standby_min (5) must not exceed standby_max (1)"),
+        ("pools.0.prebuild", ["nope"], "(top level)", "prebuild names ['nope'], which are not models of shape"),
+        ("pools.0.prebuild", ["demo", "demo"], "(top level)", "prebuild names a model twice"),
         ("tenants.0.api_key_hashes", ["plaintext-key"], "tenants[0].api_key_hashes[0]", "should match pattern"),
         ("tenants.0.allowed_models", ["nope"], "(top level)", "unknown models ['nope']"),
         ("object_store.kind", "gcs", "object_store.kind", "'embedded' or 's3'"),
@@ -127,3 +129,9 @@ def test_config_check_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
     assert main(["config", "check", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read file" in capsys.readouterr().err
+
+
+def test_prebuild_names_models_of_the_pools_shape() -> None:
+    data = example()
+    data["pools"][0]["prebuild"] = ["demo"]
+    assert parse_config(data).pools[0].prebuild == ["demo"]
