@@ -1,4 +1,5 @@
-"""How to reach the object store: endpoint and credentials, resolved from config."""
+"""How to reach the object store: endpoint and credentials, resolved from config; and
+reading a model's config.json from it."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import boto3
 import botocore.config
+import botocore.exceptions
 
 from thaw.config import ThawConfig
+from thaw.s3uri import join_key, parse_s3_uri
 
 
 class StoreConfigError(RuntimeError):
@@ -110,3 +114,19 @@ def resolve_endpoint(cfg: ThawConfig) -> S3Endpoint:
                 f"object_store.credentials: set {creds.access_key_env} and {creds.secret_key_env}"
             )
     return S3Endpoint(store.resolved_endpoint_url, access, secret, store.region)
+
+
+def read_model_config(client: Any, uri: str) -> dict[str, Any] | None:
+    """The model's ``config.json`` at ``uri`` (a few KiB), or None when it has none.
+    ``client``: a boto3 S3 client. Blocking."""
+    bucket, prefix = parse_s3_uri(uri)
+    try:
+        obj = client.get_object(Bucket=bucket, Key=join_key(prefix, "config.json"))
+    except botocore.exceptions.ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            return None
+        raise
+    config = json.loads(obj["Body"].read())
+    if not isinstance(config, dict):
+        raise ValueError(f"{uri}/config.json is not a JSON object")
+    return config

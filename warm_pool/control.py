@@ -9,7 +9,7 @@ import httpx
 from pydantic import BaseModel
 
 from thaw.auth import bearer
-from thaw.wire import AssignRequest, ReleaseRequest, SleepRequest, WorkerStatus
+from thaw.wire import AssignRequest, PrebuildRequest, ReleaseRequest, SleepRequest, WorkerStatus
 
 
 class ControlError(Exception):
@@ -25,6 +25,7 @@ class WorkerControl(Protocol):
     async def assign(self, control_url: str, req: AssignRequest) -> WorkerStatus: ...
     async def release(self, control_url: str, req: ReleaseRequest) -> WorkerStatus: ...
     async def sleep(self, control_url: str, req: SleepRequest) -> WorkerStatus: ...
+    async def prebuild(self, control_url: str, req: PrebuildRequest) -> WorkerStatus: ...
     async def close(self) -> None: ...
 
 
@@ -55,6 +56,9 @@ class HttpWorkerControl:
 
     async def sleep(self, control_url: str, req: SleepRequest) -> WorkerStatus:
         return await self._call(control_url, "/sleep", req)
+
+    async def prebuild(self, control_url: str, req: PrebuildRequest) -> WorkerStatus:
+        return await self._call(control_url, "/prebuild", req)
 
     async def close(self) -> None:
         await self._http.aclose()

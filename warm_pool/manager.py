@@ -40,6 +40,7 @@ from thaw.wire import (
     NewKeyReply,
     PoolEvent,
     PoolStatus,
+    PrebuildRequest,
     ReleaseRequest,
     ReplicaRoute,
     RevokeReply,
@@ -51,6 +52,7 @@ from thaw.wire import (
     WorkerState,
     WorkerStatus,
 )
+from warm_pool.classes import ModelClasses
 from warm_pool.control import ControlError, WorkerControl
 from warm_pool.keys import KEYS_FILE, KeyStore
 from warm_pool.persist import (
@@ -67,6 +69,7 @@ from warm_pool.policy import (
     ModelActivity,
     ModelState,
     PolicyState,
+    Prebuild,
     Release,
     Sleep,
     Snapshot,
@@ -169,12 +172,16 @@ class PoolManager:
         refresh_interval_s: float | None = None,
         epoch: str | None = None,
         state_dir: Path | None = None,
+        model_classes: ModelClasses | None = None,
     ) -> None:
         """``providers`` maps each pool's shape to the provider that runs it.
-        ``state_dir``: where what must outlive a restart is kept (None: nowhere)."""
+        ``state_dir``: where what must outlive a restart is kept (None: nowhere).
+        ``model_classes``: each model's engine class (placement into pre-built
+        engines); None: no model has a known class."""
         self.cfg = cfg
         self.providers = providers
         self.control = control
+        self.model_classes = model_classes
         self.clock = clock
         self.poll_interval_s = poll_interval_s
         # One heartbeat interval and a margin: long enough for every live worker to report.
@@ -477,6 +484,8 @@ class PoolManager:
         its own clock)."""
         await self._refresh_instances()
         now = self.clock()
+        if self.model_classes is not None and self.model_classes.due(self.cfg, now):
+            await self.model_classes.refresh(self.cfg)
         if not self.adopted and self.adopt_until is not None and now >= self.adopt_until:
             self.adopted = True
             self.metrics.adopted.set(1)
@@ -521,7 +530,8 @@ class PoolManager:
         views = self.views(now)
         blocked = {s: b.until for s, b in self.shape_backoff.items() if b.until > now}
         snap = Snapshot(workers=tuple(views.values()), activity=self._take_traffic(self.activity(now)),
-                        launch_blocked_until=blocked)
+                        launch_blocked_until=blocked,
+                        model_classes=dict(self.model_classes.classes) if self.model_classes else {})
         t0 = time.perf_counter()
         decisions, self.state = decide(snap, self.state, self.cfg, now)
         self.metrics.tick.observe(time.perf_counter() - t0)
@@ -584,6 +594,10 @@ class PoolManager:
             f = self.facts[d.worker_id]
             self._observe(d.worker_id, f.shape, intent=Intent("sleep", now, d.model, views[d.worker_id].assignment_id))
             self._spawn(self._sleep(d), busy=d.worker_id)
+        elif isinstance(d, Prebuild):
+            f = self.facts[d.worker_id]
+            self._observe(d.worker_id, f.shape, intent=Intent("prebuild", now, d.model, None, d.engine_class))
+            self._spawn(self._prebuild(d), busy=d.worker_id)
         elif isinstance(d, Stop | Start):
             f = self.facts[d.worker_id]
             intent = Intent("stop", now, None, None) if isinstance(d, Stop) else Intent("start", now, None, None)
@@ -681,6 +695,7 @@ class PoolManager:
             engine=model.engine,
             # The asleep tier needs the engine started with sleep mode.
             sleep_mode=model.autoscaling.asleep_ttl_s > 0,
+            engine_class=self.model_classes.classes.get(model.name) if self.model_classes else None,
         )
         try:
             status = await self.control.assign(url, req)
@@ -690,6 +705,23 @@ class PoolManager:
         self._answered(d.worker_id, status)
         log.info("worker_assigned", worker_id=d.worker_id, model=model.name, assignment_id=d.assignment_id,
                  expected_tier=d.tier, expected_load_s=d.expected_load_s)
+
+    async def _prebuild(self, d: Prebuild) -> None:
+        model = self.cfg.model(d.model)
+        url = self._control_url(d.worker_id)
+        assert model is not None
+        if url is None:
+            self._control_failed(d.worker_id, "prebuild", ControlError("no control URL yet"))
+            return
+        req = PrebuildRequest(model=model.name, uri=model.uri, served_model_name=model.resolved_served_name,
+                              max_model_len=model.max_context_tokens, engine=model.engine,
+                              engine_class=d.engine_class)
+        try:
+            status = await self.control.prebuild(url, req)
+        except ControlError as exc:
+            self._control_failed(d.worker_id, "prebuild", exc)
+            return
+        self._answered(d.worker_id, status)
 
     async def _sleep(self, d: Sleep) -> None:
         url = self._control_url(d.worker_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,6 +14,7 @@ from thaw.auth import cluster_token
 from thaw.config import ThawConfig
 from thaw.log import get_logger
 from warm_pool.api import create_pool_app
+from warm_pool.classes import ModelClasses
 from warm_pool.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
 from warm_pool.providers import Provider
@@ -51,11 +53,29 @@ def build_providers(cfg: ThawConfig, config_path: Path, controller_url: str) -> 
     return out
 
 
+def build_model_classes(cfg: ThawConfig) -> ModelClasses | None:
+    """Each model's engine class, read from the store, where some pool pre-builds
+    engines (the only time placement needs them). The controller reads config.json
+    files only: it needs s3:GetObject on the models' prefixes."""
+    if not any(p.prebuild for p in cfg.pools):
+        return None
+    from thaw.objstore import StoreConfigError, read_model_config, resolve_endpoint
+
+    try:
+        store = resolve_endpoint(cfg)
+    except StoreConfigError as exc:
+        log.warning("engine_classes_unavailable", error=str(exc))
+        return None
+    client = store.client()
+    return ModelClasses(lambda uri: read_model_config(client, uri), clock=time.time)
+
+
 def create_controller_app(cfg: ThawConfig, config_path: Path, controller_url: str, *,
                           stop_local_workers: bool = False) -> FastAPI:
     providers = build_providers(cfg, config_path, controller_url)
     token = cluster_token(cfg)
-    manager = PoolManager(cfg, providers, HttpWorkerControl(token), state_dir=cfg.data_dir / "controller")
+    manager = PoolManager(cfg, providers, HttpWorkerControl(token), state_dir=cfg.data_dir / "controller",
+                          model_classes=build_model_classes(cfg))
     app = create_pool_app(manager, token, manage_lifecycle=False)
 
     @asynccontextmanager

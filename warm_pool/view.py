@@ -25,10 +25,12 @@ INTENT_TTL_S = 15.0
 class Intent:
     """A control call the controller made and the worker may not have reflected yet."""
 
-    kind: Literal["assign", "release", "sleep", "stop", "start"]
+    kind: Literal["assign", "release", "sleep", "stop", "start", "prebuild"]
     at: float
     model: str | None
     assignment_id: str | None
+    # prebuild: the engine class asked for.
+    engine_class: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ def reflects(status: WorkerStatus, intent: Intent) -> bool:
         return status.assignment_id != intent.assignment_id or status.state is WorkerState.DRAINING
     if intent.kind == "sleep":
         return status.assignment_id != intent.assignment_id or status.state is WorkerState.ASLEEP
+    if intent.kind == "prebuild":
+        return status.prebuilt is not None or status.state is not WorkerState.STANDBY
     return False  # stop and start are reflected by the provider, not the worker
 
 
@@ -78,17 +82,26 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
     # What the worker last said it holds (its disk and host memory outlive any state).
     cached = tuple(st.cached) if st is not None else ()
     rates = tuple(sorted(st.load_bytes_per_s.items())) if st is not None else ()
+    # The engine it keeps across assignments; one asked for and not yet reflected is
+    # shown as building, so the next decision does not ask again.
+    built = st.prebuilt if st is not None else None
+    i = f.intent
+    if built is None and i is not None and i.kind == "prebuild" and now - i.at < INTENT_TTL_S \
+            and not (st is not None and reflects(st, i)):
+        prebuilt: tuple[str | None, bool] = (i.engine_class, False)
+    else:
+        prebuilt = (built.engine_class, built.state == "ready") if built is not None else (None, False)
 
     def view(state: WorkerState, model: str | None = None, assignment_id: str | None = None,
              error: str | None = None, since: float | None = None) -> WorkerView:
         served = st is not None and st.assignment_id == assignment_id and st.phases.engine_ready is not None
-        return WorkerView(f.worker_id, f.shape, state, model, assignment_id, error, since, cached, rates, served)
+        return WorkerView(f.worker_id, f.shape, state, model, assignment_id, error, since, cached, rates, served,
+                          *prebuilt)
 
     last_model = st.model if st else None
     last_assignment = st.assignment_id if st else None
     if inst is None and f.launch_requested_at is not None:
         return view(WorkerState.LAUNCHING)
-    i = f.intent
     if i is not None and inst is not None and now - i.at < INTENT_TTL_S:
         # Asked of the provider: shown until the provider's listing says it happened.
         if i.kind == "stop" and inst.state not in (InstanceState.STOPPING, InstanceState.STOPPED):

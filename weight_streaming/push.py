@@ -183,21 +183,6 @@ def read_manifest(client: S3Client, uri: str) -> Manifest | None:
     return Manifest.model_validate(json.loads(obj["Body"].read()))
 
 
-def read_model_config(client: S3Client, uri: str) -> dict[str, Any] | None:
-    """The model's ``config.json`` at ``uri`` (a few KiB), or None when it has none."""
-    bucket, prefix = parse_s3_uri(uri)
-    try:
-        obj = client.get_object(Bucket=bucket, Key=join_key(prefix, "config.json"))
-    except botocore.exceptions.ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-            return None
-        raise
-    config = json.loads(obj["Body"].read())
-    if not isinstance(config, dict):
-        raise ValueError(f"{uri}/config.json is not a JSON object")
-    return config
-
-
 @dataclass(frozen=True)
 class StoredModel:
     uri: str

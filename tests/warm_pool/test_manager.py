@@ -13,7 +13,17 @@ import yaml
 
 from tests.warm_pool.fleet import EXAMPLE
 from thaw.config import ThawConfig, parse_config
-from thaw.wire import AssignRequest, ReleaseRequest, SleepRequest, WorkerState, WorkerStatus
+from thaw.engine_class import engine_class_of
+from thaw.wire import (
+    AssignRequest,
+    PrebuildRequest,
+    PrebuiltView,
+    ReleaseRequest,
+    SleepRequest,
+    WorkerState,
+    WorkerStatus,
+)
+from warm_pool.classes import ModelClasses
 from warm_pool.manager import PoolManager, UnknownInstance
 from warm_pool.policy import ModelActivity
 from warm_pool.providers import CapacityError, Instance, InstanceState
@@ -84,6 +94,11 @@ class FakeControl:
         self.calls.append(("sleep", control_url, req))
         return self._status(control_url, S.ASLEEP)
 
+    async def prebuild(self, control_url: str, req: PrebuildRequest) -> WorkerStatus:
+        self.calls.append(("prebuild", control_url, req))
+        return self._status(control_url, S.STANDBY, prebuilt=PrebuiltView(
+            engine_class=req.engine_class, model=req.model, state="building"))
+
     async def close(self) -> None: ...
 
 
@@ -109,8 +124,9 @@ def beat(m: PoolManager, wid: str, state: WorkerState, clock: Clock, **kw: Any) 
                              control_url=f"http://{wid}", started_at=0.0, state_since=clock(), **kw))
 
 
-async def manager(cfg: ThawConfig, provider: FakeProvider, control: FakeControl, clock: Clock) -> PoolManager:
-    m = PoolManager(cfg, {"gpu": provider}, control, clock=clock, refresh_interval_s=0.0)
+async def manager(cfg: ThawConfig, provider: FakeProvider, control: FakeControl, clock: Clock,
+                  classes: ModelClasses | None = None) -> PoolManager:
+    m = PoolManager(cfg, {"gpu": provider}, control, clock=clock, refresh_interval_s=0.0, model_classes=classes)
     await m.start(loop=False)
     return m
 
@@ -283,3 +299,42 @@ async def test_arrivals_are_the_differences_of_each_activators_counter() -> None
     m.report("a", idle, arrivals={"demo": 1})  # a restarted activator counts from zero
     assert m._take_traffic({})["demo"].arrivals == 1
     assert m._take_traffic({}) == {}  # taken once
+
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 4096}
+
+
+async def test_prebuild_asks_a_standby_for_an_engine_and_assignments_carry_the_class() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    cfg = config(standby=1)
+    cfg = cfg.model_copy(update={"pools": [cfg.pools[0].model_copy(update={"prebuild": ["demo"]})]})
+    reads: list[str] = []
+
+    def read(uri: str) -> dict[str, object]:
+        reads.append(uri)
+        return LLAMA
+
+    classes = ModelClasses(read, clock=clock, refresh_s=60)
+    provider.running["w-1"] = Instance("i-w-1", "w-1", "gpu", clock() - 60, InstanceState.RUNNING)
+    m = await manager(cfg, provider, control, clock, classes)
+    beat(m, "w-1", S.STANDBY, clock)
+    clock.t += m.adopt_grace_s
+    await step(m)
+    demo = cfg.models[0]
+    expected = engine_class_of(LLAMA, demo.engine, max_model_len=demo.max_context_tokens).id
+    assert classes.classes == {"demo": expected} and reads == [demo.uri]
+    [(kind, url, req)] = control.calls
+    assert (kind, url) == ("prebuild", "http://w-1")
+    assert (req.model, req.uri, req.engine_class, req.max_model_len) == (
+        "demo", demo.uri, expected, demo.max_context_tokens)
+    # The answer shows the engine building: nothing is asked again, the config is not read again.
+    await step(m)
+    assert len(control.calls) == 1 and reads == [demo.uri]
+    # Built: a request at zero is a swap into it, and the assignment names the class.
+    beat(m, "w-1", S.STANDBY, clock, prebuilt=PrebuiltView(engine_class=expected, model="demo", state="ready"))
+    m.report("act-1", {"demo": ModelActivity(queued=1, last_request_at=clock())})
+    await step(m)
+    [(kind, _, areq)] = [c for c in control.calls if c[0] == "assign"]
+    assert areq.engine_class == expected
+    assert any(e.kind == "assign" and e.worker_id == "w-1" for e in m.events)

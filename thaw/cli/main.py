@@ -259,7 +259,8 @@ def cmd_models_ls(args: argparse.Namespace) -> int:
     import botocore.exceptions
 
     from thaw.engine_class import engine_class_of
-    from weight_streaming.push import list_models, read_model_config
+    from thaw.objstore import read_model_config
+    from weight_streaming.push import list_models
 
     cfg = _load(args)
     client = _client(cfg)
