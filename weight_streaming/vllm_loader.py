@@ -32,7 +32,7 @@ import fnmatch
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -232,6 +232,72 @@ def stream_model_weights(uri: str, options: StreamOptions = StreamOptions()) -> 
     except (StreamError, ValueError, OSError) as exc:
         # StreamError covers S3 errors and short reads; MalformedSafetensors is a ValueError.
         raise _load_error(uri, exc) from exc
+
+
+class FileByFileWeights:
+    """Every tensor of the model at ``uri``, read one safetensors file at a time (a swap
+    into a live engine: see ``worker.swap_core``).
+
+    Iterating yields ``(name, tensor)``; each file is read whole (parallel ranged GETs,
+    through the cache tiers, checked like any load) and its tensors are handed over
+    and forgotten before the next file is read, so the memory this needs beyond the
+    engine's own is the largest file, not the model. After the last tensor,
+    :attr:`summary` says what was read from where (as :func:`load_summary`). A
+    failure raises :class:`ThawLoadError` from the iteration: what was handed over
+    before it is already in the engine (the caller must not serve it).
+    """
+
+    def __init__(self, uri: str, options: StreamOptions = StreamOptions()) -> None:
+        self.uri = uri
+        self.options = options
+        self.summary: dict[str, Any] | None = None
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        t0 = time.perf_counter()
+        try:
+            sources: dict[str, int]
+            if self.uri.startswith("s3://"):
+                sources = yield from self._from_s3()
+            else:
+                sources = {"local": 0}
+                for path in local_weight_files(self.uri):
+                    result = load_many([path], device="cpu", chunk_bytes=self.options.chunk_bytes,
+                                       concurrency=self.options.concurrency)
+                    sources["local"] += result.stats.bytes
+                    yield from _drain(result.tensors)
+        except ThawLoadError:
+            raise
+        except (StreamError, ValueError, OSError) as exc:
+            raise _load_error(self.uri, exc) from exc
+        total = sum(sources.values())
+        self.summary = {"bytes": total, "seconds": round(time.perf_counter() - t0, 4),
+                        "sources": {k: v for k, v in sources.items() if v}}
+
+    def _from_s3(self) -> Generator[tuple[str, torch.Tensor], None, dict[str, int]]:
+        """The tensors; returns the bytes read from each source."""
+        o = self.options
+        client = s3_client_from_env(o.concurrency)
+        tiers = []
+        if o.host_cache_dir:
+            tiers.append(CacheTier("host", DiskCache(o.host_cache_dir, o.host_cache_max_bytes)))
+        if o.cache_dir:
+            tiers.append(CacheTier("disk", DiskCache(o.cache_dir, o.cache_max_bytes)))
+        verify = _manifest_checksums(client, self.uri) if o.verify_sha256 else None
+        objs = resolve_objects(client, self.uri, concurrency=o.concurrency)
+        sources: dict[str, int] = {}
+        for obj in objs:
+            result = load_s3(client, [obj], device="cpu", chunk_bytes=o.chunk_bytes, concurrency=o.concurrency,
+                             caches=tiers, verify_sha256=verify)
+            for src, n in result.bytes_by_source().items():
+                sources[src] = sources.get(src, 0) + n
+            yield from _drain(result.tensors)
+        files = [(obj.bucket, obj.key, obj.etag, obj.size) for obj in objs if obj.etag]
+        for t in tiers:
+            try:
+                t.cache.record_model(self.uri, files)
+            except OSError as exc:  # a full disk: the tier just does not say it has the model
+                logger.warning("cache record for %s in %s failed: %s", self.uri, t.name, exc)
+        return sources
 
 
 def _load_error(uri: str, exc: BaseException) -> ThawLoadError:

@@ -35,14 +35,18 @@ from dataclasses import replace
 from typing import Any
 
 from snapshotter.ops import StoreSnapshots
+from thaw.aio import wait_event
+from thaw.config import EngineArgs
 from thaw.embedded_store import free_port
 from thaw.log import get_logger
-from thaw.objstore import S3Endpoint
+from thaw.objstore import S3Endpoint, read_model_config
 from thaw.s3uri import S3UriError, check_allowed
 from thaw.wire import (
     AssignRequest,
     LoadView,
     Phases,
+    PrebuildRequest,
+    PrebuiltView,
     ReleaseRequest,
     SleepRequest,
     WorkerStatus,
@@ -52,11 +56,22 @@ from worker.caches import WeightCaches
 from worker.drain import drain
 from worker.engine_client import EngineClient, EngineError, HttpEngineClient
 from worker.host import EngineHost, EngineHostProcess, OnEvent
-from worker.launch import EV_FAILED, EV_WEIGHTS_LOADED, LaunchCommand, engine_env
+from worker.identity import ModelIdentity, identity_of
+from worker.launch import (
+    EV_FAILED,
+    EV_PARKED,
+    EV_SWAP_FAILED,
+    EV_SWAPPED,
+    EV_WEIGHTS_LOADED,
+    LaunchCommand,
+    ParkCommand,
+    SwapCommand,
+    engine_env,
+)
 from worker.metrics import WorkerMetrics
 from worker.settings import AgentSettings
 from worker.snapshots import EngineSnapshots, SnapshotOps, snapshot_view
-from worker.state import Assignment, Facts, WorkerState, derive_state, load_view
+from worker.state import Assignment, Facts, Prebuilt, WorkerState, derive_state, load_view
 from worker.supervisor import HostSpawner, HostSupervisor
 from worker.tasks import Tasks
 
@@ -65,6 +80,8 @@ log = get_logger()
 EngineClientFactory = Callable[[str], EngineClient]
 # Synchronous (boto3); the agent runs it in a thread. Returns None when there is no manifest.
 ManifestReader = Callable[[S3Endpoint, str], object | None]
+# The model's config.json (None: none). Synchronous, like the manifest reader.
+ConfigReader = Callable[[S3Endpoint, str], dict[str, Any] | None]
 
 
 class Conflict(Exception):
@@ -84,6 +101,10 @@ def read_store_manifest(store: S3Endpoint, uri: str) -> object | None:
     return read_manifest(store.client(), uri)
 
 
+def read_store_config(store: S3Endpoint, uri: str) -> dict[str, Any] | None:
+    return read_model_config(store.client(), uri)
+
+
 class Agent:
     def __init__(
         self,
@@ -92,6 +113,7 @@ class Agent:
         spawn_host: HostSpawner | None = None,
         engine_client: EngineClientFactory = HttpEngineClient,
         manifest_reader: ManifestReader = read_store_manifest,
+        config_reader: ConfigReader = read_store_config,
         snapshots: SnapshotOps | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -99,6 +121,7 @@ class Agent:
         self.metrics = WorkerMetrics()
         self._engine_client = engine_client
         self._manifest_reader = manifest_reader
+        self._config_reader = config_reader
         self._clock = clock
         self.started_at = clock()
         self._facts = Facts()
@@ -122,6 +145,10 @@ class Agent:
         self._wake_task: asyncio.Task[None] | None = None
         # Called after every state change (the heartbeat tells the controller at once).
         self.on_state_change: Callable[[], None] | None = None
+        # Swap and park commands waiting for their event, by swap id.
+        self._waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        # Set whenever the facts change (see _until).
+        self._changed = asyncio.Event()
 
     # -- facts and the derived state ----------------------------------------------
 
@@ -136,6 +163,7 @@ class Agent:
     def record(self, **changes: Any) -> None:
         """The one place facts change; logs and exports a state change."""
         self._facts = replace(self._facts, **changes)
+        self._changed.set()
         new = derive_state(self._facts)
         if new is not self._state:
             a = self._facts.assignment
@@ -178,6 +206,7 @@ class Agent:
             load=f.load if a else None,
             cached=self._caches.cached,
             load_bytes_per_s=dict(self._caches.load_rates),
+            prebuilt=_prebuilt_view(f.prebuilt),
         )
 
     # -- lifecycle ----------------------------------------------------------------
@@ -231,7 +260,15 @@ class Agent:
                 self.record(weights_loaded_at=float(event.get("t") or self._clock()), load=lv)
                 self._tasks.spawn(self.scan_caches(), name="scan_caches_after_load")
         elif kind == EV_FAILED:
+            if f.assignment is None and f.prebuilt is not None:
+                self.host_unwell(f"building an engine failed: {event.get('error') or 'no reason given'}")
+                self._supervisor.replace(graceful=False)
+                return
             self._fail(f"engine failed to start: {event.get('error') or 'no reason given'}")
+        elif kind in (EV_SWAPPED, EV_SWAP_FAILED, EV_PARKED):
+            waiter = self._waiters.pop(str(event.get("swap_id")), None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(event)
 
     def host_exited(self, facts: Facts, code: int, tail: str) -> None:
         if facts.assignment is None:
@@ -240,6 +277,17 @@ class Agent:
             self._fail(f"engine exited with status {code} while loading: {tail}")
         else:
             self._fail(f"engine exited with status {code} while serving: {tail}")
+
+    def host_gone(self) -> None:
+        """The engine host stopped or exited: the engine it kept goes with it, and a
+        swap or park waiting for it gets its answer now."""
+        if self._facts.prebuilt is not None:
+            self.record(prebuilt=None)
+        for swap_id, waiter in list(self._waiters.items()):
+            if not waiter.done():
+                waiter.set_result({"event": EV_SWAP_FAILED, "swap_id": swap_id, "kind": "engine",
+                                   "error": "the engine host exited"})
+        self._waiters.clear()
 
     def host_unwell(self, reason: str) -> None:
         # Without an assignment there is nothing to stop; the failure is shown until
@@ -255,12 +303,7 @@ class Agent:
         The same ``assignment_id`` again is accepted as a no-op (a retried request).
         Raises :class:`Refused` for a model URI outside ``settings.allowed_uri_prefixes``.
         """
-        if self.settings.allowed_uri_prefixes is not None:
-            try:
-                check_allowed(req.uri, self.settings.allowed_uri_prefixes)
-            except S3UriError as exc:
-                log.warning("assignment_refused", assignment_id=req.assignment_id, uri=req.uri, error=str(exc))
-                raise Refused(f"refusing the assignment: model uri {exc}") from None
+        self._check_uri(req.uri, req.assignment_id)
         f = self._facts
         if (f.assignment is not None and f.assignment.assignment_id == req.assignment_id
                 and f.release_requested_at is None):
@@ -277,6 +320,14 @@ class Agent:
                     weights_loaded_at=None, engine_ready_at=None, failure=None, in_flight=None, load=None)
         log.info("assignment_accepted", assignment_id=a.assignment_id, model=a.model, uri=a.uri)
         self._assignment_task = self._tasks.spawn(self._run_assignment(a, req), name="assignment")
+
+    def _check_uri(self, uri: str, what: str) -> None:
+        if self.settings.allowed_uri_prefixes is not None:
+            try:
+                check_allowed(uri, self.settings.allowed_uri_prefixes)
+            except S3UriError as exc:
+                log.warning("assignment_refused", request=what, uri=uri, error=str(exc))
+                raise Refused(f"refusing the assignment: model uri {exc}") from None
 
     async def _run_assignment(self, a: Assignment, req: AssignRequest) -> None:
         try:
@@ -296,19 +347,27 @@ class Agent:
         if manifest is None:
             self._fail(f"no model at {req.uri} (no thaw-manifest.json: not pushed, or the push was interrupted)")
             return
+        # An engine that may be kept (a class was named) or a kept one here: what the
+        # model is to an engine decides between a swap and a build.
+        ident = None
+        if req.engine_class is not None or self._facts.prebuilt is not None:
+            ident = await self._identity(req.uri, manifest, req.engine, req.max_model_len)
+        if self._facts.prebuilt is not None:
+            if await self._swap_if_it_fits(a, req, ident):
+                await self._serve(a)
+                return
+            if self._facts.failure is not None:
+                return
         cache_root = s.engine_cache_root(a.model)
         job = await self._snapshots.restore(a, req, manifest, store, cache_root)
-        host = self._supervisor.host
-        if host is None or not self._facts.host_imported:
+        if not await self._host_standing_by():
             self._fail("the engine host went away before the launch")
             return
+        host = self._supervisor.host
+        assert host is not None
         port = free_port()
-        cmd = LaunchCommand(
-            uri=req.uri, served_model_name=req.served_model_name, max_model_len=req.max_model_len,
-            engine=self._caches.loader_args(req.engine), port=port, host=s.host, sleep_mode=req.sleep_mode,
-            env=engine_env(req.engine, store.env(), str(s.data_dir), cache_root=str(cache_root),
-                           assets_dir=str(s.engine_assets_dir), sleep_mode=req.sleep_mode),
-        )
+        cmd = self._launch_command(req.uri, req.served_model_name, req.max_model_len, req.engine, port,
+                                   cache_root_of=a.model, sleep_mode=req.sleep_mode, swappable=ident is not None)
         self._engine_url = f"http://{s.advertised}:{port}"  # for the routes
         self._engine = engine = self._engine_client(f"http://{s.local}:{port}")
         self.record(launched_at=self._clock())
@@ -316,13 +375,13 @@ class Agent:
             await host.launch(cmd)
         except (BrokenPipeError, ConnectionResetError):
             return  # the engine host died: its watcher reports why
-        deadline = self._clock() + s.load_timeout_s
-        while not await engine.healthy():
-            if self._clock() > deadline:
-                self._fail(f"engine did not answer /health within {s.load_timeout_s:.0f} s of the launch")
-                return
-            await asyncio.sleep(s.ready_poll_s)
+        if not await self._wait_healthy(engine):
+            self._fail(f"engine did not answer /health within {s.load_timeout_s:.0f} s of the launch")
+            return
         now = self._clock()
+        if ident is not None:
+            # This engine can take another model of its class later (a release parks it).
+            self.record(prebuilt=Prebuilt(ident.engine_class.id, ident.vocab, req.model, req.uri, port, now))
         self.record(engine_ready_at=now)
         self.metrics.engine_start.observe(now - a.assigned_at)
         f = self._facts
@@ -336,9 +395,204 @@ class Agent:
         if job is not None:
             # Its own task: serving does not wait for it, and a release does not cancel it.
             self._tasks.spawn(self._snapshots.after_ready(a, job), name="snapshot_after_ready")
-        while True:  # in_flight, for /state and the pool manager
+        await self._serve(a)
+
+    async def _serve(self, a: Assignment) -> None:
+        """While the assignment is ready: its in-flight count, for /state and the pool."""
+        engine = self._engine
+        while engine is not None:
             self.record(in_flight=await engine.in_flight())
-            await asyncio.sleep(s.in_flight_poll_s)
+            await asyncio.sleep(self.settings.in_flight_poll_s)
+
+    def _launch_command(self, uri: str, served_model_name: str, max_model_len: int, engine: EngineArgs, port: int,
+                        *, cache_root_of: str, sleep_mode: bool = False, swappable: bool = False,
+                        serving: bool = True) -> LaunchCommand:
+        s = self.settings
+        cache_root = s.engine_cache_root(cache_root_of)
+        return LaunchCommand(
+            uri=uri, served_model_name=served_model_name, max_model_len=max_model_len,
+            engine=self._caches.loader_args(engine), port=port, host=s.host, sleep_mode=sleep_mode,
+            swappable=swappable, serving=serving,
+            env=engine_env(engine, s.store.env(), str(s.data_dir), cache_root=str(cache_root),
+                           assets_dir=str(s.engine_assets_dir), sleep_mode=sleep_mode),
+        )
+
+    async def _wait_healthy(self, engine: EngineClient) -> bool:
+        s = self.settings
+        deadline = self._clock() + s.load_timeout_s
+        while not await engine.healthy():
+            if self._clock() > deadline:
+                return False
+            await asyncio.sleep(s.ready_poll_s)
+        return True
+
+    async def _until(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until ``done()`` holds, judged again at every change of the facts (and
+        every ``ready_poll_s``, for what is not a fact); False after ``timeout_s``."""
+        deadline = self._clock() + timeout_s
+        while not done():
+            left = deadline - self._clock()
+            if left <= 0:
+                return False
+            self._changed.clear()
+            if done():
+                return True
+            await wait_event(self._changed, min(left, self.settings.ready_poll_s))
+        return True
+
+    async def _host_standing_by(self) -> bool:
+        """Wait (up to the load timeout) for an engine host that can take a launch: one
+        is being started when a kept engine of another class was just stopped."""
+        def ready() -> bool:
+            host = self._supervisor.host
+            return (host is not None and self._facts.host_imported and not host.launched) \
+                or self._facts.failure is not None
+
+        return await self._until(ready, self.settings.load_timeout_s) and self._facts.failure is None
+
+    async def _identity(self, uri: str, manifest: object, engine: EngineArgs,
+                        max_model_len: int) -> ModelIdentity | None:
+        """What the model is to a kept engine; None (no swap, nothing kept) when its
+        config cannot be read: the model is then built as any other."""
+        try:
+            config = await asyncio.to_thread(self._config_reader, self.settings.store, uri)
+            return identity_of(manifest, config, engine, max_model_len)
+        except Exception as exc:
+            log.warning("engine_class_unknown", uri=uri, error=f"{type(exc).__name__}: {exc}")
+            return None
+
+    # -- kept engines: pre-built, swapped into, parked ------------------------------------
+
+    async def prebuild(self, req: PrebuildRequest) -> bool:
+        """Build an engine of ``req.model``'s class while standing by; False when this
+        worker already keeps one of that class. Raises :class:`Conflict` unless
+        standing by with no engine, :class:`Refused` for a URI outside the allowed
+        prefixes."""
+        self._check_uri(req.uri, req.model)
+        f = self._facts
+        if f.prebuilt is not None and f.prebuilt.engine_class == req.engine_class:
+            return False
+        host = self._supervisor.host
+        if self._state is not WorkerState.STANDBY or f.prebuilt is not None or host is None or host.launched:
+            raise Conflict(f"worker is {self._state.value}"
+                           + (" and keeps an engine already" if f.prebuilt is not None else "")
+                           + "; it builds an engine only standing by with none", self._state)
+        self.record(prebuilt=Prebuilt(req.engine_class, "", req.model, req.uri, 0, None))
+        log.info("prebuild_accepted", model=req.model, engine_class=req.engine_class)
+        self._tasks.spawn(self._run_prebuild(req), name="prebuild")
+        return True
+
+    async def _run_prebuild(self, req: PrebuildRequest) -> None:
+        s = self.settings
+        t0 = self._clock()
+        try:
+            manifest = await asyncio.to_thread(self._manifest_reader, s.store, req.uri)
+        except Exception as exc:
+            manifest = None
+            log.warning("prebuild_manifest_unreadable", uri=req.uri, error=str(exc))
+        ident = await self._identity(req.uri, manifest, req.engine, req.max_model_len) if manifest else None
+        host = self._supervisor.host
+        p = self._facts.prebuilt
+        if ident is None or host is None or host.launched or p is None or p.built_at is not None:
+            self.record(prebuilt=None)
+            self.host_unwell(f"cannot build an engine for {req.model}: "
+                             + ("its manifest or config.json could not be read" if ident is None
+                                else "the engine host is not standing by"))
+            return
+        if ident.engine_class.id != req.engine_class:
+            # The controller's view of the model is older than the store's: ours counts.
+            log.warning("engine_class_differs", model=req.model, controller=req.engine_class,
+                        worker=ident.engine_class.id)
+        port = free_port()
+        cmd = self._launch_command(req.uri, f"thaw-prebuilt-{ident.engine_class.id}", req.max_model_len, req.engine,
+                                   port, cache_root_of=req.model, swappable=True, serving=False)
+        self.record(prebuilt=replace(p, engine_class=ident.engine_class.id, vocab=ident.vocab, port=port))
+        self._engine_url = f"http://{s.advertised}:{port}"
+        self._engine = engine = self._engine_client(f"http://{s.local}:{port}")
+        try:
+            await host.launch(cmd)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the engine host died: its watcher reports why
+        if not await self._wait_healthy(engine):
+            if self._facts.prebuilt is not None:
+                self.host_unwell(f"the engine built for {req.model} did not answer /health within "
+                                 f"{s.load_timeout_s:.0f} s")
+                self._supervisor.replace(graceful=False)
+            return
+        p = self._facts.prebuilt
+        if p is not None and p.port == port:
+            now = self._clock()
+            self.record(prebuilt=replace(p, built_at=now))
+            self.metrics.engine_start.observe(now - t0)
+            log.info("engine_prebuilt", model=req.model, engine_class=ident.engine_class.id,
+                     seconds=round(now - t0, 3))
+
+    async def _swap_if_it_fits(self, a: Assignment, req: AssignRequest, ident: ModelIdentity | None) -> bool:
+        """Swap the model into the kept engine when it is of its class (waiting for one
+        still being built); else stop that engine (a fresh engine host follows) and
+        return False. A swap that fails fails the assignment (returns False)."""
+        s = self.settings
+        await self._until(lambda: self._facts.prebuilt is None or self._facts.prebuilt.built_at is not None,
+                          s.load_timeout_s)
+        p = self._facts.prebuilt
+        if p is None:
+            return False
+        fits = (ident is not None and p.built_at is not None
+                and (ident.engine_class.id, ident.vocab) == (p.engine_class, p.vocab))
+        if not fits:
+            why = ("its class is unknown" if ident is None else "the engine is not built" if p.built_at is None
+                   else f"vocabulary files differ from {p.model}'s" if ident.engine_class.id == p.engine_class
+                   else f"another engine class ({ident.engine_class.id} != {p.engine_class})")
+            log.info("kept_engine_replaced", assignment_id=a.assignment_id, model=a.model, kept=p.model, reason=why)
+            await self._supervisor.replace(graceful=False)
+            return False
+        engine = self._engine
+        if engine is None:
+            self._engine = engine = self._engine_client(f"http://{s.local}:{p.port}")
+        self._engine_url = f"http://{s.advertised}:{p.port}"
+        now = self._clock()
+        self.record(snapshot_restored_at=now, launched_at=now)
+        extra = self._caches.loader_args(req.engine).extra.get("model_loader_extra_config") or {}
+        ev = await self._command(SwapCommand(swap_id=a.assignment_id, uri=req.uri,
+                                             served_model_name=req.served_model_name, loader_options=extra))
+        if ev.get("event") != EV_SWAPPED:
+            self._fail(f"swapping the model into the engine failed ({ev.get('kind', 'engine')}): "
+                       f"{ev.get('error') or 'no reason given'}")
+            return False
+        report = ev.get("load")
+        lv = load_view(req.uri, report if isinstance(report, dict) else None).model_copy(update={"swap": True})
+        self._caches.note_load(lv)
+        self._tasks.spawn(self.scan_caches(), name="scan_caches_after_swap")
+        self.record(weights_loaded_at=float(ev.get("t") or self._clock()), load=lv,
+                    prebuilt=replace(p, model=req.model, uri=req.uri))
+        if not await self._wait_healthy(engine):
+            self._fail("the engine did not answer /health after the swap")
+            return False
+        now = self._clock()
+        self.record(engine_ready_at=now)
+        self.metrics.engine_start.observe(now - a.assigned_at)
+        log.info("engine_ready", assignment_id=a.assignment_id, model=a.model, engine_url=self._engine_url,
+                 total_s=round(now - a.assigned_at, 3), swap=True, tier=lv.tier, steps_s=ev.get("seconds"))
+        return True
+
+    async def _command(self, cmd: SwapCommand | ParkCommand) -> dict[str, Any]:
+        """Send a command to the engine host; its answering event (a swap_failed of kind
+        "engine" when the host is gone or does not answer within the load timeout)."""
+        host = self._supervisor.host
+        if host is None or host.returncode is not None:
+            return {"event": EV_SWAP_FAILED, "kind": "engine", "error": "no engine host"}
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiters[cmd.swap_id] = waiter
+        try:
+            await host.command(cmd)
+            return await asyncio.wait_for(waiter, self.settings.load_timeout_s)
+        except (BrokenPipeError, ConnectionResetError):
+            return {"event": EV_SWAP_FAILED, "kind": "engine", "error": "the engine host exited"}
+        except TimeoutError:
+            return {"event": EV_SWAP_FAILED, "kind": "engine",
+                    "error": f"no answer within {self.settings.load_timeout_s:.0f} s"}
+        finally:
+            self._waiters.pop(cmd.swap_id, None)
 
     def _fail(self, reason: str) -> None:
         """The current assignment failed: record why, stop its engine host (if it was
@@ -489,6 +743,11 @@ class Agent:
         engine = self._engine
         if drain and engine is not None:
             await self._drain(engine, drain_timeout_s)
+        if drain and await self._park():
+            # The engine stays, parked, for the next model of its class.
+            await self.scan_caches()
+            self._clear_assignment()
+            return
         await self._close_engine()
         host = self._supervisor.host
         if host is None or host.launched:
@@ -497,6 +756,23 @@ class Agent:
         await self.scan_caches()
         self._clear_assignment()
 
+    async def _park(self) -> bool:
+        """Keep a drained engine that can take another model (it came from a kept
+        engine or was started swappable): it stops serving and drops its prefix cache.
+        False when there is none to keep, or parking failed (the engine then goes)."""
+        f, host = self._facts, self._supervisor.host
+        p = f.prebuilt
+        if p is None or p.built_at is None or f.assignment is None or host is None or host.returncode is not None:
+            return False
+        ev = await self._command(ParkCommand(swap_id=f"park-{f.assignment.assignment_id}"))
+        if ev.get("event") != EV_PARKED:
+            log.warning("park_failed", assignment_id=f.assignment.assignment_id, kind=ev.get("kind"),
+                        error=ev.get("error"))
+            return False
+        log.info("engine_parked", assignment_id=f.assignment.assignment_id, model=p.model,
+                 engine_class=p.engine_class)
+        return True
+
     def _clear_assignment(self) -> None:
         self._assignment_task = None
         self._sleep_task = self._wake_task = None
@@ -504,3 +780,10 @@ class Agent:
         self.record(assignment=None, snapshot_restored_at=None, snapshot=None, launched_at=None,
                      weights_loaded_at=None, engine_ready_at=None, release_requested_at=None, failure=None,
                      in_flight=None, sleep_requested_at=None, woken_at=None, load=None)
+
+
+def _prebuilt_view(p: Prebuilt | None) -> PrebuiltView | None:
+    if p is None:
+        return None
+    return PrebuiltView(engine_class=p.engine_class, model=p.model, state="ready" if p.built_at else "building",
+                        built_at=p.built_at)

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from thaw.auth import ClusterAuth, document_cluster_auth
 from thaw.http_api import refuse_in_api_shape
-from thaw.wire import AssignRequest, ErrorReply, ReleaseRequest, SleepRequest, WorkerStatus
+from thaw.wire import AssignRequest, ErrorReply, PrebuildRequest, ReleaseRequest, SleepRequest, WorkerStatus
 from worker.agent import Agent, Conflict, Refused
 from worker.heartbeat import Heartbeat
 from worker.metrics import CONTENT_TYPE
@@ -50,6 +50,15 @@ async def assign(body: AssignRequest, request: Request) -> WorkerStatus:
     agent = _agent(request)
     await agent.assign(body)
     return agent.view()
+
+
+@router.post("/prebuild", response_model=WorkerStatus, responses={
+    **CONFLICT, 403: {"model": ErrorReply, "description": "Never here (e.g. a URI outside the allowed prefixes)"},
+    202: {"model": WorkerStatus, "description": "Building the engine"}})
+async def prebuild(body: PrebuildRequest, request: Request) -> JSONResponse:
+    agent = _agent(request)
+    started = await agent.prebuild(body)
+    return JSONResponse(agent.view().model_dump(mode="json"), status_code=202 if started else 200)
 
 
 @router.post("/release", response_model=WorkerStatus,

@@ -8,7 +8,9 @@ own process group. It
 2. writes ``{"event": "imported"}`` to stdout and waits for one
    :class:`~worker.launch.LaunchCommand` JSON line on stdin;
 3. sets the launch's environment and runs vLLM's OpenAI-compatible server
-   in-process until it is told to stop (SIGTERM).
+   in-process until it is told to stop (SIGTERM);
+4. for a ``swappable`` launch, keeps reading stdin: ``swap`` and ``park`` commands
+   (``worker.swap_server``) replace the model in the running engine or park it.
 
 Events go to stdout (``worker.launch``); vLLM's logs go to stderr (the agent sets
 ``VLLM_LOGGING_STREAM``). Exit status 0 after a clean stop or an empty stdin, 1
@@ -179,6 +181,12 @@ def main() -> int:
         os.environ.update(cmd.env)
         args = _parse_server_args(vllm_argv(cmd))
         _route_engine_core(ctx if preloaded else None, cmd.env)
+        if cmd.swappable:
+            from worker.swap_server import SwapServer
+
+            swaps = SwapServer(serving=cmd.serving)
+            swaps.install(entry)
+            swaps.read_commands()
         emit_event(EV_LAUNCHED, port=cmd.port)
         import uvloop
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from thaw.log import get_logger
-from worker.launch import LaunchCommand, decode_event
+from worker.launch import LaunchCommand, ParkCommand, SwapCommand, decode_event
 
 log = get_logger()
 
@@ -42,6 +42,7 @@ class EngineHost(Protocol):
     @property
     def returncode(self) -> int | None: ...
     async def launch(self, cmd: LaunchCommand) -> None: ...
+    async def command(self, cmd: SwapCommand | ParkCommand) -> None: ...
     async def wait(self) -> int: ...
     async def stop(self, grace_s: float) -> None: ...
     def output_tail(self, lines: int = 20) -> str: ...
@@ -129,6 +130,12 @@ class EngineHostProcess:
     async def launch(self, cmd: LaunchCommand) -> None:
         assert self._proc.stdin is not None
         self.launched = True
+        self._proc.stdin.write(cmd.model_dump_json().encode() + b"\n")
+        await self._proc.stdin.drain()
+
+    async def command(self, cmd: SwapCommand | ParkCommand) -> None:
+        """A later command to a swappable engine (answered by an event)."""
+        assert self._proc.stdin is not None
         self._proc.stdin.write(cmd.model_dump_json().encode() + b"\n")
         await self._proc.stdin.drain()
 

@@ -1,7 +1,8 @@
 """What the agent and its engine host say to each other, and how a launch becomes vLLM flags.
 
 The agent writes one :class:`LaunchCommand` as a JSON line to the engine host's
-stdin. The engine host (and the engine core process it forks) write events as JSON
+stdin, and later, to an engine launched ``swappable``, :class:`SwapCommand` and
+:class:`ParkCommand` lines (``worker.swap_server`` carries them out). The engine host (and the engine core process it forks) write events as JSON
 lines to stdout, one ``os.write`` per line so that lines from several processes
 sharing the pipe never interleave (writes up to PIPE_BUF bytes are atomic).
 Anything else on that stdout is a stray print and is treated as log output.
@@ -15,9 +16,9 @@ import json
 import math
 import os
 import time
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from thaw.config import EngineArgs
 
@@ -26,7 +27,16 @@ EV_IMPORTED = "imported"  # ready for a launch; fields: t, import_s, preloaded
 EV_LAUNCHED = "launched"  # launch command accepted; fields: t, port
 EV_WEIGHTS_LOADED = "weights_loaded"  # fields: t
 EV_FAILED = "failed"  # fields: error, where ("engine_host" | "engine_core")
-EVENTS = frozenset({EV_IMPORTED, EV_LAUNCHED, EV_WEIGHTS_LOADED, EV_FAILED})
+EV_SWAPPED = "swapped"  # fields: swap_id, load (the loader's summary), seconds (per step)
+EV_SWAP_FAILED = "swap_failed"  # fields: swap_id, kind (SwapFailure), error
+EV_PARKED = "parked"  # fields: swap_id
+EVENTS = frozenset({EV_IMPORTED, EV_LAUNCHED, EV_WEIGHTS_LOADED, EV_FAILED, EV_SWAPPED, EV_SWAP_FAILED, EV_PARKED})
+
+# Why a swap failed. Every kind leaves the engine dirty (never served again): "weights"
+# (the store, a checksum, a shape, a parameter the checkpoint lacks), "prefix_cache"
+# (blocks of the previous model could not all be dropped), "frontend" (the new model's
+# config or tokenizer files), "engine" (anything else, e.g. the engine core died).
+SwapFailure = Literal["weights", "prefix_cache", "frontend", "engine"]
 
 # Longest error text carried in an event; keeps each line well under PIPE_BUF (4096).
 MAX_ERROR_CHARS = 1500
@@ -47,6 +57,42 @@ class LaunchCommand(BaseModel):
     env: dict[str, str]
     # vLLM sleep mode (GPU): the engine can be put to sleep and woken (the asleep tier).
     sleep_mode: bool = False
+    # Weights can be swapped into this engine later (SwapCommand), and it can be parked.
+    swappable: bool = False
+    # Whether the engine answers the OpenAI API once ready; False for an engine built
+    # ahead of any assignment (it serves only after a swap).
+    serving: bool = True
+
+
+class SwapCommand(BaseModel):
+    """Replace the engine's model by the one at ``uri`` (same engine class), in place:
+    its weights, its prefix cache emptied, its served name, tokenizer, chat template
+    and generation defaults. Answered by ``swapped`` or ``swap_failed``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    op: Literal["swap"] = "swap"
+    swap_id: str
+    uri: str
+    served_model_name: str
+    # Thaw's loader options (model_loader_extra_config: caches, concurrency, checks).
+    loader_options: dict[str, Any] = {}
+
+
+class ParkCommand(BaseModel):
+    """Stop serving and drop the prefix cache, keeping the engine for a later swap (a
+    release back to standby). Answered by ``parked``, or ``swap_failed``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    op: Literal["park"] = "park"
+    swap_id: str
+
+
+HostCommand = Annotated[SwapCommand | ParkCommand, Field(discriminator="op")]
+HOST_COMMAND: TypeAdapter[SwapCommand | ParkCommand] = TypeAdapter(HostCommand)
+# The engine-core extension a swappable engine is started with (worker.swap_core).
+SWAP_EXTENSION = "worker.swap_core.ThawSwapExtension"
 
 
 def vllm_argv(cmd: LaunchCommand) -> list[str]:
@@ -69,6 +115,8 @@ def vllm_argv(cmd: LaunchCommand) -> list[str]:
         argv.append("--enforce-eager")
     if cmd.sleep_mode:
         argv.append("--enable-sleep-mode")
+    if cmd.swappable:
+        argv.extend(["--worker-extension-cls", SWAP_EXTENSION])
     for key, value in e.extra.items():
         argv.extend(extra_flag(key, value))
     return argv

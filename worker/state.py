@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from thaw.wire import LoadView, WorkerState
 
-__all__ = ["Assignment", "Facts", "SnapshotFacts", "WorkerState", "derive_state", "load_view"]
+__all__ = ["Assignment", "Facts", "Prebuilt", "SnapshotFacts", "WorkerState", "derive_state", "load_view"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,22 @@ class SnapshotFacts:
 
 
 @dataclass(frozen=True)
+class Prebuilt:
+    """An engine kept across assignments (built ahead, or parked after a release): what
+    it can take by a swap, and the model whose weights it holds."""
+
+    engine_class: str
+    # Digest of the vocabulary files it was built with (worker.identity): a swap needs
+    # the same, as the engine core keeps its tokenizer for structured output.
+    vocab: str
+    model: str
+    uri: str
+    port: int
+    # None while it is being built.
+    built_at: float | None = None
+
+
+@dataclass(frozen=True)
 class Facts:
     """Independent observations; each is set in one place by the agent."""
 
@@ -77,6 +93,9 @@ class Facts:
     woken_at: float | None = None
     # How the weights were loaded (from the engine's "weights_loaded" event).
     load: LoadView | None = None
+    # The engine this worker keeps across assignments (tied to the engine host: gone
+    # with it).
+    prebuilt: Prebuilt | None = None
 
 
 def derive_state(f: Facts) -> WorkerState:

@@ -37,6 +37,7 @@ class HostOwner(Protocol):
     def record(self, **changes: Any) -> None: ...
     def host_event(self, kind: str, event: dict[str, Any]) -> None: ...
     def host_exited(self, facts: Facts, code: int, tail: str) -> None: ...
+    def host_gone(self) -> None: ...
     def host_unwell(self, reason: str) -> None: ...
 
 
@@ -81,6 +82,7 @@ class HostSupervisor:
                 # From here on its events and its exit are not ours to act on.
                 self._owner.record(host_running=False, host_imported=False)
                 await old.stop(self.grace_s(graceful))
+                self._owner.host_gone()
             if self._closing:
                 return
             try:
@@ -107,6 +109,7 @@ class HostSupervisor:
             host, self._host = self._host, None
             if host is not None:
                 await host.stop(self.grace_s(graceful))
+                self._owner.host_gone()
 
     def _schedule_restart(self) -> None:
         delay = 0.0
@@ -136,6 +139,7 @@ class HostSupervisor:
         self._host = None
         f = self._owner.facts
         self._owner.record(host_running=False, host_imported=False)
+        self._owner.host_gone()
         self._early_exits = 0 if f.host_imported else self._early_exits + 1
         tail = host.output_tail()[-REASON_TAIL_CHARS:]
         log.error("engine_host_exited", host_pid=host.pid, returncode=code, output_tail=tail)

@@ -18,6 +18,9 @@ from worker.host import OnEvent
 from worker.launch import LaunchCommand
 
 SECRET = "s3cr3t-never-shown"
+# A model's config.json, as the fakes' store has it.
+LLAMA: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 4,
+                         "vocab_size": 4096, "torch_dtype": "bfloat16"}
 TOKEN = "cluster-t0ken-never-shown"
 _pids = itertools.count(1000)
 
@@ -37,6 +40,11 @@ class World:
     manifest: Callable[[S3Endpoint, str], object | None] = lambda store, uri: {"ok": True}
     # What the engine's loader reports with "weights_loaded" (None: nothing, as runai).
     load_report: dict[str, Any] | None = None
+    # A swap: "ok" (swapped), or a failure kind ("weights", "prefix_cache", ...).
+    on_swap: str = "ok"
+    commands: list[Any] = field(default_factory=list)
+    # The model's config.json as the store has it (None: none).
+    config: dict[str, Any] | None = field(default_factory=lambda: dict(LLAMA))
 
     # The engine's sleep mode: calls seen, and errors to raise.
     sleeps: list[int] = field(default_factory=list)
@@ -85,6 +93,18 @@ class FakeHost:
             loop.call_later(0.01, lambda: self.emit("failed", error="FileNotFoundError: NoSuchKey", where="engine_core"))
         elif mode == "crash":
             loop.call_later(0.01, self.exit, 1)
+
+    async def command(self, cmd: Any) -> None:
+        self.world.commands.append(cmd)
+        loop = asyncio.get_running_loop()
+        if cmd.op == "park":
+            loop.call_later(0.01, lambda: self.emit("parked", swap_id=cmd.swap_id))
+        elif self.world.on_swap == "ok":
+            loop.call_later(0.01, lambda: self.emit("swapped", swap_id=cmd.swap_id, load=self.world.load_report,
+                                                    seconds={"total_s": 0.01}))
+        else:
+            loop.call_later(0.01, lambda: self.emit("swap_failed", swap_id=cmd.swap_id, kind=self.world.on_swap,
+                                                    error="ChecksumMismatch: sha256 of model.safetensors differs"))
 
     async def wait(self) -> int:
         await self._exited.wait()

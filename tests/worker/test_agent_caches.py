@@ -80,7 +80,8 @@ async def test_a_thaw_load_is_told_the_tiers_and_its_report_becomes_the_status(
     assert extra == {"concurrency": 4, "host_cache_dir": str(host_dir), "host_cache_max_gib": 0.5,
                      "cache_dir": str(disk_dir), "cache_max_gib": 3.0, "verify_sha256": True}
     # One file from the store makes it an s3 load, whatever the caches held.
-    assert body["load"] == {"tier": "s3", "seconds": 0.5, "bytes": 1000, "sources": {"host": 600, "s3": 400}}
+    assert body["load"] == {"tier": "s3", "swap": False, "seconds": 0.5, "bytes": 1000,
+                            "sources": {"host": 600, "s3": 400}}
     assert body["load_bytes_per_s"] == {}  # a mixed load says nothing about one source's rate
 
     await c.post("/release", json={"drain_timeout_s": 0})
@@ -98,7 +99,7 @@ async def test_other_loaders_get_no_cache_settings_and_report_the_store(
     world, c = client
     body = await ready(c, engine={"load_format": "runai_streamer"})
     assert "model_loader_extra_config" not in world.hosts[0].launches[0].engine.extra
-    assert body["load"] == {"tier": "s3", "seconds": None, "bytes": None, "sources": {}}
+    assert body["load"] == {"tier": "s3", "swap": False, "seconds": None, "bytes": None, "sources": {}}
 
 
 async def test_a_thaw_load_without_caches_still_checks_every_hash(tmp_path: Path) -> None:

@@ -1,0 +1,66 @@
+"""The engine core's side of a weight swap: ``--worker-extension-cls`` for vLLM.
+
+vLLM mixes :class:`ThawSwapExtension` into its worker class, so the engine host can
+call :meth:`ThawSwapExtension.thaw_swap_weights` by name through ``collective_rpc``
+(no pickled code crosses the process boundary). It streams the new model's weights
+with Thaw's loader (``weight_streaming.vllm_loader.FileByFileWeights``: one file at a
+time, through the cache tiers, each file checked) into vLLM's layerwise in-place
+reload: each layer's weights are gathered, processed (on the CPU: repacked for
+oneDNN) and copied into the tensors the engine already has, so the engine's
+KV cache, compiled graphs and buffers are kept and nothing holds a second copy of
+the whole model.
+
+vLLM's own ``reload_weights`` only logs parameters the checkpoint did not provide,
+and a layer that got no weights keeps its old ones: served, that is a mix of two
+models. Here the same steps run with a check: any parameter not loaded, or any
+error while streaming, raises, and the engine host then treats the engine as dirty
+(it is never served again; the agent replaces it).
+
+Imported in the engine core only (vLLM, torch).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from weight_streaming.vllm_loader import FileByFileWeights, StreamOptions, ThawLoadError
+
+
+class ThawSwapExtension:
+    """Methods vLLM adds to its worker (``self`` is the worker)."""
+
+    vllm_config: Any
+    model_runner: Any
+
+    def thaw_swap_weights(self, uri: str, loader_options: dict[str, Any]) -> dict[str, Any]:
+        """Replace every weight of the engine's model by the model at ``uri``'s; returns
+        the load summary (bytes, seconds, bytes per source)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        runner = self.model_runner
+        model = runner.get_model()
+        lora = self.vllm_config.lora_config is not None
+        wanted = {name.replace(".base_layer.", ".") if lora else name for name, _ in model.named_parameters()}
+        weights = FileByFileWeights(uri, StreamOptions.from_extra_config(loader_options))
+        t0 = time.perf_counter()
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(model)
+            loaded = model.load_weights(iter(weights))
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            fn = getattr(runner, reset, None)
+            if fn is not None:
+                fn()
+        if loaded is not None:
+            missing = sorted(wanted - set(loaded))
+            if missing:
+                shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+                raise ThawLoadError(f"{uri}: the checkpoint does not provide these parameters: {shown}")
+        # What the engine core now holds (its config files stay the class's: identical).
+        self.vllm_config.model_config.model_weights = uri
+        return {"load": weights.summary, "reload_s": round(time.perf_counter() - t0, 4)}
