@@ -605,7 +605,9 @@ class Agent:
         task = self._assignment_task
         if task is not None and task is not asyncio.current_task():
             task.cancel()
-        self.record(failure=reason, in_flight=None)
+        # Its engine (kept or not) is never served or swapped into again: it goes with
+        # its engine host, and from now on is no longer offered.
+        self.record(failure=reason, in_flight=None, prebuilt=None)
         self._tasks.spawn(self._close_engine(), name="close_engine")
         host = self._supervisor.host
         if host is not None and host.launched:

@@ -18,7 +18,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from thaw.auth import ClusterAuth, document_cluster_auth
 from thaw.http_api import refuse_in_api_shape
-from thaw.wire import AssignRequest, ErrorReply, PrebuildRequest, ReleaseRequest, SleepRequest, WorkerStatus
+from thaw.wire import (
+    AssignRequest,
+    ErrorReply,
+    PrebuildRequest,
+    ReleaseRequest,
+    SleepRequest,
+    WorkerStatus,
+)
 from worker.agent import Agent, Conflict, Refused
 from worker.heartbeat import Heartbeat
 from worker.metrics import CONTENT_TYPE

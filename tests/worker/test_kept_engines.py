@@ -13,7 +13,16 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.worker.fakes import LLAMA, SECRET, TOKEN, FakeEngine, FakeHost, World, assign_body, wait_state
+from tests.worker.fakes import (
+    LLAMA,
+    SECRET,
+    TOKEN,
+    FakeEngine,
+    FakeHost,
+    World,
+    assign_body,
+    wait_state,
+)
 from thaw.config import EngineArgs
 from thaw.engine_class import engine_class_of
 from thaw.objstore import S3Endpoint

@@ -1,0 +1,204 @@
+"""Weight swaps on real vLLM (CPU), through a real agent process and the store.
+
+Two demo models of one engine class (different seeds); the second has its own chat
+template and generation defaults. A swap must answer exactly as a freshly started
+engine of the model it swapped in, in both orders, with everything around the
+weights the new model's (served name, chat template, generation defaults); a prompt
+cached under the previous model is no prefix-cache hit under the next; a released
+replica goes back to standby with its engine and takes the next model by swap; a
+swap whose weights the store cannot serve whole never serves.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import BUCKET
+from tests.faults.support import flip_byte
+from tests.worker.agent_process import Agent, running_agent
+from thaw.config import EngineArgs
+from thaw.demo_model import build_demo_model
+from thaw.engine_class import engine_class_of
+from thaw.objstore import S3Endpoint
+from weight_streaming.push import push_model
+
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
+ENGINE = {"enforce_eager": True, "cpu_kvcache_gib": 1}
+MAX_LEN = 512
+LOAD_S = 240
+PROMPT = "The quick brown fox jumps over the lazy dog and then it runs into the forest"
+# Long enough for several prefix-cache blocks.
+LONG = " ".join(f"Line {i}: the river carries old leaves past the mill at dawn." for i in range(14))
+
+
+@pytest.fixture(scope="module")
+def models(s3: S3Endpoint, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Model URIs in the store: a and b (one class), and broken (b's weights corrupt)."""
+    root = tmp_path_factory.mktemp("swap-models")
+    a, b = root / "a", root / "b"
+    build_demo_model(a, seed=1)
+    build_demo_model(b, seed=2)
+    # b's own chat template (a prefix on every turn) and generation defaults.
+    tc = json.loads((b / "tokenizer_config.json").read_text())
+    tc["chat_template"] = "{{ 'model b says: ' }}" + tc["chat_template"]
+    (b / "tokenizer_config.json").write_text(json.dumps(tc))
+    gc = json.loads((b / "generation_config.json").read_text())
+    (b / "generation_config.json").write_text(json.dumps({**gc, "max_new_tokens": 5}))
+    base = f"s3://{BUCKET}/tests/swap-{root.name}"
+    uris = {"a": f"{base}/a", "b": f"{base}/b", "broken": f"{base}/broken"}
+    for name, d in (("a", a), ("b", b), ("broken", b)):
+        push_model(s3.client(), d, uris[name])
+    flip_byte(s3.client(), BUCKET, f"{uris['broken'].removeprefix(f's3://{BUCKET}/')}/model.safetensors")
+    shutil.rmtree(root)
+    return uris
+
+
+@pytest.fixture(scope="module")
+def engine_class(models: dict[str, str], s3: S3Endpoint) -> str:
+    from thaw.objstore import read_model_config
+
+    config = read_model_config(s3.client(), models["a"])
+    assert config is not None
+    return engine_class_of(config, EngineArgs(**ENGINE), max_model_len=MAX_LEN).id  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def agent(s3: S3Endpoint, tmp_path: Path) -> Iterator[Agent]:
+    with running_agent(tmp_path, "swap", s3) as a:
+        a.wait_state("standby", timeout_s=180)
+        yield a
+
+
+def assign(agent: Agent, aid: str, uri: str, served: str, engine_class: str | None) -> dict[str, Any]:
+    with agent.http() as c:
+        r = c.post("/assign", json={"assignment_id": aid, "model": served, "uri": uri, "served_model_name": served,
+                                    "max_model_len": MAX_LEN, "engine": ENGINE, "engine_class": engine_class})
+        assert r.status_code == 202, r.text
+    body, _ = agent.wait_state("ready", "failed", timeout_s=LOAD_S)
+    assert body["state"] == "ready", body
+    return body
+
+
+def release(agent: Agent) -> dict[str, Any]:
+    with agent.http() as c:
+        assert c.post("/release", json={"drain_timeout_s": 5}).status_code == 202
+    body, _ = agent.wait_state("standby", timeout_s=180)
+    return body
+
+
+def prebuild(agent: Agent, uri: str, engine_class: str) -> dict[str, Any]:
+    with agent.http() as c:
+        r = c.post("/prebuild", json={"model": "a", "uri": uri, "served_model_name": "a", "max_model_len": MAX_LEN,
+                                      "engine": ENGINE, "engine_class": engine_class})
+        assert r.status_code == 202, r.text
+    deadline = time.monotonic() + LOAD_S
+    while True:
+        body = agent.state()
+        if (body.get("prebuilt") or {}).get("state") == "ready":
+            return body
+        assert body["state"] == "standby" and time.monotonic() < deadline, (body, agent.log_tail())
+        time.sleep(0.2)
+
+
+def answers(engine_url: str, served: str) -> dict[str, Any]:
+    """Greedy answers: a completion's token ids, a chat's prompt size and default length."""
+    with httpx.Client(base_url=engine_url, timeout=60, trust_env=False) as c:
+        comp = c.post("/v1/completions", json={"model": served, "prompt": PROMPT, "max_tokens": 16,
+                                               "temperature": 0, "return_token_ids": True})
+        assert comp.status_code == 200, comp.text
+        chat = c.post("/v1/chat/completions", json={"model": served, "temperature": 0,
+                                                    "messages": [{"role": "user", "content": "Say hello."}]})
+        assert chat.status_code == 200, chat.text
+        names = [m["id"] for m in c.get("/v1/models").json()["data"]]
+    return {"tokens": comp.json()["choices"][0]["token_ids"], "chat_prompt": chat.json()["usage"]["prompt_tokens"],
+            "chat_len": chat.json()["usage"]["completion_tokens"], "names": names}
+
+
+def prefix_hits(engine_url: str) -> float:
+    text = httpx.get(f"{engine_url}/metrics", timeout=10, trust_env=False).text
+    return sum(s.value for fam in text_string_to_metric_families(text) if fam.name == "vllm:prefix_cache_hits"
+               for s in fam.samples if s.name.endswith("_total"))
+
+
+def long_prompt(engine_url: str, served: str) -> None:
+    r = httpx.post(f"{engine_url}/v1/completions", timeout=60, trust_env=False,
+                   json={"model": served, "prompt": LONG, "max_tokens": 1, "temperature": 0})
+    assert r.status_code == 200, r.text
+
+
+def test_a_swap_answers_as_a_fresh_engine_in_both_orders(agent: Agent, models: dict[str, str],
+                                                         engine_class: str) -> None:
+    # Fresh engines (no class named: nothing kept) give the reference answers.
+    fresh = {}
+    for name in ("a", "b"):
+        body = assign(agent, f"fresh-{name}", models[name], name, None)
+        assert body["load"]["swap"] is False and body["prebuilt"] is None
+        fresh[name] = answers(body["engine_url"], name)
+        release(agent)
+    assert fresh["a"]["tokens"] != fresh["b"]["tokens"]
+    # b's chat template and generation defaults differ from a's.
+    assert fresh["b"]["chat_prompt"] > fresh["a"]["chat_prompt"] and fresh["b"]["chat_len"] <= 5 < fresh["a"]["chat_len"]
+
+    prebuild(agent, models["a"], engine_class)
+    swapped_b = assign(agent, "swap-b", models["b"], "b", engine_class)
+    assert swapped_b["load"]["swap"] is True and swapped_b["phases"]["engine_ready"] is not None
+    got = answers(swapped_b["engine_url"], "b")
+    assert got == {**fresh["b"], "names": ["b"]}
+    # Released: back to standby with the engine (parked), then a takes it by swap.
+    parked = release(agent)
+    assert parked["prebuilt"]["state"] == "ready" and parked["prebuilt"]["model"] == "b"
+    swapped_a = assign(agent, "swap-a", models["a"], "a", engine_class)
+    assert swapped_a["load"]["swap"] is True and swapped_a["engine_url"] == swapped_b["engine_url"]
+    assert answers(swapped_a["engine_url"], "a") == {**fresh["a"], "names": ["a"]}
+    # The previous served name is gone with its model.
+    r = httpx.post(f"{swapped_a['engine_url']}/v1/completions", timeout=30, trust_env=False,
+                   json={"model": "b", "prompt": PROMPT, "max_tokens": 1})
+    assert r.status_code == 404
+
+
+def test_no_prefix_cache_hit_crosses_a_swap_and_a_failed_swap_never_serves(
+        agent: Agent, models: dict[str, str], engine_class: str) -> None:
+    prebuild(agent, models["a"], engine_class)
+    a = assign(agent, "pc-a", models["a"], "a", engine_class)
+    url = a["engine_url"]
+    long_prompt(url, "a")
+    before = prefix_hits(url)
+    long_prompt(url, "a")
+    assert prefix_hits(url) > before, "the same prompt under the same model is a hit (the probe works)"
+    release(agent)
+    b = assign(agent, "pc-b", models["b"], "b", engine_class)
+    assert b["engine_url"] == url and b["load"]["swap"] is True
+    before = prefix_hits(url)
+    long_prompt(url, "b")
+    assert prefix_hits(url) == before, "a prompt cached under a is no hit under b"
+    long_prompt(url, "b")
+    assert prefix_hits(url) > before
+    release(agent)
+
+    # b's weights with one byte flipped: the swap fails on the manifest's sha256, the
+    # engine (maybe half-swapped) is never served again, and a fresh engine host follows.
+    with agent.http() as c:
+        r = c.post("/assign", json={"assignment_id": "broken", "model": "broken", "uri": models["broken"],
+                                    "served_model_name": "broken", "max_model_len": MAX_LEN, "engine": ENGINE,
+                                    "engine_class": engine_class})
+        assert r.status_code == 202
+    failed, seen = agent.wait_state("failed", "ready", timeout_s=LOAD_S)
+    assert failed["state"] == "failed" and "ready" not in seen, (failed, seen)
+    assert "swapping the model into the engine failed (weights)" in failed["error"] and "sha256" in failed["error"]
+    assert failed["engine_url"] is None and failed["prebuilt"] is None
+    with pytest.raises(httpx.TransportError):
+        # The dirty engine's process group is gone: nothing answers there any more.
+        httpx.post(f"{url}/v1/completions", timeout=5, trust_env=False,
+                   json={"model": "broken", "prompt": PROMPT, "max_tokens": 1})
+    back = release(agent)
+    assert back["prebuilt"] is None
