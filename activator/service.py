@@ -42,7 +42,7 @@ from activator.upstream import UpstreamPool, UpstreamResponse
 from activator.usage import DONE, StreamTap, Usage, usage_from_body
 from thaw.config import Model, ThawConfig
 from thaw.log import get_logger
-from thaw.wire import ColdStartRecord
+from thaw.wire import ColdStartRecord, LoadSource
 
 log = get_logger()
 
@@ -479,10 +479,16 @@ class CompletionService:
         record = ColdStartRecord(model=model.name, request_id=ctx.request_id, at=ctx.arrival,
                                  total_s=round(total, 3), phases_s={k: round(v, 3) for k, v in phases.items()},
                                  # Woken from the asleep tier rather than loaded.
-                                 woken=p.get("woken") is not None, tier=tier, load_s=replica.load_s)
+                                 woken=p.get("woken") is not None, tier=tier, load_s=replica.load_s,
+                                 weights_from=_weights_from(replica.load_tier))
         log.info("cold_start", **record.model_dump())
         self.routes.record_cold_start(record)
 
     def observe_end(self, ctx: RequestContext, error: ApiError | None = None) -> None:
         label = ctx.model.name if ctx.model else "unknown"
         self.metrics.requests.labels(label, str(error.status if error else ctx.status)).inc()
+
+
+def _weights_from(load_tier: str | None) -> LoadSource | None:
+    """Where a replica's weights came from (None: woken, or not reported)."""
+    return load_tier if load_tier in ("host", "disk", "s3", "local") else None  # type: ignore[return-value]

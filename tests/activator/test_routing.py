@@ -100,6 +100,9 @@ def test_cold_start_tier_says_where_the_replica_got_its_model() -> None:
     # The worker's agent started after the request began waiting: launched for it.
     assert cold_start_tier(100.0, rep(load_tier="s3", worker_started_at=101.0)) == "launch"
     assert cold_start_tier(100.0, rep(woken=120.0, load_tier="asleep")) == "asleep"
+    # Weights swapped into an engine built before, from wherever they were read.
+    assert cold_start_tier(100.0, rep(load_tier="host", load_swap=True, worker_started_at=50.0)) == "swap"
+    assert cold_start_tier(100.0, rep(load_tier="s3", load_swap=True)) == "swap"
 
 
 async def test_a_route_table_taken_in_during_a_request_does_not_leak_its_slot() -> None:
