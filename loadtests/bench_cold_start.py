@@ -102,6 +102,12 @@ HOT = "hot"
 NO_SNAPSHOT = "standby_no_snapshot"
 SNAPSHOT = "standby_snapshot"
 LAUNCH = "launch"
+# A standby holding an engine built ahead (pools[].prebuild) of the model's class: the
+# weights are swapped in, from the worker's host-memory cache or the store.
+SWAP_HOST = "swap_host_eager"
+SWAP_S3 = "swap_s3_eager"
+SWAP_HOST_COMPILED = "swap_host_compiled"
+SWAP_VARIANTS = (SWAP_HOST, SWAP_S3, SWAP_HOST_COMPILED)
 
 
 @dataclass(frozen=True)
@@ -122,12 +128,16 @@ BASELINES = {
 # response's x-thaw-tier). Anything else fails the rep: it measured something else.
 EXPECTED_TIER = {
     EAGER: "s3", HOST: "host", DISK: "disk", HOT: "hot", NO_SNAPSHOT: "s3", SNAPSHOT: "s3", LAUNCH: "launch",
+    SWAP_HOST: "swap", SWAP_S3: "swap", SWAP_HOST_COMPILED: "swap",
 }
+# Where a swap variant's weights must come from (the cold-start record's weights_from).
+EXPECTED_WEIGHTS = {SWAP_HOST: "host", SWAP_S3: "s3", SWAP_HOST_COMPILED: "host"}
 THAW_VARIANTS = tuple(EXPECTED_TIER)
 # The order of each round of reps. A standby_eager rep leaves the model in both caches,
 # so host_eager after it needs no priming start, and disk_eager only drops the host copy.
-VARIANTS = (*BASELINES, EAGER, HOST, DISK, HOT, NO_SNAPSHOT, SNAPSHOT, LAUNCH)
-EAGER_VARIANTS = frozenset({EAGER, HOST, DISK, HOT, LAUNCH} | {b for b, s in BASELINES.items() if s.eager})
+VARIANTS = (*BASELINES, EAGER, HOST, DISK, HOT, NO_SNAPSHOT, SNAPSHOT, LAUNCH, *SWAP_VARIANTS)
+EAGER_VARIANTS = frozenset({EAGER, HOST, DISK, HOT, LAUNCH, SWAP_HOST, SWAP_S3}
+                           | {b for b, s in BASELINES.items() if s.eager})
 # ratios key -> (numerator, denominator): each the one variant's median TTFT over the other's.
 RATIOS = {
     "standby_eager_vs_baseline_eager": (EAGER, BASELINE_EAGER),
@@ -136,6 +146,9 @@ RATIOS = {
     "launch_eager_vs_baseline_eager": (LAUNCH, BASELINE_EAGER),
     "standby_snapshot_vs_baseline_compiled": (SNAPSHOT, BASELINE_COMPILED),
     "standby_no_snapshot_vs_baseline_compiled": (NO_SNAPSHOT, BASELINE_COMPILED),
+    "swap_host_eager_vs_baseline_eager": (SWAP_HOST, BASELINE_EAGER),
+    "swap_s3_eager_vs_baseline_eager": (SWAP_S3, BASELINE_EAGER),
+    "swap_host_compiled_vs_baseline_compiled": (SWAP_HOST_COMPILED, BASELINE_COMPILED),
     # The split, loader_share x standby_share = the standby's ratio above: what Thaw's
     # loader alone buys on demand, then what the standby buys with that same loader.
     "loader_share_eager": (BASELINE_EAGER_THAW, BASELINE_EAGER),
@@ -147,10 +160,12 @@ RATIOS = {
 }
 # The owner's goals on the 2-core CPU machine (docs/BENCHMARKS.md). The eager one was
 # set against the compiled baseline; held against the eager baseline it is stricter.
-GOALS = {"standby_snapshot_vs_baseline_compiled": 0.15, "standby_eager_vs_baseline_eager": 0.08}
+GOALS = {"standby_snapshot_vs_baseline_compiled": 0.15, "standby_eager_vs_baseline_eager": 0.08,
+         "swap_host_eager_vs_baseline_eager": 0.02, "swap_host_compiled_vs_baseline_compiled": 0.01}
 # The tier table's rows, fastest first: tier -> the variant measuring it (all eager).
 TIER_TABLE = (
-    ("hot", HOT), ("host", HOST), ("disk", DISK), ("s3", EAGER), ("launch", LAUNCH),
+    ("hot", HOT), ("swap_host", SWAP_HOST), ("swap_s3", SWAP_S3), ("host", HOST), ("disk", DISK), ("s3", EAGER),
+    ("launch", LAUNCH),
     ("on_demand_vllm", BASELINE_EAGER), ("on_demand_vllm_thaw_loader", BASELINE_EAGER_THAW),
 )
 # Which tiers must hold the whole model (True) or must not (False) before a cold start
@@ -166,6 +181,9 @@ MAX_MODEL_LEN = 2048
 PROMPT = "Say something about cold starts."
 MAX_TOKENS = 8
 SHAPE = "cpu-local"
+# The swap variants' shape: two standbys, each holding an engine built ahead (one eager
+# class, one compiled).
+SWAP_SHAPE = "cpu-swap"
 # The launch variant's shape: its pool keeps no standby, so a request launches a worker.
 LAUNCH_SHAPE = "cpu-launch"
 GiB = 1 << 30
@@ -257,13 +275,18 @@ class WrongTier(RuntimeError):
         self.sample = dict(sample) if sample is not None else None
 
 
-def check_tier(variant: str, tier: str | None) -> None:
-    """Raise :class:`WrongTier` unless ``tier`` is the one ``variant`` measures."""
+def check_tier(variant: str, tier: str | None, weights_from: str | None = None) -> None:
+    """Raise :class:`WrongTier` unless ``tier`` (and, for a swap, where its weights came
+    from) is the one ``variant`` measures."""
     want = EXPECTED_TIER[variant]
     if tier != want:
         raise WrongTier(f"{variant} measures cold starts from the {want!r} tier, but this request was "
                         f"served from {tier!r}" + ("" if tier else " (no cold-start record for it)")
                         + ": the sample is not counted")
+    source = EXPECTED_WEIGHTS.get(variant)
+    if source is not None and weights_from != source:
+        raise WrongTier(f"{variant} measures a swap with weights from {source!r}, but they came from "
+                        f"{weights_from!r}: the sample is not counted")
 
 
 def goals(ratios: Mapping[str, float | None]) -> dict[str, dict[str, Any]]:
@@ -322,6 +345,11 @@ VARIANT_DESCRIPTIONS = {
               "emptied: tier s3",
     LAUNCH: "thaw up, eager, a shape with no standby: the request launches a worker process, which loads "
             "from the store: tier launch",
+    SWAP_HOST: "thaw up, eager, a standby holding an engine built ahead for another model of the class "
+               "(pools[].prebuild); the model's weights in the worker's host-memory cache: tier swap",
+    SWAP_S3: "the same with the weight caches emptied: the swap streams the weights from the store",
+    SWAP_HOST_COMPILED: "the same as swap_host_eager with compiled engines (the engine was built, compiled "
+                        "and warmed up ahead)",
 }
 
 
@@ -494,6 +522,12 @@ class ThawModels:
     launch: str = "cs-launch"
     # One per rep: each starts with no local cache and no snapshot.
     no_snapshot: list[str] = field(default_factory=list)
+    # The swap variants: the model measured and the one its class's engine is built
+    # for (another model of the same class), eager and compiled; None: not declared.
+    swap: str | None = None
+    swap_base: str = "cs-swap-base"
+    swap_compiled: str = "cs-swapc"
+    swap_compiled_base: str = "cs-swapc-base"
 
 
 @dataclass(frozen=True)
@@ -513,20 +547,36 @@ class CacheSettings:
 
 
 def stack_config(store: Store, uri: str, data_dir: Path, port: int, models: ThawModels, caches: CacheSettings,
-                 idle_grace_s: float, timeout_s: float) -> dict[str, Any]:
+                 idle_grace_s: float, timeout_s: float, base_uri: str | None = None) -> dict[str, Any]:
     """A ``thaw up`` config: one CPU worker standing by (at most 1 instance) with both
-    weight caches; a second shape whose pool keeps no standby; the models."""
+    weight caches; a second shape whose pool keeps no standby; with ``models.swap``, a
+    third whose two standbys build engines ahead for the models at ``base_uri`` (one
+    eager, one compiled), of the same classes as the measured models at ``uri``; the
+    models."""
     from thaw.config import hash_api_key
 
-    def model(name: str, eager: bool, shape: str = SHAPE) -> dict[str, Any]:
+    def model(name: str, eager: bool, shape: str = SHAPE, at: str = uri) -> dict[str, Any]:
         return {
-            "name": name, "uri": uri, "served_name": name, "max_context_tokens": MAX_MODEL_LEN,
+            "name": name, "uri": at, "served_name": name, "max_context_tokens": MAX_MODEL_LEN,
             "shape": shape,
             "engine": {"enforce_eager": eager, "cpu_kvcache_gib": 1, "load_format": "thaw"},
             "autoscaling": {"min_replicas": 0, "max_replicas": 1, "idle_grace_s": idle_grace_s,
                             "activation_timeout_s": timeout_s, "max_queue_length": 8},
         }
 
+    main_shape = {"name": SHAPE, "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8 + caches.host_gib,
+                  "price_per_hour_usd": 0.0, "host_cache_gib": caches.host_gib,
+                  "cache": {"dir": str(caches.disk_dir), "max_gib": caches.disk_gib,
+                            "verify_sha256": caches.verify_sha256}}
+    swap_shapes, swap_pools, swap_models = [], [], []
+    if models.swap is not None:
+        assert base_uri is not None
+        swap_shapes = [{**main_shape, "name": SWAP_SHAPE}]
+        swap_pools = [{"shape": SWAP_SHAPE, "provider": "local", "standby_min": 2, "standby_max": 2,
+                       "max_instances": 2, "prebuild": [models.swap_base, models.swap_compiled_base]}]
+        swap_models = [model(models.swap_base, True, SWAP_SHAPE, base_uri), model(models.swap, True, SWAP_SHAPE),
+                       model(models.swap_compiled_base, False, SWAP_SHAPE, base_uri),
+                       model(models.swap_compiled, False, SWAP_SHAPE)]
     return {
         "data_dir": str(data_dir), "log_level": "info",
         "server": {"host": "127.0.0.1", "port": port},
@@ -534,21 +584,19 @@ def stack_config(store: Store, uri: str, data_dir: Path, port: int, models: Thaw
                          "region": store.region,
                          "credentials": {"source": "file", "file": str(store.credentials_file)}},
         "shapes": [
-            {"name": SHAPE, "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8 + caches.host_gib,
-             "price_per_hour_usd": 0.0, "host_cache_gib": caches.host_gib,
-             "cache": {"dir": str(caches.disk_dir), "max_gib": caches.disk_gib,
-                       "verify_sha256": caches.verify_sha256}},
+            main_shape,
             # A new instance: no caches.
             {"name": LAUNCH_SHAPE, "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8,
              "price_per_hour_usd": 0.0},
+            *swap_shapes,
         ],
         "pools": [{"shape": SHAPE, "provider": "local", "standby_min": 1, "standby_max": 1,
                    "max_instances": 1},
                   {"shape": LAUNCH_SHAPE, "provider": "local", "standby_min": 0, "standby_max": 0,
-                   "max_instances": 1, "standby_hold_s": 0}],
+                   "max_instances": 1, "standby_hold_s": 0}, *swap_pools],
         "models": [model(models.eager, True), model(models.snapshot, False),
                    model(models.launch, True, LAUNCH_SHAPE),
-                   *(model(n, False) for n in models.no_snapshot)],
+                   *(model(n, False) for n in models.no_snapshot), *swap_models],
         "tenants": [{"name": "bench", "api_key_hashes": [hash_api_key(API_KEY)], "allowed_models": ["*"]}],
     }
 
@@ -564,7 +612,7 @@ class Stack:
     """``thaw up`` as a subprocess, and what the benchmark asks of it."""
 
     def __init__(self, store: Store, uri: str, work: Path, models: ThawModels, caches: CacheSettings,
-                 idle_grace_s: float, timeout_s: float) -> None:
+                 idle_grace_s: float, timeout_s: float, base_uri: str | None = None) -> None:
         import yaml
 
         from thaw.config import parse_config
@@ -572,11 +620,13 @@ class Stack:
 
         self.store, self.uri, self.models, self.caches, self.timeout_s = store, uri, models, caches, timeout_s
         self.data_dir = work / "stack"
-        cfg = stack_config(store, uri, self.data_dir, free_port(), models, caches, idle_grace_s, timeout_s)
+        cfg = stack_config(store, uri, self.data_dir, free_port(), models, caches, idle_grace_s, timeout_s,
+                           base_uri)
         parse_config(cfg)  # a mistake here fails now, with the field named
         self.config_path = work / "thaw-bench.yaml"
         self.config_path.write_text(yaml.safe_dump(cfg))
         self.log_path = work / "thaw-up.log"
+        self._classes: dict[str, str] = {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.base_url = self.control_url = ""
 
@@ -627,22 +677,50 @@ class Stack:
                 raise RuntimeError(f"not {what} after {self.timeout_s:.0f} s")
             time.sleep(0.25)
 
-    def wait_standby(self, model: str, holding: Mapping[str, bool] | None = None) -> dict[str, Any]:
-        """Until ``model`` has no replica and the main shape's worker stands by with no
+    def wait_standby(self, model: str, holding: Mapping[str, bool] | None = None, *, shape: str = SHAPE,
+                     engine_of: str | None = None) -> dict[str, Any]:
+        """Until ``model`` has no replica and a worker of ``shape`` stands by with no
         model, its caches reporting ``holding`` (tier -> whether it holds the whole
-        model); returns that worker."""
+        model) and, with ``engine_of``, holding a built engine of that model's class
+        (the one ``model`` would be swapped into); returns that worker."""
+        def fits(w: dict[str, Any], st: dict[str, Any]) -> bool:
+            if w["state"] != "standby":
+                return False
+            if engine_of is not None:
+                p = w.get("prebuilt") or {}
+                if p.get("state") != "ready" or p.get("engine_class") != self.engine_class(st, engine_of):
+                    return False
+            return not holding or holding_ok(holdings(w.get("cached", []), self.uri), holding)
+
         def ready(st: dict[str, Any]) -> dict[str, Any] | None:
             m = next(x for x in st["models"] if x["name"] == model)
-            workers = _workers(st, SHAPE)
-            standby = [w for w in workers if w["state"] == "standby"]
-            if any(m["replicas"].values()) or not standby or any(w["model"] for w in workers):
+            workers = _workers(st, shape)
+            if any(m["replicas"].values()) or any(w["model"] for w in workers if w["state"] != "standby"):
                 return None
-            if holding and not holding_ok(holdings(standby[0].get("cached", []), self.uri), holding):
-                return None
-            return standby[0]
+            return next((w for w in workers if fits(w, st)), None)
 
         return self._wait(f"a worker in standby with {model} at zero" + (f", holding {dict(holding)}"
-                                                                         if holding else ""), ready)  # type: ignore[no-any-return]
+                                                                         if holding else "")
+                          + (f", with an engine of {engine_of}'s class" if engine_of else ""),
+                          ready)  # type: ignore[no-any-return]
+
+    def engine_class(self, st: Mapping[str, Any], model: str) -> str | None:
+        """The engine class of ``model`` (the class of its config in the store): the one
+        the controller computes, from the same file."""
+        from thaw.config import parse_config
+        from thaw.engine_class import engine_class_of
+        from thaw.objstore import read_model_config
+
+        if model not in self._classes:
+            import yaml
+
+            cfg = parse_config(yaml.safe_load(self.config_path.read_text()))
+            m = cfg.model(model)
+            assert m is not None
+            config = read_model_config(self.store.endpoint().client(), m.uri)
+            assert config is not None
+            self._classes[model] = engine_class_of(config, m.engine, max_model_len=m.max_context_tokens).id
+        return self._classes[model]
 
     def wait_no_launched_worker(self, model: str) -> None:
         """Until ``model`` (on the launch shape) has no replica and that shape no worker."""
@@ -698,7 +776,8 @@ class Stack:
             time.sleep(0.1)
         if record and record.get("request_id") == rid:
             sample.update(phases_s=record["phases_s"], activator_total_s=record["total_s"],
-                          tier=record.get("tier"), load_s=record.get("load_s"))
+                          tier=record.get("tier"), load_s=record.get("load_s"),
+                          weights_from=record.get("weights_from"))
         worker = next((w for w in st["workers"] if w["model"] == model), None)
         if worker is not None:
             with contextlib.suppress(httpx.HTTPError, ValueError):
@@ -760,18 +839,19 @@ def _store(args: argparse.Namespace, work: Path) -> Iterator[Store]:
         es.stop()
 
 
-def _ensure_model(store: Store, size: str, work: Path) -> tuple[str, dict[str, Any]]:
-    """The demo model of ``size`` in the store (built and pushed once); its URI and facts."""
+def _ensure_model(store: Store, size: str, work: Path, seed: int = 0) -> tuple[str, dict[str, Any]]:
+    """The demo model of ``size`` (and ``seed``: another seed is another model of the same
+    engine class) in the store (built and pushed once); its URI and facts."""
     from thaw.demo_model import build_demo_model
     from weight_streaming.push import push_model, read_manifest
 
-    uri = f"s3://{store.bucket}/bench/demo-{size}"
+    uri = f"s3://{store.bucket}/bench/demo-{size}" + (f"-seed{seed}" if seed else "")
     client = store.endpoint().client()
     manifest = read_manifest(client, uri)
     if manifest is None:
         with tempfile.TemporaryDirectory(prefix="thaw-bench-model-", dir=work) as tmp:
-            _log(f"building and pushing the {size} demo model to {uri}")
-            build_demo_model(Path(tmp) / "demo", size=size)
+            _log(f"building and pushing the {size} demo model (seed {seed}) to {uri}")
+            build_demo_model(Path(tmp) / "demo", size=size, seed=seed)
             manifest = push_model(client, Path(tmp) / "demo", uri)
     return uri, {"uri": uri, "size": size, "total_bytes": manifest.total_bytes,
                  "parameter_count": manifest.parameter_count}
@@ -815,7 +895,11 @@ def run(args: argparse.Namespace) -> int:
             environment["model"] = model_facts
             caches = CacheSettings.for_model(model_facts["total_bytes"], work / "weight-cache",
                                              args.cache_verify_sha256)
-            _run_variants(args, variants, store, uri, work, caches, samples, notes)
+            base_uri = None
+            if any(v in SWAP_VARIANTS for v in variants):
+                base_uri, _ = _ensure_model(store, args.size, work, seed=1)
+                environment["model"]["swap_base_uri"] = base_uri
+            _run_variants(args, variants, store, uri, work, caches, samples, notes, base_uri)
     finally:
         if own_work:
             shutil.rmtree(work, ignore_errors=True)
@@ -839,7 +923,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_variants(args: argparse.Namespace, variants: list[str], store: Store, uri: str, work: Path,
-                  caches: CacheSettings, samples: dict[str, list[dict[str, Any]]], notes: list[str]) -> None:
+                  caches: CacheSettings, samples: dict[str, list[dict[str, Any]]], notes: list[str],
+                  base_uri: str | None = None) -> None:
     baselines = {v: Baseline(v, BASELINES[v], store, uri, work, args.timeout_s) for v in variants if v in BASELINES}
     for name, b in baselines.items():
         if not b.primed():
@@ -847,8 +932,9 @@ def _run_variants(args: argparse.Namespace, variants: list[str], store: Store, u
             b.measure()
     stack = None
     if any(v in THAW_VARIANTS for v in variants):
-        models = ThawModels(no_snapshot=[f"cs-nosnap-{uuid.uuid4().hex[:6]}-{i}" for i in range(args.reps)])
-        stack = Stack(store, uri, work, models, caches, args.idle_grace_s, args.timeout_s)
+        models = ThawModels(no_snapshot=[f"cs-nosnap-{uuid.uuid4().hex[:6]}-{i}" for i in range(args.reps)],
+                            swap="cs-swap" if base_uri else None)
+        stack = Stack(store, uri, work, models, caches, args.idle_grace_s, args.timeout_s, base_uri)
         _log("starting thaw up")
         stack.start()
     try:
@@ -905,24 +991,27 @@ def _prime_snapshot(stack: Stack, timeout_s: float, notes: list[str]) -> str:
     return "local_cache"
 
 
-def _prepare_tier(stack: Stack, model: str, tier: str) -> dict[str, Any]:
-    """Leave the main worker standing by with the model's weights in exactly the caches
-    that make its next load come from ``tier``: a tier that must hold the model and
-    does not is filled by one untimed cold start (a load fills the tiers it missed),
-    one that must not is emptied. Returns the worker."""
+def _prepare_tier(stack: Stack, model: str, tier: str, *, shape: str = SHAPE,
+                  swap: bool = False) -> dict[str, Any]:
+    """Leave a worker of ``shape`` standing by with the model's weights in exactly the
+    caches that make its next load come from ``tier`` (and, with ``swap``, holding a
+    built engine of the model's class): a tier that must hold the model and does not
+    is filled by one untimed cold start (a load fills the tiers it missed), one that
+    must not is emptied. Returns the worker."""
     want = TIER_HOLDINGS[tier]
-    worker = stack.wait_standby(model)
+    engine_of = model if swap else None
+    worker = stack.wait_standby(model, shape=shape, engine_of=engine_of)
     have = holdings(worker.get("cached", []), stack.uri)
     missing = {t: True for t, w in want.items() if w and not have[t]}
     if missing:
         _log(f"{model}: filling the {'/'.join(missing)} cache (untimed cold start)")
         stack.cold_start(model)
-        worker = stack.wait_standby(model, holding=missing)
+        worker = stack.wait_standby(model, holding=missing, shape=shape, engine_of=engine_of)
     for t, w in want.items():
         if not w:
             stack.clear_tier(worker["id"], t)
     # The worker looks at its caches every few seconds: wait until it saw the change.
-    return stack.wait_standby(model, holding=want)
+    return stack.wait_standby(model, holding=want, shape=shape, engine_of=engine_of)
 
 
 def _thaw_rep(stack: Stack, variant: str, rep: int, snapshot_source: str | None) -> dict[str, Any]:
@@ -933,6 +1022,10 @@ def _thaw_rep(stack: Stack, variant: str, rep: int, snapshot_source: str | None)
     elif variant == LAUNCH:
         model = m.launch
         stack.wait_no_launched_worker(model)
+        sample = stack.cold_start(model)
+    elif variant in SWAP_VARIANTS:
+        model = m.swap_compiled if variant == SWAP_HOST_COMPILED else (m.swap or "")
+        _prepare_tier(stack, model, EXPECTED_WEIGHTS[variant], shape=SWAP_SHAPE, swap=True)
         sample = stack.cold_start(model)
     else:
         model = {EAGER: m.eager, HOST: m.eager, DISK: m.eager, SNAPSHOT: m.snapshot}.get(variant) \
@@ -946,7 +1039,7 @@ def _thaw_rep(stack: Stack, variant: str, rep: int, snapshot_source: str | None)
             sample["snapshot_source"] = snapshot_source
     sample["model"] = model
     try:
-        check_tier(variant, sample.get("tier"))
+        check_tier(variant, sample.get("tier"), sample.get("weights_from"))
     except WrongTier as exc:
         raise WrongTier(str(exc), sample) from None
     return sample

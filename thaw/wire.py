@@ -334,6 +334,8 @@ class WorkerDetail(_Msg):
     # The current assignment's load, and the weights the worker holds locally.
     load: LoadView | None = None
     cached: list[CachedWeights] = []
+    # The engine it keeps across assignments (pools[].prebuild).
+    prebuilt: PrebuiltView | None = None
 
 
 class ShapeRow(_Msg):

@@ -930,6 +930,7 @@ class PoolManager:
                 last_heartbeat_s_ago=round(now - f.heard_at, 1) if f.heard_at else None,
                 provider_state=f.instance.state.value if f.instance else None,
                 load=f.status.load if f.status else None, cached=list(v.cached),
+                prebuilt=f.status.prebuilt if f.status else None,
             ))
         return PoolStatus(now=now, controller_epoch=self.epoch, adopted=self.adopted, shapes=shapes,
                           models=models, workers=workers, worker_details=details)

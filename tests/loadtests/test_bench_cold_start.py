@@ -55,6 +55,7 @@ MEDIANS = {
     bench.BASELINE_COMPILED: 44.0, bench.BASELINE_COMPILED_THAW: 40.0,
     bench.EAGER: 2.0, bench.HOST: 1.0, bench.DISK: 1.5, bench.LAUNCH: 30.0,
     bench.SNAPSHOT: 5.5, bench.NO_SNAPSHOT: None,
+    bench.SWAP_HOST: 0.4, bench.SWAP_S3: 0.8, bench.SWAP_HOST_COMPILED: 0.44,
 }
 
 
@@ -68,6 +69,10 @@ def test_ratios_compare_like_with_like() -> None:
         # compiled Thaw over compiled vLLM
         "standby_snapshot_vs_baseline_compiled": 0.125,  # 5.5 / 44
         "standby_no_snapshot_vs_baseline_compiled": None,  # not run
+        # a swap into a built engine, over vLLM started on demand in the same mode
+        "swap_host_eager_vs_baseline_eager": 0.02,  # 0.4 / 20
+        "swap_s3_eager_vs_baseline_eager": 0.04,  # 0.8 / 20
+        "swap_host_compiled_vs_baseline_compiled": 0.01,  # 0.44 / 44
         # the split: Thaw's loader alone, then the standby with that loader
         "loader_share_eager": 0.8,  # 16 / 20
         "standby_share_eager": 0.125,  # 2 / 16
@@ -99,7 +104,8 @@ def test_tier_table_rows_from_the_summaries() -> None:
     summaries = {bench.EAGER: bench.summarize_variant(EAGER_SAMPLES),
                  bench.BASELINE_EAGER: bench.summarize_variant(BASELINE_SAMPLES)}
     rows = {r["tier"]: r for r in bench.tier_table(summaries)}
-    assert list(rows) == ["hot", "host", "disk", "s3", "launch", "on_demand_vllm", "on_demand_vllm_thaw_loader"]
+    assert list(rows) == ["hot", "swap_host", "swap_s3", "host", "disk", "s3", "launch", "on_demand_vllm",
+                          "on_demand_vllm_thaw_loader"]
     assert rows["s3"] == {"tier": "s3", "variant": bench.EAGER, "median_ttft_s": 2.2, "median_load_s": 0.4, "n": 3}
     assert rows["on_demand_vllm"] == {"tier": "on_demand_vllm", "variant": bench.BASELINE_EAGER,
                                       "median_ttft_s": 44.0, "median_load_s": None, "n": 3}
@@ -110,7 +116,14 @@ def test_tier_table_rows_from_the_summaries() -> None:
 
 @pytest.mark.parametrize(("variant", "tier"), sorted(bench.EXPECTED_TIER.items()))
 def test_the_intended_tier_passes(variant: str, tier: str) -> None:
-    bench.check_tier(variant, tier)
+    bench.check_tier(variant, tier, bench.EXPECTED_WEIGHTS.get(variant))
+
+
+@pytest.mark.parametrize(("variant", "weights_from"), [
+    (bench.SWAP_HOST, "s3"), (bench.SWAP_S3, "host"), (bench.SWAP_HOST_COMPILED, None)])
+def test_a_swap_whose_weights_came_from_elsewhere_is_not_counted(variant: str, weights_from: str | None) -> None:
+    with pytest.raises(bench.WrongTier, match="measures a swap with weights from"):
+        bench.check_tier(variant, "swap", weights_from)
 
 
 @pytest.mark.parametrize(
@@ -137,7 +150,10 @@ def test_every_thaw_variant_has_a_tier_and_every_baseline_a_spec() -> None:
     assert set(bench.VARIANTS) == set(bench.THAW_VARIANTS) | set(bench.BASELINES)
     assert set(bench.VARIANT_DESCRIPTIONS) == set(bench.VARIANTS)
     # The loaded tiers' cache states are known.
-    assert {t for t in bench.EXPECTED_TIER.values() if t not in ("hot", "launch")} == set(bench.TIER_HOLDINGS)
+    assert {t for t in bench.EXPECTED_TIER.values() if t not in ("hot", "launch", "swap")} == set(bench.TIER_HOLDINGS)
+    # A swap's weights come from a tier whose cache state is known too.
+    assert set(bench.EXPECTED_WEIGHTS) == set(bench.SWAP_VARIANTS)
+    assert set(bench.EXPECTED_WEIGHTS.values()) <= set(bench.TIER_HOLDINGS)
 
 
 URI = "s3://thaw/bench/demo-tiny"
@@ -203,7 +219,9 @@ def test_report_shape_and_goals() -> None:
     assert report["goals"]["standby_eager_vs_baseline_eager"] == {"at_most": 0.08, "measured": 0.05, "met": True}
     assert report["goals"]["standby_snapshot_vs_baseline_compiled"]["met"] is None
     assert report["goals_not_met"] == []
-    assert report["goals_not_measured"] == ["standby_snapshot_vs_baseline_compiled"]
+    assert report["goals_not_measured"] == ["standby_snapshot_vs_baseline_compiled",
+                                            "swap_host_eager_vs_baseline_eager",
+                                            "swap_host_compiled_vs_baseline_compiled"]
     assert report["ratio_definitions"]["standby_share_eager"] == {
         "numerator": bench.EAGER, "denominator": bench.BASELINE_EAGER_THAW}
     json.dumps(report)  # serialisable as is

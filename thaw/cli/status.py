@@ -50,7 +50,12 @@ def _workers(state: dict[str, Any]) -> list[str]:
         load = d.get("load")
         if load and w["model"]:
             secs = f" in {load['seconds']:.2f}s" if load.get("seconds") is not None else ""
-            out.append(f"    loaded from {load['tier']}{secs}")
+            how = f"swapped into its engine, weights from {load['tier']}" if load.get("swap") else \
+                f"loaded from {load['tier']}"
+            out.append(f"    {how}{secs}")
+        if d.get("prebuilt"):
+            p = d["prebuilt"]
+            out.append(f"    engine kept: class {p['engine_class']} ({p['state']}), weights of {p['model']}")
         if d.get("cached"):
             held = ", ".join(f"{c['uri']} {c['tier']} {_pct(c['bytes'], c['total_bytes'])}" for c in d["cached"])
             out.append(f"    cached: {held}")
