@@ -18,7 +18,7 @@ import contextlib
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -682,13 +682,25 @@ class PoolManager:
         if f is not None and worker_id not in self.gone:
             self._observe(worker_id, f.shape, status=status, heard_at=self.clock())
 
+    async def _call(self, worker_id: str, what: str,
+                    call: Callable[[str], Awaitable[WorkerStatus]]) -> WorkerStatus | None:
+        """One control call to a worker (``call(control_url)``); its answer is taken in as
+        the worker's status. None when it did not take effect (logged, intent cleared)."""
+        url = self._control_url(worker_id)
+        if url is None:
+            self._control_failed(worker_id, what, ControlError("no control URL yet"))
+            return None
+        try:
+            status = await call(url)
+        except ControlError as exc:
+            self._control_failed(worker_id, what, exc)
+            return None
+        self._answered(worker_id, status)
+        return status
+
     async def _assign(self, d: Assign) -> None:
         model = self.cfg.model(d.model)
-        url = self._control_url(d.worker_id)
         assert model is not None
-        if url is None:
-            self._control_failed(d.worker_id, "assign", ControlError("no control URL yet"))
-            return
         req = AssignRequest(
             assignment_id=d.assignment_id, model=model.name, uri=model.uri,
             served_model_name=model.resolved_served_name, max_model_len=model.max_context_tokens,
@@ -697,31 +709,17 @@ class PoolManager:
             sleep_mode=model.autoscaling.asleep_ttl_s > 0,
             engine_class=self.model_classes.classes.get(model.name) if self.model_classes else None,
         )
-        try:
-            status = await self.control.assign(url, req)
-        except ControlError as exc:
-            self._control_failed(d.worker_id, "assign", exc)
-            return
-        self._answered(d.worker_id, status)
-        log.info("worker_assigned", worker_id=d.worker_id, model=model.name, assignment_id=d.assignment_id,
-                 expected_tier=d.tier, expected_load_s=d.expected_load_s)
+        if await self._call(d.worker_id, "assign", lambda url: self.control.assign(url, req)) is not None:
+            log.info("worker_assigned", worker_id=d.worker_id, model=model.name, assignment_id=d.assignment_id,
+                     expected_tier=d.tier, expected_load_s=d.expected_load_s)
 
     async def _prebuild(self, d: Prebuild) -> None:
         model = self.cfg.model(d.model)
-        url = self._control_url(d.worker_id)
         assert model is not None
-        if url is None:
-            self._control_failed(d.worker_id, "prebuild", ControlError("no control URL yet"))
-            return
         req = PrebuildRequest(model=model.name, uri=model.uri, served_model_name=model.resolved_served_name,
                               max_model_len=model.max_context_tokens, engine=model.engine,
                               engine_class=d.engine_class)
-        try:
-            status = await self.control.prebuild(url, req)
-        except ControlError as exc:
-            self._control_failed(d.worker_id, "prebuild", exc)
-            return
-        self._answered(d.worker_id, status)
+        await self._call(d.worker_id, "prebuild", lambda url: self.control.prebuild(url, req))
 
     async def _sleep(self, d: Sleep) -> None:
         url = self._control_url(d.worker_id)

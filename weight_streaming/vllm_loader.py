@@ -201,6 +201,16 @@ def local_weight_files(directory: str | os.PathLike[str]) -> list[str]:
     return [str(d / n) for n in _select_weight_files([p.name for p in d.iterdir()], index, str(d))]
 
 
+def cache_tiers(options: StreamOptions) -> list[CacheTier]:
+    """The worker's weight caches the options name, fastest first (host memory, disk)."""
+    tiers = []
+    if options.host_cache_dir:
+        tiers.append(CacheTier("host", DiskCache(options.host_cache_dir, options.host_cache_max_bytes)))
+    if options.cache_dir:
+        tiers.append(CacheTier("disk", DiskCache(options.cache_dir, options.cache_max_bytes)))
+    return tiers
+
+
 def stream_model_weights(uri: str, options: StreamOptions = StreamOptions()) -> LoadResult:
     """Every tensor of the model at ``uri`` (``s3://bucket/prefix`` or a local directory),
     in host memory.
@@ -215,11 +225,7 @@ def stream_model_weights(uri: str, options: StreamOptions = StreamOptions()) -> 
                 chunk_bytes=options.chunk_bytes, concurrency=options.concurrency,
             )
         client = s3_client_from_env(options.concurrency)
-        tiers = []
-        if options.host_cache_dir:
-            tiers.append(CacheTier("host", DiskCache(options.host_cache_dir, options.host_cache_max_bytes)))
-        if options.cache_dir:
-            tiers.append(CacheTier("disk", DiskCache(options.cache_dir, options.cache_max_bytes)))
+        tiers = cache_tiers(options)
         # The caches' writes and commits finish in the background, while the engine
         # starts: a worker stopped before they did leaves only temp files, never used.
         return load_s3(
@@ -277,11 +283,7 @@ class FileByFileWeights:
         """The tensors; returns the bytes read from each source."""
         o = self.options
         client = s3_client_from_env(o.concurrency)
-        tiers = []
-        if o.host_cache_dir:
-            tiers.append(CacheTier("host", DiskCache(o.host_cache_dir, o.host_cache_max_bytes)))
-        if o.cache_dir:
-            tiers.append(CacheTier("disk", DiskCache(o.cache_dir, o.cache_max_bytes)))
+        tiers = cache_tiers(o)
         verify = _manifest_checksums(client, self.uri) if o.verify_sha256 else None
         objs = resolve_objects(client, self.uri, concurrency=o.concurrency)
         sources: dict[str, int] = {}

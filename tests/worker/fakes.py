@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +18,7 @@ from thaw.objstore import S3Endpoint
 from worker.engine_client import EngineError
 from worker.host import OnEvent
 from worker.launch import LaunchCommand
+from worker.settings import AgentSettings
 
 SECRET = "s3cr3t-never-shown"
 # A model's config.json, as the fakes' store has it.
@@ -178,3 +181,30 @@ async def ready(c: httpx.AsyncClient, **over: Any) -> dict[str, Any]:
 
 # -- start-up, health, metrics -------------------------------------------------------
 
+
+@asynccontextmanager
+async def agent_client(world: World, data_dir: Path, *, secret: str = SECRET, settings: dict[str, Any] | None = None,
+                       **deps: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """The agent's app with fake engine hosts (each reports "imported" unless the world
+    says not) and fake engines, served in process; a client with the cluster token.
+    ``settings``: AgentSettings fields to change; ``deps``: more of the Agent's."""
+    from worker.api import create_app
+
+    async def spawn(on_event: OnEvent) -> FakeHost:
+        h = FakeHost(world, on_event)
+        world.hosts.append(h)
+        if world.import_on_spawn:
+            asyncio.get_running_loop().call_later(0.01, h.emit, "imported")
+        return h
+
+    fields: dict[str, Any] = {"worker_id": "w1", "shape": "cpu-small", "port": 0, "data_dir": data_dir,
+                              "store": S3Endpoint("http://127.0.0.1:9", "AK", secret), "token": TOKEN,
+                              "ready_poll_s": 0.01, "in_flight_poll_s": 0.01, "drain_poll_s": 0.01,
+                              **(settings or {})}
+    deps.setdefault("manifest_reader", lambda store, uri: world.manifest(store, uri))
+    app = create_app(AgentSettings(**fields), spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
+                     **deps)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent",
+                                     headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+            yield c

@@ -17,17 +17,13 @@ import pytest
 from tests.worker.fakes import (
     SECRET,
     TOKEN,
-    FakeEngine,
-    FakeHost,
     World,
+    agent_client,
     assign_body,
     ready,
     wait_state,
 )
 from thaw.objstore import S3Endpoint
-from worker.api import create_app
-from worker.host import OnEvent
-from worker.settings import AgentSettings
 
 
 @pytest.fixture
@@ -38,23 +34,8 @@ def world(request: pytest.FixtureRequest) -> World:
 
 @pytest.fixture
 async def client(world: World, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    async def spawn(on_event: OnEvent) -> FakeHost:
-        h = FakeHost(world, on_event)
-        world.hosts.append(h)
-        if world.import_on_spawn:
-            asyncio.get_running_loop().call_later(0.01, h.emit, "imported")
-        return h
-
-    settings = AgentSettings(worker_id="w1", shape="cpu-small", port=0, data_dir=tmp_path,
-                             store=S3Endpoint("http://127.0.0.1:9", "AK", SECRET), token=TOKEN,
-                             ready_poll_s=0.01, in_flight_poll_s=0.01, drain_poll_s=0.01)
-    app = create_app(settings, spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
-                     manifest_reader=lambda store, uri: world.manifest(store, uri))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://agent",
-                                     headers={"Authorization": f"Bearer {TOKEN}"}) as c:
-            yield c
+    async with agent_client(world, tmp_path) as c:
+        yield c
     # Shutdown stopped the engine host.
     assert world.hosts and all(h.returncode is not None for h in world.hosts)
 

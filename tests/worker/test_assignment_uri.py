@@ -5,7 +5,6 @@ read or an engine launched (fakes: no process, no store)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,13 +12,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.worker.fakes import TOKEN, FakeEngine, FakeHost, World, assign_body, wait_state
+from tests.worker.fakes import World, agent_client, assign_body, wait_state
 from thaw.config import parse_config
 from thaw.objstore import S3Endpoint
 from worker.__main__ import settings_from
-from worker.api import create_app
-from worker.host import OnEvent
-from worker.settings import AgentSettings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 ALLOWED = ("s3://thaw/models",)
@@ -34,22 +30,9 @@ async def world_and_client(tmp_path: Path) -> AsyncIterator[tuple[World, httpx.A
         manifests_read.append(uri)
         return {"ok": True}
 
-    async def spawn(on_event: OnEvent) -> FakeHost:
-        h = FakeHost(world, on_event)
-        world.hosts.append(h)
-        asyncio.get_running_loop().call_later(0.01, h.emit, "imported")
-        return h
-
-    settings = AgentSettings(worker_id="w1", shape="cpu-small", port=0, data_dir=tmp_path,
-                             store=S3Endpoint("http://127.0.0.1:9", "AK", "SK"), token=TOKEN,
-                             ready_poll_s=0.01, in_flight_poll_s=0.01, drain_poll_s=0.01,
-                             allowed_uri_prefixes=ALLOWED)
-    app = create_app(settings, spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
-                     manifest_reader=read_manifest)
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent",
-                                     headers={"Authorization": f"Bearer {TOKEN}"}) as c:
-            yield world, c, manifests_read
+    async with agent_client(world, tmp_path, secret="SK", settings={"allowed_uri_prefixes": ALLOWED},
+                            manifest_reader=read_manifest) as c:
+        yield world, c, manifests_read
 
 
 @pytest.mark.parametrize(

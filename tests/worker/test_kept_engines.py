@@ -15,11 +15,8 @@ import pytest
 
 from tests.worker.fakes import (
     LLAMA,
-    SECRET,
-    TOKEN,
-    FakeEngine,
-    FakeHost,
     World,
+    agent_client,
     assign_body,
     wait_state,
 )
@@ -27,9 +24,6 @@ from thaw.config import EngineArgs
 from thaw.engine_class import engine_class_of
 from thaw.objstore import S3Endpoint
 from weight_streaming.manifest import FileEntry, Manifest
-from worker.api import create_app
-from worker.host import OnEvent
-from worker.settings import AgentSettings
 
 ENGINE = {"enforce_eager": True, "cpu_kvcache_gib": 2}
 CLASS = engine_class_of(LLAMA, EngineArgs(**ENGINE), max_model_len=512).id  # type: ignore[arg-type]
@@ -68,22 +62,8 @@ def store() -> Store:
 
 @pytest.fixture
 async def client(world: World, store: Store, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    async def spawn(on_event: OnEvent) -> FakeHost:
-        h = FakeHost(world, on_event)
-        world.hosts.append(h)
-        asyncio.get_running_loop().call_later(0.01, h.emit, "imported")
-        return h
-
-    settings = AgentSettings(worker_id="w1", shape="cpu-small", port=0, data_dir=tmp_path,
-                             store=S3Endpoint("http://127.0.0.1:9", "AK", SECRET), token=TOKEN,
-                             ready_poll_s=0.01, in_flight_poll_s=0.01, drain_poll_s=0.01)
-    app = create_app(settings, spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
-                     manifest_reader=store.manifest, config_reader=store.config)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://agent",
-                                     headers={"Authorization": f"Bearer {TOKEN}"}) as c:
-            yield c
+    async with agent_client(world, tmp_path, manifest_reader=store.manifest, config_reader=store.config) as c:
+        yield c
 
 
 def prebuild_body(**over: Any) -> dict[str, Any]:
