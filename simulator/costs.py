@@ -1,9 +1,10 @@
 """What things cost and how long they take, for the simulator.
 
 Per model: how long a replica takes to become ready from each tier (asleep; a standby
-holding the weights in host memory or on its disk; a standby reading them from the
-store; no standby adds the shape's boot time), and how fast a ready replica serves (prefill
-tokens per second, seconds per output token). Per shape: its price and boot time come
+holding a built engine of the model's class, into which only the weights move (a swap);
+a standby holding the weights in host memory or on its disk; a standby reading them from
+the store; no standby adds the shape's boot time), and how fast a ready replica serves
+(prefill tokens per second, seconds per output token). Per shape: its price and boot time come
 from the Thaw config itself.
 
 By default the figures come from the capacity planner (``thaw.planner``): the one
@@ -37,6 +38,11 @@ DISK_LOAD_GB_PER_S = 4.0
 # Engine start after the weights are in: restoring a snapshot (compile cache) instead
 # of compiling (docs/BENCHMARKS.md, cold-start).
 ENGINE_INIT_S = 5.0
+# A swap into a built engine of the model's class (pools[].prebuild) reads the weights
+# and skips the engine start; this much is added for the engine to take them (empty the
+# prefix cache, rebuild the API layer, answer /health): measured ~0.3 s on a CPU engine
+# with an 11 MB model, where the weights themselves take next to nothing.
+SWAP_S = 0.3
 # vLLM sleep mode level 1: weights back from host memory to the GPU, about a second.
 WAKE_S = 1.0
 # Releasing a replica (drain done, engine stopped) until the worker stands by again.
@@ -62,6 +68,10 @@ class ModelCosts:
     # the store).
     host_load_s: float | None = None
     disk_load_s: float | None = None
+    # The part of each standby load time that starts the engine (the rest reads the
+    # weights), which a swap into a built engine skips; and what a swap adds instead.
+    engine_start_s: float = ENGINE_INIT_S
+    swap_s: float = SWAP_S
 
     def load_s(self, tier: str) -> float:
         """Seconds to ready from ``tier``: asleep, host, disk, or the store (s3)."""
@@ -72,6 +82,12 @@ class ModelCosts:
         if tier in ("host", "disk") and self.disk_load_s is not None:
             return self.disk_load_s
         return self.standby_load_s
+
+    def swap_load_s(self, tier: str) -> float:
+        """Seconds to ready by a swap into a built engine of the model's class, the
+        weights read from ``tier`` (host, disk, s3): that tier's load time less the
+        engine start, plus ``swap_s``."""
+        return max(self.load_s(tier) - self.engine_start_s, 0.0) + self.swap_s
 
 
 @dataclass(frozen=True)
@@ -87,8 +103,9 @@ class CostError(ValueError):
 
 
 _OVERRIDABLE = {f.name for f in fields(ModelCosts)} - {"source"}
-# A costs file that gives all of these needs no planner (the tiers default to the store's).
-_REQUIRED = _OVERRIDABLE - {"host_load_s", "disk_load_s"}
+# A costs file that gives all of these needs no planner (the tiers default to the store's,
+# the engine start and the swap to the constants above).
+_REQUIRED = _OVERRIDABLE - {"host_load_s", "disk_load_s", "engine_start_s", "swap_s"}
 
 
 def planner_costs(model: Model, cfg: ThawConfig, catalog_model: str) -> ModelCosts:
@@ -127,7 +144,8 @@ def planner_costs(model: Model, cfg: ThawConfig, catalog_model: str) -> ModelCos
         prefill_tokens_per_s=perf.prefill_tokens_per_s,
         tpot_s=perf.decode_step_s,
         source=(f"planner: {spec.id} on {gpus} x {gpu.id}, batch {perf.batch}; load "
-                f"{weights_gb:.1f} GB / {LOAD_GB_PER_S:g} GB/s + {ENGINE_INIT_S:g} s engine; wake {WAKE_S:g} s"),
+                f"{weights_gb:.1f} GB / {LOAD_GB_PER_S:g} GB/s + {ENGINE_INIT_S:g} s engine; swap: the weights "
+                f"+ {SWAP_S:g} s; wake {WAKE_S:g} s"),
     )
 
 

@@ -13,7 +13,15 @@ What is simulated, and what runs for real:
 - workers and providers: launches take the shape's ``boot_s``; a load takes the
   model's standby (or asleep) load time; a release takes ``release_s``; a ready replica
   serves a request in ``input_tokens / prefill_tokens_per_s`` to its first token and
-  ``tpot_s`` per output token after it (``simulator.costs``).
+  ``tpot_s`` per output token after it (``simulator.costs``);
+- kept engines (where a pool has ``prebuild``; see :func:`engine_classes`): a
+  ``Prebuild`` has a standby build an engine of the named model's class (a full start of
+  that model: its load time); an assignment to a standby holding a built engine of the
+  model's class is a swap (tier "swap": the weights' load time, no engine start, plus
+  ``swap_s``), to one still building waits for the build first, to one holding another
+  class's engine stops it first (``release_s`` of the model it was built for) and then
+  starts in full; a ready replica released goes back to standby keeping its engine (an
+  asleep or loading one does not, as on the real worker).
 
 The controller ticks every ``tick_s``. In ``exact`` mode it judges every model and pool
 on every tick, like the controller. By default it judges a model only on the ticks
@@ -34,6 +42,7 @@ from typing import Any
 from simulator.costs import CostModel, ModelCosts
 from simulator.traces import Trace
 from thaw.config import Model, ThawConfig
+from thaw.engine_class import engine_class_of
 from thaw.wire import CachedWeights, WorkerState
 from warm_pool.keepalive import keep_alive_decision, keep_alive_window
 from warm_pool.policy import (
@@ -44,6 +53,7 @@ from warm_pool.policy import (
     ModelActivity,
     ModelState,
     PolicyState,
+    Prebuild,
     Release,
     Sleep,
     Snapshot,
@@ -69,9 +79,35 @@ _WORKER, _DONE, _TIMEOUT = 0, 1, 2
 _WAITING, _ADMITTED, _TIMED_OUT, _REFUSED = 0, 1, 2, 3
 
 
+def engine_classes(cfg: ThawConfig, costs: CostModel) -> dict[str, str]:
+    """Each model's engine class as the simulator assumes it; none at all when no pool
+    pre-builds (the controller reads classes only then, so nothing is swapped or kept).
+
+    A real class (``thaw.engine_class``) hashes the model's ``config.json`` from the
+    store with the engine settings a built engine depends on; offline there is no
+    ``config.json``. The cost model already takes every model for one architecture
+    (``--catalog-model``, or a costs file's figures), so the stand-in ``config.json``
+    names that one architecture and the model's size (``weights_gib``) and goes through
+    the real hash with the model's own engine settings and ``max_context_tokens``:
+    models are of one class when they share size, those engine settings (dtype, tensor
+    parallel size, memory utilisation, eager, extra flags; not ``load_format`` nor
+    ``snapshots``) and context length. That is the case ``prebuild`` is for (fine-tunes
+    of one base, trace models copied from ``--model-template``) and optimistic for a
+    config mixing architectures of one size: give those different ``weights_gib`` in a
+    costs file to keep them apart.
+    """
+    if not any(p.prebuild for p in cfg.pools):
+        return {}
+    return {m.name: engine_class_of({"architectures": ["SimulatedForCausalLM"],
+                                     "weights_gib": round(costs.models[m.name].weights_gib, 6)},
+                                    m.engine, max_model_len=m.max_context_tokens).id
+            for m in cfg.models}
+
+
 class _Worker:
     __slots__ = ("id", "shape", "price", "state", "model", "aid", "since", "entered", "inflight",
-                 "epoch", "tier", "view", "releasing", "host", "disk", "cached")
+                 "epoch", "tier", "view", "releasing", "host", "disk", "cached", "engine", "engine_of",
+                 "built", "built_at", "park")
 
     def __init__(self, wid: str, shape: str, price: float, state: str, now: float) -> None:
         self.id, self.shape, self.price, self.state = wid, shape, price, state
@@ -88,11 +124,27 @@ class _Worker:
         self.host: dict[str, _Model] = {}
         self.disk: dict[str, _Model] = {}
         self.cached: tuple[CachedWeights, ...] = ()
+        # The engine it keeps across assignments: its class (None: none), the model it
+        # was built for (a teardown costs that model's release_s), whether it is built,
+        # and when its build ends (a swap into one still building waits until then).
+        self.engine: str | None = None
+        self.engine_of: _Model | None = None
+        self.built = False
+        self.built_at = 0.0
+        # A release of a ready replica: its engine is parked for the next model of its class.
+        self.park = False
         self.view = self._view()
 
     def _view(self) -> WorkerView:
         return WorkerView(self.id, self.shape, WorkerState(self.state),
-                          self.model.name if self.model else None, self.aid, None, self.since, self.cached)
+                          self.model.name if self.model else None, self.aid, None, self.since, self.cached,
+                          prebuilt_class=self.engine, prebuilt_ready=self.built)
+
+    def keep_engine(self, cls: str | None, of: _Model | None = None, *, built: bool = True,
+                    built_at: float = 0.0) -> None:
+        """Keep an engine of class ``cls`` (None: drop the one kept), built for ``of``."""
+        self.engine, self.engine_of = cls, of
+        self.built, self.built_at = cls is not None and built, built_at
 
     def hold(self, m: _Model, host_gib: float, disk_gib: float) -> None:
         """The worker loaded ``m``: its tiers keep a copy, least recently loaded evicted."""
@@ -116,13 +168,14 @@ class _Worker:
 
 
 class _Model:
-    __slots__ = ("idx", "name", "cfg", "a", "costs", "ready", "serving", "queue", "queued", "in_flight",
+    __slots__ = ("idx", "name", "cfg", "a", "costs", "cls", "ready", "serving", "queue", "queued", "in_flight",
                  "arrivals", "hot_ttfts", "last_request_at", "cold_open", "cold_since", "cold_tier",
                  "slo_s", "prefill_tps", "tpot_s", "max_conc", "max_queue", "timeout_s",
                  "band_for", "keep_cache", "deadline_key", "deadline_times", "stats")
 
-    def __init__(self, idx: int, m: Model, costs: ModelCosts, slo_s: float) -> None:
+    def __init__(self, idx: int, m: Model, costs: ModelCosts, slo_s: float, cls: str | None = None) -> None:
         self.idx, self.name, self.cfg, self.a, self.costs = idx, m.name, m, m.autoscaling, costs
+        self.cls = cls  # its engine class (None: unknown, never swapped nor kept)
         self.ready: list[_Worker] = []
         self.serving = 0  # loading + ready workers
         self.queue: deque[int] = deque()
@@ -169,7 +222,7 @@ class ColdStart:
     model: str
     at: float
     ready_after_s: float
-    tier: str  # asleep | host | disk | s3 | launch
+    tier: str  # asleep | swap | host | disk | s3 | launch
 
 
 @dataclass
@@ -202,8 +255,9 @@ class Simulator:
             raise ValueError(f"trace models not in the config: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
         self.cfg, self.trace, self.tick_s, self.exact = cfg, trace, tick_s, exact
         self.record = record_decisions
-        self.models = [_Model(i, m, costs.models[m.name], m.autoscaling.ttft_slo_s or ttft_slo_s)
-                       for i, m in enumerate(cfg.models)]
+        self.classes = engine_classes(cfg, costs)
+        self.models = [_Model(i, m, costs.models[m.name], m.autoscaling.ttft_slo_s or ttft_slo_s,
+                              self.classes.get(m.name)) for i, m in enumerate(cfg.models)]
         self.by_name = {m.name: m for m in self.models}
         for i, m in enumerate(cfg.models):
             if m.served_name:
@@ -310,6 +364,14 @@ class Simulator:
                 m.band_for = None
                 self.dirty.add(m)
 
+    def _engine_changed(self, w: _Worker) -> None:
+        """``w``'s kept engine changed, its state did not: a new view (for placement and
+        the pools' prebuild plan) and a new epoch (its next step is the build's end)."""
+        w.epoch += 1
+        w.view = w._view()
+        self.views_dirty = self.pools_dirty = True
+        self.shapes_changed.add(w.shape)
+
     def _after(self, w: _Worker, delay: float) -> None:
         """The worker's current step (boot, load, release) ends in ``delay`` seconds."""
         self._push(self.now + delay, _WORKER, w, w.epoch)
@@ -414,6 +476,9 @@ class Simulator:
         if s == "loading":
             m = w.model
             assert m is not None
+            if m.cls is not None:
+                # Its engine (built now, or swapped into) can take another model of its class.
+                w.keep_engine(m.cls, m)
             self._set(w, "ready", t)
             shape = self.shapes[w.shape]
             w.hold(m, shape.host_cache_gib, shape.cache.max_gib if shape.cache else 0.0)
@@ -429,7 +494,14 @@ class Simulator:
             self._set(w, "standby", t)
         elif s == "draining":
             w.releasing = False
+            if not w.park:
+                w.keep_engine(None)
+            w.park = False
             self._set(w, "standby", t, model=None, aid=None, since=None)
+        elif s == "standby" and w.engine is not None and not w.built:
+            # A prebuild is done: the engine is built (its view says ready).
+            w.built = True
+            self._engine_changed(w)
 
     # -- the controller -------------------------------------------------------------
 
@@ -533,6 +605,8 @@ class Simulator:
             if ps is None:
                 continue
             due = [t + COLD_START_WINDOW_S for t in ps.cold_starts[:1]]
+            # Each prebuilt class's share of the standbys changes as its cold starts leave.
+            due += [ts[0] + COLD_START_WINDOW_S for ts in ps.class_cold_starts.values() if ts]
             if ps.sizer.below_since is not None:
                 due.append(ps.sizer.below_since + pool.standby_hold_s)
             for t in due:
@@ -575,7 +649,7 @@ class Simulator:
             self.views = tuple(w.view for w in self.workers.values())
             self.views_dirty = False
         activity = {m.name: self._activity(m) for m in judge}
-        snap = Snapshot(self.views, activity)
+        snap = Snapshot(self.views, activity, model_classes=self.classes)
         only = None if self.exact else {m.name for m in judge}
         pools = True if self.exact else self.pools_dirty
         self.pools_dirty = False
@@ -613,16 +687,19 @@ class Simulator:
         if isinstance(d, Assign):
             w = self.workers[d.worker_id]
             target = self.by_name[d.model]
-            w.tier = "asleep" if w.state == "asleep" else w.tier_for(target)
+            load_s = self._start(w, target, t)
             if target.cold_open and target.cold_tier is None:
                 target.cold_tier = w.tier
             self._set(w, "loading", t, model=target, aid=d.assignment_id, since=t)
-            self._after(w, target.costs.load_s(w.tier))
+            self._after(w, load_s)
         elif isinstance(d, Release):
             w = self.workers[d.worker_id]
             m = w.model
             if w.state == "ready" and m is not None:
                 m.ready.remove(w)
+            # Only a drained replica parks its engine (as the worker does); a loading or
+            # asleep one stops it.
+            w.park = w.state == "ready" and w.engine is not None
             self._set(w, "draining", t)
             if w.inflight == 0:
                 self._after(w, m.costs.release_s if m else 0.0)
@@ -645,11 +722,41 @@ class Simulator:
             self._set(w, "starting", t)
             self._after(w, self.shapes[w.shape].boot_s)
         elif isinstance(d, Stop):
-            self._set(self.workers[d.worker_id], "stopped", t)
+            w = self.workers[d.worker_id]
+            w.keep_engine(None)  # a stopped instance keeps no engine
+            self._set(w, "stopped", t)
         elif isinstance(d, Terminate):
             w = self.workers.pop(d.worker_id)
             self._set(w, "stopped", t)
             self.views_dirty = True
+        elif isinstance(d, Prebuild):
+            w = self.workers[d.worker_id]
+            m = self.by_name[d.model]
+            # The worker starts the named model in an engine that serves nothing yet: a
+            # full start of it, from wherever it would read the weights.
+            build_s = m.costs.load_s(w.tier_for(m))
+            w.keep_engine(d.engine_class, m, built=False, built_at=t + build_s)
+            self._engine_changed(w)
+            self._after(w, build_s)
+
+    def _start(self, w: _Worker, m: _Model, t: float) -> float:
+        """Seconds until ``w`` serves ``m`` from now; sets ``w.tier`` (where it came from)
+        and drops an engine the start does not use."""
+        if w.state == "asleep":
+            w.tier = "asleep"
+            return m.costs.load_s("asleep")
+        tier = w.tier_for(m)
+        kept, of = w.engine, w.engine_of
+        # The worker waits for an engine still building before it swaps into it or stops it.
+        wait = max(w.built_at - t, 0.0) if kept is not None and not w.built else 0.0
+        if kept is not None and kept == m.cls:
+            w.tier = "swap"
+            return wait + m.costs.swap_load_s(tier)
+        w.tier = tier
+        if kept is None:
+            return m.costs.load_s(tier)
+        w.keep_engine(None)
+        return wait + (of.costs.release_s if of is not None else 0.0) + m.costs.load_s(tier)
 
     # -- the run ----------------------------------------------------------------------
 
@@ -705,6 +812,7 @@ class Simulator:
     def _summary(self, end: float) -> dict[str, Any]:
         per_model: dict[str, Any] = {}
         tot = _Stats()
+        tiers: dict[str, int] = {}
         for m in self.models:
             st = m.stats
             if not st.requests and not st.replica_s and not st.asleep_s:
@@ -715,11 +823,15 @@ class Simulator:
                 "cold_starts_by_tier": dict(sorted(st.tiers.items())),
             }
             tot.ttfts.extend(st.ttfts)
+            for tier, n in st.tiers.items():
+                tiers[tier] = tiers.get(tier, 0) + n
             for k in ("requests", "cold_starts", "cold_waiters", "slo_met", "activation_timeouts",
                       "queue_full", "replica_s", "asleep_s", "usd"):
                 setattr(tot, k, getattr(tot, k) + getattr(st, k))
         row = _row(tot)
-        out = {k: row[k] for k in ("requests", "cold_starts", "cold_start_share", "replica_seconds")}
+        out = {k: row[k] for k in ("requests", "cold_starts", "cold_start_share")}
+        out["cold_starts_by_tier"] = dict(sorted(tiers.items()))
+        out["replica_seconds"] = row["replica_seconds"]
         out["standby_seconds"] = round(sum(self.standby_s.values()), 3)
         out["asleep_seconds"] = row["asleep_seconds"]
         out["usd"] = round(tot.usd + sum(self.standby_usd.values()), 6)
@@ -744,5 +856,6 @@ def _row(st: _Stats) -> dict[str, Any]:
     }
 
 
-SUMMARY_KEYS = ("requests", "cold_starts", "cold_start_share", "replica_seconds", "standby_seconds",
-                "asleep_seconds", "usd", "ttft_s", "slo_met_share", "activation_timeouts", "per_model")
+SUMMARY_KEYS = ("requests", "cold_starts", "cold_start_share", "cold_starts_by_tier", "replica_seconds",
+                "standby_seconds", "asleep_seconds", "usd", "ttft_s", "slo_met_share", "activation_timeouts",
+                "per_model")

@@ -327,11 +327,12 @@ def plan_prebuilds(prebuild: list[tuple[str, str]], standbys: list[WorkerView], 
     return out
 
 
-def _held(w: WorkerView) -> tuple[bool, int, int]:
-    """What a standby is worth keeping for: a built engine (the fastest cold starts of
-    its class), then its copies of weights, bytes in memory, then on disk."""
-    return (w.prebuilt_class is not None, sum(c.bytes for c in w.cached if c.tier == "host"),
-            sum(c.bytes for c in w.cached if c.tier == "disk"))
+def _held(w: WorkerView, wanted_classes: Collection[str] = ()) -> tuple[bool, bool, int, int]:
+    """What a standby is worth keeping for: an engine of a class its pool pre-builds,
+    then any built engine (the fastest cold starts of their classes), then its copies
+    of weights, bytes in memory, then on disk."""
+    return (w.prebuilt_class in wanted_classes, w.prebuilt_class is not None,
+            sum(c.bytes for c in w.cached if c.tier == "host"), sum(c.bytes for c in w.cached if c.tier == "disk"))
 
 
 def launch_backoff_s(failures: int, base_s: float, max_s: float) -> float:
@@ -596,7 +597,8 @@ def decide(
         # still in excess). Ones holding weights go last, those in memory the very last:
         # they are the fast cold starts of the models they hold.
         idle_standby = sorted((w for w in standby if w.state == "standby"), key=lambda w: w.id, reverse=True)
-        idle_standby.sort(key=_held)
+        wanted = {snap.model_classes[n] for n in pool.prebuild if n in snap.model_classes}
+        idle_standby.sort(key=lambda w: _held(w, wanted))
         if any(w.state in ("launching", "starting") for w in standby):
             # Not for one still booting: it becomes the excess once it stands by.
             idle_standby = [w for w in idle_standby if not w.cached and w.prebuilt_class is None]

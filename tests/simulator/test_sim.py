@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.costs import CostModel, ModelCosts, cost_model
+from simulator.costs import CostModel, ModelCosts, cost_model, read_overrides
 from simulator.run import SimError, prepare, with_trace_models
-from simulator.sim import SUMMARY_KEYS, Simulator
+from simulator.sim import SUMMARY_KEYS, Simulator, engine_classes
 from simulator.traces import Trace, from_columns
 from thaw.config import ThawConfig
-from warm_pool.policy import decide
+from warm_pool.policy import Prebuild, decide
 
 
 def config(models: int = 1, *, idle_grace_s: float = 100, standby_min: int = 1, standby_max: int = 1,
@@ -136,11 +137,23 @@ def _equivalence_cfg(variant: int) -> ThawConfig:
                  "keep_alive_histogram": {"bin_s": 5, "range_s": 300, "min_samples": 3, "min_cv": 0.5}}
     elif variant == 3:
         base |= {"min_replicas": 1, "upscale_delay_s": 3}
-    return config(4, standby_min=1, standby_max=3, max_instances=6, boot_s=25, budget=8.0, **base)
+    elif variant == 5:
+        base |= {"asleep_ttl_s": 60}
+    cfg = config(4, standby_min=1, standby_max=3, max_instances=6, boot_s=25, budget=8.0, **base)
+    if variant < 4:
+        return cfg
+    # Pre-built engines: m0 and m1 of one class, m2 and m3 (a longer context) of another;
+    # the pool pre-builds both classes, its workers keep weights in memory.
+    data = cfg.model_dump()
+    for m in data["models"][2:]:
+        m["max_context_tokens"] = 4096
+    data["pools"][0]["prebuild"] = ["m0", "m2"]
+    data["shapes"][0]["host_cache_gib"] = 2.0
+    return ThawConfig.model_validate(data)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(variant=st.integers(0, 3),
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(variant=st.integers(0, 5),
        arrivals=st.lists(st.tuples(st.floats(0, 400, allow_nan=False), st.integers(0, 3), st.integers(1, 4000),
                                    st.integers(1, 400)), min_size=1, max_size=60))
 def test_the_fast_mode_makes_the_controllers_decisions(variant: int, arrivals: list[tuple[float, int, int, int]]) -> None:
@@ -156,11 +169,14 @@ def test_the_fast_mode_makes_the_controllers_decisions(variant: int, arrivals: l
     assert fast.judged <= exact.judged
 
 
-def test_each_decision_is_what_decide_returns_for_the_same_inputs() -> None:
+# The asleep tier; with pre-built engines too, on a sparser trace (idle standbys build
+# engines between cold starts, which swap into them).
+@pytest.mark.parametrize(("variant", "step_s", "span_s"), [(1, 7.0, 500), (5, 37.0, 3000)])
+def test_each_decision_is_what_decide_returns_for_the_same_inputs(variant: int, step_s: float, span_s: int) -> None:
     # Record what the simulator hands decide() and replay it: the simulator neither
     # adds, drops nor alters a decision.
-    cfg = _equivalence_cfg(1)
-    tr = trace([(t * 7.0 % 500, f"m{t % 4}", 500, 100) for t in range(80)])
+    cfg = _equivalence_cfg(variant)
+    tr = trace([(t * step_s % span_s, f"m{t % 4}", 500, 100) for t in range(80)])
     calls: list[tuple[Any, ...]] = []
 
     import simulator.sim as sim_module
@@ -183,6 +199,8 @@ def test_each_decision_is_what_decide_returns_for_the_same_inputs() -> None:
         assert again == out
         replayed.extend((now, d) for d in again[0])
     assert replayed == r.decisions and r.decisions
+    if variant == 5:
+        assert any(isinstance(d, Prebuild) for _, d in r.decisions) and r.summary["cold_starts_by_tier"]["swap"]
 
 
 def test_same_inputs_same_output() -> None:
@@ -260,3 +278,121 @@ def test_workers_keep_the_models_they_loaded_and_placement_finds_them() -> None:
 
     assert run(host_gib=2) == [("s3", 20.0), ("host", 2.0), ("host", 2.0)]
     assert run(host_gib=0.5) == [("s3", 20.0), ("disk", 5.0), ("disk", 5.0)]
+
+
+# -- pre-built engines (pools[].prebuild): the swap tier --------------------------------------
+
+
+def prebuild_config(prebuild: list[str], *, m1_context: int = 2048) -> ThawConfig:
+    """Two models on one standby (1..1, boot 60 s); m1 of m0's engine class unless its
+    context differs."""
+    data = config(2, idle_grace_s=100).model_dump()
+    data["pools"][0]["prebuild"] = prebuild
+    data["models"][1]["max_context_tokens"] = m1_context
+    return ThawConfig.model_validate(data)
+
+
+def prebuild_costs(cfg: ThawConfig) -> CostModel:
+    # From the store 10 s, of which 5 s start the engine: a swap reads the weights (5 s)
+    # and adds 0.3 s. 100 prompt tokens at 1000/s: 0.1 s to the first token.
+    return CostModel({m.name: ModelCosts(weights_gib=1.0, standby_load_s=10.0, asleep_load_s=1.0, release_s=2.0,
+                                         prefill_tokens_per_s=1000.0, tpot_s=0.01, engine_start_s=5.0, swap_s=0.3,
+                                         source="test") for m in cfg.models})
+
+
+# m1 at 100 s, m0 at 400 s, each a cold start (keep-alive 100 s, release 2 s in between).
+APART = [(100.0, "m1", 100, 100), (400.0, "m0", 100, 100)]
+
+
+@pytest.mark.parametrize(("case", "prebuild", "m1_context", "arrivals", "tiers", "ttfts"), [
+    # The standby reads each model from the store and starts an engine: 10 + 0.1 s.
+    ("no prebuild", [], 2048, APART, ["s3", "s3"], [10.1, 10.1]),
+    # t=0: the standby builds m0's engine (a full start of m0, built at 10 s). At 100 m1
+    # swaps into it: 10 - 5 + 0.3 = 5.3 s, TTFT 5.4. Released at 207, the replica goes
+    # back to standby keeping the engine; m0 at 400 swaps too: 5.4.
+    ("prebuild, one class", ["m0"], 2048, APART, ["swap", "swap"], [5.4, 5.4]),
+    # m1 of another class: the standby stops m0's engine (m0's release_s, 2 s), then
+    # starts m1 in full: 2 + 10 = 12 s, TTFT 12.1. Released at 214, it stands by at 216
+    # keeping m1's engine; the standby launched at 100 built m0's by 170. Of the two, the
+    # excess one is the engine of a class the pool does not pre-build (m1's): m0 at 400
+    # swaps into its own class's engine, 10 - 5 + 0.3 + 0.1 = 5.4.
+    ("prebuild, another class", ["m0"], 4096, APART, ["s3", "swap"], [12.1, 5.4]),
+    # At 4 s the engine is still building (until 10 s): the swap waits 6 s, then 5.3 s:
+    # TTFT 6 + 5.3 + 0.1 = 11.4 (no prebuild: 10.1).
+    ("a swap waits for the build", ["m0"], 2048, [(4.0, "m1", 100, 100)], ["swap"], [11.4]),
+])
+def test_cold_starts_swap_into_prebuilt_engines(case: str, prebuild: list[str], m1_context: int,
+                                                arrivals: list[tuple[float, str, int, int]], tiers: list[str],
+                                                ttfts: list[float]) -> None:
+    cfg = prebuild_config(prebuild, m1_context=m1_context)
+    r = Simulator(cfg, prebuild_costs(cfg), trace(arrivals), record_decisions=True).run()
+    assert [c.tier for c in r.cold_starts] == tiers, case
+    assert sorted(r.summary["per_model"][m]["ttft_s"]["p50"] for m in ("m0", "m1")
+                  if m in r.summary["per_model"]) == pytest.approx(sorted(ttfts)), case
+    assert r.summary["cold_starts_by_tier"] == {t: tiers.count(t) for t in tiers}, case
+    assert any(isinstance(d, Prebuild) for _, d in r.decisions) == bool(prebuild), case
+
+
+def test_prebuild_lowers_the_ttft_of_the_same_trace() -> None:
+    def run(prebuild: list[str]) -> dict[str, Any]:
+        cfg = prebuild_config(prebuild)
+        return Simulator(cfg, prebuild_costs(cfg), trace(APART)).run().summary
+
+    without, with_ = run([]), run(["m0"])
+    assert without["cold_starts"] == with_["cold_starts"] == 2
+    assert without["cold_starts_by_tier"] == {"s3": 2} and with_["cold_starts_by_tier"] == {"swap": 2}
+    # 10.1 s from the store against 5.4 s by a swap.
+    assert with_["ttft_s"]["p99"] == pytest.approx(5.4) and without["ttft_s"]["p99"] == pytest.approx(10.1)
+    assert with_["per_model"]["m1"]["cold_start_s"]["p50"] == pytest.approx(5.3)
+
+
+def test_engine_classes_are_assumed_from_size_engine_and_context() -> None:
+    # No pool pre-builds: the controller reads no classes, nothing is swapped or kept.
+    assert engine_classes(prebuild_config([]), prebuild_costs(prebuild_config([]))) == {}
+    cfg = prebuild_config(["m0"])
+    classes = engine_classes(cfg, prebuild_costs(cfg))
+    assert set(classes) == {"m0", "m1"} and classes["m0"] == classes["m1"]
+    other = prebuild_config(["m0"], m1_context=4096)
+    assert len(set(engine_classes(other, prebuild_costs(other)).values())) == 2
+    # Another size (a costs file's weights_gib) is another architecture: another class.
+    c = prebuild_costs(cfg)
+    bigger = CostModel({**c.models, "m1": replace(c.models["m1"], weights_gib=2.0)})
+    assert len(set(engine_classes(cfg, bigger).values())) == 2
+
+
+def test_a_swap_costs_the_weights_and_swap_s(tmp_path: Path) -> None:
+    c = ModelCosts(weights_gib=1.0, standby_load_s=10.0, host_load_s=6.0, asleep_load_s=1.0, release_s=2.0,
+                   prefill_tokens_per_s=1000.0, tpot_s=0.01, source="test")
+    # Defaults: a 5 s engine start and 0.3 s for the swap. s3: 10 - 5 + 0.3; host: 6 - 5 + 0.3.
+    assert c.swap_load_s("s3") == pytest.approx(5.3) and c.swap_load_s("host") == pytest.approx(1.3)
+    # The planner's 8B: 16.06 GB / 2 GB/s from the store, + 0.3.
+    assert cost_model(config()).models["m0"].swap_load_s("s3") == pytest.approx(16.06 / 2 + 0.3, rel=0.01)
+    # Both are calibratable like the other figures, and not required of a costs file.
+    f = tmp_path / "costs.json"
+    f.write_text(json.dumps({"defaults": {"weights_gib": 1, "standby_load_s": 4, "asleep_load_s": 1,
+                                          "release_s": 1, "prefill_tokens_per_s": 100, "tpot_s": 0.1},
+                             "models": {"m0": {"engine_start_s": 3.5, "swap_s": 0.1}}}))
+    got = cost_model(config(), overrides=read_overrides(f)).models["m0"]
+    assert got.swap_load_s("s3") == pytest.approx(4 - 3.5 + 0.1)
+
+
+def test_the_cli_shows_the_swap_tier(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from thaw.cli.main import main
+
+    cfg_file = tmp_path / "thaw.yaml"
+    cfg_file.write_text(prebuild_config(["m0"]).model_dump_json(exclude={"data_dir"}))
+    costs_file = tmp_path / "costs.json"
+    costs_file.write_text(json.dumps({"defaults": {"weights_gib": 1, "standby_load_s": 10, "asleep_load_s": 1,
+                                                   "release_s": 2, "prefill_tokens_per_s": 1000, "tpot_s": 0.01}}))
+    tr_file = tmp_path / "trace.csv"
+    tr_file.write_text("timestamp,model,tenant,input_tokens,output_tokens\n100,m1,t,100,100\n400,m0,t,100,100\n")
+    out = tmp_path / "out"
+    assert main(["simulate", "--trace", str(tr_file), "--config", str(cfg_file), "--costs", str(costs_file),
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["cold_starts_by_tier"] == {"swap": 2}
+    err = capsys.readouterr().err
+    assert "2 cold starts (swap 2)" in err and "pre-built engines (gpu: m0): 1 engine classes over 2 models" in err
+    run = json.loads((out / "run.json").read_text())
+    assert set(run["engine_classes"]) == {"m0", "m1"}
+    assert [json.loads(line)["tier"] for line in (out / "cold_starts.jsonl").read_text().splitlines()] == ["swap"] * 2

@@ -120,6 +120,15 @@ def test_the_pool_stage_asks_standbys_to_prebuild_and_keeps_them_longest() -> No
     assert decisions == [Terminate("w1", "excess_standby")]
 
 
+def test_excess_goes_from_engines_of_classes_the_pool_does_not_prebuild() -> None:
+    # One standby too many: by id the newest (w2) would go; it holds the class the pool
+    # pre-builds (A), w1 a parked engine of B, which goes instead.
+    cfg = config(prebuild=("tuned",), standby=1)
+    decisions, _ = decide(Snapshot((w(1, CLASS_B), w(2, CLASS_A)), {}, model_classes=CLASSES), PolicyState(),
+                          cfg, now=100.0)
+    assert decisions == [Terminate("w1", "excess_standby")]
+
+
 def test_without_prebuild_or_known_classes_nothing_is_prebuilt() -> None:
     snap = Snapshot((w(1), w(2)), {}, model_classes=CLASSES)
     decisions, _ = decide(snap, PolicyState(), config(), now=100.0)

@@ -10,10 +10,18 @@ from pathlib import Path
 from simulator import gen_cli
 from simulator.costs import CostError
 from simulator.run import DEFAULT_TTFT_SLO_S, Inputs, SimError, prepare, simulate, write
+from simulator.sim import engine_classes
 from simulator.traces import FORMATS, TraceError, read_trace
 from thaw.config import ConfigError, load_config
 
 EXIT_FAILED, EXIT_INVALID = 1, 2
+
+ENGINE_CLASSES_HELP = (
+    "Pre-built engines (pools[].prebuild): a cold start on a standby holding a built engine of the model's "
+    "engine class is a swap (tier 'swap': the weights' load time less the engine start, plus swap_s). Offline "
+    "there is no config.json, so the simulator assumes models of one size (weights_gib), the same engine "
+    "settings and the same max_context_tokens are of one class (fine-tunes of one base; every trace model "
+    "copied from --model-template); give models that are not different weights_gib in --costs.")
 
 
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from simulator import sweep
 
     add_trace_arguments(p)
+    p.epilog = ENGINE_CLASSES_HELP
     p.add_argument("--out", metavar="DIR", type=Path, default=Path("sim-out"),
                    help="where summary.json, run.json and cold_starts.jsonl go (default sim-out)")
     p.add_argument("--exact", action="store_true",
@@ -114,8 +123,31 @@ def run(args: argparse.Namespace) -> int:
     s = result.summary
     p = s["ttft_s"]
     print(json.dumps({k: v for k, v in s.items() if k != "per_model"}))
+    tiers = ", ".join(f"{tier} {n}" for tier, n in sorted(s["cold_starts_by_tier"].items(), key=_tier_order))
     print(f"{s['requests']} requests in {wall_s:.2f} s ({len(inputs.trace) / wall_s:,.0f}/s): "
-          f"{s['cold_starts']} cold starts, cold share {s['cold_start_share']:.2%}, "
+          f"{s['cold_starts']} cold starts{f' ({tiers})' if tiers else ''}, cold share {s['cold_start_share']:.2%}, "
           f"TTFT p99 {p['p99'] if p['p99'] is not None else float('nan'):.2f} s, ${s['usd']:.2f}; "
           f"wrote {args.out}/summary.json", file=sys.stderr)
+    note = engine_classes_note(inputs)
+    if note:
+        print(note, file=sys.stderr)
     return 0
+
+
+# The tiers from the fastest start to the slowest, as the summary line lists them.
+_TIERS = ("asleep", "swap", "host", "disk", "s3", "launch")
+
+
+def _tier_order(item: tuple[str, int]) -> tuple[int, str]:
+    return (_TIERS.index(item[0]) if item[0] in _TIERS else len(_TIERS), item[0])
+
+
+def engine_classes_note(inputs: Inputs) -> str | None:
+    """What the run assumed of engine classes, where a pool pre-builds (None: none does)."""
+    classes = engine_classes(inputs.cfg, inputs.costs)
+    if not classes:
+        return None
+    pools = "; ".join(f"{p.shape}: {', '.join(p.prebuild)}" for p in inputs.cfg.pools if p.prebuild)
+    return (f"pre-built engines ({pools}): {len(set(classes.values()))} engine classes over {len(classes)} models, "
+            f"assumed: one class per size, engine settings and max_context_tokens (no config.json offline; "
+            f"see --help)")
