@@ -62,6 +62,7 @@ from warm_pool.policy import (
     Terminate,
     WorkerView,
     decide,
+    kept_classes,
     track,
 )
 
@@ -175,7 +176,7 @@ class _Model:
 
     def __init__(self, idx: int, m: Model, costs: ModelCosts, slo_s: float, cls: str | None = None) -> None:
         self.idx, self.name, self.cfg, self.a, self.costs = idx, m.name, m, m.autoscaling, costs
-        self.cls = cls  # its engine class (None: unknown, never swapped nor kept)
+        self.cls = cls  # its engine class if its engine is kept (policy.kept_classes), else None
         self.ready: list[_Worker] = []
         self.serving = 0  # loading + ready workers
         self.queue: deque[int] = deque()
@@ -256,8 +257,10 @@ class Simulator:
         self.cfg, self.trace, self.tick_s, self.exact = cfg, trace, tick_s, exact
         self.record = record_decisions
         self.classes = engine_classes(cfg, costs)
+        # Only models of a class their pool pre-builds keep their engine (as on the controller).
+        kept = kept_classes(cfg, self.classes)
         self.models = [_Model(i, m, costs.models[m.name], m.autoscaling.ttft_slo_s or ttft_slo_s,
-                              self.classes.get(m.name)) for i, m in enumerate(cfg.models)]
+                              kept.get(m.name)) for i, m in enumerate(cfg.models)]
         self.by_name = {m.name: m for m in self.models}
         for i, m in enumerate(cfg.models):
             if m.served_name:

@@ -78,6 +78,7 @@ from warm_pool.policy import (
     Terminate,
     WorkerView,
     decide,
+    kept_classes,
     launch_backoff_s,
 )
 from warm_pool.providers import CapacityError, Instance, Provider
@@ -707,7 +708,9 @@ class PoolManager:
             engine=model.engine,
             # The asleep tier needs the engine started with sleep mode.
             sleep_mode=model.autoscaling.asleep_ttl_s > 0,
-            engine_class=self.model_classes.classes.get(model.name) if self.model_classes else None,
+            # Named only for a model whose engine is kept (a class its pool pre-builds).
+            engine_class=kept_classes(self.cfg, self.model_classes.classes).get(model.name)
+            if self.model_classes else None,
         )
         if await self._call(d.worker_id, "assign", lambda url: self.control.assign(url, req)) is not None:
             log.info("worker_assigned", worker_id=d.worker_id, model=model.name, assignment_id=d.assignment_id,

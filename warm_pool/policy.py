@@ -38,7 +38,7 @@ following the cold starts of its models (:func:`plan_prebuilds`).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -295,6 +295,18 @@ def place(standbys: list[WorkerView], uri: str, total_bytes: int,
     w = standbys.pop(best)
     _, tier = expected_start(w, uri, total_bytes, engine_class)
     return w, tier, expected_load(w, uri, total_bytes)[0]
+
+
+def kept_classes(cfg: ThawConfig, classes: Mapping[str, str]) -> dict[str, str]:
+    """The models whose engines are kept across assignments, with their class: those
+    of a class their pool pre-builds (``pools[].prebuild``). Only these start swappable
+    and are parked, engine and all, when released; others build and drop their engine."""
+    out: dict[str, str] = {}
+    for pool in cfg.pools:
+        wanted = {classes[n] for n in pool.prebuild if n in classes}
+        out.update({m.name: classes[m.name] for m in cfg.models
+                    if m.shape == pool.shape and classes.get(m.name) in wanted})
+    return out
 
 
 def plan_prebuilds(prebuild: list[tuple[str, str]], standbys: list[WorkerView], *, target: int,

@@ -21,6 +21,7 @@ from warm_pool.policy import (
     WorkerView,
     decide,
     expected_start,
+    kept_classes,
     plan_prebuilds,
 )
 
@@ -137,3 +138,16 @@ def test_without_prebuild_or_known_classes_nothing_is_prebuilt() -> None:
     assert not any(isinstance(d, Prebuild) for d in decisions)
 
 
+
+
+@pytest.mark.parametrize(("case", "prebuild", "classes", "expected"), [
+    ("no prebuild: nothing kept", (), CLASSES, {}),
+    # demo and tuned share class A, which the pool pre-builds; other (B) is not kept.
+    ("the pre-built class's models", ("tuned",), CLASSES, {"demo": CLASS_A, "tuned": CLASS_A}),
+    ("both classes", ("tuned", "other"), CLASSES, CLASSES),
+    # The named model's class unknown: nothing is pre-built, nothing kept.
+    ("class unknown", ("tuned",), {"demo": CLASS_A}, {}),
+])
+def test_kept_classes(case: str, prebuild: tuple[str, ...], classes: dict[str, str],
+                      expected: dict[str, str]) -> None:
+    assert kept_classes(config(prebuild=prebuild), classes) == expected, case
