@@ -366,8 +366,11 @@ class Agent:
         host = self._supervisor.host
         assert host is not None
         port = free_port()
+        # Kept (parked at release, swappable) only when the controller says so: a class
+        # named in the assignment (one its pool pre-builds), and known here too.
+        keep = ident if req.engine_class is not None else None
         cmd = self._launch_command(req.uri, req.served_model_name, req.max_model_len, req.engine, port,
-                                   cache_root_of=a.model, sleep_mode=req.sleep_mode, swappable=ident is not None)
+                                   cache_root_of=a.model, sleep_mode=req.sleep_mode, swappable=keep is not None)
         self._engine_url = f"http://{s.advertised}:{port}"  # for the routes
         self._engine = engine = self._engine_client(f"http://{s.local}:{port}")
         self.record(launched_at=self._clock())
@@ -379,9 +382,9 @@ class Agent:
             self._fail(f"engine did not answer /health within {s.load_timeout_s:.0f} s of the launch")
             return
         now = self._clock()
-        if ident is not None:
+        if keep is not None:
             # This engine can take another model of its class later (a release parks it).
-            self.record(prebuilt=Prebuilt(ident.engine_class.id, ident.vocab, req.model, req.uri, port, now))
+            self.record(prebuilt=Prebuilt(keep.engine_class.id, keep.vocab, req.model, req.uri, port, now))
         self.record(engine_ready_at=now)
         self.metrics.engine_start.observe(now - a.assigned_at)
         f = self._facts

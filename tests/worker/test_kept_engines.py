@@ -171,3 +171,14 @@ async def test_an_assignment_while_the_engine_builds_waits_for_it(client: httpx.
     ready = await wait_state(client, "ready")
     assert [c.op for c in world.commands] == ["swap"] and len(world.hosts[0].launches) == 1
     assert ready["load"]["swap"] is True
+
+
+async def test_an_engine_is_kept_only_when_the_assignment_names_a_class(client: httpx.AsyncClient,
+                                                                         world: World) -> None:
+    await wait_state(client, "standby")
+    await client.post("/assign", json=assign_body(uri="s3://thaw/models/plain", engine=ENGINE))
+    ready = await wait_state(client, "ready")
+    assert ready["prebuilt"] is None and not world.hosts[0].launches[0].swappable
+    await client.post("/release", json={})
+    back = await wait_state(client, "standby")
+    assert back["prebuilt"] is None and world.commands == [] and len(world.hosts) == 2
