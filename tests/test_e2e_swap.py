@@ -30,11 +30,14 @@ def model(st: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def kept_engine(st: dict[str, Any]) -> dict[str, Any] | None:
-    """The standby's built engine, when the only worker stands by with one ready."""
-    [w] = st["worker_details"]
-    row = next(r for r in st["workers"] if r["id"] == w["id"])
-    p = w.get("prebuilt")
-    return p if row["state"] == "standby" and p and p["state"] == "ready" else None
+    """The built engine of a worker standing by with one ready (None: none yet; the
+    pool's worker may not even be launched)."""
+    states = {r["id"]: r["state"] for r in st["workers"]}
+    for w in st["worker_details"]:
+        p = w.get("prebuilt")
+        if states.get(w["id"]) == "standby" and p and p["state"] == "ready":
+            return p  # type: ignore[no-any-return]
+    return None
 
 
 @pytest.fixture(scope="module")

@@ -41,9 +41,28 @@ PROMPT = "The quick brown fox jumps over the lazy dog and then it runs into the 
 LONG = " ".join(f"Line {i}: the river carries old leaves past the mill at dawn." for i in range(14))
 
 
+def split_in_two_shards(d: Path) -> str:
+    """Rewrite ``d``'s one safetensors file as two shards with an index (as checkpoints
+    above a shard size are); returns the second shard's name."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(d / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, part in shards.items():
+        save_file({n: tensors[n] for n in part}, str(d / shard), metadata={"format": "pt"})
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: shard for shard, part in shards.items() for n in part}}))
+    return "model-00002-of-00002.safetensors"
+
+
 @pytest.fixture(scope="module")
 def models(s3: S3Endpoint, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Model URIs in the store: a and b (one class), and broken (b's weights corrupt)."""
+    """Model URIs in the store: a and b (one class), and broken: b's weights in two
+    shards, the second corrupt, so a swap fails half-way (the first shard is in the
+    engine when the second fails its sha256)."""
     root = tmp_path_factory.mktemp("swap-models")
     a, b = root / "a", root / "b"
     build_demo_model(a, seed=1)
@@ -56,9 +75,13 @@ def models(s3: S3Endpoint, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     (b / "generation_config.json").write_text(json.dumps({**gc, "max_new_tokens": 5}))
     base = f"s3://{BUCKET}/tests/swap-{root.name}"
     uris = {"a": f"{base}/a", "b": f"{base}/b", "broken": f"{base}/broken"}
-    for name, d in (("a", a), ("b", b), ("broken", b)):
+    for name, d in (("a", a), ("b", b)):
         push_model(s3.client(), d, uris[name])
-    flip_byte(s3.client(), BUCKET, f"{uris['broken'].removeprefix(f's3://{BUCKET}/')}/model.safetensors")
+    broken = root / "broken"
+    shutil.copytree(b, broken)
+    second = split_in_two_shards(broken)
+    push_model(s3.client(), broken, uris["broken"])
+    flip_byte(s3.client(), BUCKET, f"{uris['broken'].removeprefix(f's3://{BUCKET}/')}/{second}")
     shutil.rmtree(root)
     return uris
 
@@ -185,8 +208,9 @@ def test_no_prefix_cache_hit_crosses_a_swap_and_a_failed_swap_never_serves(
     assert prefix_hits(url) > before
     release(agent)
 
-    # b's weights with one byte flipped: the swap fails on the manifest's sha256, the
-    # engine (maybe half-swapped) is never served again, and a fresh engine host follows.
+    # b's weights in two shards, one byte of the second flipped: the first shard's
+    # tensors are in the engine when the second fails the manifest's sha256. The
+    # half-swapped engine is never served, and a fresh engine host follows.
     with agent.http() as c:
         r = c.post("/assign", json={"assignment_id": "broken", "model": "broken", "uri": models["broken"],
                                     "served_model_name": "broken", "max_model_len": MAX_LEN, "engine": ENGINE,
