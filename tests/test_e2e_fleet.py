@@ -227,7 +227,10 @@ def test_the_control_plane_refuses_calls_without_the_cluster_token(fleet: Fleet)
 
 
 def test_controller_sigkill_and_restart_under_streamed_load(fleet: Fleet) -> None:
-    before = fleet.state()
+    # From a settled fleet: a standby launched to replace one an earlier test took may
+    # still be starting, and would be standby by the end (CI saw exactly that).
+    before = fleet.wait("no worker still launching or starting", lambda s: s["workers"] and all(
+        w["state"] in ("standby", "ready") for w in s["workers"]), timeout_s=240)
     replica = ready_workers(before)[0]
     workers_before = {w["id"]: (w["instance_id"], w["state"], w["model"]) for w in before["workers"]}
     failures: list[str] = []
