@@ -116,17 +116,23 @@ def resolve_endpoint(cfg: ThawConfig) -> S3Endpoint:
     return S3Endpoint(store.resolved_endpoint_url, access, secret, store.region)
 
 
-def read_model_config(client: Any, uri: str) -> dict[str, Any] | None:
-    """The model's ``config.json`` at ``uri`` (a few KiB), or None when it has none.
-    ``client``: a boto3 S3 client. Blocking."""
+def read_json_object(client: Any, uri: str, name: str) -> Any | None:
+    """The JSON object ``name`` under the model prefix ``uri``, or None when the store has
+    no such key. ``client``: a boto3 S3 client. Blocking."""
     bucket, prefix = parse_s3_uri(uri)
     try:
-        obj = client.get_object(Bucket=bucket, Key=join_key(prefix, "config.json"))
+        obj = client.get_object(Bucket=bucket, Key=join_key(prefix, name))
     except botocore.exceptions.ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
             return None
         raise
-    config = json.loads(obj["Body"].read())
-    if not isinstance(config, dict):
+    return json.loads(obj["Body"].read())
+
+
+def read_model_config(client: Any, uri: str) -> dict[str, Any] | None:
+    """The model's ``config.json`` at ``uri`` (a few KiB), or None when it has none.
+    ``client``: a boto3 S3 client. Blocking."""
+    config = read_json_object(client, uri, "config.json")
+    if config is not None and not isinstance(config, dict):
         raise ValueError(f"{uri}/config.json is not a JSON object")
     return config

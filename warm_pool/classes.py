@@ -37,14 +37,17 @@ class ModelClasses:
         self._problems: dict[str, str] = {}
         self.classes: dict[str, str] = {}
 
+    def _due(self, uri: str, now: float) -> bool:
+        return now - self._read_at.get(uri, -self._refresh_s) >= self._refresh_s
+
     def due(self, cfg: ThawConfig, now: float) -> bool:
-        return any(now - self._read_at.get(m.uri, -self._refresh_s) >= self._refresh_s for m in cfg.models)
+        return any(self._due(m.uri, now) for m in cfg.models)
 
     async def refresh(self, cfg: ThawConfig) -> dict[str, str]:
         """Read the configs that are due and recompute every model's class."""
         now = self._clock()
         for uri in sorted({m.uri for m in cfg.models}):
-            if now - self._read_at.get(uri, -self._refresh_s) < self._refresh_s:
+            if not self._due(uri, now):
                 continue
             self._read_at[uri] = now
             try:

@@ -8,7 +8,6 @@ ETag against the local bytes → write the manifest in one PUT.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any, Protocol
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
+from thaw.objstore import read_json_object
 from thaw.s3uri import S3UriError, check_key_path, check_uri
 from weight_streaming.manifest import (
     MANIFEST_NAME,
@@ -172,15 +172,8 @@ def push_model(
 
 def read_manifest(client: S3Client, uri: str) -> Manifest | None:
     """The manifest at ``uri``, or None when the prefix has none (absent or interrupted push)."""
-    bucket, prefix = parse_s3_uri(uri)
-    key = join_key(prefix, MANIFEST_NAME)
-    try:
-        obj = client.get_object(Bucket=bucket, Key=key)
-    except botocore.exceptions.ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-            return None
-        raise
-    return Manifest.model_validate(json.loads(obj["Body"].read()))
+    body = read_json_object(client, uri, MANIFEST_NAME)
+    return None if body is None else Manifest.model_validate(body)
 
 
 @dataclass(frozen=True)
