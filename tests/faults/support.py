@@ -432,9 +432,10 @@ class SlowRead:
 
 def slow_stream(base_url: str, api_key: str, body: dict[str, Any], *, seconds: float, rid: str,
                 bytes_per_s: float = 1.0, stop: threading.Event | None = None) -> SlowRead:
-    """A streamed request from a client that reads its answer at ``bytes_per_s`` for
-    ``seconds`` (or until ``stop`` is set), then goes away (a raw socket with a small
-    receive buffer: nothing reads ahead for it)."""
+    """A streamed request from a client that reads its status line, then the rest of its
+    answer at ``bytes_per_s`` for ``seconds`` (or until ``stop`` is set), then goes away (a
+    raw socket with a small receive buffer: nothing reads ahead for it). The status line is
+    read at once so that what the caller checks does not depend on how soon ``stop`` comes."""
     from urllib.parse import urlsplit
 
     u = urlsplit(base_url)
@@ -453,7 +454,8 @@ def slow_stream(base_url: str, api_key: str, body: dict[str, Any], *, seconds: f
             if not b:
                 break
             out.read += b
-            time.sleep(1.0 / bytes_per_s)
+            if b"\r\n" in out.read:
+                time.sleep(1.0 / bytes_per_s)
     out.status_line = out.read.split(b"\r\n", 1)[0]
     return out
 
