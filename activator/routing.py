@@ -57,15 +57,19 @@ class Replica:
     # The weights were swapped into an engine built before (thaw.wire.LoadView.swap).
     load_swap: bool = False
     worker_started_at: float | None = None
+    # An engine packed beside others on a worker that was serving (thaw.wire.ReplicaRoute).
+    packed: bool = False
 
 
 def cold_start_tier(waiting_since: float, rep: Replica) -> Tier:
     """Where the replica that ended a cold start got its model from: woken from sleep, a
-    worker launched after the request started waiting, weights swapped into an engine
-    built before, else where its loader read the weights (host memory, local disk, the
-    store)."""
+    worker launched after the request started waiting (a packed engine is no launch: its
+    worker was serving), weights swapped into an engine built before, else where its
+    loader read the weights (host memory, local disk, the store)."""
     if rep.phases.get("woken") is not None or rep.load_tier == "asleep":
         return "asleep"
+    if rep.packed:
+        return "packed"
     if rep.worker_started_at is not None and rep.worker_started_at > waiting_since:
         return "launch"
     if rep.load_swap:
@@ -237,7 +241,7 @@ class RouteWatcher:
                 rep = Replica(r.worker_id, r.url, r.served_model_name, r.assignment_id,
                               r.phases.model_dump(), load_tier=r.load.tier if r.load else None,
                               load_s=r.load.seconds if r.load else None, worker_started_at=r.worker_started_at,
-                              load_swap=r.load.swap if r.load else False)
+                              load_swap=r.load.swap if r.load else False, packed=r.packed)
                 if prev is not None and prev.assignment_id == rep.assignment_id:
                     rep.outstanding = prev.outstanding
                 st.listed.append(rep)

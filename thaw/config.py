@@ -338,6 +338,11 @@ class Pool(_Strict):
     # per standby): a cold start of any model of such a class swaps its weights into a
     # built engine instead of building one. Models of this pool's shape.
     prebuild: list[Name] = Field(default_factory=list)
+    # Several engines on one worker: a model goes into the free room of a worker already
+    # serving (tier "packed") before it takes a standby, when its engine fits beside the
+    # ones there (thaw.fit.engine_memory: on a GPU each engine's gpu_memory_utilization is
+    # its share of the device; on the CPU its weights, cpu_kvcache_gib and processes).
+    pack: bool = False
 
     @model_validator(mode="after")
     def _bounds(self) -> Pool:
@@ -584,6 +589,9 @@ class ThawConfig(_Strict):
                 )
             if len(set(p.prebuild)) != len(p.prebuild):
                 raise ValueError(f"pools[{i}] ({p.shape}): prebuild names a model twice: {p.prebuild}")
+            if p.pack and p.prebuild:
+                raise ValueError(f"pools[{i}] ({p.shape}): pack and prebuild together are not supported yet "
+                                 "(a kept engine's memory is not counted in the fit); choose one")
             if p.provider == "ec2" and self.controller.url is None:
                 raise ValueError(
                     f"pools[{i}] (ec2): set controller.url to the address its instances reach the "

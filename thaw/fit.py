@@ -7,10 +7,11 @@ Pure: the caller supplies the weights' size (the store's manifest, or an operato
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from thaw.config import Model, ThawConfig
+from thaw.config import EngineArgs, InstanceShape, Model, ThawConfig
 
 # The planner owns the KV-size formula; the fit check and `thaw plan` share it.
 from thaw.planner.sizing import kv_bytes_per_token_of_config as kv_bytes_per_token
@@ -61,3 +62,39 @@ def fit_problem(index: int, model: Model, cfg: ThawConfig, size: ModelSize) -> s
     return (f"models[{index}] ({model.name}): weights {size.weights_bytes / GIB:.1f} GiB ({size.source}) + "
             f"KV cache {kv / GIB:.2f} GiB ({kv_note}) = {need / GIB:.1f} GiB do not fit shape "
             f"{shape.name!r}: {where}; use a shape with more GPU memory or raise tensor_parallel_size")
+
+
+# -- several engines on one worker (pools[].pack) ----------------------------------------
+
+# On a CPU worker, what an engine's processes hold beyond its weights and KV cache (the
+# API server and the engine core, each with torch and vLLM imported): about 1 GiB each
+# for the tiny demo models, measured as RSS.
+CPU_ENGINE_PROCESS_GIB = 2.0
+
+
+def engine_memory(weights_bytes: int, engine: EngineArgs, shape: InstanceShape) -> int:
+    """The memory one engine of a model holds on ``shape``: on a GPU, its share of the
+    devices (``gpu_memory_utilization``: vLLM sizes its KV cache to fill it); on the
+    CPU, its weights, its ``cpu_kvcache_gib`` and its processes."""
+    if shape.gpu_count > 0:
+        gpus = engine.tensor_parallel_size or 1
+        return int(gpus * shape.gpu_memory_gib * GIB * engine.gpu_memory_utilization)
+    return weights_bytes + int(engine.cpu_kvcache_gib * GIB) + int(CPU_ENGINE_PROCESS_GIB * GIB)
+
+
+def engine_capacity(shape: InstanceShape) -> int:
+    """The memory the engines of one worker of ``shape`` may hold together: its GPUs'
+    memory, or on the CPU its host memory less the host cache tier."""
+    if shape.gpu_count > 0:
+        return int(shape.gpu_count * shape.gpu_memory_gib * GIB)
+    return int((shape.host_memory_gib - shape.host_cache_gib) * GIB)
+
+
+def pack_problem(need: int, held: Sequence[int], capacity: int) -> str | None:
+    """Why an engine needing ``need`` bytes does not fit beside engines holding ``held``
+    within ``capacity`` (both numbers named); None when it fits."""
+    free = capacity - sum(held)
+    if need <= free:
+        return None
+    return (f"the engine needs {need / GIB:.2f} GiB but {free / GIB:.2f} GiB are free: "
+            f"{len(held)} engine(s) hold {sum(held) / GIB:.2f} GiB of {capacity / GIB:.2f} GiB")

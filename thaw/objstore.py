@@ -116,6 +116,10 @@ def resolve_endpoint(cfg: ThawConfig) -> S3Endpoint:
     return S3Endpoint(store.resolved_endpoint_url, access, secret, store.region)
 
 
+# The manifest `thaw push` writes last next to a model's files (weight_streaming.manifest).
+MANIFEST_NAME = "thaw-manifest.json"
+
+
 def read_json_object(client: Any, uri: str, name: str) -> Any | None:
     """The JSON object ``name`` under the model prefix ``uri``, or None when the store has
     no such key. ``client``: a boto3 S3 client. Blocking."""
@@ -136,3 +140,14 @@ def read_model_config(client: Any, uri: str) -> dict[str, Any] | None:
     if config is not None and not isinstance(config, dict):
         raise ValueError(f"{uri}/config.json is not a JSON object")
     return config
+
+
+def read_weights_bytes(client: Any, uri: str) -> int | None:
+    """The bytes of the model's files at ``uri`` as its manifest says (``total_bytes``),
+    or None when it has no manifest. ``client``: a boto3 S3 client. Blocking."""
+    manifest = read_json_object(client, uri, MANIFEST_NAME)
+    if manifest is None:
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("total_bytes"), int):
+        raise ValueError(f"{uri}/{MANIFEST_NAME} has no total_bytes")
+    return int(manifest["total_bytes"])

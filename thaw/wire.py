@@ -51,11 +51,11 @@ class _Msg(BaseModel):
 
 # Where a request's replica got the model from, fastest first: it was serving already
 # (hot), it was asleep and woken, its weights were swapped into an engine built before
-# the request (swap), a standby built an engine and read the weights from its
-# host-memory cache, its disk cache or the store (s3), or a new instance had to be
-# launched first.
-Tier = Literal["hot", "asleep", "swap", "host", "disk", "s3", "launch"]
-TIERS: tuple[Tier, ...] = ("hot", "asleep", "swap", "host", "disk", "s3", "launch")
+# the request (swap), an engine was built beside others on a worker already serving
+# (packed), a standby built an engine and read the weights from its host-memory cache,
+# its disk cache or the store (s3), or a new instance had to be launched first.
+Tier = Literal["hot", "asleep", "swap", "packed", "host", "disk", "s3", "launch"]
+TIERS: tuple[Tier, ...] = ("hot", "asleep", "swap", "packed", "host", "disk", "s3", "launch")
 # Where a load read its weights: a worker's cache tiers, the store, or a local
 # directory (a model not in the store: tests, `thaw snapshot build`).
 LoadSource = Literal["host", "disk", "s3", "local"]
@@ -94,6 +94,12 @@ class AssignRequest(_Msg):
     # worker holding a built engine swaps the weights in only when its own computation
     # from the model's config.json agrees; otherwise it builds an engine as usual.
     engine_class: str | None = None
+    # The memory this engine will hold (thaw.fit.engine_memory), for a worker that packs
+    # engines: it refuses one that does not fit beside those it runs. None: not counted.
+    memory_bytes: NonNegativeInt | None = None
+    # POST /engines only: the id the new engine takes (as a worker of its own; the
+    # controller names it, so a retried call is recognised).
+    engine_id: Id | None = None
 
 
 class PrebuildRequest(_Msg):
@@ -219,6 +225,15 @@ class WorkerStatus(_Msg):
     load_bytes_per_s: dict[str, float] = {}
     # The engine it keeps across assignments, if any.
     prebuilt: PrebuiltView | None = None
+    # The memory its current assignment's engine holds (None: no assignment, or not
+    # counted), and on a worker that packs engines, what they may hold together.
+    memory_bytes: NonNegativeInt | None = None
+    capacity_bytes: NonNegativeInt | None = None
+    # A packed engine: the worker whose instance (and process) it runs in. Its own
+    # control API is under that worker's (``control_url`` says where).
+    host_worker_id: str | None = None
+    # The packed engines this worker runs now (their worker ids).
+    engines: list[str] = []
 
 
 class HeartbeatReply(_Msg):
@@ -282,6 +297,8 @@ class ReplicaRoute(_Msg):
     load: LoadView | None = None
     # When the worker's agent started (a later start than a request's: launched for it).
     worker_started_at: float | None = None
+    # An engine packed beside others on a worker that was serving already.
+    packed: bool = False
 
 
 class ModelRoute(_Msg):
@@ -336,6 +353,11 @@ class WorkerDetail(_Msg):
     cached: list[CachedWeights] = []
     # The engine it keeps across assignments (pools[].prebuild).
     prebuilt: PrebuiltView | None = None
+    # A packed engine: the worker it runs in; the memory its engine holds; on a worker
+    # that packs, what its engines may hold together.
+    host_worker_id: str | None = None
+    memory_bytes: int | None = None
+    capacity_bytes: int | None = None
 
 
 class ShapeRow(_Msg):

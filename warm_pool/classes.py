@@ -9,6 +9,10 @@ be read, or is not a model vLLM can build, has no class: it is placed as before
 
 The worker never takes the controller's word for a class: it computes the class of
 the model it is assigned from the same file and swaps only when the two agree.
+
+Where a pool packs engines (``pools[].pack``) it also reads each model's manifest for
+the size of its weights (``sizes``): the memory an engine of it holds is computed from
+that (``thaw.fit.engine_memory``), and a model of unknown size is never packed.
 """
 
 from __future__ import annotations
@@ -25,11 +29,18 @@ log = get_logger()
 
 # Reads the config.json at a model URI (None: there is none). Blocking.
 ConfigReader = Callable[[str], dict[str, Any] | None]
+# The bytes of the weights at a model URI, from its manifest (None: no manifest). Blocking.
+SizeReader = Callable[[str], int | None]
 
 
 class ModelClasses:
-    def __init__(self, read_config: ConfigReader, *, clock: Callable[[], float], refresh_s: float = 60.0) -> None:
+    def __init__(self, read_config: ConfigReader, *, clock: Callable[[], float], refresh_s: float = 60.0,
+                 read_size: SizeReader | None = None) -> None:
         self._read = read_config
+        self._read_size = read_size
+        self._sizes: dict[str, int | None] = {}
+        # Bytes of each model's weights, where a manifest says (only with read_size).
+        self.sizes: dict[str, int] = {}
         self._clock = clock
         self._refresh_s = refresh_s
         self._configs: dict[str, dict[str, Any] | None] = {}
@@ -54,6 +65,12 @@ class ModelClasses:
                 self._configs[uri] = await asyncio.to_thread(self._read, uri)
             except Exception as exc:  # the store: keep what was read before, say why once
                 self._note(uri, f"cannot read config.json: {type(exc).__name__}: {exc}")
+            if self._read_size is not None:
+                try:
+                    self._sizes[uri] = await asyncio.to_thread(self._read_size, uri)
+                except Exception as exc:
+                    self._note(uri + "#size", f"cannot read the manifest: {type(exc).__name__}: {exc}")
+        self.sizes = {m.name: n for m in cfg.models if (n := self._sizes.get(m.uri)) is not None}
         classes: dict[str, str] = {}
         for m in cfg.models:
             config = self._configs.get(m.uri)

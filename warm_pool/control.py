@@ -26,6 +26,8 @@ class WorkerControl(Protocol):
     async def release(self, control_url: str, req: ReleaseRequest) -> WorkerStatus: ...
     async def sleep(self, control_url: str, req: SleepRequest) -> WorkerStatus: ...
     async def prebuild(self, control_url: str, req: PrebuildRequest) -> WorkerStatus: ...
+    # A packed engine on the worker at control_url (pools[].pack): the answer is its status.
+    async def pack(self, control_url: str, req: AssignRequest) -> WorkerStatus: ...
     async def close(self) -> None: ...
 
 
@@ -59,6 +61,9 @@ class HttpWorkerControl:
 
     async def prebuild(self, control_url: str, req: PrebuildRequest) -> WorkerStatus:
         return await self._call(control_url, "/prebuild", req)
+
+    async def pack(self, control_url: str, req: AssignRequest) -> WorkerStatus:
+        return await self._call(control_url, "/engines", req)
 
     async def close(self) -> None:
         await self._http.aclose()

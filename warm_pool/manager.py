@@ -26,7 +26,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from thaw.aio import wait_event
-from thaw.config import ThawConfig
+from thaw.config import Model, ThawConfig
+from thaw.fit import engine_memory
 from thaw.log import get_logger
 from thaw.wire import (
     AssignRequest,
@@ -68,6 +69,7 @@ from warm_pool.policy import (
     Launch,
     ModelActivity,
     ModelState,
+    Pack,
     PolicyState,
     Prebuild,
     Release,
@@ -82,7 +84,7 @@ from warm_pool.policy import (
     launch_backoff_s,
 )
 from warm_pool.providers import CapacityError, Instance, Provider
-from warm_pool.view import Intent, WorkerFacts, derive_view
+from warm_pool.view import INTENT_TTL_S, Intent, WorkerFacts, derive_view
 
 log = get_logger()
 
@@ -90,6 +92,9 @@ REPORT_TTL_S = 10.0
 EVENTS_KEPT = 5000
 # Launch failures other than capacity (API errors) pause a shape this long, doubling.
 LAUNCH_ERROR_BACKOFF_S = (5.0, 120.0)
+# A worker that refused a packed engine takes none for this long (its accounting and
+# the controller's disagree until its next heartbeats settle it).
+PACK_REFUSED_S = 30.0
 
 
 class UnknownInstance(Exception):
@@ -218,6 +223,10 @@ class PoolManager:
         self.facts: dict[str, WorkerFacts] = {}
         # Workers being terminated: their last heartbeats must not bring them back.
         self.gone: set[str] = set()
+        # Packed engines that went away (their ids are never reused): the same.
+        self.released_engines: set[str] = set()
+        # Workers that refused a packed engine, and when.
+        self._pack_refused: dict[str, float] = {}
         self.reports: dict[str, _Report] = {}
         self.demand_at: dict[str, float] = {}
         self._arrivals_seen: dict[tuple[str, str], int] = {}
@@ -369,9 +378,11 @@ class PoolManager:
         """A worker's heartbeat. Raises :class:`UnknownInstance` for an instance no
         provider here launched (a worker on a local pool may register itself)."""
         now = self.clock()
-        if status.worker_id in self.gone:
+        if status.worker_id in self.gone or status.worker_id in self.released_engines:
             self.metrics.heartbeats.labels("gone").inc()
             raise UnknownInstance(f"worker {status.worker_id!r} is being terminated")
+        if status.host_worker_id is not None:
+            return self._engine_heartbeat(status, now)
         f = self.facts.get(status.worker_id)
         if f is None:
             f = next((x for x in self.facts.values()
@@ -387,11 +398,46 @@ class PoolManager:
                      shape=status.shape, control_url=status.control_url)
         prev = f.status if f is not None else None
         self._observe(status.worker_id, status.shape, status=status, heard_at=now)
+        self._prune_engines(status.worker_id, status, now)
         self.metrics.heartbeats.labels("accepted").inc()
         if prev is None or prev.state != status.state or prev.engine_url != status.engine_url:
             self._wake.set()
         return HeartbeatReply(controller_epoch=self.epoch, interval_s=self.cfg.cluster.heartbeat_interval_s)
 
+    def _engine_heartbeat(self, status: WorkerStatus, now: float) -> HeartbeatReply:
+        """A packed engine's heartbeat: accepted while the worker it runs in is known here
+        (same instance); a restarted controller learns its packed engines this way."""
+        host_id = status.host_worker_id
+        assert host_id is not None
+        host = self.facts.get(host_id)
+        host_instance = (host.instance.instance_id if host is not None and host.instance is not None
+                         else host.status.instance_id if host is not None and host.status is not None else None)
+        if host is None or host_instance != status.instance_id:
+            self.metrics.heartbeats.labels("refused").inc()
+            raise UnknownInstance(f"packed engine {status.worker_id!r} runs in worker {host_id!r}, which this "
+                                  f"controller does not know (yet) on instance {status.instance_id!r}")
+        prev = self.facts.get(status.worker_id)
+        self._observe(status.worker_id, status.shape, status=status, heard_at=now, host=host_id)
+        self.metrics.heartbeats.labels("accepted").inc()
+        if prev is None or prev.status is None or prev.status.state != status.state \
+                or prev.status.engine_url != status.engine_url:
+            self._wake.set()
+        return HeartbeatReply(controller_epoch=self.epoch, interval_s=self.cfg.cluster.heartbeat_interval_s)
+
+    def _prune_engines(self, host_id: str, status: WorkerStatus, now: float) -> None:
+        """Forget the packed engines a worker no longer lists (released and gone), but
+        not one just asked for, which it may not have listed yet."""
+        listed = set(status.engines)
+        for wid, f in list(self.facts.items()):
+            if f.host != host_id or wid in listed or wid in self._busy:
+                continue
+            i = f.intent
+            if i is not None and i.kind == "assign" and now - i.at < INTENT_TTL_S:
+                continue
+            log.info("packed_engine_gone", worker_id=wid, host=host_id)
+            self._forget(wid)
+            self.released_engines.add(wid)
+            self._wake.set()
     def report(self, activator_id: str, models: dict[str, ModelActivity], arrivals: dict[str, int] | None = None,
                ttfts: dict[str, list[float]] | None = None) -> None:
         """An activator's traffic. ``arrivals`` are its counters (requests accepted since
@@ -463,8 +509,11 @@ class PoolManager:
         out = {}
         for wid, f in self.facts.items():
             shape = self.cfg.shape(f.shape)
-            out[wid] = derive_view(f, now, boot_timeout_s=shape.boot_timeout_s if shape else 600.0,
-                                   worker_timeout_s=timeout)
+            v = derive_view(f, now, boot_timeout_s=shape.boot_timeout_s if shape else 600.0,
+                            worker_timeout_s=timeout)
+            if v.capacity_bytes and now - self._pack_refused.get(wid, -PACK_REFUSED_S) < PACK_REFUSED_S:
+                v = replace(v, capacity_bytes=0)
+            out[wid] = v
         return out
 
     # -- the loop -------------------------------------------------------------------
@@ -532,7 +581,8 @@ class PoolManager:
         blocked = {s: b.until for s, b in self.shape_backoff.items() if b.until > now}
         snap = Snapshot(workers=tuple(views.values()), activity=self._take_traffic(self.activity(now)),
                         launch_blocked_until=blocked,
-                        model_classes=dict(self.model_classes.classes) if self.model_classes else {})
+                        model_classes=dict(self.model_classes.classes) if self.model_classes else {},
+                        engine_bytes=self._engine_bytes())
         t0 = time.perf_counter()
         decisions, self.state = decide(snap, self.state, self.cfg, now)
         self.metrics.tick.observe(time.perf_counter() - t0)
@@ -550,6 +600,17 @@ class PoolManager:
                                     "over_budget_serving": g.over_budget_serving if g else False})
                 self._shortfalls[shape] = short
         self._export(now, views)
+
+    def _engine_bytes(self) -> dict[str, int]:
+        """The memory an engine of each model of a packing pool holds, where its size is
+        known (thaw.fit.engine_memory)."""
+        sizes = self.model_classes.sizes if self.model_classes is not None else {}
+        out = {}
+        for m in self.cfg.models:
+            pool, shape = self.cfg.pool(m.shape), self.cfg.shape(m.shape)
+            if pool is not None and pool.pack and shape is not None and m.name in sizes:
+                out[m.name] = engine_memory(sizes[m.name], m.engine, shape)
+        return out
 
     def _event(self, d: Decision | None, kind: str, reason: str, *, outcome: str = "started",
                worker_id: str | None = None, model: str | None = None, shape: str | None = None,
@@ -585,8 +646,14 @@ class PoolManager:
             self._spawn(self._launch(worker_id, d.shape), busy=worker_id)
         elif isinstance(d, Assign):
             f = self.facts[d.worker_id]
-            self._observe(d.worker_id, f.shape, intent=Intent("assign", now, d.model, d.assignment_id))
+            self._observe(d.worker_id, f.shape, intent=Intent("assign", now, d.model, d.assignment_id,
+                                                              memory_bytes=snap.engine_bytes.get(d.model, 0)))
             self._spawn(self._assign(d), busy=d.worker_id)
+        elif isinstance(d, Pack):
+            f = self.facts[d.worker_id]
+            self._observe(d.engine_id, f.shape, host=d.worker_id,
+                          intent=Intent("assign", now, d.model, d.assignment_id, memory_bytes=d.memory_bytes))
+            self._spawn(self._pack(d), busy=d.engine_id)
         elif isinstance(d, Release):
             f = self.facts[d.worker_id]
             self._observe(d.worker_id, f.shape, intent=Intent("release", now, d.model, views[d.worker_id].assignment_id))
@@ -604,6 +671,10 @@ class PoolManager:
             intent = Intent("stop", now, None, None) if isinstance(d, Stop) else Intent("start", now, None, None)
             self._observe(d.worker_id, f.shape, intent=intent)
             self._spawn(self._stop_or_start(d), busy=d.worker_id)
+        elif isinstance(d, Terminate) and d.worker_id in self.facts and self.facts[d.worker_id].host is not None:
+            # A packed engine that stopped reporting: it has no instance to terminate.
+            self._forget(d.worker_id)
+            self.released_engines.add(d.worker_id)
         elif isinstance(d, Terminate):
             gone = self.facts.get(d.worker_id)
             self._forget(d.worker_id)
@@ -634,6 +705,9 @@ class PoolManager:
             return None
         if f.status is not None:
             return f.status.control_url
+        if f.host is not None:
+            host = self._control_url(f.host)
+            return None if host is None else f"{host.rstrip('/')}/engines/{worker_id}"
         return f.instance.control_url if f.instance is not None else None
 
     async def _launch(self, worker_id: str, shape: str) -> None:
@@ -699,11 +773,9 @@ class PoolManager:
         self._answered(worker_id, status)
         return status
 
-    async def _assign(self, d: Assign) -> None:
-        model = self.cfg.model(d.model)
-        assert model is not None
-        req = AssignRequest(
-            assignment_id=d.assignment_id, model=model.name, uri=model.uri,
+    def _assign_request(self, model: Model, assignment_id: str) -> AssignRequest:
+        return AssignRequest(
+            assignment_id=assignment_id, model=model.name, uri=model.uri,
             served_model_name=model.resolved_served_name, max_model_len=model.max_context_tokens,
             engine=model.engine,
             # The asleep tier needs the engine started with sleep mode.
@@ -711,10 +783,41 @@ class PoolManager:
             # Named only for a model whose engine is kept (a class its pool pre-builds).
             engine_class=kept_classes(self.cfg, self.model_classes.classes).get(model.name)
             if self.model_classes else None,
+            # Counted by a worker that packs engines (None: not counted).
+            memory_bytes=self._engine_bytes().get(model.name),
         )
+
+    async def _assign(self, d: Assign) -> None:
+        model = self.cfg.model(d.model)
+        assert model is not None
+        req = self._assign_request(model, d.assignment_id)
         if await self._call(d.worker_id, "assign", lambda url: self.control.assign(url, req)) is not None:
             log.info("worker_assigned", worker_id=d.worker_id, model=model.name, assignment_id=d.assignment_id,
                      expected_tier=d.tier, expected_load_s=d.expected_load_s)
+
+    async def _pack(self, d: Pack) -> None:
+        """Ask the worker for a packed engine; its answer is the new engine's status."""
+        model = self.cfg.model(d.model)
+        assert model is not None
+        req = self._assign_request(model, d.assignment_id).model_copy(
+            update={"engine_id": d.engine_id, "memory_bytes": d.memory_bytes})
+        url = self._control_url(d.worker_id)
+        try:
+            if url is None:
+                raise ControlError("no control URL yet")
+            status = await self.control.pack(url, req)
+        except ControlError as exc:
+            # Never started: the engine is forgotten, and this worker takes no other for a while.
+            self._forget(d.engine_id)
+            self._pack_refused[d.worker_id] = self.clock()
+            log.warning("pack_refused", worker_id=d.worker_id, engine_id=d.engine_id, model=d.model,
+                        status=exc.status, error=str(exc))
+            self._event(None, "pack", "refused", worker_id=d.worker_id, model=d.model, outcome="failed",
+                        inputs={"error": str(exc), "memory_bytes": d.memory_bytes})
+            return
+        self._answered(d.engine_id, status)
+        log.info("engine_packed", worker_id=d.worker_id, engine_id=d.engine_id, model=model.name,
+                 assignment_id=d.assignment_id, memory_bytes=d.memory_bytes)
 
     async def _prebuild(self, d: Prebuild) -> None:
         model = self.cfg.model(d.model)
@@ -835,7 +938,7 @@ class PoolManager:
                     ready.append(ReplicaRoute(worker_id=wid, url=st.engine_url,
                                               served_model_name=st.served_model_name or m.resolved_served_name,
                                               assignment_id=v.assignment_id, phases=st.phases, load=st.load,
-                                              worker_started_at=st.started_at))
+                                              worker_started_at=st.started_at, packed=v.host is not None))
                 elif v.state is WorkerState.LOADING:
                     loading += 1
             ms = self.state.models.get(m.name)
@@ -888,7 +991,8 @@ class PoolManager:
         shapes = []
         for p in self.cfg.pools:
             shape = self.cfg.shape(p.shape)
-            mine = [v for v in views.values() if v.shape == p.shape]
+            # Instances: a packed engine is part of its worker's (counted and billed once).
+            mine = [v for v in views.values() if v.shape == p.shape and v.host is None]
             billed = [v for v in mine if v.state not in (WorkerState.STOPPED, WorkerState.UNREACHABLE)]
             b = self.shape_backoff.get(p.shape)
             provider = self.providers.get(p.shape)
@@ -932,6 +1036,7 @@ class PoolManager:
                 provider_state=f.instance.state.value if f.instance else None,
                 load=f.status.load if f.status else None, cached=list(v.cached),
                 prebuilt=f.status.prebuilt if f.status else None,
+                host_worker_id=v.host, memory_bytes=v.memory_bytes or None, capacity_bytes=v.capacity_bytes or None,
             ))
         return PoolStatus(now=now, controller_epoch=self.epoch, adopted=self.adopted, shapes=shapes,
                           models=models, workers=workers, worker_details=details)

@@ -94,6 +94,13 @@ class WorkerView:
     # whether that engine is built (a swap can start now).
     prebuilt_class: str | None = None
     prebuilt_ready: bool = False
+    # A packed engine: the worker (instance) it runs in. It is a replica like any other,
+    # but no instance of its own: never a standby, never launched, stopped or counted.
+    host: str | None = None
+    # The memory its current engine holds (0: none, or not counted), and on a worker
+    # that packs, what its engines may hold together (0: it does not pack).
+    memory_bytes: int = 0
+    capacity_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,9 @@ class Snapshot:
     launch_blocked_until: dict[str, float] = field(default_factory=dict)
     # Each model's engine class (thaw.engine_class), where known.
     model_classes: dict[str, str] = field(default_factory=dict)
+    # The memory one engine of each model holds on its shape (thaw.fit.engine_memory),
+    # where known: only these are packed.
+    engine_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -233,6 +243,20 @@ class Prebuild:
 
 
 @dataclass(frozen=True)
+class Pack:
+    """Start an engine of ``model`` beside the ones a serving worker runs
+    (``pools[].pack``): the engine becomes a replica of its own, ``engine_id``."""
+
+    worker_id: str
+    model: str
+    assignment_id: str
+    engine_id: str
+    memory_bytes: int
+    reason: AssignReason = "demand"
+    tier: str = field(default="packed", compare=False)
+
+
+@dataclass(frozen=True)
 class Launch:
     shape: str
     reason: Literal["standby", "demand"]
@@ -244,7 +268,7 @@ class Terminate:
     reason: Literal["unreachable", "excess_standby", "excess_stopped"]
 
 
-Decision = Assign | Release | Sleep | Launch | Terminate | Stop | Start | Prebuild
+Decision = Assign | Release | Sleep | Launch | Terminate | Stop | Start | Prebuild | Pack
 
 
 _SERVING = ("loading", "ready")
@@ -339,6 +363,33 @@ def plan_prebuilds(prebuild: list[tuple[str, str]], standbys: list[WorkerView], 
     return out
 
 
+def pack_room(workers: Collection[WorkerView]) -> dict[str, int]:
+    """Free memory per worker that can take a packed engine now: one that packs
+    (``capacity_bytes``), is serving or hosts packed engines (a live worker: a plain
+    standby is taken whole instead), less what its engine and its packed engines hold."""
+    held: dict[str, int] = {}
+    for w in workers:
+        if w.host is not None and w.state in ("loading", "ready", "draining", "failed", "asleep"):
+            held[w.host] = held.get(w.host, 0) + w.memory_bytes
+    room = {}
+    for w in workers:
+        if w.host is not None or w.capacity_bytes <= 0:
+            continue
+        serving = w.state in ("loading", "ready")
+        if serving or (w.state == "standby" and w.id in held):
+            mine = w.memory_bytes if serving else 0
+            room[w.id] = w.capacity_bytes - mine - held.get(w.id, 0)
+    return room
+
+
+def place_packed(room: dict[str, int], shape_of: Mapping[str, str], shape: str, need: int) -> str | None:
+    """The worker of ``shape`` to pack an engine needing ``need`` bytes into: the one
+    with the least room that fits it (best fit: the larger rooms stay for larger
+    models; ties by id); None when none fits."""
+    fits = [(r, wid) for wid, r in room.items() if shape_of.get(wid) == shape and r >= need]
+    return min(fits)[1] if fits else None
+
+
 def _held(w: WorkerView, wanted_classes: Collection[str] = ()) -> tuple[bool, bool, int, int]:
     """What a standby is worth keeping for: an engine of a class its pool pre-builds,
     then any built engine (the fastest cold starts of their classes), then its copies
@@ -401,9 +452,15 @@ def decide(
     by_name = {m.name: m for m in cfg.models}
     n_assign = state.assignments
     tag = f"{state.epoch}-" if state.epoch else ""
+    # Workers that run packed engines: not standbys even when their own engine is gone.
+    hosting = {w.host for w in snap.workers if w.host is not None}
     free: dict[str, list[WorkerView]] = {}
-    for w in sorted((w for w in snap.workers if w.state == "standby"), key=lambda w: w.id):
+    for w in sorted((w for w in snap.workers if w.state == "standby" and w.host is None and w.id not in hosting),
+                    key=lambda w: w.id):
         free.setdefault(w.shape, []).append(w)
+    packing = {p.shape for p in cfg.pools if p.pack}
+    room = pack_room(snap.workers) if packing else {}
+    shape_of = {w.id: w.shape for w in snap.workers}
 
     # 1. Failed loads: count once, back off, reset the worker.
     for w in snap.workers:
@@ -499,11 +556,19 @@ def decide(
             for _ in range(want - len(replicas)):
                 standbys = free.get(m.shape) or []
                 n_assign += 1
+                need = snap.engine_bytes.get(m.name) if m.shape in packing else None
+                host = place_packed(room, shape_of, m.shape, need) if need else None
                 if sleeping:
                     # Waking the model where it sleeps beats loading it anywhere.
                     w = sleeping.pop(0)
                     gone.add(w.id)
                     decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}", reason))
+                elif host is not None and need:
+                    # Free room on a worker already serving: no standby is taken. (A pool
+                    # that packs pre-builds nothing, so no swap would be sooner.)
+                    room[host] -= need
+                    aid = f"{m.name}-{tag}{n_assign}"
+                    decisions.append(Pack(host, m.name, aid, f"{host}.{aid}", need, reason))
                 elif standbys:
                     w, tier, secs = place(standbys, m.uri, model_bytes(snap.workers, m.uri),
                                           snap.model_classes.get(m.name))
@@ -555,8 +620,9 @@ def decide(
                            + (now,) * cold_class_now.get(cls, 0) for cls in classes_here}
         pool_states[pool.shape] = evolve(ps, sizer=sizer, cold_starts=colds, target=target,
                                          class_cold_starts=class_colds)
-        mine = [w for w in snap.workers if w.shape == pool.shape]
-        serving = [w for w in mine if w.state in ("loading", "ready")]
+        # Instances only: a packed engine is part of its worker's.
+        mine = [w for w in snap.workers if w.shape == pool.shape and w.host is None]
+        serving = [w for w in mine if w.state in ("loading", "ready") or w.id in hosting]
         asleep_here = [w for w in mine if w.state == "asleep" and w.id not in gone]
         asks.append(PoolAsk(shape=pool.shape, price_per_hour_usd=shape.price_per_hour_usd,
                             serving=len(serving) + launches_for_demand.get(pool.shape, 0), asleep=len(asleep_here),
@@ -567,10 +633,11 @@ def decide(
     for pool, g in zip(cfg.pools, grants, strict=True):
         shape = shapes[pool.shape]
         pool_states[pool.shape] = evolve(pool_states[pool.shape], grant=g)
-        mine = [w for w in snap.workers if w.shape == pool.shape and w.state not in ("unreachable", "stopped")]
+        mine = [w for w in snap.workers
+                if w.shape == pool.shape and w.host is None and w.state not in ("unreachable", "stopped")]
         stopped = sorted((w for w in snap.workers if w.shape == pool.shape and w.state == "stopped"),
                          key=lambda w: w.id)
-        standby = [w for w in mine if w.state in _STANDBY_LIKE and w.id not in assigned_now]
+        standby = [w for w in mine if w.state in _STANDBY_LIKE and w.id not in assigned_now and w.id not in hosting]
         total = len(mine)
         # Over the budget with asleep replicas: the longest asleep go first.
         over = [w for w in mine if w.state == "asleep" and w.id not in gone]

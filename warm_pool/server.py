@@ -55,11 +55,17 @@ def build_providers(cfg: ThawConfig, config_path: Path, controller_url: str) -> 
 
 def build_model_classes(cfg: ThawConfig) -> ModelClasses | None:
     """Each model's engine class, read from the store, where some pool pre-builds
-    engines (the only time placement needs them). The controller reads config.json
-    files only: it needs s3:GetObject on the models' prefixes."""
-    if not any(p.prebuild for p in cfg.pools):
+    engines, and its weights' size where some pool packs them (the only times placement
+    needs them). The controller reads config.json and manifest files only: it needs
+    s3:GetObject on the models' prefixes."""
+    if not any(p.prebuild or p.pack for p in cfg.pools):
         return None
-    from thaw.objstore import StoreConfigError, read_model_config, resolve_endpoint
+    from thaw.objstore import (
+        StoreConfigError,
+        read_model_config,
+        read_weights_bytes,
+        resolve_endpoint,
+    )
 
     try:
         store = resolve_endpoint(cfg)
@@ -67,7 +73,9 @@ def build_model_classes(cfg: ThawConfig) -> ModelClasses | None:
         log.warning("engine_classes_unavailable", error=str(exc))
         return None
     client = store.client()
-    return ModelClasses(lambda uri: read_model_config(client, uri), clock=time.time)
+    return ModelClasses(lambda uri: read_model_config(client, uri), clock=time.time,
+                        read_size=(lambda uri: read_weights_bytes(client, uri)) if any(p.pack for p in cfg.pools)
+                        else None)
 
 
 def create_controller_app(cfg: ThawConfig, config_path: Path, controller_url: str, *,

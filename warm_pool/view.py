@@ -31,6 +31,8 @@ class Intent:
     assignment_id: str | None
     # prebuild: the engine class asked for.
     engine_class: str | None = None
+    # assign: the memory the engine will hold (counted before the worker says so).
+    memory_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class WorkerFacts:
     adopted_at: float | None = None
     # When a stopped instance was started again (its boot timeout counts from then).
     restarted_at: float | None = None
+    # A packed engine: the worker it runs in (it has no instance of its own).
+    host: str | None = None
 
 
 def reflects(status: WorkerStatus, intent: Intent) -> bool:
@@ -93,10 +97,21 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
         prebuilt = (built.engine_class, built.state == "ready") if built is not None else (None, False)
 
     def view(state: WorkerState, model: str | None = None, assignment_id: str | None = None,
-             error: str | None = None, since: float | None = None) -> WorkerView:
+             error: str | None = None, since: float | None = None, memory: int | None = None) -> WorkerView:
         served = st is not None and st.assignment_id == assignment_id and st.phases.engine_ready is not None
+        if memory is None:
+            memory = (st.memory_bytes or 0) if st is not None and st.assignment_id is not None else 0
         return WorkerView(f.worker_id, f.shape, state, model, assignment_id, error, since, cached, rates, served,
-                          *prebuilt)
+                          *prebuilt, host=f.host, memory_bytes=memory,
+                          capacity_bytes=(st.capacity_bytes or 0) if st is not None else 0)
+
+    fresh = i is not None and now - i.at < INTENT_TTL_S
+    if f.host is not None and (st is None or f.heard_at is None):
+        # A packed engine asked for and not heard from yet: loading while the call is
+        # fresh; one that never reports is gone (its worker never started it).
+        if i is not None and i.kind == "assign" and fresh:
+            return view(WorkerState.LOADING, i.model, i.assignment_id, memory=i.memory_bytes)
+        return view(WorkerState.UNREACHABLE, error="the packed engine never reported")
 
     last_model = st.model if st else None
     last_assignment = st.assignment_id if st else None
@@ -127,7 +142,7 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
     if i is not None and i.kind in ("assign", "release", "sleep") and now - i.at < INTENT_TTL_S \
             and not reflects(st, i):
         if i.kind == "assign":
-            return view(WorkerState.LOADING, i.model, i.assignment_id)
+            return view(WorkerState.LOADING, i.model, i.assignment_id, memory=i.memory_bytes or None)
         if i.kind == "release":
             return view(WorkerState.DRAINING)
         return view(WorkerState.ASLEEP, i.model, i.assignment_id, since=i.at)

@@ -16,12 +16,12 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt
 
+from thaw.objstore import MANIFEST_NAME
 from thaw.s3uri import S3UriError, check_key_path, join_key, parse_s3_uri
 from weight_streaming.safetensors_header import read_header_from_file
 
-__all__ = ["S3UriError", "join_key", "parse_s3_uri"]  # re-exported for the loaders
+__all__ = ["MANIFEST_NAME", "S3UriError", "join_key", "parse_s3_uri"]  # re-exported for the loaders
 
-MANIFEST_NAME = "thaw-manifest.json"
 MANIFEST_FORMAT: Literal["thaw-manifest/1"] = "thaw-manifest/1"
 # Multipart part size used for uploads; the expected ETag depends on it.
 PART_SIZE = 16 * 1024 * 1024

@@ -18,6 +18,7 @@ import structlog
 
 from thaw.auth import TokenError, cluster_token
 from thaw.config import DEFAULT_CONFIG_PATH, ConfigError, ThawConfig, load_config
+from thaw.fit import engine_capacity
 from thaw.log import get_logger, setup_logging
 from thaw.objstore import worker_endpoint
 from worker.settings import AgentSettings
@@ -56,6 +57,7 @@ def settings_from(args: argparse.Namespace, cfg: ThawConfig) -> AgentSettings:
     if shape is None:
         raise ValueError(f"--shape {args.shape!r} is not in the config; declared: "
                          f"{sorted(s.name for s in cfg.shapes)}")
+    pool = cfg.pool(args.shape)
     instance_id = args.instance_id or f"{socket.gethostname()}-{args.port}"
     worker_id = args.worker_id or instance_id
     data_dir = (args.data_dir or cfg.data_dir / "workers" / worker_id).resolve()
@@ -75,6 +77,7 @@ def settings_from(args: argparse.Namespace, cfg: ThawConfig) -> AgentSettings:
         host_cache_dir=host_dir, host_cache_max_bytes=int(shape.host_cache_gib * gib),
         cache_verify_sha256=disk.verify_sha256 if disk else True,
         allowed_uri_prefixes=tuple(cfg.object_store.allowed_prefixes),
+        capacity_bytes=engine_capacity(shape) if pool is not None and pool.pack else 0,
     )
 
 

@@ -131,7 +131,8 @@ class Agent:
         self._tasks = Tasks()
         self._supervisor = HostSupervisor(
             self, spawn_host or self._spawn_engine_host_process, self._tasks,
-            stop_grace_s=settings.host_stop_grace_s, restart_backoff_max_s=settings.host_restart_backoff_max_s)
+            stop_grace_s=settings.host_stop_grace_s, restart_backoff_max_s=settings.host_restart_backoff_max_s,
+            once=settings.packed)
         self._caches = WeightCaches(settings, self.metrics)
         self._snapshots = EngineSnapshots(settings, snapshots or StoreSnapshots(), facts=lambda: self._facts,
                                           record=self.record, clock=clock)
@@ -149,6 +150,10 @@ class Agent:
         self._waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
         # Set whenever the facts change (see _until).
         self._changed = asyncio.Event()
+        # The packed engines this worker runs (worker.engines sets it), for the status.
+        self.packed_engines: Callable[[], list[str]] = list
+        # A packed engine: called once its release is done (it then goes away).
+        self.on_released: Callable[[], None] | None = None
 
     # -- facts and the derived state ----------------------------------------------
 
@@ -207,6 +212,10 @@ class Agent:
             cached=self._caches.cached,
             load_bytes_per_s=dict(self._caches.load_rates),
             prebuilt=_prebuilt_view(f.prebuilt),
+            memory_bytes=a.memory_bytes if a else None,
+            capacity_bytes=s.capacity_bytes or None,
+            host_worker_id=s.host_worker_id,
+            engines=self.packed_engines(),
         )
 
     # -- lifecycle ----------------------------------------------------------------
@@ -303,7 +312,7 @@ class Agent:
         The same ``assignment_id`` again is accepted as a no-op (a retried request).
         Raises :class:`Refused` for a model URI outside ``settings.allowed_uri_prefixes``.
         """
-        self._check_uri(req.uri, req.assignment_id)
+        self.check_uri(req.uri, req.assignment_id)
         f = self._facts
         if (f.assignment is not None and f.assignment.assignment_id == req.assignment_id
                 and f.release_requested_at is None):
@@ -311,17 +320,20 @@ class Agent:
         if self._state is WorkerState.ASLEEP:
             self._wake(req)
             return
-        if self._state is not WorkerState.STANDBY:
+        # A packed engine takes its one assignment while its engine host still imports.
+        fresh = self.settings.packed and self._state is WorkerState.STARTING and f.failure is None
+        if self._state is not WorkerState.STANDBY and not fresh:
             raise Conflict(f"worker is {self._state.value}, not standby; it takes an assignment only in standby",
                            self._state)
         self._launched = req
-        a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock())
+        a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock(),
+                       req.memory_bytes)
         self.record(assignment=a, snapshot_restored_at=None, snapshot=None, launched_at=None,
                     weights_loaded_at=None, engine_ready_at=None, failure=None, in_flight=None, load=None)
         log.info("assignment_accepted", assignment_id=a.assignment_id, model=a.model, uri=a.uri)
         self._assignment_task = self._tasks.spawn(self._run_assignment(a, req), name="assignment")
 
-    def _check_uri(self, uri: str, what: str) -> None:
+    def check_uri(self, uri: str, what: str) -> None:
         if self.settings.allowed_uri_prefixes is not None:
             try:
                 check_allowed(uri, self.settings.allowed_uri_prefixes)
@@ -471,7 +483,7 @@ class Agent:
         worker already keeps one of that class. Raises :class:`Conflict` unless
         standing by with no engine, :class:`Refused` for a URI outside the allowed
         prefixes."""
-        self._check_uri(req.uri, req.model)
+        self.check_uri(req.uri, req.model)
         f = self._facts
         if f.prebuilt is not None and f.prebuilt.engine_class == req.engine_class:
             return False
@@ -731,6 +743,10 @@ class Agent:
         if f.failure is not None:
             # The failed engine host is already being replaced (if it was launched).
             log.info("release", assignment_id=f.assignment.assignment_id, from_state="failed")
+            if self.settings.packed:
+                self.record(release_requested_at=self._clock())
+                self._tasks.spawn(self._run_release(False, 0.0), name="release")
+                return True
             self._clear_assignment()
             return True
         drain = self._state is WorkerState.READY  # else loading: abort
@@ -748,6 +764,14 @@ class Agent:
         engine = self._engine
         if drain and engine is not None:
             await self._drain(engine, drain_timeout_s)
+        if self.settings.packed:
+            # A packed engine goes away with its assignment: no engine host follows.
+            await self._close_engine()
+            await self._supervisor.close(graceful=drain)
+            self._clear_assignment()
+            if self.on_released is not None:
+                self.on_released()
+            return
         if drain and await self._park():
             # The engine stays, parked, for the next model of its class.
             await self.scan_caches()

@@ -27,6 +27,7 @@ from thaw.wire import (
     WorkerStatus,
 )
 from worker.agent import Agent, Conflict, Refused
+from worker.engines import PackedEngines
 from worker.heartbeat import Heartbeat
 from worker.metrics import CONTENT_TYPE
 from worker.settings import AgentSettings
@@ -37,8 +38,20 @@ CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorReply, "description": "Not in this state (the answer names it)"}}
 
 
+class NoSuchEngine(LookupError):
+    """A packed engine this worker does not run (404)."""
+
+
 def _agent(request: Request) -> Agent:
-    return request.app.state.agent  # type: ignore[no-any-return]
+    """The agent a call is for: this worker's own, or under ``/engines/{engine_id}`` one
+    of its packed engines (``worker.engines``)."""
+    engine_id = request.path_params.get("engine_id")
+    if engine_id is None:
+        return request.app.state.agent  # type: ignore[no-any-return]
+    agent = request.app.state.engines.get(engine_id)
+    if agent is None:
+        raise NoSuchEngine(f"no packed engine {engine_id!r} on this worker")
+    return agent  # type: ignore[no-any-return]
 
 
 @router.get("/healthz")
@@ -89,6 +102,26 @@ async def metrics(request: Request) -> Response:
     return Response(_agent(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
+# A packed engine's own control API: the calls above, under its id.
+engine_router = APIRouter(prefix="/engines/{engine_id}")
+for _route in router.routes:
+    if getattr(_route, "path", "") not in ("/healthz", "/prebuild"):
+        engine_router.add_api_route(_route.path, _route.endpoint, methods=list(_route.methods),  # type: ignore[attr-defined]
+                                    status_code=_route.status_code, response_model=_route.response_model,  # type: ignore[attr-defined]
+                                    responses=_route.responses)  # type: ignore[attr-defined]
+
+
+@router.post("/engines", status_code=202, response_model=WorkerStatus, responses={
+    409: {"model": ErrorReply, "description": "It does not fit (both numbers named), or this worker does not pack"},
+    403: {"model": ErrorReply, "description": "Never here (e.g. a URI outside the allowed prefixes)"}})
+async def pack(body: AssignRequest, request: Request) -> WorkerStatus:
+    """Start a packed engine (``engine_id``, ``memory_bytes``) with its assignment; the
+    answer is that engine's status, its control API under ``/engines/{engine_id}``."""
+    engines: PackedEngines = request.app.state.engines
+    _agent(request).check_uri(body.uri, body.assignment_id)
+    return (await engines.create(body)).view()
+
+
 def _problems(exc: RequestValidationError) -> list[str]:
     lines = []
     for err in exc.errors():
@@ -110,6 +143,7 @@ def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         agent = Agent(settings, **agent_deps)
         app.state.agent = agent
+        app.state.engines = engines = PackedEngines(agent, agent_deps=agent_deps)
         beat = None
         if settings.controller_url and settings.token:
             beat = Heartbeat(agent.view, settings.controller_url, settings.token,
@@ -126,16 +160,22 @@ def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | Non
         finally:
             if beat is not None:
                 await beat.close()
+            await engines.close()
             await agent.stop()
 
     app = FastAPI(title="Thaw worker agent", lifespan=lifespan, responses={
         400: {"model": ErrorReply, "description": "The body could not be read (not UTF-8)"},
         422: {"model": ErrorReply, "description": "Malformed request: each field's problem"}})
     app.include_router(router)
+    app.include_router(engine_router)
 
     @app.exception_handler(Conflict)
     async def conflict(_: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"error": str(exc), "state": exc.state.value}, status_code=409)
+
+    @app.exception_handler(NoSuchEngine)
+    async def no_engine(_: Request, exc: NoSuchEngine) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=404)
 
     @app.exception_handler(Refused)
     async def refused(_: Request, exc: Refused) -> JSONResponse:

@@ -73,10 +73,21 @@ class AgentSettings:
     # object_store.allowed_prefixes); others are refused with 403. None: any plain
     # s3:// URI (tests; `thaw worker` always sets it).
     allowed_uri_prefixes: tuple[str, ...] | None = None
+    # Several engines on this worker (pools[].pack): the memory they may hold together
+    # (thaw.fit.engine_capacity); 0: this worker runs one engine.
+    capacity_bytes: int = 0
+    # A packed engine (worker.engines): the worker whose process it runs in, and where its
+    # control API is under that worker's. It has one engine host, for one assignment.
+    host_worker_id: str | None = None
+    control_path: str = ""
 
     @property
     def control_url(self) -> str:
-        return f"http://{self.advertised}:{self.port}"
+        return f"http://{self.advertised}:{self.port}{self.control_path}"
+
+    @property
+    def packed(self) -> bool:
+        return self.host_worker_id is not None
 
     @property
     def advertised(self) -> str:

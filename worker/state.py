@@ -25,6 +25,8 @@ class Assignment:
     uri: str
     served_model_name: str
     assigned_at: float
+    # The memory its engine holds (thaw.fit.engine_memory; None: not counted).
+    memory_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,9 @@ class HostOwner(Protocol):
 
 class HostSupervisor:
     def __init__(self, owner: HostOwner, spawn: HostSpawner, tasks: Tasks, *, stop_grace_s: float,
-                 restart_backoff_max_s: float) -> None:
+                 restart_backoff_max_s: float, once: bool = False) -> None:
+        """``once``: start one engine host and never another (a packed engine's: it
+        serves one assignment; replacing it only stops it)."""
         self._owner = owner
         self._spawn = spawn
         self._tasks = tasks
@@ -54,6 +56,8 @@ class HostSupervisor:
         self._closing = False
         # Engine hosts in a row that died before "imported" (restart backoff).
         self._early_exits = 0
+        self._once = once
+        self._spawned = False
 
     @property
     def host(self) -> EngineHost | None:
@@ -83,8 +87,9 @@ class HostSupervisor:
                 self._owner.record(host_running=False, host_imported=False)
                 await old.stop(self.grace_s(graceful))
                 self._owner.host_gone()
-            if self._closing:
+            if self._closing or (self._once and self._spawned):
                 return
+            self._spawned = True
             try:
                 host = await self._spawn(self._on_event)
             except Exception as exc:  # e.g. the interpreter is gone
@@ -145,5 +150,6 @@ class HostSupervisor:
         log.error("engine_host_exited", host_pid=host.pid, returncode=code, output_tail=tail)
         if f.release_requested_at is None:
             self._owner.host_exited(f, code, tail)
-            self._schedule_restart()
+            if not self._once:
+                self._schedule_restart()
         # During a release, the release flow starts the next engine host.

@@ -135,3 +135,13 @@ def test_prebuild_names_models_of_the_pools_shape() -> None:
     data = example()
     data["pools"][0]["prebuild"] = ["demo"]
     assert parse_config(data).pools[0].prebuild == ["demo"]
+
+
+def test_a_pool_packs_or_prebuilds_not_both_yet() -> None:
+    data = example()
+    data["pools"][0].update({"pack": True})
+    assert parse_config(data).pools[0].pack
+    data["pools"][0]["prebuild"] = ["demo"]
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert any("pack and prebuild together are not supported yet" in p for p in info.value.problems)

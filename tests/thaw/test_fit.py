@@ -128,3 +128,29 @@ def test_config_check_sizes_a_pushed_model_from_its_manifest(store: Any, s3: Any
     # The size is the manifest's, and the KV cache is sized from the model's config.json.
     assert f"weights {manifest.total_bytes / GIB:.1f} GiB (manifest)" in out.stderr
     assert "one 512-token sequence" in out.stderr
+
+
+# -- several engines on one worker --------------------------------------------------------
+
+
+def test_engine_memory_is_a_share_of_the_gpu_or_weights_kv_and_processes_on_the_cpu() -> None:
+    from thaw.config import EngineArgs, InstanceShape
+    from thaw.fit import CPU_ENGINE_PROCESS_GIB, engine_capacity, engine_memory
+
+    gpu = InstanceShape(name="g", gpu_type="l40s-48gb", gpu_count=1, gpu_memory_gib=48, host_memory_gib=64,
+                        price_per_hour_usd=1.0)
+    cpu = InstanceShape(name="c", gpu_type="cpu", gpu_count=0, host_memory_gib=16, host_cache_gib=4,
+                        price_per_hour_usd=0.1)
+    assert engine_memory(10 * GIB, EngineArgs(gpu_memory_utilization=0.25), gpu) == 12 * GIB
+    assert engine_capacity(gpu) == 48 * GIB
+    assert engine_memory(GIB // 2, EngineArgs(cpu_kvcache_gib=1), cpu) == int((1.5 + CPU_ENGINE_PROCESS_GIB) * GIB)
+    assert engine_capacity(cpu) == 12 * GIB
+
+
+def test_a_pack_refusal_names_what_is_needed_and_what_is_free() -> None:
+    from thaw.fit import pack_problem
+
+    assert pack_problem(3 * GIB, [2 * GIB, 3 * GIB], 8 * GIB) is None
+    problem = pack_problem(4 * GIB, [2 * GIB, 3 * GIB], 8 * GIB)
+    assert problem == ("the engine needs 4.00 GiB but 3.00 GiB are free: 2 engine(s) hold 5.00 GiB "
+                       "of 8.00 GiB")

@@ -16,6 +16,7 @@ from thaw.config import ThawConfig, parse_config
 from thaw.engine_class import engine_class_of
 from thaw.wire import (
     AssignRequest,
+    Phases,
     PrebuildRequest,
     PrebuiltView,
     ReleaseRequest,
@@ -24,6 +25,7 @@ from thaw.wire import (
     WorkerStatus,
 )
 from warm_pool.classes import ModelClasses
+from warm_pool.control import ControlError
 from warm_pool.manager import PoolManager, UnknownInstance
 from warm_pool.policy import ModelActivity
 from warm_pool.providers import CapacityError, Instance, InstanceState
@@ -76,6 +78,7 @@ class FakeControl:
 
     clock: Clock
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
+    refuse_pack: bool = False
 
     def _status(self, url: str, state: WorkerState, **kw: Any) -> WorkerStatus:
         wid = url.removeprefix("http://")
@@ -98,6 +101,17 @@ class FakeControl:
         self.calls.append(("prebuild", control_url, req))
         return self._status(control_url, S.STANDBY, prebuilt=PrebuiltView(
             engine_class=req.engine_class, model=req.model, state="building"))
+
+    async def pack(self, control_url: str, req: AssignRequest) -> WorkerStatus:
+        self.calls.append(("pack", control_url, req))
+        if self.refuse_pack:
+            raise ControlError("/engines refused (409): does not fit", 409)
+        host = control_url.removeprefix("http://")
+        assert req.engine_id is not None
+        return WorkerStatus(worker_id=req.engine_id, instance_id=f"i-{host}", shape="gpu", state=S.LOADING,
+                            control_url=f"{control_url}/engines/{req.engine_id}", started_at=self.clock(),
+                            state_since=self.clock(), model=req.model, assignment_id=req.assignment_id,
+                            memory_bytes=req.memory_bytes, host_worker_id=host)
 
     async def close(self) -> None: ...
 
@@ -338,3 +352,91 @@ async def test_prebuild_asks_a_standby_for_an_engine_and_assignments_carry_the_c
     [(kind, _, areq)] = [c for c in control.calls if c[0] == "assign"]
     assert areq.engine_class == expected
     assert any(e.kind == "assign" and e.worker_id == "w-1" for e in m.events)
+
+
+GIB = 1 << 30
+
+
+def packing_config() -> ThawConfig:
+    """The gpu pool packs; demo and tuned each take 0.4 of the device."""
+    data = config(standby=0).model_dump(mode="json")
+    data["pools"][0]["pack"] = True
+    demo = data["models"][0]
+    demo["engine"]["gpu_memory_utilization"] = 0.4
+    data["models"].append({**demo, "name": "tuned", "served_name": "tuned", "uri": "s3://thaw/models/tuned"})
+    return parse_config(data)
+
+
+async def test_a_packed_engine_is_asked_of_a_serving_worker_and_tracked_as_a_replica() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    cfg = packing_config()
+    classes = ModelClasses(lambda uri: LLAMA, clock=clock, refresh_s=60, read_size=lambda uri: 100 << 20)
+    provider.running["w-1"] = Instance("i-w-1", "w-1", "gpu", clock() - 60, InstanceState.RUNNING)
+    m = await manager(cfg, provider, control, clock, classes)
+    share = int(48 * GIB * 0.4)
+    beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://w-1:9001",
+         memory_bytes=share, capacity_bytes=48 * GIB)
+    clock.t += m.adopt_grace_s
+    m.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
+                       "tuned": ModelActivity(queued=1, last_request_at=clock())})
+    await step(m)
+    [(kind, url, req)] = [c for c in control.calls if c[0] == "pack"]
+    assert (kind, url, req.model, req.memory_bytes) == ("pack", "http://w-1", "tuned", share)
+    engine_id = req.engine_id
+    assert engine_id == f"w-1.{req.assignment_id}" and not provider.launches
+    # Its answer is the packed engine's status: a replica loading, not a worker to bill.
+    assert views(m)[engine_id] == "loading"
+    await step(m)
+    assert len([c for c in control.calls if c[0] == "pack"]) == 1
+    st = m.status()
+    assert st.shapes[0].counts == {"ready": 1} and st.shapes[0].spend_usd_per_hour == 1.5
+    detail = next(d for d in st.worker_details if d.id == engine_id)
+    assert (detail.host_worker_id, detail.memory_bytes) == ("w-1", share)
+    # It reports ready under its own id: a route of its model, marked packed.
+    m.heartbeat(WorkerStatus(worker_id=engine_id, instance_id="i-w-1", shape="gpu", state=S.READY,
+                             control_url=f"http://w-1/engines/{engine_id}", started_at=clock(), state_since=clock(),
+                             model="tuned", assignment_id=req.assignment_id, engine_url="http://w-1:9002",
+                             memory_bytes=share, host_worker_id="w-1", phases=Phases(engine_ready=clock())))
+    [route] = m.route_table(clock())["tuned"].replicas
+    assert (route.worker_id, route.url, route.packed) == (engine_id, "http://w-1:9002", True)
+    assert not m.route_table(clock())["demo"].replicas[0].packed
+    # Idle: released through its own control API.
+    clock.t += 120
+    m.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
+                       "tuned": ModelActivity(last_request_at=clock() - 100)})
+    await step(m)
+    [(_, url, _)] = [c for c in control.calls if c[0] == "release"]
+    assert url == f"http://w-1/engines/{engine_id}"
+    # Gone from the worker's list: forgotten, and a late heartbeat of it is refused.
+    clock.t += 20
+    beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://w-1:9001",
+         memory_bytes=share, capacity_bytes=48 * GIB, engines=[])
+    assert engine_id not in m.facts
+    with pytest.raises(UnknownInstance):
+        m.heartbeat(WorkerStatus(worker_id=engine_id, instance_id="i-w-1", shape="gpu", state=S.DRAINING,
+                                 control_url=f"http://w-1/engines/{engine_id}", started_at=0.0,
+                                 state_since=clock(), host_worker_id="w-1"))
+
+
+async def test_a_packed_engine_of_an_unknown_worker_is_refused_and_a_refused_pack_is_not_repeated() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock, refuse_pack=True)
+    classes = ModelClasses(lambda uri: LLAMA, clock=clock, refresh_s=60, read_size=lambda uri: 100 << 20)
+    provider.running["w-1"] = Instance("i-w-1", "w-1", "gpu", clock() - 60, InstanceState.RUNNING)
+    m = await manager(packing_config(), provider, control, clock, classes)
+    with pytest.raises(UnknownInstance):
+        m.heartbeat(WorkerStatus(worker_id="w-9.x", instance_id="i-w-9", shape="gpu", state=S.READY,
+                                 control_url="http://w-9/engines/w-9.x", started_at=0.0, state_since=clock(),
+                                 host_worker_id="w-9"))
+    beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://w-1:9001",
+         memory_bytes=int(48 * GIB * 0.4), capacity_bytes=48 * GIB)
+    clock.t += m.adopt_grace_s
+    m.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
+                       "tuned": ModelActivity(queued=1, last_request_at=clock())})
+    await step(m)
+    await step(m)
+    assert len([c for c in control.calls if c[0] == "pack"]) == 1
+    assert [e for e in m.events if e.kind == "pack" and e.outcome == "failed"]
+    # The model waits for a launch instead.
+    assert provider.launches
