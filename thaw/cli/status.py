@@ -37,28 +37,54 @@ def _models(state: dict[str, Any], now: float) -> list[str]:
     return out
 
 
+def _gib(n: int | None) -> str:
+    return f"{(n or 0) / (1 << 30):.1f} GiB"
+
+
 def _workers(state: dict[str, Any]) -> list[str]:
+    """Each worker, and under one that packs, its packed engines and the memory each holds."""
     out = ["WORKERS"]
     details = {d["id"]: d for d in state.get("worker_details", [])}
     if not state["workers"]:
         out.append("  none")
+    packed: dict[str, list[dict[str, Any]]] = {}
+    for w in state["workers"]:
+        host = details.get(w["id"], {}).get("host_worker_id")
+        if host:
+            packed.setdefault(host, []).append(w)
     for w in state["workers"]:
         d = details.get(w["id"], {})
-        out.append(f"  {w['id']:14} {w['instance_id'] or '-':22} {d.get('shape', '-'):12} {w['state']:11} "
-                   f"{w['model'] or '-':12} age {w['age_s']:.0f}s  {w['control_url'] or '-'}"
-                   + (f"\n    error: {d['error']}" if d.get("error") else ""))
-        load = d.get("load")
-        if load and w["model"]:
-            secs = f" in {load['seconds']:.2f}s" if load.get("seconds") is not None else ""
-            how = f"swapped into its engine, weights from {load['tier']}" if load.get("swap") else \
-                f"loaded from {load['tier']}"
-            out.append(f"    {how}{secs}")
-        if d.get("prebuilt"):
-            p = d["prebuilt"]
-            out.append(f"    engine kept: class {p['engine_class']} ({p['state']}), weights of {p['model']}")
-        if d.get("cached"):
-            held = ", ".join(f"{c['uri']} {c['tier']} {_pct(c['bytes'], c['total_bytes'])}" for c in d["cached"])
-            out.append(f"    cached: {held}")
+        if d.get("host_worker_id") and d["host_worker_id"] in details:
+            continue  # shown under its worker
+        out.extend(_worker_lines(w, d, "  "))
+        engines = packed.get(w["id"], [])
+        if d.get("capacity_bytes"):
+            held = (d.get("memory_bytes") or 0) + sum(details[e["id"]].get("memory_bytes") or 0 for e in engines)
+            out.append(f"    memory: {_gib(held)} of {_gib(d['capacity_bytes'])} held by {len(engines) + bool(w['model'])}"
+                       f" engine(s)" + (f" (its own {_gib(d.get('memory_bytes'))})" if w["model"] else ""))
+        for e in engines:
+            out.extend(_worker_lines(e, details[e["id"]], "    + "))
+    return out
+
+
+def _worker_lines(w: dict[str, Any], d: dict[str, Any], indent: str) -> list[str]:
+    pad = " " * len(indent)
+    memory = f" {_gib(d['memory_bytes'])}" if d.get("host_worker_id") and d.get("memory_bytes") else ""
+    out = [f"{indent}{w['id']:14} {w['instance_id'] or '-':22} {d.get('shape', '-'):12} {w['state']:11} "
+           f"{w['model'] or '-':12} age {w['age_s']:.0f}s  {w['control_url'] or '-'}{memory}"
+           + (f"\n{pad}  error: {d['error']}" if d.get("error") else "")]
+    load = d.get("load")
+    if load and w["model"]:
+        secs = f" in {load['seconds']:.2f}s" if load.get("seconds") is not None else ""
+        how = f"swapped into its engine, weights from {load['tier']}" if load.get("swap") else \
+            f"loaded from {load['tier']}"
+        out.append(f"{pad}  {how}{secs}")
+    if d.get("prebuilt"):
+        p = d["prebuilt"]
+        out.append(f"{pad}  engine kept: class {p['engine_class']} ({p['state']}), weights of {p['model']}")
+    if d.get("cached"):
+        held = ", ".join(f"{c['uri']} {c['tier']} {_pct(c['bytes'], c['total_bytes'])}" for c in d["cached"])
+        out.append(f"{pad}  cached: {held}")
     return out
 
 

@@ -1,0 +1,34 @@
+"""`thaw pool status` as text: a worker that packs shows its packed engines under it, with
+the memory each holds and what the worker holds of its capacity."""
+
+from __future__ import annotations
+
+from thaw.cli.status import render_pool
+
+GIB = 1 << 30
+
+
+def test_packed_engines_are_listed_under_their_worker_with_their_memory() -> None:
+    state = {
+        "now": 100.0, "controller_epoch": "e1", "adopted": True, "shapes": [], "models": [],
+        "workers": [
+            {"id": "w-1", "instance_id": "i-1", "control_url": "http://w-1", "state": "ready", "model": "demo",
+             "age_s": 50},
+            {"id": "w-2", "instance_id": "i-2", "control_url": "http://w-2", "state": "standby", "model": None,
+             "age_s": 20},
+            {"id": "w-1.tuned-1", "instance_id": "i-1", "control_url": "http://w-1/engines/w-1.tuned-1",
+             "state": "ready", "model": "tuned", "age_s": 5},
+        ],
+        "worker_details": [
+            {"id": "w-1", "shape": "cpu", "capacity_bytes": 12 * GIB, "memory_bytes": 3 * GIB},
+            {"id": "w-2", "shape": "cpu"},
+            {"id": "w-1.tuned-1", "shape": "cpu", "host_worker_id": "w-1", "memory_bytes": 2 * GIB},
+        ],
+    }
+    lines = render_pool(state).splitlines()
+    at = {line.split()[0 if not line.strip().startswith("+") else 1]: i for i, line in enumerate(lines)
+          if line.strip() and line.strip().split()[0] in ("w-1", "w-2", "+")}
+    assert at["w-1"] < at["w-1.tuned-1"] < at["w-2"]  # under its worker, not a worker of its own
+    assert "memory: 5.0 GiB of 12.0 GiB held by 2 engine(s) (its own 3.0 GiB)" in lines[at["w-1"] + 1]
+    assert lines[at["w-1.tuned-1"]].strip().startswith("+ w-1.tuned-1")
+    assert lines[at["w-1.tuned-1"]].endswith("2.0 GiB")
