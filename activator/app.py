@@ -113,7 +113,7 @@ def create_app(
         await limiter.start()
         if shipper is not None:
             await shipper.start()
-        prefetch = (asyncio.create_task(tokens.prefetch(m.uri for m in cfg.models), name="tokenizer_prefetch")
+        prefetch = (asyncio.create_task(tokens.prefetch(cfg.engine_model(m).uri for m in cfg.models), name="tokenizer_prefetch")
                     if tokens is not None else None)
         # What exists now (modules, the app, config) lives as long as the process: out of
         # the collector's sight, full collections stay short under load (tail latency).

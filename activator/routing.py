@@ -59,6 +59,8 @@ class Replica:
     worker_started_at: float | None = None
     # An engine packed beside others on a worker that was serving (thaw.wire.ReplicaRoute).
     packed: bool = False
+    # A LoRA adapter in an engine of its base.
+    adapter: bool = False
 
 
 def cold_start_tier(waiting_since: float, rep: Replica) -> Tier:
@@ -68,6 +70,11 @@ def cold_start_tier(waiting_since: float, rep: Replica) -> Tier:
     loader read the weights (host memory, local disk, the store)."""
     if rep.phases.get("woken") is not None or rep.load_tier == "asleep":
         return "asleep"
+    assigned = rep.phases.get("assigned")
+    if rep.adapter and assigned is not None and assigned <= waiting_since:
+        # Its base was serving before the request: only the adapter was loaded. (A base
+        # brought up for it: where the base came from, below.)
+        return "adapter"
     if rep.packed:
         return "packed"
     if rep.worker_started_at is not None and rep.worker_started_at > waiting_since:
@@ -241,7 +248,7 @@ class RouteWatcher:
                 rep = Replica(r.worker_id, r.url, r.served_model_name, r.assignment_id,
                               r.phases.model_dump(), load_tier=r.load.tier if r.load else None,
                               load_s=r.load.seconds if r.load else None, worker_started_at=r.worker_started_at,
-                              load_swap=r.load.swap if r.load else False, packed=r.packed)
+                              load_swap=r.load.swap if r.load else False, packed=r.packed, adapter=r.adapter)
                 if prev is not None and prev.assignment_id == rep.assignment_id:
                     rep.outstanding = prev.outstanding
                 st.listed.append(rep)

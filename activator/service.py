@@ -245,7 +245,8 @@ class CompletionService:
     async def admit(self, tenant: str, principal: Principal, model: Model, kind: Kind, body: dict[str, Any],
                     ctx: RequestContext) -> None:
         """Context length with the model's tokenizer, then the tenant's rate limits."""
-        counter = await self.tokens.get(model.uri) if self.tokens else None
+        # An adapter's prompts are its base's tokens (the adapter ships no tokenizer).
+        counter = await self.tokens.get(self.cfg.engine_model(model).uri) if self.tokens else None
         lengths: list[int] | None = None
         if counter is not None:
             try:

@@ -224,8 +224,18 @@ class EngineArgs(_Strict):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
+class Lora(_Strict):
+    """LoRA adapters served on a base model's engines (vLLM's ``--enable-lora``)."""
+
+    # Adapters one engine holds at once (a request for another waits for a slot).
+    max_loras: PositiveInt = 4
+    # The largest adapter rank the engine accepts (its LoRA buffers are sized by it).
+    max_lora_rank: Annotated[int, Field(ge=1, le=512)] = 16
+
+
 class Model(_Strict):
     name: Name
+    # The model's files in the store; for an adapter, its adapter_uri (filled in).
     uri: S3Uri
     # What clients put in `model`; defaults to `name`.
     served_name: str | None = None
@@ -235,10 +245,22 @@ class Model(_Strict):
     autoscaling: Autoscaling = Autoscaling()
     # `thaw up` builds the demo model and pushes it to `uri` when the store has none there.
     demo_if_missing: bool = False
+    # A LoRA adapter served on the engines of ``base`` (another model of the config, not
+    # an adapter): its files (PEFT layout, pushed with `thaw push`) at ``adapter_uri``.
+    # Its shape, context and engine are its base's; its endpoint, limits, usage and idle
+    # grace are its own.
+    base: Name | None = None
+    adapter_uri: S3Uri | None = None
+    # On a base model: the adapters its engines may hold (default when it has adapters).
+    lora: Lora | None = None
 
     @property
     def resolved_served_name(self) -> str:
         return self.served_name or self.name
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.base is not None
 
 
 class WeightCache(_Strict):
@@ -526,6 +548,35 @@ class ThawConfig(_Strict):
 
     @model_validator(mode="before")
     @classmethod
+    def _adapters(cls, data: Any) -> Any:
+        """An adapter's files are its ``uri``; its shape, context and engine its base's
+        (filled in here, so every consumer reads one place; a different value is an error
+        reported by ``_references``)."""
+        if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+            return data
+        by_name = {m.get("name"): m for m in data["models"] if isinstance(m, dict)}
+        models: list[Any] = []
+        for m in data["models"]:
+            if isinstance(m, dict) and m.get("base") is not None:
+                base = by_name.get(m["base"])
+                what = f"models[{len(models)}] ({m.get('name')})"
+                # Said here: the fields left out would otherwise read as merely missing.
+                if not isinstance(base, dict):
+                    raise ValueError(f"{what}: base {m['base']!r} is not a model of the config")
+                if base.get("base") is not None:
+                    raise ValueError(f"{what}: base {m['base']!r} is an adapter itself; name its base")
+                if m.get("adapter_uri") is None:
+                    raise ValueError(f"{what}: an adapter needs adapter_uri (its files)")
+                m = {**m}
+                m.setdefault("uri", m["adapter_uri"])
+                for key in ("shape", "max_context_tokens", "engine"):
+                    if key in base:
+                        m.setdefault(key, base[key])
+            models.append(m)
+        return {**data, "models": models}
+
+    @model_validator(mode="before")
+    @classmethod
     def _tensor_parallel(cls, data: Any) -> Any:
         """A model's engine spans its shape's GPUs unless its engine says otherwise
         (resolved here once, so every consumer reads one number)."""
@@ -610,6 +661,27 @@ class ThawConfig(_Strict):
                     f"models[{i}] ({m.name}): autoscaling.asleep_ttl_s needs vLLM's sleep mode, which needs a "
                     f"GPU; shape {m.shape!r} has none (set asleep_ttl_s to 0)"
                 )
+        by_name = {m.name: m for m in self.models}
+        for i, m in enumerate(self.models):
+            if m.base is None:
+                if m.adapter_uri is not None:
+                    raise ValueError(f"models[{i}] ({m.name}): adapter_uri needs base (the model it adapts)")
+                continue
+            base = by_name.get(m.base)
+            if base is None or base.base is not None:
+                raise ValueError(f"models[{i}] ({m.name}): base {m.base!r} is not a model of the config"
+                                 if base is None else
+                                 f"models[{i}] ({m.name}): base {m.base!r} is an adapter itself; name its base")
+            if m.adapter_uri is None or m.uri != m.adapter_uri:
+                raise ValueError(f"models[{i}] ({m.name}): an adapter needs adapter_uri (its files), "
+                                 "and no uri of its own")
+            for key in ("shape", "max_context_tokens", "engine"):
+                if getattr(m, key) != getattr(base, key):
+                    raise ValueError(f"models[{i}] ({m.name}): an adapter's {key} is its base's "
+                                     f"({m.base}); leave it out")
+            if m.lora is not None or m.autoscaling.asleep_ttl_s > 0:
+                raise ValueError(f"models[{i}] ({m.name}): an adapter has no lora settings or asleep tier of "
+                                 "its own (set them on its base)")
         for i, m in enumerate(self.models):
             try:
                 self.object_store.check_model_uri(m.uri)
@@ -643,6 +715,27 @@ class ThawConfig(_Strict):
 
     def shape(self, name: str) -> InstanceShape | None:
         return next((s for s in self.shapes if s.name == name), None)
+
+    def adapters_of(self, base: str) -> list[Model]:
+        """The adapters served on ``base``'s engines."""
+        return [m for m in self.models if m.base == base]
+
+    def engine_model(self, m: Model) -> Model:
+        """The model whose engine serves ``m``: its base for an adapter, else itself."""
+        if m.base is None:
+            return m
+        base = self.model(m.base)
+        assert base is not None  # checked at load
+        return base
+
+    def engine_args(self, m: Model) -> EngineArgs:
+        """The engine settings ``m``'s engines start with: a base of adapters gets vLLM's
+        LoRA flags (``lora``, or its defaults)."""
+        if m.lora is None and not self.adapters_of(m.name):
+            return m.engine
+        lora = m.lora or Lora()
+        return m.engine.model_copy(update={"extra": {
+            **m.engine.extra, "enable_lora": True, "max_loras": lora.max_loras, "max_lora_rank": lora.max_lora_rank}})
 
     def model(self, name: str) -> Model | None:
         for m in self.models:

@@ -50,12 +50,13 @@ class _Msg(BaseModel):
 
 
 # Where a request's replica got the model from, fastest first: it was serving already
-# (hot), it was asleep and woken, its weights were swapped into an engine built before
+# (hot), it was asleep and woken, an adapter was loaded into an engine of its base that
+# was serving already (adapter), its weights were swapped into an engine built before
 # the request (swap), an engine was built beside others on a worker already serving
 # (packed), a standby built an engine and read the weights from its host-memory cache,
 # its disk cache or the store (s3), or a new instance had to be launched first.
-Tier = Literal["hot", "asleep", "swap", "packed", "host", "disk", "s3", "launch"]
-TIERS: tuple[Tier, ...] = ("hot", "asleep", "swap", "packed", "host", "disk", "s3", "launch")
+Tier = Literal["hot", "asleep", "adapter", "swap", "packed", "host", "disk", "s3", "launch"]
+TIERS: tuple[Tier, ...] = ("hot", "asleep", "adapter", "swap", "packed", "host", "disk", "s3", "launch")
 # Where a load read its weights: a worker's cache tiers, the store, or a local
 # directory (a model not in the store: tests, `thaw snapshot build`).
 LoadSource = Literal["host", "disk", "s3", "local"]
@@ -113,6 +114,21 @@ class PrebuildRequest(_Msg):
     engine: EngineArgs = EngineArgs()
     engine_class: str
     snapshots: bool = True
+
+
+class AdapterRequest(_Msg):
+    """``POST /adapters``: load a LoRA adapter (``models[].base``) into the engine serving
+    its base; requests name it by ``served_model_name``."""
+
+    model: Name
+    uri: S3Uri
+    served_model_name: Id
+
+
+class AdapterUnload(_Msg):
+    """``POST /adapters/unload``: stop routing to the adapter, drain it, unload it."""
+
+    model: Name
 
 
 class ReleaseRequest(_Msg):
@@ -194,6 +210,18 @@ class PrebuiltView(_Msg):
     built_at: float | None = None
 
 
+class AdapterView(_Msg):
+    """A LoRA adapter in a worker's engine."""
+
+    model: str
+    served_model_name: str
+    # loading: being fetched and loaded; ready: requests may name it; unloading: draining
+    # then unloaded (no new requests); failed: it could not be loaded (``error``).
+    state: Literal["loading", "ready", "unloading", "failed"]
+    since: float
+    error: str | None = None
+
+
 class WorkerStatus(_Msg):
     """What a worker says about itself: its ``GET /state``, every control call's answer,
     and the body of its heartbeat to the controller."""
@@ -234,6 +262,8 @@ class WorkerStatus(_Msg):
     host_worker_id: str | None = None
     # The packed engines this worker runs now (their worker ids).
     engines: list[str] = []
+    # LoRA adapters in its engine.
+    adapters: list[AdapterView] = []
 
 
 class HeartbeatReply(_Msg):
@@ -299,6 +329,8 @@ class ReplicaRoute(_Msg):
     worker_started_at: float | None = None
     # An engine packed beside others on a worker that was serving already.
     packed: bool = False
+    # A LoRA adapter in an engine of its base (``served_model_name`` is the adapter's).
+    adapter: bool = False
 
 
 class ModelRoute(_Msg):
@@ -358,6 +390,7 @@ class WorkerDetail(_Msg):
     host_worker_id: str | None = None
     memory_bytes: int | None = None
     capacity_bytes: int | None = None
+    adapters: list[AdapterView] = []
 
 
 class ShapeRow(_Msg):

@@ -52,12 +52,13 @@ class ModelClasses:
         return now - self._read_at.get(uri, -self._refresh_s) >= self._refresh_s
 
     def due(self, cfg: ThawConfig, now: float) -> bool:
-        return any(self._due(m.uri, now) for m in cfg.models)
+        return any(self._due(m.uri, now) for m in cfg.models if m.base is None)
 
     async def refresh(self, cfg: ThawConfig) -> dict[str, str]:
         """Read the configs that are due and recompute every model's class."""
         now = self._clock()
-        for uri in sorted({m.uri for m in cfg.models}):
+        # An adapter has no engine of its own (nor a config.json): its base's is what counts.
+        for uri in sorted({m.uri for m in cfg.models if m.base is None}):
             if not self._due(uri, now):
                 continue
             self._read_at[uri] = now
@@ -73,13 +74,15 @@ class ModelClasses:
         self.sizes = {m.name: n for m in cfg.models if (n := self._sizes.get(m.uri)) is not None}
         classes: dict[str, str] = {}
         for m in cfg.models:
+            if m.base is not None:
+                continue
             config = self._configs.get(m.uri)
             if config is None:
                 if m.uri in self._configs:
                     self._note(m.name, "no config.json in the store")
                 continue
             try:
-                classes[m.name] = engine_class_of(config, m.engine, max_model_len=m.max_context_tokens).id
+                classes[m.name] = engine_class_of(config, cfg.engine_args(m), max_model_len=m.max_context_tokens).id
             except ValueError as exc:
                 self._note(m.name, str(exc))
                 continue

@@ -9,7 +9,15 @@ import httpx
 from pydantic import BaseModel
 
 from thaw.auth import bearer
-from thaw.wire import AssignRequest, PrebuildRequest, ReleaseRequest, SleepRequest, WorkerStatus
+from thaw.wire import (
+    AdapterRequest,
+    AdapterUnload,
+    AssignRequest,
+    PrebuildRequest,
+    ReleaseRequest,
+    SleepRequest,
+    WorkerStatus,
+)
 
 
 class ControlError(Exception):
@@ -28,6 +36,8 @@ class WorkerControl(Protocol):
     async def prebuild(self, control_url: str, req: PrebuildRequest) -> WorkerStatus: ...
     # A packed engine on the worker at control_url (pools[].pack): the answer is its status.
     async def pack(self, control_url: str, req: AssignRequest) -> WorkerStatus: ...
+    async def load_adapter(self, control_url: str, req: AdapterRequest) -> WorkerStatus: ...
+    async def unload_adapter(self, control_url: str, req: AdapterUnload) -> WorkerStatus: ...
     async def close(self) -> None: ...
 
 
@@ -64,6 +74,12 @@ class HttpWorkerControl:
 
     async def pack(self, control_url: str, req: AssignRequest) -> WorkerStatus:
         return await self._call(control_url, "/engines", req)
+
+    async def load_adapter(self, control_url: str, req: AdapterRequest) -> WorkerStatus:
+        return await self._call(control_url, "/adapters", req)
+
+    async def unload_adapter(self, control_url: str, req: AdapterUnload) -> WorkerStatus:
+        return await self._call(control_url, "/adapters/unload", req)
 
     async def close(self) -> None:
         await self._http.aclose()

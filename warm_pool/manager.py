@@ -30,6 +30,8 @@ from thaw.config import Model, ThawConfig
 from thaw.fit import engine_memory
 from thaw.log import get_logger
 from thaw.wire import (
+    AdapterRequest,
+    AdapterUnload,
     AssignRequest,
     BudgetChange,
     BudgetView,
@@ -67,6 +69,7 @@ from warm_pool.policy import (
     Assign,
     Decision,
     Launch,
+    LoadAdapter,
     ModelActivity,
     ModelState,
     Pack,
@@ -78,6 +81,7 @@ from warm_pool.policy import (
     Start,
     Stop,
     Terminate,
+    UnloadAdapter,
     WorkerView,
     decide,
     kept_classes,
@@ -608,7 +612,7 @@ class PoolManager:
         out = {}
         for m in self.cfg.models:
             pool, shape = self.cfg.pool(m.shape), self.cfg.shape(m.shape)
-            if pool is not None and pool.pack and shape is not None and m.name in sizes:
+            if pool is not None and pool.pack and shape is not None and m.name in sizes and m.base is None:
                 out[m.name] = engine_memory(sizes[m.name], m.engine, shape)
         return out
 
@@ -649,6 +653,13 @@ class PoolManager:
             self._observe(d.worker_id, f.shape, intent=Intent("assign", now, d.model, d.assignment_id,
                                                               memory_bytes=snap.engine_bytes.get(d.model, 0)))
             self._spawn(self._assign(d), busy=d.worker_id)
+        elif isinstance(d, LoadAdapter | UnloadAdapter):
+            f = self.facts[d.worker_id]
+            intent = (Intent("adapter_load", now, d.model, None) if isinstance(d, LoadAdapter)
+                      else Intent("adapter_unload", now, d.model, None))
+            intents = tuple(i for i in f.adapter_intents if i.model != d.model and now - i.at < INTENT_TTL_S)
+            self._observe(d.worker_id, f.shape, adapter_intents=(*intents, intent))
+            self._spawn(self._adapter_call(d))
         elif isinstance(d, Pack):
             f = self.facts[d.worker_id]
             self._observe(d.engine_id, f.shape, host=d.worker_id,
@@ -777,7 +788,8 @@ class PoolManager:
         return AssignRequest(
             assignment_id=assignment_id, model=model.name, uri=model.uri,
             served_model_name=model.resolved_served_name, max_model_len=model.max_context_tokens,
-            engine=model.engine,
+            # With vLLM's LoRA flags when it has adapters.
+            engine=self.cfg.engine_args(model),
             # The asleep tier needs the engine started with sleep mode.
             sleep_mode=model.autoscaling.asleep_ttl_s > 0,
             # Named only for a model whose engine is kept (a class its pool pre-builds).
@@ -818,6 +830,28 @@ class PoolManager:
         self._answered(d.engine_id, status)
         log.info("engine_packed", worker_id=d.worker_id, engine_id=d.engine_id, model=model.name,
                  assignment_id=d.assignment_id, memory_bytes=d.memory_bytes)
+
+    async def _adapter_call(self, d: LoadAdapter | UnloadAdapter) -> None:
+        """Load or unload an adapter; a refusal drops its intent (the status is the truth)."""
+        model = self.cfg.model(d.model)
+        url = self._control_url(d.worker_id)
+        if model is None or url is None:
+            return
+        try:
+            if isinstance(d, LoadAdapter):
+                status = await self.control.load_adapter(url, AdapterRequest(
+                    model=model.name, uri=model.uri, served_model_name=model.resolved_served_name))
+            else:
+                status = await self.control.unload_adapter(url, AdapterUnload(model=model.name))
+        except ControlError as exc:
+            f = self.facts.get(d.worker_id)
+            if f is not None:
+                self._observe(d.worker_id, f.shape,
+                              adapter_intents=tuple(i for i in f.adapter_intents if i.model != d.model))
+            log.warning("adapter_call_refused", worker_id=d.worker_id, model=d.model, status=exc.status,
+                        error=str(exc))
+            return
+        self._answered(d.worker_id, status)
 
     async def _prebuild(self, d: Prebuild) -> None:
         model = self.cfg.model(d.model)
@@ -931,9 +965,20 @@ class PoolManager:
         for m in self.cfg.models:
             ready, loading = [], 0
             for wid, v in views.items():
+                st = self.facts[wid].status
+                if m.base is not None:
+                    # An adapter: the engines of its base that hold it, under its own name.
+                    held = v.adapter(m.name) if v.model == m.base else None
+                    if held == "ready" and v.state is WorkerState.READY and st is not None and st.engine_url:
+                        ready.append(ReplicaRoute(
+                            worker_id=wid, url=st.engine_url, served_model_name=m.resolved_served_name,
+                            assignment_id=f"{v.assignment_id}/{m.name}", phases=st.phases, load=st.load,
+                            worker_started_at=st.started_at, packed=v.host is not None, adapter=True))
+                    elif held == "loading":
+                        loading += 1
+                    continue
                 if v.model != m.name:
                     continue
-                st = self.facts[wid].status
                 if v.state is WorkerState.READY and st is not None and st.engine_url:
                     ready.append(ReplicaRoute(worker_id=wid, url=st.engine_url,
                                               served_model_name=st.served_model_name or m.resolved_served_name,
@@ -1016,7 +1061,8 @@ class PoolManager:
             r = routes[m.name]
             models.append(ModelRow(
                 name=m.name, served_name=m.resolved_served_name,
-                replicas=_count(v.state for v in views.values() if v.model == m.name),
+                replicas=_count(v.adapter(m.name) for v in views.values() if v.model == m.base and v.adapter(m.name))
+                if m.base is not None else _count(v.state for v in views.values() if v.model == m.name),
                 queued=a.queued, in_flight=a.in_flight, last_request_at=a.last_request_at,
                 error=r.error, backoff_until=r.backoff_until, last_cold_start=self.cold_starts.get(m.name),
             ))
@@ -1037,6 +1083,7 @@ class PoolManager:
                 load=f.status.load if f.status else None, cached=list(v.cached),
                 prebuilt=f.status.prebuilt if f.status else None,
                 host_worker_id=v.host, memory_bytes=v.memory_bytes or None, capacity_bytes=v.capacity_bytes or None,
+                adapters=list(f.status.adapters) if f.status else [],
             ))
         return PoolStatus(now=now, controller_epoch=self.epoch, adopted=self.adopted, shapes=shapes,
                           models=models, workers=workers, worker_details=details)

@@ -101,6 +101,12 @@ class WorkerView:
     # that packs, what its engines may hold together (0: it does not pack).
     memory_bytes: int = 0
     capacity_bytes: int = 0
+    # LoRA adapters in its engine: (adapter model, loading | ready | unloading | failed).
+    adapters: tuple[tuple[str, str], ...] = ()
+
+    def adapter(self, model: str) -> str | None:
+        """The state of adapter ``model`` in this worker's engine (None: not there)."""
+        return next((st for name, st in self.adapters if name == model), None)
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,12 @@ class ModelActivity:
     @property
     def demand(self) -> int:
         return self.queued + self.in_flight
+
+    def plus(self, other: ModelActivity) -> ModelActivity:
+        """Both models' traffic as one (a base and the adapters served on its engines)."""
+        last = max(filter(None, (self.last_request_at, other.last_request_at)), default=None)
+        return ModelActivity(self.queued + other.queued, self.in_flight + other.in_flight, last,
+                             self.arrivals + other.arrivals, self.ttfts + other.ttfts)
 
 
 @dataclass(frozen=True)
@@ -257,6 +269,23 @@ class Pack:
 
 
 @dataclass(frozen=True)
+class LoadAdapter:
+    """Load adapter ``model`` into the engine of its base that ``worker_id`` serves."""
+
+    worker_id: str
+    model: str
+    reason: AssignReason = "demand"
+    tier: str = field(default="adapter", compare=False)
+
+
+@dataclass(frozen=True)
+class UnloadAdapter:
+    worker_id: str
+    model: str
+    reason: Literal["idle", "excess", "failed"]
+
+
+@dataclass(frozen=True)
 class Launch:
     shape: str
     reason: Literal["standby", "demand"]
@@ -268,7 +297,7 @@ class Terminate:
     reason: Literal["unreachable", "excess_standby", "excess_stopped"]
 
 
-Decision = Assign | Release | Sleep | Launch | Terminate | Stop | Start | Prebuild | Pack
+Decision = Assign | Release | Sleep | Launch | Terminate | Stop | Start | Prebuild | Pack | LoadAdapter | UnloadAdapter
 
 
 _SERVING = ("loading", "ready")
@@ -398,6 +427,31 @@ def _held(w: WorkerView, wanted_classes: Collection[str] = ()) -> tuple[bool, bo
             sum(c.bytes for c in w.cached if c.tier == "host"), sum(c.bytes for c in w.cached if c.tier == "disk"))
 
 
+def _adapter_decisions(name: str, hosts: list[WorkerView], replicas: list[WorkerView], want: int,
+                       act: ModelActivity, ms: ModelState, now: float, *, max_loras: int,
+                       added: dict[str, int]) -> list[Decision]:
+    """Load adapter ``name`` into engines of its base that have a slot (the fewest
+    adapters first), or unload it (loading ones first, then the newest); ``added``:
+    adapters this tick has loaded per worker already. With no engine of its base, its
+    traffic is its base's demand, which brings one up."""
+    out: list[Decision] = []
+    if len(replicas) < want and now >= ms.backoff_until:
+        def held(w: WorkerView) -> int:
+            return sum(1 for _, st in w.adapters if st != "failed") + added.get(w.id, 0)
+
+        free = sorted((w for w in hosts if w.adapter(name) is None and held(w) < max_loras),
+                      key=lambda w: (held(w), w.id))
+        reason: AssignReason = "demand" if act.demand and not replicas else "scale_up"
+        for w in free[: want - len(replicas)]:
+            added[w.id] = added.get(w.id, 0) + 1
+            out.append(LoadAdapter(w.id, name, reason))
+    elif len(replicas) > want:
+        idle = not act.demand
+        for w in sorted(replicas, key=lambda w: (w.adapter(name) != "loading", w.id))[: len(replicas) - want]:
+            out.append(UnloadAdapter(w.id, name, "idle" if idle else "excess"))
+    return out
+
+
 def launch_backoff_s(failures: int, base_s: float, max_s: float) -> float:
     """``base_s`` doubled per failure after the first, capped at ``max_s``: the pause
     after ``failures`` failures in a row (a shape's launches, a model's loads)."""
@@ -462,7 +516,17 @@ def decide(
     room = pack_room(snap.workers) if packing else {}
     shape_of = {w.id: w.shape for w in snap.workers}
 
-    # 1. Failed loads: count once, back off, reset the worker.
+    # 1. Failed loads: count once, back off, reset the worker (an adapter: unload it).
+    for w in snap.workers:
+        for name, st in w.adapters:
+            if st == "failed":
+                ms = models.get(name, ModelState())
+                key = f"{w.id}/{w.assignment_id}/{name}"
+                if key != ms.counted_assignment:
+                    failures = ms.failures + 1
+                    models[name] = evolve(ms, failures=failures, backoff_until=now + backoff_s(failures),
+                                          last_error=f"loading the adapter failed on {w.id}", counted_assignment=key)
+                decisions.append(UnloadAdapter(w.id, name, "failed"))
     for w in snap.workers:
         if w.state == "failed":
             if w.model is not None:
@@ -515,15 +579,28 @@ def decide(
     cold_class_now: dict[str, int] = {}
     # Models whose requests wait at zero take the free standbys first, the longest
     # waiting first; the others follow in config order.
+    # A base's engines serve its adapters too: it scales, and stays, for their traffic as
+    # well as its own.
+    activity = dict(snap.activity)
+    for m in cfg.models:
+        if m.base is not None and m.name in snap.activity:
+            activity[m.base] = activity.get(m.base, ModelActivity()).plus(snap.activity[m.name])
     judged = cfg.models if only is None else [m for m in cfg.models if m.name in only]
     waited = {m.name: since for m in judged
               if (prev := models.get(m.name)) is not None and (since := prev.at_zero_since) is not None}
     if waited:
         judged = sorted(judged, key=lambda m: waited.get(m.name, math.inf))  # stable: config order after
+    adapters_added: dict[str, int] = {}
     for m in judged:
-        act = snap.activity.get(m.name, ModelActivity())
-        replicas = [w for w in snap.workers if w.model == m.name and w.state in _SERVING]
-        ready = [w for w in replicas if w.state == "ready"]
+        act = activity.get(m.name, ModelActivity())
+        if m.base is None:
+            replicas = [w for w in snap.workers if w.model == m.name and w.state in _SERVING]
+            ready = [w for w in replicas if w.state == "ready"]
+        else:
+            # An adapter's replicas are the engines of its base that hold it.
+            hosts = [w for w in snap.workers if w.model == m.base and w.state == "ready"]
+            replicas = [w for w in hosts if w.adapter(m.name) in ("loading", "ready")]
+            ready = [w for w in replicas if w.adapter(m.name) == "ready"]
         ms = models.get(m.name, ModelState())
         if ready and ms.failures:
             ms = evolve(ms, failures=0, backoff_until=0.0, last_error=None)
@@ -535,7 +612,7 @@ def decide(
                                   keep_warm=keep_warm, loading=len(replicas) - len(ready))
         at_zero_since = None
         if act.demand and not replicas:
-            if ms.at_zero_since is None:
+            if ms.at_zero_since is None and m.base is None:  # an adapter's is its base's
                 cold_now[m.shape] = cold_now.get(m.shape, 0) + 1
                 cls = snap.model_classes.get(m.name, "")
                 cold_class_now[cls] = cold_class_now.get(cls, 0) + 1
@@ -544,6 +621,11 @@ def decide(
                                      at_zero_since=at_zero_since)
         want = result.target
         unmet = 0
+        if m.base is not None:
+            decisions.extend(_adapter_decisions(m.name, hosts, replicas, want, act, ms, now,
+                                                max_loras=int(cfg.engine_args(by_name[m.base]).extra["max_loras"]),
+                                                added=adapters_added))
+            continue
         if len(replicas) < want:
             if now < ms.backoff_until:
                 if ms.unmet:

@@ -25,7 +25,7 @@ INTENT_TTL_S = 15.0
 class Intent:
     """A control call the controller made and the worker may not have reflected yet."""
 
-    kind: Literal["assign", "release", "sleep", "stop", "start", "prebuild"]
+    kind: Literal["assign", "release", "sleep", "stop", "start", "prebuild", "adapter_load", "adapter_unload"]
     at: float
     model: str | None
     assignment_id: str | None
@@ -57,6 +57,23 @@ class WorkerFacts:
     restarted_at: float | None = None
     # A packed engine: the worker it runs in (it has no instance of its own).
     host: str | None = None
+    # Adapter loads and unloads asked of it (``model`` names the adapter), each shown
+    # until its status reflects it or INTENT_TTL_S passes; several may be under way.
+    adapter_intents: tuple[Intent, ...] = ()
+
+
+def adapter_states(status: WorkerStatus | None, intents: tuple[Intent, ...], now: float) -> tuple[tuple[str, str], ...]:
+    """The adapters a worker's engine holds, with those asked for and not yet reflected
+    (a load shows as loading, an unload as unloading), so no decision repeats them."""
+    states = {a.model: a.state for a in status.adapters} if status is not None else {}
+    for i in intents:
+        if now - i.at >= INTENT_TTL_S or i.model is None:
+            continue
+        if i.kind == "adapter_load" and i.model not in states:
+            states[i.model] = "loading"
+        elif i.kind == "adapter_unload" and states.get(i.model) in ("loading", "ready"):
+            states[i.model] = "unloading"
+    return tuple(sorted(states.items()))
 
 
 def reflects(status: WorkerStatus, intent: Intent) -> bool:
@@ -103,7 +120,8 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
             memory = (st.memory_bytes or 0) if st is not None and st.assignment_id is not None else 0
         return WorkerView(f.worker_id, f.shape, state, model, assignment_id, error, since, cached, rates, served,
                           *prebuilt, host=f.host, memory_bytes=memory,
-                          capacity_bytes=(st.capacity_bytes or 0) if st is not None else 0)
+                          capacity_bytes=(st.capacity_bytes or 0) if st is not None else 0,
+                          adapters=adapter_states(st, f.adapter_intents, now) if state is WorkerState.READY else ())
 
     fresh = i is not None and now - i.at < INTENT_TTL_S
     if f.host is not None and (st is None or f.heard_at is None):

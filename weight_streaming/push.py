@@ -89,8 +89,9 @@ def validate_model_dir(model_dir: Path) -> list[Path]:
             read_header_from_file(str(p), source=str(p.relative_to(model_dir)))
         except MalformedSafetensors as exc:
             raise InvalidModelDir(f"refusing to push: {exc}") from None
-    if not (model_dir / "config.json").exists():
-        raise InvalidModelDir(f"{model_dir} has no config.json; the engine needs it to build the model")
+    if not (model_dir / "config.json").exists() and not (model_dir / "adapter_config.json").exists():
+        raise InvalidModelDir(f"{model_dir} has no config.json (a model: the engine needs it to build the "
+                              "model) nor adapter_config.json (a LoRA adapter)")
     return files
 
 

@@ -51,7 +51,9 @@ from thaw.wire import (
     SleepRequest,
     WorkerStatus,
 )
+from weight_streaming.fetch import fetch_model_files
 from weight_streaming.push import read_manifest
+from worker.adapters import AdapterFetch, Adapters
 from worker.caches import WeightCaches
 from worker.drain import drain
 from worker.engine_client import EngineClient, EngineError, HttpEngineClient
@@ -116,6 +118,7 @@ class Agent:
         config_reader: ConfigReader = read_store_config,
         snapshots: SnapshotOps | None = None,
         clock: Callable[[], float] = time.time,
+        adapter_fetch: AdapterFetch = fetch_model_files,
     ) -> None:
         self.settings = settings
         self.metrics = WorkerMetrics()
@@ -154,6 +157,8 @@ class Agent:
         self.packed_engines: Callable[[], list[str]] = list
         # A packed engine: called once its release is done (it then goes away).
         self.on_released: Callable[[], None] | None = None
+        # LoRA adapters in the engine it serves (worker.adapters).
+        self.adapters = Adapters(self, clock=clock, fetch=adapter_fetch)
 
     # -- facts and the derived state ----------------------------------------------
 
@@ -164,6 +169,20 @@ class Agent:
     @property
     def facts(self) -> Facts:
         return self._facts
+
+    @property
+    def engine(self) -> EngineClient | None:
+        """The client of the engine the current assignment runs (None: none)."""
+        return self._engine
+
+    @property
+    def launched(self) -> AssignRequest | None:
+        """The assignment behind the engine now running."""
+        return self._launched
+
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        """Run ``coro`` as one of the agent's tasks (cancelled when it stops)."""
+        return self._tasks.spawn(coro, name=name)
 
     def record(self, **changes: Any) -> None:
         """The one place facts change; logs and exports a state change."""
@@ -216,6 +235,7 @@ class Agent:
             capacity_bytes=s.capacity_bytes or None,
             host_worker_id=s.host_worker_id,
             engines=self.packed_engines(),
+            adapters=self.adapters.views(),
         )
 
     # -- lifecycle ----------------------------------------------------------------
@@ -622,7 +642,7 @@ class Agent:
             task.cancel()
         # Its engine (kept or not) is never served or swapped into again: it goes with
         # its engine host, and from now on is no longer offered.
-        self.record(failure=reason, in_flight=None, prebuilt=None)
+        self.record(failure=reason, in_flight=None, prebuilt=None, adapters=())
         self._tasks.spawn(self._close_engine(), name="close_engine")
         host = self._supervisor.host
         if host is not None and host.launched:
@@ -808,7 +828,7 @@ class Agent:
         self._launched = None
         self.record(assignment=None, snapshot_restored_at=None, snapshot=None, launched_at=None,
                      weights_loaded_at=None, engine_ready_at=None, release_requested_at=None, failure=None,
-                     in_flight=None, sleep_requested_at=None, woken_at=None, load=None)
+                     in_flight=None, sleep_requested_at=None, woken_at=None, load=None, adapters=())
 
 
 def _prebuilt_view(p: Prebuilt | None) -> PrebuiltView | None:

@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from thaw.auth import ClusterAuth, document_cluster_auth
 from thaw.http_api import refuse_in_api_shape
 from thaw.wire import (
+    AdapterRequest,
+    AdapterUnload,
     AssignRequest,
     ErrorReply,
     PrebuildRequest,
@@ -26,6 +28,7 @@ from thaw.wire import (
     SleepRequest,
     WorkerStatus,
 )
+from worker.adapters import AdapterConflict
 from worker.agent import Agent, Conflict, Refused
 from worker.engines import PackedEngines
 from worker.heartbeat import Heartbeat
@@ -94,6 +97,25 @@ async def release(request: Request, body: ReleaseRequest | None = None) -> JSONR
 async def sleep(request: Request, body: SleepRequest | None = None) -> JSONResponse:
     agent = _agent(request)
     started = await agent.sleep(body or SleepRequest())
+    return JSONResponse(agent.view().model_dump(mode="json"), status_code=202 if started else 200)
+
+
+@router.post("/adapters", response_model=WorkerStatus, responses={
+    **CONFLICT, 403: {"model": ErrorReply, "description": "Never here (e.g. a URI outside the allowed prefixes)"},
+    202: {"model": WorkerStatus, "description": "Loading the adapter"}})
+async def load_adapter(body: AdapterRequest, request: Request) -> JSONResponse:
+    """Load a LoRA adapter into the engine this worker serves (its base's)."""
+    agent = _agent(request)
+    agent.check_uri(body.uri, body.model)
+    started = agent.adapters.load(body)
+    return JSONResponse(agent.view().model_dump(mode="json"), status_code=202 if started else 200)
+
+
+@router.post("/adapters/unload", response_model=WorkerStatus, responses={
+    202: {"model": WorkerStatus, "description": "Unloading: draining its requests first"}})
+async def unload_adapter(body: AdapterUnload, request: Request) -> JSONResponse:
+    agent = _agent(request)
+    started = agent.adapters.unload(body.model)
     return JSONResponse(agent.view().model_dump(mode="json"), status_code=202 if started else 200)
 
 
@@ -171,6 +193,10 @@ def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | Non
 
     @app.exception_handler(Conflict)
     async def conflict(_: Request, exc: Conflict) -> JSONResponse:
+        return JSONResponse({"error": str(exc), "state": exc.state.value}, status_code=409)
+
+    @app.exception_handler(AdapterConflict)
+    async def adapter_conflict(_: Request, exc: AdapterConflict) -> JSONResponse:
         return JSONResponse({"error": str(exc), "state": exc.state.value}, status_code=409)
 
     @app.exception_handler(NoSuchEngine)

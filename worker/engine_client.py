@@ -20,6 +20,9 @@ class EngineClient(Protocol):
     async def in_flight(self) -> int | None: ...
     async def sleep(self, level: int) -> None: ...
     async def wake_up(self) -> None: ...
+    async def load_lora(self, name: str, path: str) -> None: ...
+    async def unload_lora(self, name: str) -> None: ...
+    async def lora_busy(self) -> set[str] | None: ...
     async def aclose(self) -> None: ...
 
 
@@ -61,6 +64,31 @@ class HttpEngineClient:
         if body.get("status") not in (None, "awake"):
             raise EngineError(f"engine did not fully wake up: {body}")
 
+    async def load_lora(self, name: str, path: str) -> None:
+        """vLLM's ``POST /v1/load_lora_adapter`` (an engine started with ``--enable-lora``
+        and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``): requests may name ``name`` from now on."""
+        await self._post_json("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, what="LoRA load")
+
+    async def unload_lora(self, name: str) -> None:
+        await self._post_json("/v1/unload_lora_adapter", {"lora_name": name}, what="LoRA unload")
+
+    async def lora_busy(self) -> set[str] | None:
+        """The adapters with requests running or waiting (vLLM's ``lora_requests_info``);
+        None when unknown."""
+        try:
+            r = await self._http.get("/metrics")
+        except httpx.HTTPError:
+            return None
+        return parse_lora_busy(r.text) if r.status_code == 200 else None
+
+    async def _post_json(self, path: str, body: dict[str, str], what: str) -> None:
+        try:
+            r = await self._http.post(path, json=body, timeout=120.0)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"engine {what} failed: {exc}") from None
+        if r.status_code != 200:
+            raise EngineError(f"engine {what} answered {r.status_code}: {r.text[:500]}")
+
     async def _post(self, path: str, params: dict[str, str], what: str) -> dict[str, object]:
         try:
             # Moving a large model's weights takes a while: no short timeout here.
@@ -92,3 +120,23 @@ def parse_in_flight(text: str) -> int | None:
                 total += sample.value
                 found = True
     return round(total) if found else None
+
+
+LORA_INFO = "vllm:lora_requests_info"
+
+
+def parse_lora_busy(text: str) -> set[str] | None:
+    """The adapters named in the running or waiting lists of vLLM's ``lora_requests_info``
+    gauge: its newest sample (the value is when it was written); None when absent."""
+    newest: tuple[float, dict[str, str]] | None = None
+    for family in text_string_to_metric_families(text):
+        if family.name != LORA_INFO:
+            continue
+        for sample in family.samples:
+            if newest is None or sample.value > newest[0]:
+                newest = (sample.value, sample.labels)
+    if newest is None:
+        return None
+    labels = newest[1]
+    names = ",".join((labels.get("running_lora_adapters", ""), labels.get("waiting_lora_adapters", "")))
+    return {n for n in names.split(",") if n}

@@ -168,6 +168,9 @@ def engine_env(
     if sleep_mode:
         # vLLM serves /sleep and /wake_up only in its dev mode.
         env["VLLM_SERVER_DEV_MODE"] = "1"
+    if engine.extra.get("enable_lora"):
+        # vLLM serves /v1/load_lora_adapter and /v1/unload_lora_adapter only with this.
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     return env
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from thaw.wire import LoadView, WorkerState
 
-__all__ = ["Assignment", "Facts", "Prebuilt", "SnapshotFacts", "WorkerState", "derive_state", "load_view"]
+__all__ = ["AdapterFacts", "Assignment", "Facts", "Prebuilt", "SnapshotFacts", "WorkerState", "derive_state", "load_view"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,19 @@ class Prebuilt:
 
 
 @dataclass(frozen=True)
+class AdapterFacts:
+    """A LoRA adapter in the engine of the current assignment (``worker.adapters``)."""
+
+    model: str
+    uri: str
+    served_model_name: str
+    # loading | ready | unloading | failed (thaw.wire.AdapterView)
+    state: str
+    since: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Facts:
     """Independent observations; each is set in one place by the agent."""
 
@@ -98,6 +111,8 @@ class Facts:
     # The engine this worker keeps across assignments (tied to the engine host: gone
     # with it).
     prebuilt: Prebuilt | None = None
+    # LoRA adapters in the current assignment's engine (gone with the assignment).
+    adapters: tuple[AdapterFacts, ...] = ()
 
 
 def derive_state(f: Facts) -> WorkerState:

@@ -145,3 +145,43 @@ def test_a_pool_packs_or_prebuilds_not_both_yet() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(data)
     assert any("pack and prebuild together are not supported yet" in p for p in info.value.problems)
+
+
+def _with_adapter(**adapter: Any) -> dict[str, Any]:
+    data = example()
+    data["models"].append({"name": "a1", "base": "demo", "adapter_uri": "s3://thaw/adapters/a1", **adapter})
+    return data
+
+
+def test_an_adapter_takes_its_bases_shape_context_and_engine_and_the_base_gets_lora() -> None:
+    cfg = parse_config(_with_adapter())
+    a, demo = cfg.model("a1"), cfg.model("demo")
+    assert a is not None and demo is not None and a.is_adapter
+    assert (a.uri, a.shape, a.max_context_tokens, a.engine) == (
+        "s3://thaw/adapters/a1", demo.shape, demo.max_context_tokens, demo.engine)
+    assert cfg.engine_model(a) is demo and cfg.adapters_of("demo") == [a]
+    assert cfg.engine_args(demo).extra == {**demo.engine.extra, "enable_lora": True, "max_loras": 4,
+                                           "max_lora_rank": 16}
+    assert cfg.engine_args(a) == demo.engine  # an adapter has no engine of its own
+
+
+@pytest.mark.parametrize(("change", "text"), [
+    ({"base": "nope"}, "base 'nope' is not a model of the config"),
+    ({"adapter_uri": None}, "an adapter needs adapter_uri"),
+    ({"uri": "s3://thaw/elsewhere"}, "an adapter needs adapter_uri (its files), and no uri of its own"),
+    ({"max_context_tokens": 99}, "an adapter's max_context_tokens is its base's"),
+    ({"lora": {"max_loras": 2}}, "an adapter has no lora settings"),
+    ({"adapter_uri": "s3://other-bucket/a1"}, "uri"),
+])
+def test_a_bad_adapter_names_the_problem(change: dict[str, Any], text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(_with_adapter(**change))
+    assert any(text in p for p in info.value.problems), info.value.problems
+
+
+def test_an_adapter_of_an_adapter_is_refused() -> None:
+    data = _with_adapter()
+    data["models"].append({"name": "a2", "base": "a1", "adapter_uri": "s3://thaw/adapters/a2"})
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert any("base 'a1' is an adapter itself" in p for p in info.value.problems)

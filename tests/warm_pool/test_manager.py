@@ -15,6 +15,9 @@ from tests.warm_pool.fleet import EXAMPLE
 from thaw.config import ThawConfig, parse_config
 from thaw.engine_class import engine_class_of
 from thaw.wire import (
+    AdapterRequest,
+    AdapterUnload,
+    AdapterView,
     AssignRequest,
     Phases,
     PrebuildRequest,
@@ -101,6 +104,16 @@ class FakeControl:
         self.calls.append(("prebuild", control_url, req))
         return self._status(control_url, S.STANDBY, prebuilt=PrebuiltView(
             engine_class=req.engine_class, model=req.model, state="building"))
+
+    async def load_adapter(self, control_url: str, req: AdapterRequest) -> WorkerStatus:
+        self.calls.append(("load_adapter", control_url, req))
+        return self._status(control_url, S.READY, model="demo", assignment_id="demo-1", engine_url="http://e:1",
+                            adapters=[AdapterView(model=req.model, served_model_name=req.served_model_name,
+                                                  state="loading", since=self.clock())])
+
+    async def unload_adapter(self, control_url: str, req: AdapterUnload) -> WorkerStatus:
+        self.calls.append(("unload_adapter", control_url, req))
+        return self._status(control_url, S.READY, model="demo", assignment_id="demo-1", engine_url="http://e:1")
 
     async def pack(self, control_url: str, req: AssignRequest) -> WorkerStatus:
         self.calls.append(("pack", control_url, req))
@@ -440,3 +453,37 @@ async def test_a_packed_engine_of_an_unknown_worker_is_refused_and_a_refused_pac
     assert [e for e in m.events if e.kind == "pack" and e.outcome == "failed"]
     # The model waits for a launch instead.
     assert provider.launches
+
+
+async def test_an_adapter_is_loaded_into_a_serving_base_and_routed_under_its_own_name() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    data = config(standby=0).model_dump(mode="json")
+    data["models"].append({"name": "a1", "served_name": "a1-chat", "base": "demo",
+                           "adapter_uri": "s3://thaw/adapters/a1"})
+    cfg = parse_config(data)
+    provider.running["w-1"] = Instance("i-w-1", "w-1", "gpu", clock() - 60, InstanceState.RUNNING)
+    m = await manager(cfg, provider, control, clock)
+    beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://e:1",
+         phases=Phases(engine_ready=clock()))
+    clock.t += m.adopt_grace_s
+    m.report("act-1", {"a1": ModelActivity(queued=1, last_request_at=clock())})
+    await step(m)
+    [(_, url, req)] = [c for c in control.calls if c[0] == "load_adapter"]
+    assert (url, req.model, req.uri, req.served_model_name) == ("http://w-1", "a1", "s3://thaw/adapters/a1", "a1-chat")
+    routes = m.route_table(clock())
+    assert routes["a1"].loading == 1 and not routes["a1"].replicas
+    await step(m)  # shown loading: not asked again
+    assert len([c for c in control.calls if c[0] == "load_adapter"]) == 1
+    beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://e:1",
+         phases=Phases(engine_ready=clock()),
+         adapters=[AdapterView(model="a1", served_model_name="a1-chat", state="ready", since=clock())])
+    [r] = m.route_table(clock())["a1"].replicas
+    assert (r.worker_id, r.url, r.served_model_name, r.adapter) == ("w-1", "http://e:1", "a1-chat", True)
+    [b] = m.route_table(clock())["demo"].replicas
+    assert b.served_model_name == "thaw-demo" and not b.adapter
+    row = next(x for x in m.status().models if x.name == "a1")
+    assert row.replicas == {"ready": 1}
+    # The base's engine starts with LoRA: an assignment of demo carries the flags.
+    req2 = m._assign_request(cfg.models[0], "demo-2")
+    assert req2.engine.extra["enable_lora"] is True and req2.engine.extra["max_loras"] == 4

@@ -56,6 +56,13 @@ class World:
     sleep_error: str | None = None
     wake_error: str | None = None
 
+    # LoRA adapters the engine holds (served name -> path), calls seen, and the adapters
+    # vLLM reports busy (running or waiting), taken in order; the last one repeats.
+    loras: dict[str, str] = field(default_factory=dict)
+    lora_calls: list[tuple[str, str]] = field(default_factory=list)
+    lora_busy: list[set[str]] = field(default_factory=lambda: [set()])
+    lora_error: str | None = None
+
     def next_in_flight(self) -> int | None:
         return self.in_flight.pop(0) if len(self.in_flight) > 1 else self.in_flight[0]
 
@@ -145,6 +152,20 @@ class FakeEngine:
         if self.world.wake_error:
             raise EngineError(self.world.wake_error)
         self.world.asleep = False
+
+    async def load_lora(self, name: str, path: str) -> None:
+        self.world.lora_calls.append(("load", name))
+        if self.world.lora_error:
+            raise EngineError(self.world.lora_error)
+        self.world.loras[name] = path
+
+    async def unload_lora(self, name: str) -> None:
+        self.world.lora_calls.append(("unload", name))
+        self.world.loras.pop(name, None)
+
+    async def lora_busy(self) -> set[str] | None:
+        busy = self.world.lora_busy
+        return busy.pop(0) if len(busy) > 1 else busy[0]
 
     async def aclose(self) -> None:
         pass

@@ -207,6 +207,21 @@ def cmd_demo_model(args: argparse.Namespace) -> int:
     from thaw.demo_model import build_demo_model, describe
 
     setup_logging("cli", args.log_level or "warning")
+    if args.adapter_of is not None:
+        from thaw.demo_adapter import DEFAULT_RANK, build_demo_adapter
+
+        try:
+            adapter = build_demo_adapter(Path(args.out_dir), Path(args.adapter_of), rank=args.rank or DEFAULT_RANK,
+                                         seed=1 if args.seed is None else args.seed, overwrite=args.overwrite)
+        except (ValueError, FileExistsError, FileNotFoundError, KeyError) as exc:
+            raise CliError(f"cannot build an adapter of {args.adapter_of}: {exc}", EXIT_INVALID) from None
+        print(f"LoRA adapter of {adapter.base} (rank {adapter.rank}, seed {adapter.seed}) in {adapter.path}:")
+        for f in adapter.files:
+            print(f"  {f.name:28} {f.size_bytes:>10} bytes  sha256 {(f.sha256 or '')[:16]}...")
+        return 0
+    if args.rank is not None:
+        raise CliError("--rank is for an adapter (--adapter-of BASE_DIR)", EXIT_INVALID)
+    args.seed = 0 if args.seed is None else args.seed
     try:
         info = build_demo_model(Path(args.out_dir), size=args.size, seed=args.seed, overwrite=args.overwrite)
     except (ValueError, FileExistsError) as exc:
@@ -282,7 +297,7 @@ def cmd_models_ls(args: argparse.Namespace) -> int:
         config = read_model_config(client, m.uri) if man and configured.get(m.uri) else None
         for cm in configured.get(m.uri, []) if config else []:
             try:
-                classes[cm.name] = engine_class_of(config or {}, cm.engine,
+                classes[cm.name] = engine_class_of(config or {}, cfg.engine_args(cm),
                                                    max_model_len=cm.max_context_tokens).id
             except ValueError as exc:
                 classes[cm.name] = f"none ({exc})"
@@ -705,7 +720,10 @@ def build_parser() -> argparse.ArgumentParser:
             cmd_demo_model)
     p.add_argument("out_dir", metavar="OUT_DIR")
     p.add_argument("--size", default="tiny", help="'tiny' (default) or a target size such as 1GiB")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="default 0 (a model), 1 (an adapter)")
+    p.add_argument("--adapter-of", metavar="BASE_DIR", default=None,
+                   help="build a LoRA adapter (PEFT layout) of the demo model in BASE_DIR instead")
+    p.add_argument("--rank", type=int, default=None, help="the adapter's LoRA rank (default 8)")
     p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier build in OUT_DIR")
 
     from thaw.cli import plan as plan_cli
