@@ -32,3 +32,18 @@ def test_packed_engines_are_listed_under_their_worker_with_their_memory() -> Non
     assert "memory: 5.0 GiB of 12.0 GiB held by 2 engine(s) (its own 3.0 GiB)" in lines[at["w-1"] + 1]
     assert lines[at["w-1.tuned-1"]].strip().startswith("+ w-1.tuned-1")
     assert lines[at["w-1.tuned-1"]].endswith("2.0 GiB")
+
+
+def test_adapters_are_listed_with_their_state_and_a_failure_with_its_reason() -> None:
+    state = {
+        "now": 100.0, "controller_epoch": "e1", "adopted": True, "shapes": [], "models": [],
+        "workers": [{"id": "w-1", "instance_id": "i-1", "control_url": "http://w-1", "state": "ready",
+                     "model": "demo", "age_s": 50}],
+        "worker_details": [{"id": "w-1", "shape": "cpu", "adapters": [
+            {"model": "a1", "served_model_name": "a1", "state": "ready", "since": 90.0},
+            {"model": "a2", "served_model_name": "a2", "state": "failed", "since": 95.0,
+             "error": "FetchError: no thaw-manifest.json"}]}],
+    }
+    text = render_pool(state)
+    assert "adapters: a1 (ready), a2 (failed)" in text
+    assert "a2 failed: FetchError: no thaw-manifest.json" in text

@@ -79,6 +79,10 @@ def _worker_lines(w: dict[str, Any], d: dict[str, Any], indent: str) -> list[str
         how = f"swapped into its engine, weights from {load['tier']}" if load.get("swap") else \
             f"loaded from {load['tier']}"
         out.append(f"{pad}  {how}{secs}")
+    if d.get("adapters"):
+        held = ", ".join(f"{a['model']} ({a['state']})" for a in d["adapters"])
+        out.append(f"{pad}  adapters: {held}")
+        out.extend(f"{pad}    {a['model']} failed: {a['error']}" for a in d["adapters"] if a.get("error"))
     if d.get("prebuilt"):
         p = d["prebuilt"]
         out.append(f"{pad}  engine kept: class {p['engine_class']} ({p['state']}), weights of {p['model']}")
