@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.costs import CostModel, cost_model, read_overrides
-from simulator.sim import SimResult, Simulator, engine_classes
+from simulator.sim import SimResult, Simulator, engine_classes, engine_sizes
 from simulator.traces import Trace
 from thaw.config import NAME_PATTERN, ThawConfig
 
@@ -89,6 +89,8 @@ def write(out_dir: Path, result: SimResult, inputs: Inputs, wall_s: float, meta:
         "costs": inputs.costs.to_json(),
         # The classes the run assumed (simulator.sim.engine_classes; empty: no pool pre-builds).
         "engine_classes": engine_classes(inputs.cfg, inputs.costs),
+        # The memory each engine of a packing pool's models holds (simulator.sim.engine_sizes).
+        "engine_bytes": engine_sizes(inputs.cfg, inputs.costs),
     }
     (out_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     with (out_dir / "cold_starts.jsonl").open("w") as f:

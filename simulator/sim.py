@@ -21,7 +21,16 @@ What is simulated, and what runs for real:
   ``swap_s``), to one still building waits for the build first, to one holding another
   class's engine stops it first (``release_s`` of the model it was built for) and then
   starts in full; a ready replica released goes back to standby keeping its engine (an
-  asleep or loading one does not, as on the real worker).
+  asleep or loading one does not, as on the real worker);
+- several engines on one worker (where a pool has ``pack``): a ``Pack`` starts an engine
+  of the model on a live worker as a replica of its own (tier "packed"): a full start of
+  the model without a boot (its load time, the weights read from the worker's disk cache,
+  which its engines share, else the store). The worker reports its capacity
+  (``thaw.fit.engine_capacity``) and each engine the memory it holds
+  (``thaw.fit.engine_memory`` of the cost model's weights: ``engine_sizes``), from which
+  the policy finds the room. A packed engine is no instance: its time is its worker's,
+  whose cost its engines share; released, it is gone. The policy never stops a worker
+  hosting one.
 
 The controller ticks every ``tick_s``. In ``exact`` mode it judges every model and pool
 on every tick, like the controller. By default it judges a model only on the ticks
@@ -43,6 +52,7 @@ from simulator.costs import CostModel, ModelCosts
 from simulator.traces import Trace
 from thaw.config import Model, ThawConfig
 from thaw.engine_class import engine_class_of
+from thaw.fit import engine_capacity, engine_memory
 from thaw.wire import CachedWeights, WorkerState
 from warm_pool.keepalive import keep_alive_decision, keep_alive_window
 from warm_pool.policy import (
@@ -52,6 +62,7 @@ from warm_pool.policy import (
     Launch,
     ModelActivity,
     ModelState,
+    Pack,
     PolicyState,
     Prebuild,
     Release,
@@ -73,6 +84,12 @@ MAX_TTFTS = 256
 _SERVING = frozenset(("loading", "ready"))
 GIB = 1 << 30
 _STANDBY_LIKE = frozenset(("launching", "starting", "standby", "draining"))
+
+# Where a cold start's replica got its model, about the fastest start first: a wake, a
+# swap into a pre-built engine, a standby's memory or disk copy, the store, a packed
+# engine beside another model's (a full start, from the worker's disk cache or the
+# store), an instance launched for it.
+TIERS = ("asleep", "swap", "host", "disk", "s3", "packed", "launch")
 
 # Event kinds, in the order events at the same instant are handled.
 _WORKER, _DONE, _TIMEOUT = 0, 1, 2
@@ -105,13 +122,31 @@ def engine_classes(cfg: ThawConfig, costs: CostModel) -> dict[str, str]:
             for m in cfg.models}
 
 
+def engine_sizes(cfg: ThawConfig, costs: CostModel) -> dict[str, int]:
+    """The memory one engine of each model of a pool that packs holds on its shape, as
+    the controller's snapshot gives it (``Snapshot.engine_bytes``):
+    ``thaw.fit.engine_memory`` of the cost model's weights. Empty when no pool packs."""
+    packing = {p.shape for p in cfg.pools if p.pack}
+    shapes = {s.name: s for s in cfg.shapes}
+    return {m.name: engine_memory(int(costs.models[m.name].weights_gib * GIB), m.engine, shapes[m.shape])
+            for m in cfg.models if m.shape in packing}
+
+
 class _Worker:
     __slots__ = ("id", "shape", "price", "state", "model", "aid", "since", "entered", "inflight",
                  "epoch", "tier", "view", "releasing", "host", "disk", "cached", "engine", "engine_of",
-                 "built", "built_at", "park")
+                 "built", "built_at", "park", "inside", "packed", "mem", "cap")
 
-    def __init__(self, wid: str, shape: str, price: float, state: str, now: float) -> None:
+    def __init__(self, wid: str, shape: str, price: float, state: str, now: float, *, cap: int = 0,
+                 inside: _Worker | None = None) -> None:
         self.id, self.shape, self.price, self.state = wid, shape, price, state
+        # Packing: the worker a packed engine runs in (None: an instance), the packed
+        # engines an instance runs, the memory its engine holds while assigned, and what
+        # its engines may hold together (0: it does not pack).
+        self.inside = inside
+        self.packed: list[_Worker] = []
+        self.mem = 0
+        self.cap = cap
         self.model: _Model | None = None
         self.aid: str | None = None
         self.since: float | None = None
@@ -139,7 +174,9 @@ class _Worker:
     def _view(self) -> WorkerView:
         return WorkerView(self.id, self.shape, WorkerState(self.state),
                           self.model.name if self.model else None, self.aid, None, self.since, self.cached,
-                          prebuilt_class=self.engine, prebuilt_ready=self.built)
+                          prebuilt_class=self.engine, prebuilt_ready=self.built,
+                          host=self.inside.id if self.inside is not None else None,
+                          memory_bytes=self.mem if self.aid is not None else 0, capacity_bytes=self.cap)
 
     def keep_engine(self, cls: str | None, of: _Model | None = None, *, built: bool = True,
                     built_at: float = 0.0) -> None:
@@ -147,10 +184,13 @@ class _Worker:
         self.engine, self.engine_of = cls, of
         self.built, self.built_at = cls is not None and built, built_at
 
-    def hold(self, m: _Model, host_gib: float, disk_gib: float) -> None:
-        """The worker loaded ``m``: its tiers keep a copy, least recently loaded evicted."""
+    def hold(self, m: _Model, host_gib: float | None, disk_gib: float) -> None:
+        """The worker loaded ``m``: its tiers keep a copy, least recently loaded evicted.
+        ``host_gib`` None: the load did not go through its host-memory tier (a packed
+        engine's: that tier is the worker's own engine's; the disk cache is shared)."""
         gib = m.costs.weights_gib
-        for held, budget in ((self.host, host_gib), (self.disk, disk_gib)):
+        tiers = ((self.disk, disk_gib),) if host_gib is None else ((self.host, host_gib), (self.disk, disk_gib))
+        for held, budget in tiers:
             held.pop(m.name, None)
             if gib > budget:
                 continue
@@ -223,7 +263,7 @@ class ColdStart:
     model: str
     at: float
     ready_after_s: float
-    tier: str  # asleep | swap | host | disk | s3 | launch
+    tier: str  # asleep | swap | host | disk | s3 | packed | launch
 
 
 @dataclass
@@ -234,6 +274,11 @@ class SimResult:
     ticks: int
     judged: int  # models judged by decide(), summed over ticks
     end_s: float
+
+
+def tier_order(tier: str) -> tuple[int, str]:
+    """Sort key: the tiers in the order of :data:`TIERS` (unknown ones last)."""
+    return (TIERS.index(tier) if tier in TIERS else len(TIERS), tier)
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -257,6 +302,7 @@ class Simulator:
         self.cfg, self.trace, self.tick_s, self.exact = cfg, trace, tick_s, exact
         self.record = record_decisions
         self.classes = engine_classes(cfg, costs)
+        self.engine_bytes = engine_sizes(cfg, costs)
         # Only models of a class their pool pre-builds keep their engine (as on the controller).
         kept = kept_classes(cfg, self.classes)
         self.models = [_Model(i, m, costs.models[m.name], m.autoscaling.ttft_slo_s or ttft_slo_s,
@@ -269,6 +315,7 @@ class Simulator:
         self.trace_models = [self.by_name[name] for name in trace.models]
         self.shapes = {s.name: s for s in cfg.shapes}
         self.pools = {p.shape: p for p in cfg.pools}
+        self.capacity = {p.shape: engine_capacity(self.shapes[p.shape]) for p in cfg.pools if p.pack}
         self.workers: dict[str, _Worker] = {}
         self.launched = 0
         # The policy's state: what decide() returned, and the models' states the
@@ -301,6 +348,7 @@ class Simulator:
         self.judged = 0
         self.standby_s: dict[str, float] = {}
         self.standby_usd: dict[str, float] = {}
+        self.instance_s = 0.0
         n = len(trace)
         self.req_state = bytearray(n)
         self.req_cold = bytearray(n)
@@ -319,27 +367,38 @@ class Simulator:
 
     def _new_worker(self, shape: str, state: str) -> _Worker:
         self.launched += 1
-        w = _Worker(f"{shape}-{self.launched:06d}", shape, self.shapes[shape].price_per_hour_usd, state, self.now)
+        w = _Worker(f"{shape}-{self.launched:06d}", shape, self.shapes[shape].price_per_hour_usd, state, self.now,
+                    cap=self.capacity.get(shape, 0))
         self.workers[w.id] = w
         self.views_dirty = self.pools_dirty = True
         self.shapes_changed.add(shape)
         return w
 
     def _account(self, w: _Worker, t: float) -> None:
+        """Count an instance's time since its last change (call it before any change of
+        it or of its packed engines). Each engine on it serving or asleep counts the time
+        for its model and pays an equal share of the instance; an instance with none
+        that boots, stands by or drains counts it as standby."""
+        if w.inside is not None:
+            w = w.inside  # a packed engine is no instance: its time is its worker's
         dt = t - w.entered
         w.entered = t
         if dt <= 0:
             return
         usd = dt * w.price / 3600.0
-        if w.state in _SERVING and w.model is not None:
-            w.model.stats.replica_s += dt
-            w.model.stats.usd += usd
-        elif w.state == "asleep" and w.model is not None:
-            w.model.stats.asleep_s += dt
-            w.model.stats.usd += usd
-        elif w.state in _STANDBY_LIKE:
+        live = [e for e in (w, *w.packed) if e.model is not None and (e.state in _SERVING or e.state == "asleep")]
+        for e in live:
+            st = e.model.stats  # type: ignore[union-attr]
+            if e.state == "asleep":
+                st.asleep_s += dt
+            else:
+                st.replica_s += dt
+            st.usd += usd / len(live)
+        if not live and w.state in _STANDBY_LIKE:
             self.standby_s[w.shape] = self.standby_s.get(w.shape, 0.0) + dt
             self.standby_usd[w.shape] = self.standby_usd.get(w.shape, 0.0) + usd
+        if live or w.state in _STANDBY_LIKE:
+            self.instance_s += dt
 
     def _set(self, w: _Worker, state: str, t: float, *, model: _Model | None | bool = False,
              aid: str | None | bool = False, since: float | None | bool = False) -> None:
@@ -484,7 +543,11 @@ class Simulator:
                 w.keep_engine(m.cls, m)
             self._set(w, "ready", t)
             shape = self.shapes[w.shape]
-            w.hold(m, shape.host_cache_gib, shape.cache.max_gib if shape.cache else 0.0)
+            disk_gib = shape.cache.max_gib if shape.cache else 0.0
+            if w.inside is not None:
+                w.inside.hold(m, None, disk_gib)
+            else:
+                w.hold(m, shape.host_cache_gib, disk_gib)
             m.ready.append(w)
             if m.cold_open:
                 m.cold_open = False
@@ -497,6 +560,13 @@ class Simulator:
             self._set(w, "standby", t)
         elif s == "draining":
             w.releasing = False
+            if w.inside is not None:
+                # A packed engine lives for one assignment: released, it is gone (its room
+                # is free: the shape changed, so models waiting for room are judged again).
+                del self.workers[w.id]
+                self._set(w, "stopped", t, model=None, aid=None, since=None)
+                w.inside.packed.remove(w)
+                return
             if not w.park:
                 w.keep_engine(None)
             w.park = False
@@ -652,7 +722,7 @@ class Simulator:
             self.views = tuple(w.view for w in self.workers.values())
             self.views_dirty = False
         activity = {m.name: self._activity(m) for m in judge}
-        snap = Snapshot(self.views, activity, model_classes=self.classes)
+        snap = Snapshot(self.views, activity, model_classes=self.classes, engine_bytes=self.engine_bytes)
         only = None if self.exact else {m.name for m in judge}
         pools = True if self.exact else self.pools_dirty
         self.pools_dirty = False
@@ -693,8 +763,11 @@ class Simulator:
             load_s = self._start(w, target, t)
             if target.cold_open and target.cold_tier is None:
                 target.cold_tier = w.tier
+            w.mem = self.engine_bytes.get(target.name, 0)
             self._set(w, "loading", t, model=target, aid=d.assignment_id, since=t)
             self._after(w, load_s)
+        elif isinstance(d, Pack):
+            self._pack(d, t)
         elif isinstance(d, Release):
             w = self.workers[d.worker_id]
             m = w.model
@@ -726,10 +799,12 @@ class Simulator:
             self._after(w, self.shapes[w.shape].boot_s)
         elif isinstance(d, Stop):
             w = self.workers[d.worker_id]
+            assert not w.packed, "the policy never stops a worker hosting packed engines"
             w.keep_engine(None)  # a stopped instance keeps no engine
             self._set(w, "stopped", t)
         elif isinstance(d, Terminate):
             w = self.workers.pop(d.worker_id)
+            assert not w.packed, "the policy never terminates a worker hosting packed engines"
             self._set(w, "stopped", t)
             self.views_dirty = True
         elif isinstance(d, Prebuild):
@@ -741,6 +816,22 @@ class Simulator:
             w.keep_engine(d.engine_class, m, built=False, built_at=t + build_s)
             self._engine_changed(w)
             self._after(w, build_s)
+
+    def _pack(self, d: Pack, t: float) -> None:
+        """Start a packed engine on ``d.worker_id``: a new replica, not an instance."""
+        host = self.workers[d.worker_id]
+        m = self.by_name[d.model]
+        self._account(host, t)  # the worker's time so far, without the new engine
+        e = _Worker(d.engine_id, host.shape, 0.0, "loading", t, inside=host)
+        e.mem, e.tier = d.memory_bytes, "packed"
+        host.packed.append(e)
+        self.workers[e.id] = e
+        if m.cold_open and m.cold_tier is None:
+            m.cold_tier = "packed"
+        self._set(e, "loading", t, model=m, aid=d.assignment_id, since=t)
+        # A full start of the model (an engine built and loaded) on a worker already up: no
+        # boot; the weights from the disk cache its engines share, else the store.
+        self._after(e, m.costs.load_s("disk" if m.name in host.disk else "s3"))
 
     def _start(self, w: _Worker, m: _Model, t: float) -> float:
         """Seconds until ``w`` serves ``m`` from now; sets ``w.tier`` (where it came from)
@@ -837,6 +928,7 @@ class Simulator:
         out["replica_seconds"] = row["replica_seconds"]
         out["standby_seconds"] = round(sum(self.standby_s.values()), 3)
         out["asleep_seconds"] = row["asleep_seconds"]
+        out["instance_seconds"] = round(self.instance_s, 3)
         out["usd"] = round(tot.usd + sum(self.standby_usd.values()), 6)
         for k in ("ttft_s", "slo_met_share", "activation_timeouts"):
             out[k] = row[k]
@@ -860,5 +952,5 @@ def _row(st: _Stats) -> dict[str, Any]:
 
 
 SUMMARY_KEYS = ("requests", "cold_starts", "cold_start_share", "cold_starts_by_tier", "replica_seconds",
-                "standby_seconds", "asleep_seconds", "usd", "ttft_s", "slo_met_share", "activation_timeouts",
-                "per_model")
+                "standby_seconds", "asleep_seconds", "instance_seconds", "usd", "ttft_s", "slo_met_share",
+                "activation_timeouts", "per_model")

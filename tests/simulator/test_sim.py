@@ -16,37 +16,9 @@ from hypothesis import strategies as st
 from simulator.costs import CostModel, ModelCosts, cost_model, read_overrides
 from simulator.run import SimError, prepare, with_trace_models
 from simulator.sim import SUMMARY_KEYS, Simulator, engine_classes
-from simulator.traces import Trace, from_columns
+from tests.simulator.support import config, costs, equivalence_cfg, trace
 from thaw.config import ThawConfig
-from warm_pool.policy import Prebuild, decide
-
-
-def config(models: int = 1, *, idle_grace_s: float = 100, standby_min: int = 1, standby_max: int = 1,
-           max_instances: int = 4, boot_s: float = 60, price: float = 3.6, budget: float | None = None,
-           **autoscaling: Any) -> ThawConfig:
-    return ThawConfig.model_validate({
-        "shapes": [{"name": "gpu", "gpu_type": "l40s-48gb", "gpu_count": 1, "gpu_memory_gib": 44.4,
-                    "host_memory_gib": 32, "price_per_hour_usd": price, "boot_s": boot_s}],
-        "pools": [{"shape": "gpu", "standby_min": standby_min, "standby_max": standby_max,
-                   "max_instances": max_instances, "budget_usd_per_hour": budget, "standby_hold_s": 60}],
-        "models": [{"name": f"m{i}", "uri": f"s3://thaw/m{i}", "shape": "gpu",
-                    "autoscaling": {"idle_grace_s": idle_grace_s, "max_replicas": 1, **autoscaling}}
-                   for i in range(models)],
-    })
-
-
-def costs(cfg: ThawConfig, *, load_s: float = 10.0, prefill: float = 1000.0, tpot_s: float = 0.01,
-          release_s: float = 0.0) -> CostModel:
-    return CostModel({m.name: ModelCosts(weights_gib=1.0, standby_load_s=load_s, asleep_load_s=1.0,
-                                         release_s=release_s, prefill_tokens_per_s=prefill, tpot_s=tpot_s,
-                                         source="test") for m in cfg.models})
-
-
-def trace(rows: list[tuple[float, str, int, int]]) -> Trace:
-    rows = sorted(rows)
-    names = sorted({r[1] for r in rows})
-    return from_columns([r[0] for r in rows], [names.index(r[1]) for r in rows], [0] * len(rows),
-                        [r[2] for r in rows], [r[3] for r in rows], names, ["t"], "test")
+from warm_pool.policy import Pack, Prebuild, decide
 
 
 def test_a_hand_computed_run() -> None:
@@ -126,40 +98,14 @@ def test_fixed_keep_alive_cold_starts_are_the_gaps_longer_than_k(k: int, seed_ga
     assert s["cold_starts"] == expected
 
 
-def _equivalence_cfg(variant: int) -> ThawConfig:
-    base: dict[str, Any] = {"idle_grace_s": 40, "max_replicas": 3, "target_concurrency": 2,
-                            "max_concurrency_per_replica": 4, "downscale_delay_s": 5, "stable_window_s": 20,
-                            "panic_window_s": 4}
-    if variant == 1:
-        base |= {"asleep_ttl_s": 60}
-    elif variant == 2:
-        base |= {"keep_alive": "histogram",
-                 "keep_alive_histogram": {"bin_s": 5, "range_s": 300, "min_samples": 3, "min_cv": 0.5}}
-    elif variant == 3:
-        base |= {"min_replicas": 1, "upscale_delay_s": 3}
-    elif variant == 5:
-        base |= {"asleep_ttl_s": 60}
-    cfg = config(4, standby_min=1, standby_max=3, max_instances=6, boot_s=25, budget=8.0, **base)
-    if variant < 4:
-        return cfg
-    # Pre-built engines: m0 and m1 of one class, m2 and m3 (a longer context) of another;
-    # the pool pre-builds both classes, its workers keep weights in memory.
-    data = cfg.model_dump()
-    for m in data["models"][2:]:
-        m["max_context_tokens"] = 4096
-    data["pools"][0]["prebuild"] = ["m0", "m2"]
-    data["shapes"][0]["host_cache_gib"] = 2.0
-    return ThawConfig.model_validate(data)
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(variant=st.integers(0, 5),
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(variant=st.integers(0, 7),
        arrivals=st.lists(st.tuples(st.floats(0, 400, allow_nan=False), st.integers(0, 3), st.integers(1, 4000),
                                    st.integers(1, 400)), min_size=1, max_size=60))
 def test_the_fast_mode_makes_the_controllers_decisions(variant: int, arrivals: list[tuple[float, int, int, int]]) -> None:
     """Judging only the models whose decision can change gives the decisions (and so
     every figure) of judging every model on every tick, as the controller does."""
-    cfg = _equivalence_cfg(variant)
+    cfg = equivalence_cfg(variant)
     tr = trace([(round(t, 3), f"m{m}", i, o) for t, m, i, o in arrivals])
     c = costs(cfg, load_s=7, prefill=2000, tpot_s=0.05, release_s=2)
     fast = Simulator(cfg, c, tr, record_decisions=True).run()
@@ -170,12 +116,12 @@ def test_the_fast_mode_makes_the_controllers_decisions(variant: int, arrivals: l
 
 
 # The asleep tier; with pre-built engines too, on a sparser trace (idle standbys build
-# engines between cold starts, which swap into them).
-@pytest.mark.parametrize(("variant", "step_s", "span_s"), [(1, 7.0, 500), (5, 37.0, 3000)])
+# engines between cold starts, which swap into them); packed engines.
+@pytest.mark.parametrize(("variant", "step_s", "span_s"), [(1, 7.0, 500), (5, 37.0, 3000), (7, 13.0, 900)])
 def test_each_decision_is_what_decide_returns_for_the_same_inputs(variant: int, step_s: float, span_s: int) -> None:
     # Record what the simulator hands decide() and replay it: the simulator neither
     # adds, drops nor alters a decision.
-    cfg = _equivalence_cfg(variant)
+    cfg = equivalence_cfg(variant)
     tr = trace([(t * step_s % span_s, f"m{t % 4}", 500, 100) for t in range(80)])
     calls: list[tuple[Any, ...]] = []
 
@@ -201,10 +147,12 @@ def test_each_decision_is_what_decide_returns_for_the_same_inputs(variant: int, 
     assert replayed == r.decisions and r.decisions
     if variant == 5:
         assert any(isinstance(d, Prebuild) for _, d in r.decisions) and r.summary["cold_starts_by_tier"]["swap"]
+    if variant == 7:
+        assert any(isinstance(d, Pack) for _, d in r.decisions) and r.summary["cold_starts_by_tier"]["packed"]
 
 
 def test_same_inputs_same_output() -> None:
-    cfg = _equivalence_cfg(2)
+    cfg = equivalence_cfg(2)
     tr = trace([((t * 37) % 1000 + 0.25, f"m{t % 3}", 100 + t, 50) for t in range(150)])
     a = Simulator(cfg, costs(cfg), tr).run().summary
     b = Simulator(cfg, costs(cfg), tr).run().summary

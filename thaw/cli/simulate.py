@@ -10,7 +10,7 @@ from pathlib import Path
 from simulator import gen_cli
 from simulator.costs import CostError
 from simulator.run import DEFAULT_TTFT_SLO_S, Inputs, SimError, prepare, simulate, write
-from simulator.sim import engine_classes
+from simulator.sim import engine_classes, tier_order
 from simulator.traces import FORMATS, TraceError, read_trace
 from thaw.config import ConfigError, load_config
 
@@ -44,15 +44,17 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from simulator import sweep
+    from simulator import packing, sweep
 
     add_trace_arguments(p)
     p.epilog = ENGINE_CLASSES_HELP
     p.add_argument("--out", metavar="DIR", type=Path, default=Path("sim-out"),
-                   help="where summary.json, run.json and cold_starts.jsonl go (default sim-out)")
+                   help="where summary.json, run.json and cold_starts.jsonl go (default sim-out); with "
+                        "--compare-packing, a FILE.json or the DIR of compare-packing.json")
     p.add_argument("--exact", action="store_true",
                    help="judge every model on every tick, as the controller does (slow; same decisions)")
     sweep.add_sweep_arguments(p)
+    packing.add_compare_arguments(p)
     sub = p.add_subparsers(dest="trace_command", metavar="SUBCOMMAND", required=False)
     gen_cli.add_gen_arguments(sub.add_parser(
         "gen", help="Draw a synthetic trace of many low-traffic models.",
@@ -108,6 +110,10 @@ def load_inputs(args: argparse.Namespace) -> Inputs | int:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "trace_command", None):
         return gen_cli.run(args)
+    if args.sweep and args.compare_packing:
+        return gen_cli.fail("--sweep and --compare-packing: choose one", EXIT_INVALID)
+    if args.gpu_memory_utilization is not None and not args.compare_packing:
+        return gen_cli.fail("--gpu-memory-utilization goes with --compare-packing", EXIT_INVALID)
     inputs = load_inputs(args)
     if isinstance(inputs, int):
         return inputs
@@ -115,6 +121,10 @@ def run(args: argparse.Namespace) -> int:
         from simulator import sweep
 
         return sweep.run_sweep(args, inputs)
+    if args.compare_packing:
+        from simulator import packing
+
+        return packing.run_compare(args, inputs)
     result, wall_s = simulate(inputs, exact=args.exact)
     write(args.out, result, inputs, wall_s, {
         "command": "thaw simulate", "config": str(args.config), "trace_file": str(args.trace),
@@ -123,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     s = result.summary
     p = s["ttft_s"]
     print(json.dumps({k: v for k, v in s.items() if k != "per_model"}))
-    tiers = ", ".join(f"{tier} {n}" for tier, n in sorted(s["cold_starts_by_tier"].items(), key=_tier_order))
+    tiers = ", ".join(f"{tier} {n}" for tier, n in sorted(s["cold_starts_by_tier"].items(),
+                                                          key=lambda kv: tier_order(kv[0])))
     print(f"{s['requests']} requests in {wall_s:.2f} s ({len(inputs.trace) / wall_s:,.0f}/s): "
           f"{s['cold_starts']} cold starts{f' ({tiers})' if tiers else ''}, cold share {s['cold_start_share']:.2%}, "
           f"TTFT p99 {p['p99'] if p['p99'] is not None else float('nan'):.2f} s, ${s['usd']:.2f}; "
@@ -132,14 +143,6 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(note, file=sys.stderr)
     return 0
-
-
-# The tiers from the fastest start to the slowest, as the summary line lists them.
-_TIERS = ("asleep", "swap", "host", "disk", "s3", "launch")
-
-
-def _tier_order(item: tuple[str, int]) -> tuple[int, str]:
-    return (_TIERS.index(item[0]) if item[0] in _TIERS else len(_TIERS), item[0])
 
 
 def engine_classes_note(inputs: Inputs) -> str | None:

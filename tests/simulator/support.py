@@ -1,0 +1,78 @@
+"""What the simulator's tests share: a small config, a cost model, a trace from rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.costs import CostModel, ModelCosts
+from simulator.traces import Trace, from_columns
+from thaw.config import ThawConfig
+
+
+def config(models: int = 1, *, idle_grace_s: float = 100, standby_min: int = 1, standby_max: int = 1,
+           max_instances: int = 4, boot_s: float = 60, price: float = 3.6, budget: float | None = None,
+           **autoscaling: Any) -> ThawConfig:
+    return ThawConfig.model_validate({
+        "shapes": [{"name": "gpu", "gpu_type": "l40s-48gb", "gpu_count": 1, "gpu_memory_gib": 44.4,
+                    "host_memory_gib": 32, "price_per_hour_usd": price, "boot_s": boot_s}],
+        "pools": [{"shape": "gpu", "standby_min": standby_min, "standby_max": standby_max,
+                   "max_instances": max_instances, "budget_usd_per_hour": budget, "standby_hold_s": 60}],
+        "models": [{"name": f"m{i}", "uri": f"s3://thaw/m{i}", "shape": "gpu",
+                    "autoscaling": {"idle_grace_s": idle_grace_s, "max_replicas": 1, **autoscaling}}
+                   for i in range(models)],
+    })
+
+
+def costs(cfg: ThawConfig, *, load_s: float = 10.0, prefill: float = 1000.0, tpot_s: float = 0.01,
+          release_s: float = 0.0) -> CostModel:
+    return CostModel({m.name: ModelCosts(weights_gib=1.0, standby_load_s=load_s, asleep_load_s=1.0,
+                                         release_s=release_s, prefill_tokens_per_s=prefill, tpot_s=tpot_s,
+                                         source="test") for m in cfg.models})
+
+
+def trace(rows: list[tuple[float, str, int, int]]) -> Trace:
+    rows = sorted(rows)
+    names = sorted({r[1] for r in rows})
+    return from_columns([r[0] for r in rows], [names.index(r[1]) for r in rows], [0] * len(rows),
+                        [r[2] for r in rows], [r[3] for r in rows], names, ["t"], "test")
+
+
+def equivalence_cfg(variant: int) -> ThawConfig:
+    """Configs the fast and exact modes are compared on: 0 plain, 1 the asleep tier, 2
+    histogram keep-alive, 3 min_replicas and an upscale delay, 4 pre-built engines, 5
+    those and the asleep tier, 6 packed engines, 7 those with the asleep tier and a
+    disk cache."""
+    base: dict[str, Any] = {"idle_grace_s": 40, "max_replicas": 3, "target_concurrency": 2,
+                            "max_concurrency_per_replica": 4, "downscale_delay_s": 5, "stable_window_s": 20,
+                            "panic_window_s": 4}
+    if variant == 1:
+        base |= {"asleep_ttl_s": 60}
+    elif variant == 2:
+        base |= {"keep_alive": "histogram",
+                 "keep_alive_histogram": {"bin_s": 5, "range_s": 300, "min_samples": 3, "min_cv": 0.5}}
+    elif variant == 3:
+        base |= {"min_replicas": 1, "upscale_delay_s": 3}
+    elif variant in (5, 7):
+        base |= {"asleep_ttl_s": 60}
+    cfg = config(4, standby_min=1, standby_max=3, max_instances=6, boot_s=25, budget=8.0, **base)
+    if variant < 4:
+        return cfg
+    if variant >= 6:
+        # Several engines per worker: on 44.4 GiB, m0-m2 take 0.3 of it each (13.3 GiB:
+        # three fit), m3 0.5 (22.2 GiB: beside one of the others only); with the asleep
+        # tier and a disk cache too (a packed engine reads the worker's disk copy).
+        data = cfg.model_dump()
+        data["pools"][0]["pack"] = True
+        for i, m in enumerate(data["models"]):
+            m["engine"]["gpu_memory_utilization"] = 0.5 if i == 3 else 0.3
+        if variant == 7:
+            data["shapes"][0]["cache"] = {"dir": "c", "max_gib": 2}
+        return ThawConfig.model_validate(data)
+    # Pre-built engines: m0 and m1 of one class, m2 and m3 (a longer context) of another;
+    # the pool pre-builds both classes, its workers keep weights in memory.
+    data = cfg.model_dump()
+    for m in data["models"][2:]:
+        m["max_context_tokens"] = 4096
+    data["pools"][0]["prebuild"] = ["m0", "m2"]
+    data["shapes"][0]["host_cache_gib"] = 2.0
+    return ThawConfig.model_validate(data)
