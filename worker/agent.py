@@ -132,8 +132,10 @@ class Agent:
         self._state_since = self.started_at
         self.metrics.set_state(self._state)
         self._tasks = Tasks()
+        # Starts an engine host (a process group; see worker.host).
+        self.spawn_engine_host: HostSpawner = spawn_host or self._spawn_engine_host_process
         self._supervisor = HostSupervisor(
-            self, spawn_host or self._spawn_engine_host_process, self._tasks,
+            self, self.spawn_engine_host, self._tasks,
             stop_grace_s=settings.host_stop_grace_s, restart_backoff_max_s=settings.host_restart_backoff_max_s,
             once=settings.packed)
         self._caches = WeightCaches(settings, self.metrics)
@@ -186,8 +188,11 @@ class Agent:
 
     def record(self, **changes: Any) -> None:
         """The one place facts change; logs and exports a state change."""
+        adapters_before = self._facts.adapters
         self._facts = replace(self._facts, **changes)
         self._changed.set()
+        if self._facts.adapters != adapters_before and self.on_state_change is not None:
+            self.on_state_change()  # an adapter ready is a route: the controller hears of it at once
         new = derive_state(self._facts)
         if new is not self._state:
             a = self._facts.assignment

@@ -175,6 +175,7 @@ def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | Non
             agent.on_state_change = beat.kick
         app.state.heartbeat = beat
         await agent.start()
+        engines.start()
         if beat is not None:
             await beat.start()
         try:

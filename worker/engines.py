@@ -26,6 +26,7 @@ from thaw.wire import AssignRequest, WorkerStatus
 from worker.agent import Agent, Conflict
 from worker.heartbeat import Heartbeat
 from worker.settings import AgentSettings
+from worker.spare import SpareHost
 
 log = get_logger()
 
@@ -40,6 +41,13 @@ class PackedEngines:
         self._closing = False
         self._removals: set[asyncio.Task[None]] = set()
         owner.packed_engines = lambda: sorted(self._engines)
+        # A worker that packs keeps an engine host imported for the next packed engine.
+        s = owner.settings
+        self._spare = SpareHost(owner.spawn_engine_host) if s.capacity_bytes > 0 and not s.packed else None
+
+    def start(self) -> None:
+        if self._spare is not None:
+            self._spare.fill()
 
     def get(self, engine_id: str) -> Agent | None:
         return self._engines.get(engine_id)
@@ -73,7 +81,10 @@ class PackedEngines:
             if problem is not None:
                 log.info("pack_refused", engine_id=req.engine_id, model=req.model, reason=problem)
                 raise Conflict(f"{req.model} does not fit on worker {s.worker_id}: {problem}", owner.state)
-            agent = Agent(self._settings_for(req.engine_id), **self._deps)
+            deps = dict(self._deps)
+            if self._spare is not None:
+                deps["spawn_host"] = self._spare.take
+            agent = Agent(self._settings_for(req.engine_id), **deps)
             agent.on_released = lambda: self._remove_soon(req.engine_id)
             self._engines[req.engine_id] = agent
             try:
@@ -137,3 +148,5 @@ class PackedEngines:
                 await beat.close()
         await asyncio.gather(*(a.stop() for a in self._engines.values()), return_exceptions=True)
         self._engines.clear()
+        if self._spare is not None:
+            await self._spare.close()

@@ -42,15 +42,16 @@ async def test_a_packed_engine_is_a_worker_of_its_own(tmp_path: Path) -> None:
         st = r.json()
         assert st["worker_id"] == "w1.e1" and st["host_worker_id"] == "w1" and st["model"] == "tuned"
         assert st["control_url"].endswith("/engines/w1.e1") and st["memory_bytes"] == 3 * GIB
-        # Its own engine host: the worker's is still serving.
-        assert len(world.hosts) == 2
         st = (await until(c, "/engines/w1.e1/state", lambda r: r.json()["state"] == "ready")).json()
+        # Its own engine host: the spare the worker kept imported (hosts[1]); the worker's
+        # own is still serving, and the next spare started (hosts[2]).
+        assert len(world.hosts) == 3 and world.hosts[1].launches and not world.hosts[2].launched
         assert st["engine_url"] and st["assignment_id"] == "a-w1.e1"
         own = (await c.get("/state")).json()
         assert own["state"] == "ready" and own["engines"] == ["w1.e1"] and own["capacity_bytes"] == 8 * GIB
         # The same engine id again (a retried call) is the same engine.
         again = await c.post("/engines", json=pack_body("w1.e1", 3))
-        assert again.status_code == 202 and len(world.hosts) == 2
+        assert again.status_code == 202 and len(world.hosts) == 3
 
 
 async def test_an_engine_that_does_not_fit_is_refused_naming_both_numbers(tmp_path: Path) -> None:
@@ -86,8 +87,9 @@ async def test_a_released_engine_goes_away_and_its_room_comes_back(tmp_path: Pat
         assert r.status_code == 202 and r.json()["state"] == "draining"
         await until(c, "/engines/w1.e1/state", lambda r: r.status_code == 404)
         assert (await c.get("/state")).json()["engines"] == []
-        # Its engine host was stopped, and no other started for it.
-        assert len(world.hosts) == 2 and world.hosts[1].returncode is not None
+        # Its engine host was stopped, and no other started for it (hosts[2] is the spare).
+        assert len(world.hosts) == 3 and world.hosts[1].returncode is not None
+        assert world.hosts[2].returncode is None and not world.hosts[2].launched
         # The worker's own engine kept serving through it.
         assert (await c.get("/state")).json()["state"] == "ready"
         assert (await c.post("/engines", json=pack_body("w1.e2", 5))).status_code == 202
@@ -102,7 +104,32 @@ async def test_a_failed_packed_engine_is_released_without_a_new_host(tmp_path: P
         st = (await until(c, "/engines/w1.e1/state", lambda r: r.json()["state"] == "failed")).json()
         assert "exited with status 1" in st["error"]
         await asyncio.sleep(0.05)
-        assert len(world.hosts) == 2  # no restart of a packed engine's host
+        assert len(world.hosts) == 3  # no restart of a packed engine's host (hosts[2]: the next spare)
         assert (await c.post("/engines/w1.e1/release", json={})).status_code == 202
         await until(c, "/engines/w1.e1/state", lambda r: r.status_code == 404)
         await wait_state(c, "ready")
+
+
+async def test_a_packed_engine_takes_the_spare_host_even_before_it_imported(tmp_path: Path) -> None:
+    """The spare's "imported" came before the handover (replayed to its new owner) or
+    comes after it (passed on); either way the packed engine launches on it."""
+    world = World()
+    async with agent_client(world, tmp_path, settings=PACKING) as c:
+        await ready(c, memory_bytes=1 * GIB)
+        world.import_on_spawn = False  # the next spare will not have imported when taken
+        assert (await c.post("/engines", json=pack_body("w1.e1", 1))).status_code == 202
+        await until(c, "/engines/w1.e1/state", lambda r: r.json()["state"] == "ready")
+        assert world.hosts[1].launches  # the first spare, imported before the handover
+        assert (await c.post("/engines", json=pack_body("w1.e2", 1))).status_code == 202
+        spare = world.hosts[2]
+        assert not spare.launched
+        spare.emit("imported")
+        await until(c, "/engines/w1.e2/state", lambda r: r.json()["state"] == "ready")
+        assert spare.launches and len(world.hosts) == 4
+
+
+async def test_a_worker_that_does_not_pack_keeps_no_spare(tmp_path: Path) -> None:
+    world = World()
+    async with agent_client(world, tmp_path) as c:
+        await ready(c)
+        assert len(world.hosts) == 1
