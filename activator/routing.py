@@ -59,8 +59,9 @@ class Replica:
     worker_started_at: float | None = None
     # An engine packed beside others on a worker that was serving (thaw.wire.ReplicaRoute).
     packed: bool = False
-    # A LoRA adapter in an engine of its base.
+    # A LoRA adapter in an engine of its base, and when that engine became ready.
     adapter: bool = False
+    base_ready_at: float | None = None
 
 
 def cold_start_tier(waiting_since: float, rep: Replica) -> Tier:
@@ -70,8 +71,7 @@ def cold_start_tier(waiting_since: float, rep: Replica) -> Tier:
     loader read the weights (host memory, local disk, the store)."""
     if rep.phases.get("woken") is not None or rep.load_tier == "asleep":
         return "asleep"
-    assigned = rep.phases.get("assigned")
-    if rep.adapter and assigned is not None and assigned <= waiting_since:
+    if rep.adapter and rep.base_ready_at is not None and rep.base_ready_at <= waiting_since:
         # Its base was serving before the request: only the adapter was loaded. (A base
         # brought up for it: where the base came from, below.)
         return "adapter"
@@ -248,7 +248,8 @@ class RouteWatcher:
                 rep = Replica(r.worker_id, r.url, r.served_model_name, r.assignment_id,
                               r.phases.model_dump(), load_tier=r.load.tier if r.load else None,
                               load_s=r.load.seconds if r.load else None, worker_started_at=r.worker_started_at,
-                              load_swap=r.load.swap if r.load else False, packed=r.packed, adapter=r.adapter)
+                              load_swap=r.load.swap if r.load else False, packed=r.packed, adapter=r.adapter,
+                              base_ready_at=r.base_ready_at)
                 if prev is not None and prev.assignment_id == rep.assignment_id:
                     rep.outstanding = prev.outstanding
                 st.listed.append(rep)

@@ -219,6 +219,8 @@ class AdapterView(_Msg):
     # then unloaded (no new requests); failed: it could not be loaded (``error``).
     state: Literal["loading", "ready", "unloading", "failed"]
     since: float
+    # When its load was asked for (its cold start's start on the worker).
+    requested_at: float
     error: str | None = None
 
 
@@ -329,8 +331,10 @@ class ReplicaRoute(_Msg):
     worker_started_at: float | None = None
     # An engine packed beside others on a worker that was serving already.
     packed: bool = False
-    # A LoRA adapter in an engine of its base (``served_model_name`` is the adapter's).
+    # A LoRA adapter in an engine of its base (``served_model_name`` is the adapter's;
+    # ``phases`` are its load's: asked for, loaded), and when that engine became ready.
     adapter: bool = False
+    base_ready_at: float | None = None
 
 
 class ModelRoute(_Msg):

@@ -41,6 +41,7 @@ from thaw.wire import (
     ModelRoute,
     ModelRow,
     NewKeyReply,
+    Phases,
     PoolEvent,
     PoolStatus,
     PrebuildRequest,
@@ -404,7 +405,8 @@ class PoolManager:
         self._observe(status.worker_id, status.shape, status=status, heard_at=now)
         self._prune_engines(status.worker_id, status, now)
         self.metrics.heartbeats.labels("accepted").inc()
-        if prev is None or prev.state != status.state or prev.engine_url != status.engine_url:
+        if prev is None or prev.state != status.state or prev.engine_url != status.engine_url \
+                or prev.adapters != status.adapters:
             self._wake.set()
         return HeartbeatReply(controller_epoch=self.epoch, interval_s=self.cfg.cluster.heartbeat_interval_s)
 
@@ -424,7 +426,7 @@ class PoolManager:
         self._observe(status.worker_id, status.shape, status=status, heard_at=now, host=host_id)
         self.metrics.heartbeats.labels("accepted").inc()
         if prev is None or prev.status is None or prev.status.state != status.state \
-                or prev.status.engine_url != status.engine_url:
+                or prev.status.engine_url != status.engine_url or prev.status.adapters != status.adapters:
             self._wake.set()
         return HeartbeatReply(controller_epoch=self.epoch, interval_s=self.cfg.cluster.heartbeat_interval_s)
 
@@ -969,11 +971,16 @@ class PoolManager:
                 if m.base is not None:
                     # An adapter: the engines of its base that hold it, under its own name.
                     held = v.adapter(m.name) if v.model == m.base else None
-                    if held == "ready" and v.state is WorkerState.READY and st is not None and st.engine_url:
+                    a = next((x for x in st.adapters if x.model == m.name), None) if st is not None else None
+                    if held == "ready" and a is not None and v.state is WorkerState.READY and st is not None \
+                            and st.engine_url:
+                        # Its phases are its load's; each load is a replica of its own.
                         ready.append(ReplicaRoute(
                             worker_id=wid, url=st.engine_url, served_model_name=m.resolved_served_name,
-                            assignment_id=f"{v.assignment_id}/{m.name}", phases=st.phases, load=st.load,
-                            worker_started_at=st.started_at, packed=v.host is not None, adapter=True))
+                            assignment_id=f"{v.assignment_id}/{m.name}@{a.requested_at}",
+                            phases=Phases(assigned=a.requested_at, weights_loaded=a.since, engine_ready=a.since),
+                            load=st.load, worker_started_at=st.started_at, packed=v.host is not None, adapter=True,
+                            base_ready_at=st.phases.engine_ready))
                     elif held == "loading":
                         loading += 1
                     continue

@@ -71,7 +71,8 @@ class Adapters:
 
     def views(self) -> list[AdapterView]:
         return [AdapterView(model=a.model, served_model_name=a.served_model_name, state=a.state,  # type: ignore[arg-type]
-                            since=a.since, error=a.error) for a in self._host.facts.adapters]
+                            since=a.since, requested_at=a.requested_at, error=a.error)
+                for a in self._host.facts.adapters]
 
     def _get(self, model: str) -> AdapterFacts | None:
         return next((a for a in self._host.facts.adapters if a.model == model), None)
@@ -104,7 +105,8 @@ class Adapters:
                                   "first", host.state)
         assignment = host.facts.assignment
         assert assignment is not None
-        self._put(AdapterFacts(req.model, req.uri, req.served_model_name, "loading", self._clock()), model=req.model)
+        now = self._clock()
+        self._put(AdapterFacts(req.model, req.uri, req.served_model_name, "loading", now, now), model=req.model)
         log.info("adapter_loading", model=req.model, uri=req.uri, base=assignment.model)
         host.spawn(self._load(req, assignment), name=f"adapter_load_{req.model}")
         return True
@@ -126,7 +128,7 @@ class Adapters:
             if host.facts.assignment == assignment and self._get(req.model) is not None:
                 error = f"{type(exc).__name__}: {exc}"
                 log.error("adapter_failed", model=req.model, error=error)
-                self._put(AdapterFacts(req.model, req.uri, req.served_model_name, "failed", self._clock(),
+                self._put(AdapterFacts(req.model, req.uri, req.served_model_name, "failed", self._clock(), t0,
                                        error=error[:1500]), model=req.model)
             return
         cur = self._get(req.model)

@@ -75,6 +75,7 @@ class AdapterFacts:
     # loading | ready | unloading | failed (thaw.wire.AdapterView)
     state: str
     since: float
+    requested_at: float
     error: str | None = None
 
 

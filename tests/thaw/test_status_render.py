@@ -40,8 +40,8 @@ def test_adapters_are_listed_with_their_state_and_a_failure_with_its_reason() ->
         "workers": [{"id": "w-1", "instance_id": "i-1", "control_url": "http://w-1", "state": "ready",
                      "model": "demo", "age_s": 50}],
         "worker_details": [{"id": "w-1", "shape": "cpu", "adapters": [
-            {"model": "a1", "served_model_name": "a1", "state": "ready", "since": 90.0},
-            {"model": "a2", "served_model_name": "a2", "state": "failed", "since": 95.0,
+            {"model": "a1", "served_model_name": "a1", "state": "ready", "since": 90.0, "requested_at": 89.0},
+            {"model": "a2", "served_model_name": "a2", "state": "failed", "since": 95.0, "requested_at": 94.0,
              "error": "FetchError: no thaw-manifest.json"}]}],
     }
     text = render_pool(state)

@@ -109,7 +109,8 @@ class FakeControl:
         self.calls.append(("load_adapter", control_url, req))
         return self._status(control_url, S.READY, model="demo", assignment_id="demo-1", engine_url="http://e:1",
                             adapters=[AdapterView(model=req.model, served_model_name=req.served_model_name,
-                                                  state="loading", since=self.clock())])
+                                                  state="loading", since=self.clock(),
+                                                  requested_at=self.clock())])
 
     async def unload_adapter(self, control_url: str, req: AdapterUnload) -> WorkerStatus:
         self.calls.append(("unload_adapter", control_url, req))
@@ -477,9 +478,13 @@ async def test_an_adapter_is_loaded_into_a_serving_base_and_routed_under_its_own
     assert len([c for c in control.calls if c[0] == "load_adapter"]) == 1
     beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://e:1",
          phases=Phases(engine_ready=clock()),
-         adapters=[AdapterView(model="a1", served_model_name="a1-chat", state="ready", since=clock())])
+         adapters=[AdapterView(model="a1", served_model_name="a1-chat", state="ready", since=clock(),
+                               requested_at=clock() - 1)])
     [r] = m.route_table(clock())["a1"].replicas
     assert (r.worker_id, r.url, r.served_model_name, r.adapter) == ("w-1", "http://e:1", "a1-chat", True)
+    # Its phases are its load's; each load is a replica of its own (its cold start is recorded).
+    assert (r.phases.assigned, r.phases.engine_ready) == (clock() - 1, clock()) and r.base_ready_at is not None
+    assert r.assignment_id == f"demo-1/a1@{clock() - 1}"
     [b] = m.route_table(clock())["demo"].replicas
     assert b.served_model_name == "thaw-demo" and not b.adapter
     row = next(x for x in m.status().models if x.name == "a1")
