@@ -108,6 +108,11 @@ SWAP_HOST = "swap_host_eager"
 SWAP_S3 = "swap_s3_eager"
 SWAP_HOST_COMPILED = "swap_host_compiled"
 SWAP_VARIANTS = (SWAP_HOST, SWAP_S3, SWAP_HOST_COMPILED)
+# A model packed into the free room of a worker serving another (pools[].pack): its own
+# engine host is spawned and builds the engine beside the other's.
+PACKED = "packed_eager"
+# A LoRA adapter loaded into the serving engine of its base (models[].base).
+ADAPTER = "adapter"
 
 
 @dataclass(frozen=True)
@@ -128,15 +133,15 @@ BASELINES = {
 # response's x-thaw-tier). Anything else fails the rep: it measured something else.
 EXPECTED_TIER = {
     EAGER: "s3", HOST: "host", DISK: "disk", HOT: "hot", NO_SNAPSHOT: "s3", SNAPSHOT: "s3", LAUNCH: "launch",
-    SWAP_HOST: "swap", SWAP_S3: "swap", SWAP_HOST_COMPILED: "swap",
+    SWAP_HOST: "swap", SWAP_S3: "swap", SWAP_HOST_COMPILED: "swap", PACKED: "packed", ADAPTER: "adapter",
 }
 # Where a swap variant's weights must come from (the cold-start record's weights_from).
 EXPECTED_WEIGHTS = {SWAP_HOST: "host", SWAP_S3: "s3", SWAP_HOST_COMPILED: "host"}
 THAW_VARIANTS = tuple(EXPECTED_TIER)
 # The order of each round of reps. A standby_eager rep leaves the model in both caches,
 # so host_eager after it needs no priming start, and disk_eager only drops the host copy.
-VARIANTS = (*BASELINES, EAGER, HOST, DISK, HOT, NO_SNAPSHOT, SNAPSHOT, LAUNCH, *SWAP_VARIANTS)
-EAGER_VARIANTS = frozenset({EAGER, HOST, DISK, HOT, LAUNCH, SWAP_HOST, SWAP_S3}
+VARIANTS = (*BASELINES, EAGER, HOST, DISK, HOT, NO_SNAPSHOT, SNAPSHOT, LAUNCH, *SWAP_VARIANTS, PACKED, ADAPTER)
+EAGER_VARIANTS = frozenset({EAGER, HOST, DISK, HOT, LAUNCH, SWAP_HOST, SWAP_S3, PACKED, ADAPTER}
                            | {b for b, s in BASELINES.items() if s.eager})
 # ratios key -> (numerator, denominator): each the one variant's median TTFT over the other's.
 RATIOS = {
@@ -149,6 +154,10 @@ RATIOS = {
     "swap_host_eager_vs_baseline_eager": (SWAP_HOST, BASELINE_EAGER),
     "swap_s3_eager_vs_baseline_eager": (SWAP_S3, BASELINE_EAGER),
     "swap_host_compiled_vs_baseline_compiled": (SWAP_HOST_COMPILED, BASELINE_COMPILED),
+    "packed_eager_vs_baseline_eager": (PACKED, BASELINE_EAGER),
+    "adapter_vs_baseline_eager": (ADAPTER, BASELINE_EAGER),
+    # A packed cold start against a standby's (both read the weights from the store).
+    "packed_eager_vs_standby_eager": (PACKED, EAGER),
     # The split, loader_share x standby_share = the standby's ratio above: what Thaw's
     # loader alone buys on demand, then what the standby buys with that same loader.
     "loader_share_eager": (BASELINE_EAGER_THAW, BASELINE_EAGER),
@@ -161,11 +170,14 @@ RATIOS = {
 # The owner's goals on the 2-core CPU machine (docs/BENCHMARKS.md). The eager one was
 # set against the compiled baseline; held against the eager baseline it is stricter.
 GOALS = {"standby_snapshot_vs_baseline_compiled": 0.15, "standby_eager_vs_baseline_eager": 0.08,
-         "swap_host_eager_vs_baseline_eager": 0.02, "swap_host_compiled_vs_baseline_compiled": 0.01}
+         "swap_host_eager_vs_baseline_eager": 0.02, "swap_host_compiled_vs_baseline_compiled": 0.01,
+         "packed_eager_vs_standby_eager": 1.0}
+# Goals on a variant's median TTFT itself (seconds): an adapter on a live base.
+TTFT_GOALS = {"adapter_ttft_s": (ADAPTER, 0.5)}
 # The tier table's rows, fastest first: tier -> the variant measuring it (all eager).
 TIER_TABLE = (
     ("hot", HOT), ("swap_host", SWAP_HOST), ("swap_s3", SWAP_S3), ("host", HOST), ("disk", DISK), ("s3", EAGER),
-    ("launch", LAUNCH),
+    ("launch", LAUNCH), ("adapter", ADAPTER), ("packed", PACKED),
     ("on_demand_vllm", BASELINE_EAGER), ("on_demand_vllm_thaw_loader", BASELINE_EAGER_THAW),
 )
 # Which tiers must hold the whole model (True) or must not (False) before a cold start
@@ -186,6 +198,11 @@ SHAPE = "cpu-local"
 SWAP_SHAPE = "cpu-swap"
 # The launch variant's shape: its pool keeps no standby, so a request launches a worker.
 LAUNCH_SHAPE = "cpu-launch"
+# The packed variant's shape (its pool packs: one instance serving a model kept warm,
+# the measured model packed beside it) and the adapter variant's (one instance serving
+# the base, kept warm, the adapter loaded into it).
+PACK_SHAPE = "cpu-pack"
+LORA_SHAPE = "cpu-lora"
 GiB = 1 << 30
 # Thaw's loader's log line in an engine core (weight_streaming.vllm_loader): how long
 # it read the weights. Also the proof that the loader ran.
@@ -289,13 +306,19 @@ def check_tier(variant: str, tier: str | None, weights_from: str | None = None) 
                         f"{weights_from!r}: the sample is not counted")
 
 
-def goals(ratios: Mapping[str, float | None]) -> dict[str, dict[str, Any]]:
-    """Each goal with its measured ratio and whether it is met (None: not measured)."""
+def goals(ratios: Mapping[str, float | None],
+          medians: Mapping[str, float | None] | None = None) -> dict[str, dict[str, Any]]:
+    """Each goal with its measured ratio (or a variant's median TTFT) and whether it is
+    met (None: not measured)."""
     out = {}
     for key, at_most in GOALS.items():
         measured = ratios.get(key)
         out[key] = {"at_most": at_most, "measured": measured,
                     "met": None if measured is None else measured <= at_most}
+    for key, (variant, seconds) in TTFT_GOALS.items():
+        ttft = (medians or {}).get(variant)
+        out[key] = {"at_most": seconds, "measured": None if ttft is None else round(ttft, 4),
+                    "met": None if ttft is None else ttft <= seconds}
     return out
 
 
@@ -311,8 +334,9 @@ def build_report(
             **summarize_variant(ss),
             "samples": list(ss),
         }
-    ratios = compute_ratios({n: v["median_ttft_s"] for n, v in variants.items()})
-    g = goals(ratios)
+    medians = {n: v["median_ttft_s"] for n, v in variants.items()}
+    ratios = compute_ratios(medians)
+    g = goals(ratios, medians)
     return {
         "benchmark": "cold_start",
         "measures": "request to a model at zero -> first streamed token (seconds)",
@@ -348,6 +372,11 @@ VARIANT_DESCRIPTIONS = {
     SWAP_HOST: "thaw up, eager, a standby holding an engine built ahead for another model of the class "
                "(pools[].prebuild); the model's weights in the worker's host-memory cache: tier swap",
     SWAP_S3: "the same with the weight caches emptied: the swap streams the weights from the store",
+    PACKED: "thaw up, eager, a pool that packs, its one instance serving another model kept warm: the model is "
+            "packed beside it (its own engine host spawned, the engine built, weights from the shared disk "
+            "cache or the store): tier packed",
+    ADAPTER: "thaw up, eager, the base model serving (kept warm): a LoRA adapter of it (rank 8) fetched and "
+             "loaded into that engine: tier adapter",
     SWAP_HOST_COMPILED: "the same as swap_host_eager with compiled engines (the engine was built, compiled "
                         "and warmed up ahead)",
 }
@@ -528,6 +557,12 @@ class ThawModels:
     swap_base: str = "cs-swap-base"
     swap_compiled: str = "cs-swapc"
     swap_compiled_base: str = "cs-swapc-base"
+    # The packed variant: the model kept warm on the packing worker, and the one measured.
+    packed: str | None = None
+    pack_host: str = "cs-pack-host"
+    # The adapter variant: the adapter measured (its files at adapter_uri), and its base.
+    adapter: str | None = None
+    adapter_base: str = "cs-lora-base"
 
 
 @dataclass(frozen=True)
@@ -547,7 +582,8 @@ class CacheSettings:
 
 
 def stack_config(store: Store, uri: str, data_dir: Path, port: int, models: ThawModels, caches: CacheSettings,
-                 idle_grace_s: float, timeout_s: float, base_uri: str | None = None) -> dict[str, Any]:
+                 idle_grace_s: float, timeout_s: float, base_uri: str | None = None,
+                 adapter_uri: str | None = None) -> dict[str, Any]:
     """A ``thaw up`` config: one CPU worker standing by (at most 1 instance) with both
     weight caches; a second shape whose pool keeps no standby; with ``models.swap``, a
     third whose two standbys build engines ahead for the models at ``base_uri`` (one
@@ -577,6 +613,25 @@ def stack_config(store: Store, uri: str, data_dir: Path, port: int, models: Thaw
         swap_models = [model(models.swap_base, True, SWAP_SHAPE, base_uri), model(models.swap, True, SWAP_SHAPE),
                        model(models.swap_compiled_base, False, SWAP_SHAPE, base_uri),
                        model(models.swap_compiled, False, SWAP_SHAPE)]
+    if models.packed is not None:
+        # Room for two engines (thaw.fit.engine_memory: weights, 1 GiB KV cache, 2 GiB of
+        # processes each), the disk cache shared with the main shape, no host tier.
+        swap_shapes.append({**main_shape, "name": PACK_SHAPE, "host_memory_gib": 8, "host_cache_gib": 0})
+        swap_pools.append({"shape": PACK_SHAPE, "provider": "local", "standby_min": 1, "standby_max": 1,
+                           "max_instances": 1, "pack": True})
+        warm = model(models.pack_host, True, PACK_SHAPE, base_uri or uri)
+        warm["autoscaling"]["min_replicas"] = 1
+        swap_models += [warm, model(models.packed, True, PACK_SHAPE)]
+    if models.adapter is not None:
+        assert adapter_uri is not None
+        swap_shapes.append({**main_shape, "name": LORA_SHAPE})
+        swap_pools.append({"shape": LORA_SHAPE, "provider": "local", "standby_min": 1, "standby_max": 1,
+                           "max_instances": 1})
+        base = model(models.adapter_base, True, LORA_SHAPE)
+        base["autoscaling"]["min_replicas"] = 1
+        swap_models += [base, {"name": models.adapter, "served_name": models.adapter, "base": models.adapter_base,
+                               "adapter_uri": adapter_uri,
+                               "autoscaling": {"idle_grace_s": idle_grace_s, "activation_timeout_s": timeout_s}}]
     return {
         "data_dir": str(data_dir), "log_level": "info",
         "server": {"host": "127.0.0.1", "port": port},
@@ -612,7 +667,8 @@ class Stack:
     """``thaw up`` as a subprocess, and what the benchmark asks of it."""
 
     def __init__(self, store: Store, uri: str, work: Path, models: ThawModels, caches: CacheSettings,
-                 idle_grace_s: float, timeout_s: float, base_uri: str | None = None) -> None:
+                 idle_grace_s: float, timeout_s: float, base_uri: str | None = None,
+                 adapter_uri: str | None = None) -> None:
         import yaml
 
         from thaw.config import parse_config
@@ -621,7 +677,7 @@ class Stack:
         self.store, self.uri, self.models, self.caches, self.timeout_s = store, uri, models, caches, timeout_s
         self.data_dir = work / "stack"
         cfg = stack_config(store, uri, self.data_dir, free_port(), models, caches, idle_grace_s, timeout_s,
-                           base_uri)
+                           base_uri, adapter_uri)
         parse_config(cfg)  # a mistake here fails now, with the field named
         self.config_path = work / "thaw-bench.yaml"
         self.config_path.write_text(yaml.safe_dump(cfg))
@@ -721,6 +777,19 @@ class Stack:
             assert config is not None
             self._classes[model] = engine_class_of(config, m.engine, max_model_len=m.max_context_tokens).id
         return self._classes[model]
+
+    def wait_beside(self, warm: str, model: str) -> None:
+        """Until ``warm`` has a ready replica and ``model`` none, nor anything of it left
+        on the worker (a packed engine, an adapter) from an earlier rep."""
+        def ready(st: dict[str, Any]) -> bool:
+            rows = {x["name"]: x for x in st["models"]}
+            details = st.get("worker_details", [])
+            leftovers = any(d.get("host_worker_id") for d in details) or any(
+                a["model"] == model for d in details for a in d.get("adapters", []))
+            return rows[warm]["replicas"].get("ready", 0) >= 1 and not any(rows[model]["replicas"].values()) \
+                and not leftovers
+
+        self._wait(f"{warm} serving, {model} at zero with nothing of it left", ready)
 
     def wait_no_launched_worker(self, model: str) -> None:
         """Until ``model`` (on the launch shape) has no replica and that shape no worker."""
@@ -857,6 +926,24 @@ def _ensure_model(store: Store, size: str, work: Path, seed: int = 0) -> tuple[s
                  "parameter_count": manifest.parameter_count}
 
 
+def _ensure_adapter(store: Store, size: str, work: Path) -> str:
+    """A rank-8 LoRA adapter of the demo model of ``size`` in the store (built and pushed
+    once); its URI."""
+    from thaw.demo_adapter import build_demo_adapter
+    from thaw.demo_model import build_demo_model
+    from weight_streaming.push import push_model, read_manifest
+
+    uri = f"s3://{store.bucket}/bench/demo-{size}-lora"
+    client = store.endpoint().client()
+    if read_manifest(client, uri) is None:
+        with tempfile.TemporaryDirectory(prefix="thaw-bench-lora-", dir=work) as tmp:
+            _log(f"building and pushing a LoRA adapter of the {size} demo model to {uri}")
+            build_demo_model(Path(tmp) / "base", size=size)
+            build_demo_adapter(Path(tmp) / "lora", Path(tmp) / "base", rank=8)
+            push_model(client, Path(tmp) / "lora", uri)
+    return uri
+
+
 def _environment() -> dict[str, Any]:
     env: dict[str, Any] = {
         "hostname": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
@@ -895,11 +982,14 @@ def run(args: argparse.Namespace) -> int:
             environment["model"] = model_facts
             caches = CacheSettings.for_model(model_facts["total_bytes"], work / "weight-cache",
                                              args.cache_verify_sha256)
-            base_uri = None
-            if any(v in SWAP_VARIANTS for v in variants):
+            base_uri = adapter_uri = None
+            if any(v in SWAP_VARIANTS for v in variants) or PACKED in variants:
                 base_uri, _ = _ensure_model(store, args.size, work, seed=1)
                 environment["model"]["swap_base_uri"] = base_uri
-            _run_variants(args, variants, store, uri, work, caches, samples, notes, base_uri)
+            if ADAPTER in variants:
+                adapter_uri = _ensure_adapter(store, args.size, work)
+                environment["model"]["adapter_uri"] = adapter_uri
+            _run_variants(args, variants, store, uri, work, caches, samples, notes, base_uri, adapter_uri)
     finally:
         if own_work:
             shutil.rmtree(work, ignore_errors=True)
@@ -924,7 +1014,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_variants(args: argparse.Namespace, variants: list[str], store: Store, uri: str, work: Path,
                   caches: CacheSettings, samples: dict[str, list[dict[str, Any]]], notes: list[str],
-                  base_uri: str | None = None) -> None:
+                  base_uri: str | None = None, adapter_uri: str | None = None) -> None:
     baselines = {v: Baseline(v, BASELINES[v], store, uri, work, args.timeout_s) for v in variants if v in BASELINES}
     for name, b in baselines.items():
         if not b.primed():
@@ -933,8 +1023,10 @@ def _run_variants(args: argparse.Namespace, variants: list[str], store: Store, u
     stack = None
     if any(v in THAW_VARIANTS for v in variants):
         models = ThawModels(no_snapshot=[f"cs-nosnap-{uuid.uuid4().hex[:6]}-{i}" for i in range(args.reps)],
-                            swap="cs-swap" if base_uri else None)
-        stack = Stack(store, uri, work, models, caches, args.idle_grace_s, args.timeout_s, base_uri)
+                            swap="cs-swap" if base_uri and any(v in SWAP_VARIANTS for v in variants) else None,
+                            packed="cs-packed" if PACKED in variants else None,
+                            adapter="cs-lora" if adapter_uri else None)
+        stack = Stack(store, uri, work, models, caches, args.idle_grace_s, args.timeout_s, base_uri, adapter_uri)
         _log("starting thaw up")
         stack.start()
     try:
@@ -1022,6 +1114,16 @@ def _thaw_rep(stack: Stack, variant: str, rep: int, snapshot_source: str | None)
     elif variant == LAUNCH:
         model = m.launch
         stack.wait_no_launched_worker(model)
+        sample = stack.cold_start(model)
+    elif variant == PACKED:
+        model = m.packed or ""
+        stack.wait_beside(m.pack_host, model)
+        # From the store, as standby_eager's: the disk cache is shared, the host tier none.
+        stack.clear_tier("", "disk")
+        sample = stack.cold_start(model)
+    elif variant == ADAPTER:
+        model = m.adapter or ""
+        stack.wait_beside(m.adapter_base, model)
         sample = stack.cold_start(model)
     elif variant in SWAP_VARIANTS:
         model = m.swap_compiled if variant == SWAP_HOST_COMPILED else (m.swap or "")

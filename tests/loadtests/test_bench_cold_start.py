@@ -73,6 +73,9 @@ def test_ratios_compare_like_with_like() -> None:
         "swap_host_eager_vs_baseline_eager": 0.02,  # 0.4 / 20
         "swap_s3_eager_vs_baseline_eager": 0.04,  # 0.8 / 20
         "swap_host_compiled_vs_baseline_compiled": 0.01,  # 0.44 / 44
+        # packed beside a serving model, an adapter into a serving base: not run here
+        "packed_eager_vs_baseline_eager": None, "adapter_vs_baseline_eager": None,
+        "packed_eager_vs_standby_eager": None,
         # the split: Thaw's loader alone, then the standby with that loader
         "loader_share_eager": 0.8,  # 16 / 20
         "standby_share_eager": 0.125,  # 2 / 16
@@ -104,8 +107,8 @@ def test_tier_table_rows_from_the_summaries() -> None:
     summaries = {bench.EAGER: bench.summarize_variant(EAGER_SAMPLES),
                  bench.BASELINE_EAGER: bench.summarize_variant(BASELINE_SAMPLES)}
     rows = {r["tier"]: r for r in bench.tier_table(summaries)}
-    assert list(rows) == ["hot", "swap_host", "swap_s3", "host", "disk", "s3", "launch", "on_demand_vllm",
-                          "on_demand_vllm_thaw_loader"]
+    assert list(rows) == ["hot", "swap_host", "swap_s3", "host", "disk", "s3", "launch", "adapter", "packed",
+                          "on_demand_vllm", "on_demand_vllm_thaw_loader"]
     assert rows["s3"] == {"tier": "s3", "variant": bench.EAGER, "median_ttft_s": 2.2, "median_load_s": 0.4, "n": 3}
     assert rows["on_demand_vllm"] == {"tier": "on_demand_vllm", "variant": bench.BASELINE_EAGER,
                                       "median_ttft_s": 44.0, "median_load_s": None, "n": 3}
@@ -150,7 +153,8 @@ def test_every_thaw_variant_has_a_tier_and_every_baseline_a_spec() -> None:
     assert set(bench.VARIANTS) == set(bench.THAW_VARIANTS) | set(bench.BASELINES)
     assert set(bench.VARIANT_DESCRIPTIONS) == set(bench.VARIANTS)
     # The loaded tiers' cache states are known.
-    assert {t for t in bench.EXPECTED_TIER.values() if t not in ("hot", "launch", "swap")} == set(bench.TIER_HOLDINGS)
+    assert {t for t in bench.EXPECTED_TIER.values()
+            if t not in ("hot", "launch", "swap", "packed", "adapter")} == set(bench.TIER_HOLDINGS)
     # A swap's weights come from a tier whose cache state is known too.
     assert set(bench.EXPECTED_WEIGHTS) == set(bench.SWAP_VARIANTS)
     assert set(bench.EXPECTED_WEIGHTS.values()) <= set(bench.TIER_HOLDINGS)
@@ -221,7 +225,8 @@ def test_report_shape_and_goals() -> None:
     assert report["goals_not_met"] == []
     assert report["goals_not_measured"] == ["standby_snapshot_vs_baseline_compiled",
                                             "swap_host_eager_vs_baseline_eager",
-                                            "swap_host_compiled_vs_baseline_compiled"]
+                                            "swap_host_compiled_vs_baseline_compiled",
+                                            "packed_eager_vs_standby_eager", "adapter_ttft_s"]
     assert report["ratio_definitions"]["standby_share_eager"] == {
         "numerator": bench.EAGER, "denominator": bench.BASELINE_EAGER_THAW}
     json.dumps(report)  # serialisable as is
@@ -255,6 +260,28 @@ def test_cli_arguments_and_defaults() -> None:
     assert a.variants == ["standby_eager", "baseline_eager", "hot"] and a.cache_verify_sha256 is False
     with pytest.raises(SystemExit):
         p.parse_args(["--out", "x.json", "--variants", "baseline"])  # the old, unlike name
+
+
+def test_an_adapter_goal_is_on_its_own_ttft() -> None:
+    report = bench.build_report({bench.ADAPTER: [{"ttft_s": 0.3}, {"ttft_s": 0.7}, {"ttft_s": 0.4}]},
+                                environment={}, settings={})
+    assert report["goals"]["adapter_ttft_s"] == {"at_most": 0.5, "measured": 0.4, "met": True}
+
+
+def test_stack_config_with_the_packed_and_adapter_variants(tmp_path: Path) -> None:
+    from thaw.config import parse_config
+
+    store = bench.Store("http://127.0.0.1:9", "a", "b", tmp_path / "creds.json", "thaw")
+    caches = bench.CacheSettings.for_model(11 << 20, tmp_path / "cache", verify_sha256=True)
+    models = bench.ThawModels(packed="cs-packed", adapter="cs-lora")
+    cfg = parse_config(bench.stack_config(store, URI, tmp_path / "data", 8000, models, caches, 2.0, 300.0,
+                                          base_uri=URI + "-seed1", adapter_uri=URI + "-lora"))
+    pools = {p.shape: p for p in cfg.pools}
+    assert pools[bench.PACK_SHAPE].pack and not pools[bench.LORA_SHAPE].pack
+    by = {m.name: m for m in cfg.models}
+    assert by[models.pack_host].autoscaling.min_replicas == 1 and by["cs-packed"].shape == bench.PACK_SHAPE
+    assert by["cs-lora"].base == models.adapter_base and by["cs-lora"].shape == bench.LORA_SHAPE
+    assert cfg.engine_args(by[models.adapter_base]).extra["enable_lora"] is True
 
 
 def test_stack_config_parses_with_both_shapes_and_caches(tmp_path: Path) -> None:
