@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
+import openai
 import psutil
 import pytest
 
@@ -76,6 +78,10 @@ def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
         tuned = {**demo, "name": "tuned", "served_name": "tuned", "uri": tuned_uri,
                  "autoscaling": {**demo["autoscaling"], "idle_grace_s": PACKED_IDLE_GRACE_S}}
         cfg["models"].append(tuned)
+        # Needs 9 GiB of KV cache: never fits beside demo (its requests give up after 5 s).
+        cfg["models"].append({**demo, "name": "big", "served_name": "big",
+                              "engine": {**demo["engine"], "cpu_kvcache_gib": 9},
+                              "autoscaling": {**demo["autoscaling"], "activation_timeout_s": 5}})
         cfg["shapes"][0].update({"host_memory_gib": 12, "host_cache_gib": 0})
         cfg["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 1, "pack": True})
 
@@ -128,3 +134,32 @@ def test_a_crash_of_a_packed_engine_leaves_its_neighbour_serving(stack: Stack) -
     st = stack.wait_for("tuned packed again", lambda s: engines_of(s, "tuned"))
     [again] = engines_of(st, "tuned")
     assert again["id"] != packed["id"] and again["host_worker_id"] == home["id"]
+
+
+def test_a_model_that_does_not_fit_is_not_packed_and_the_worker_says_why(stack: Stack) -> None:
+    assert ask(stack, "thaw-demo")
+    st = stack.wait_for("demo ready", lambda s: engines_of(s, "demo"))
+    [home] = engines_of(st, "demo")
+    with pytest.raises(openai.APIStatusError) as info:
+        ask(stack, "big")
+    assert info.value.status_code == 503, info.value
+    st = stack.state()
+    assert not [w for w in st["workers"] if w["model"] == "big"]
+    # Asked directly (as a controller that thought otherwise would), the worker refuses
+    # with both numbers, and nothing starts.
+    big = next(m for m in yaml_models(stack) if m["name"] == "big")
+    body = {"assignment_id": "big-x", "model": "big", "uri": big["uri"],
+            "served_model_name": "big", "max_model_len": 2048, "engine_id": f"{home['id']}.big-x",
+            "memory_bytes": 12 << 30}
+    r = httpx.post(f"{home['control_url']}/engines", json=body, timeout=10,
+                   headers={"Authorization": f"Bearer {stack.token()}"})
+    assert r.status_code == 409, r.text
+    error = r.json()["error"]
+    assert "the engine needs 12.00 GiB but" in error and "GiB are free" in error and "of 11.00 GiB" in error, error
+    assert not [w for w in stack.state()["workers"] if w["model"] == "big"]
+
+
+def yaml_models(stack: Stack) -> list[dict[str, Any]]:
+    import yaml
+
+    return yaml.safe_load(stack.config.read_text())["models"]  # type: ignore[no-any-return]

@@ -74,7 +74,9 @@ def test_config_check_refuses_a_model_that_cannot_fit(tmp_path: Path) -> None:
         "data_dir: " + str(tmp_path) + "\n"
         "shapes: [{name: l40s, gpu_type: l40s-48gb, gpu_count: 1, gpu_memory_gib: 48, host_memory_gib: 64,"
         " price_per_hour_usd: 1.8}]\n"
-        "models: [{name: llama-70b, uri: 's3://thaw/llama-70b', shape: l40s, max_context_tokens: 8192}]\n")
+        "models: [{name: llama-70b, uri: 's3://thaw/llama-70b', shape: l40s, max_context_tokens: 8192},"
+        # An adapter runs in its base's engine: the base's fit is its check.
+        " {name: lora, base: llama-70b, adapter_uri: 's3://thaw/lora'}]\n")
     run = [sys.executable, "-m", "thaw.cli.main", "config", "check", str(cfg)]
     out = subprocess.run([*run, "--assume-size", "llama-70b=140GiB"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2

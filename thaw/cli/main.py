@@ -93,6 +93,8 @@ def _model_sizes(cfg: ThawConfig, assumed: dict[str | None, int]) -> tuple[dict[
         except StoreConfigError as exc:
             notes.append(f"the store is not reachable ({exc})")
     for m in cfg.models:
+        if m.base is not None:
+            continue  # an adapter runs in its base's engine: the base's fit is the check
         size = assumed.get(m.name, assumed.get(None))
         hf_config = _read_hf_config(client, m.uri) if client is not None else None
         if size is not None:
@@ -144,7 +146,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     if problems:
         print(f"{args.file}: invalid config\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
         return EXIT_INVALID
-    unsized = [m.name for m in cfg.models if m.name not in sizes]
+    unsized = [m.name for m in cfg.models if m.name not in sizes and m.base is None]
     if unsized:
         print(f"note: not checked whether these models fit their shapes: {', '.join(unsized)}: "
               f"{'; '.join(notes) or 'no size known'} (give --assume-size SIZE or NAME=SIZE)", file=sys.stderr)
