@@ -691,6 +691,10 @@ class PoolManager:
         elif isinstance(d, Terminate):
             gone = self.facts.get(d.worker_id)
             self._forget(d.worker_id)
+            for wid, f in list(self.facts.items()):
+                if f.host == d.worker_id:  # its packed engines go with its instance
+                    self._forget(wid)
+                    self.released_engines.add(wid)
             self.gone.add(d.worker_id)
             if gone is not None:
                 self._spawn(self._terminate(gone))
@@ -924,6 +928,8 @@ class PoolManager:
     def _export(self, now: float, views: dict[str, WorkerView]) -> None:
         counts: dict[tuple[str, str], int] = {}
         for v in views.values():
+            if v.host is not None:
+                continue  # a packed engine is no worker of its own: its worker counts
             counts[(v.shape, v.state.value)] = counts.get((v.shape, v.state.value), 0) + 1
         self.metrics.workers.clear()
         for (shape, st), n in counts.items():

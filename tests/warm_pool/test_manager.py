@@ -492,3 +492,32 @@ async def test_an_adapter_is_loaded_into_a_serving_base_and_routed_under_its_own
     # The base's engine starts with LoRA: an assignment of demo carries the flags.
     req2 = m._assign_request(cfg.models[0], "demo-2")
     assert req2.engine.extra["enable_lora"] is True and req2.engine.extra["max_loras"] == 4
+
+
+async def test_a_worker_terminated_takes_its_packed_engines_with_it() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    provider.running["w-1"] = Instance("i-w-1", "w-1", "gpu", clock() - 60, InstanceState.RUNNING)
+    m = await manager(packing_config(), provider, control, clock)
+    beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://w-1:9001",
+         capacity_bytes=48 * GIB, engines=["w-1.e"])
+
+    def engine_beat() -> None:
+        m.heartbeat(WorkerStatus(worker_id="w-1.e", instance_id="i-w-1", shape="gpu", state=S.READY,
+                                 control_url="http://w-1/engines/w-1.e", started_at=0.0, state_since=clock(),
+                                 model="tuned", assignment_id="tuned-1", engine_url="http://w-1:9002",
+                                 host_worker_id="w-1"))
+
+    engine_beat()
+    clock.t += m.adopt_grace_s
+    await step(m)
+    assert views(m) == {"w-1": "ready", "w-1.e": "ready"}
+    # The worker falls silent (its engine's last heartbeat is fresh): it is terminated, and
+    # its packed engine is forgotten with it instead of being routed to until it too is silent.
+    clock.t += 20
+    engine_beat()
+    await step(m)
+    assert provider.terminated == ["i-w-1"] and "w-1.e" not in m.facts
+    assert not m.route_table(clock())["tuned"].replicas
+    with pytest.raises(UnknownInstance):
+        engine_beat()
