@@ -79,6 +79,17 @@ class Stack:
         raise AssertionError(f"timed out waiting for {what}; last state: {json.dumps(state, indent=1)}")
 
 
+def push_demo(s3: S3Endpoint, tmp: Path, name: str, seed: int) -> str:
+    """The demo model with ``seed`` (another model of its engine class) built under
+    ``tmp`` and pushed to a fresh URI; returns the URI."""
+    from thaw.demo_model import build_demo_model
+
+    build_demo_model(tmp / name, seed=seed)
+    uri = f"s3://{BUCKET}/e2e/{name}-{tmp.name}-{os.getpid()}"
+    push_model(s3.client(), tmp / name, uri)
+    return uri
+
+
 @contextmanager
 def running_stack(
     store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path, tmp: Path,

@@ -21,12 +21,9 @@ import openai
 import psutil
 import pytest
 
-from tests.conftest import BUCKET
-from tests.e2e_stack import Stack, running_stack
-from thaw.demo_model import build_demo_model
+from tests.e2e_stack import Stack, push_demo, running_stack
 from thaw.embedded_store import EmbeddedStore
 from thaw.objstore import S3Endpoint
-from weight_streaming.push import push_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
@@ -67,9 +64,7 @@ def engine_group_rss(engine_url: str) -> tuple[int, int]:
 def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("pack-e2e")
-    build_demo_model(tmp / "tuned", seed=7)
-    tuned_uri = f"s3://{BUCKET}/e2e/pack-tuned-{tmp.name}"
-    push_model(s3.client(), tmp / "tuned", tuned_uri)
+    tuned_uri = push_demo(s3, tmp, "tuned", seed=7)
 
     def configure(cfg: dict[str, Any], uri: str) -> None:
         demo = cfg["models"][0]

@@ -13,12 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import BUCKET
-from tests.e2e_stack import Stack, running_stack
-from thaw.demo_model import build_demo_model
+from tests.e2e_stack import Stack, push_demo, running_stack
 from thaw.embedded_store import EmbeddedStore
 from thaw.objstore import S3Endpoint
-from weight_streaming.push import push_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
@@ -44,9 +41,7 @@ def kept_engine(st: dict[str, Any]) -> dict[str, Any] | None:
 def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("swap-e2e")
-    build_demo_model(tmp / "tuned", seed=7)
-    tuned_uri = f"s3://{BUCKET}/e2e/swap-tuned-{tmp.name}"
-    push_model(s3.client(), tmp / "tuned", tuned_uri)
+    tuned_uri = push_demo(s3, tmp, "tuned", seed=7)
 
     def configure(cfg: dict[str, Any], uri: str) -> None:
         demo = cfg["models"][0]

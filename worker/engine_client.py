@@ -82,26 +82,22 @@ class HttpEngineClient:
         return parse_lora_busy(r.text) if r.status_code == 200 else None
 
     async def _post_json(self, path: str, body: dict[str, str], what: str) -> None:
-        try:
-            r = await self._http.post(path, json=body, timeout=120.0)
-        except httpx.HTTPError as exc:
-            raise EngineError(f"engine {what} failed: {exc}") from None
-        if r.status_code != 200:
-            raise EngineError(f"engine {what} answered {r.status_code}: {r.text[:500]}")
+        await self._post(path, {}, what=what, body=body)
 
-    async def _post(self, path: str, params: dict[str, str], what: str) -> dict[str, object]:
+    async def _post(self, path: str, params: dict[str, str], what: str,
+                    body: dict[str, str] | None = None) -> dict[str, object]:
         try:
             # Moving a large model's weights takes a while: no short timeout here.
-            r = await self._http.post(path, params=params, timeout=600.0)
+            r = await self._http.post(path, params=params, json=body, timeout=600.0)
         except httpx.HTTPError as exc:
             raise EngineError(f"engine {what} failed: {exc}") from None
         if r.status_code != 200:
             raise EngineError(f"engine {what} answered {r.status_code}: {r.text[:500]}")
         try:
-            body = r.json()
+            answer = r.json()
         except ValueError:
             return {}
-        return body if isinstance(body, dict) else {}
+        return answer if isinstance(answer, dict) else {}
 
     async def aclose(self) -> None:
         await self._http.aclose()
