@@ -5,7 +5,9 @@ holding a built engine of the model's class, into which only the weights move (a
 a standby holding the weights in host memory or on its disk; a standby reading them from
 the store; no standby adds the shape's boot time), and how fast a ready replica serves
 (prefill tokens per second, seconds per output token). Per shape: its price and boot time come
-from the Thaw config itself.
+from the Thaw config itself. A LoRA adapter (a model with ``base``) is served by its
+base's engine at its base's speed; its own figures are how long loading it into a
+running engine and unloading it take (``adapter_load_s``, ``adapter_unload_s``).
 
 By default the figures come from the capacity planner (``thaw.planner``): the one
 per-replica cost model, for a catalog model on the shape's GPU. A JSON file of
@@ -47,6 +49,12 @@ SWAP_S = 0.3
 WAKE_S = 1.0
 # Releasing a replica (drain done, engine stopped) until the worker stands by again.
 RELEASE_S = 2.0
+# A LoRA adapter into a running engine of its base: fetch its few MiB from the store and
+# vLLM's load; 0.03-0.05 s measured on a real worker (the controller's reaction to the
+# request is the simulated tick, not part of this). Unloading it after its requests
+# drained: about 0.4 s measured.
+ADAPTER_LOAD_S = 0.05
+ADAPTER_UNLOAD_S = 0.4
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,10 @@ class ModelCosts:
     # weights), which a swap into a built engine skips; and what a swap adds instead.
     engine_start_s: float = ENGINE_INIT_S
     swap_s: float = SWAP_S
+    # An adapter (a model with ``base``): seconds to load it into a ready engine of its
+    # base, and to unload it once its requests are done.
+    adapter_load_s: float = ADAPTER_LOAD_S
+    adapter_unload_s: float = ADAPTER_UNLOAD_S
 
     def load_s(self, tier: str) -> float:
         """Seconds to ready from ``tier``: asleep, host, disk, or the store (s3)."""
@@ -104,8 +116,9 @@ class CostError(ValueError):
 
 _OVERRIDABLE = {f.name for f in fields(ModelCosts)} - {"source"}
 # A costs file that gives all of these needs no planner (the tiers default to the store's,
-# the engine start and the swap to the constants above).
-_REQUIRED = _OVERRIDABLE - {"host_load_s", "disk_load_s", "engine_start_s", "swap_s"}
+# the engine start, the swap and the adapters' figures to the constants above).
+_REQUIRED = _OVERRIDABLE - {"host_load_s", "disk_load_s", "engine_start_s", "swap_s", "adapter_load_s",
+                            "adapter_unload_s"}
 
 
 def planner_costs(model: Model, cfg: ThawConfig, catalog_model: str) -> ModelCosts:

@@ -24,7 +24,8 @@ class SimError(ValueError):
 
 def with_trace_models(cfg: ThawConfig, trace: Trace, template: str | None) -> ThawConfig:
     """``cfg`` with a model for every trace model it lacks, each a copy of ``template``
-    (a configured model's name) under the trace's name."""
+    (a configured model's name) under the trace's name: of an adapter, an adapter of
+    the same base."""
     missing = [name for name in trace.models if cfg.model(name) is None]
     if not missing:
         return cfg
@@ -38,8 +39,11 @@ def with_trace_models(cfg: ThawConfig, trace: Trace, template: str | None) -> Th
     bad = [name for name in missing if not _NAME.match(name)]
     if bad:
         raise SimError(f"trace model names unusable as config names: {bad[:5]}")
+    # A template that is an adapter makes adapters of its base (their files: their uri).
+    uri_keys = ("uri", "adapter_uri") if base.is_adapter else ("uri",)
     added = [base.model_copy(update={"name": name, "served_name": None,
-                                     "uri": f"{base.uri.rstrip('/')}-{name}"}) for name in missing]
+                                     **dict.fromkeys(uri_keys, f"{base.uri.rstrip('/')}-{name}")})
+             for name in missing]
     return cfg.model_copy(update={"models": [*cfg.models, *added]})
 
 

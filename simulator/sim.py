@@ -30,14 +30,30 @@ What is simulated, and what runs for real:
   (``thaw.fit.engine_memory`` of the cost model's weights: ``engine_sizes``), from which
   the policy finds the room. A packed engine is no instance: its time is its worker's,
   whose cost its engines share; released, it is gone. The policy never stops a worker
-  hosting one.
+  hosting one;
+- LoRA adapters (models with ``base``): a ``LoadAdapter`` loads the adapter into a ready
+  engine of its base (``adapter_load_s``: loading, then ready); an ``UnloadAdapter``
+  stops routing to it, waits for its requests in flight, then unloads it
+  (``adapter_unload_s``); when the base's replica is released, put to sleep or stopped,
+  its adapters go with it (a failed adapter load never happens here). A request for an
+  adapter is served by a ready engine of its base holding it ready, at the base's speed,
+  in the slots of that engine (the base's ``max_concurrency_per_replica``), which the
+  base's requests and every adapter's share (a freed slot goes to the longest-waiting
+  request of them); else it waits in the adapter's queue. An adapter's cold start is of
+  tier "adapter" when its base had the engine ready before the request, else of the
+  tier the base's engine came from (as the activator's ``cold_start_tier``). An adapter
+  is no instance and no engine: the engine's time and cost are its base's; the
+  adapter's row counts its requests and the seconds it was held in engines.
 
 The controller ticks every ``tick_s``. In ``exact`` mode it judges every model and pool
 on every tick, like the controller. By default it judges a model only on the ticks
 where its decision can change (its inputs moved out of the band that keeps its replica
 count, a worker of it changed, a keep-alive or pool deadline passed) and otherwise only
-does the tick's bookkeeping (``warm_pool.policy.track``); the two modes make the same
-decisions (tests/simulator/test_sim.py), the default one many times faster.
+does the tick's bookkeeping (``warm_pool.policy.track``). A base and its adapters are
+judged as one (the base's activity includes its adapters', an adapter's replicas are
+its base's engines): all of them when any one's decision can change. The two modes
+make the same decisions (tests/simulator/test_sim.py), the default one many times
+faster.
 """
 
 from __future__ import annotations
@@ -60,6 +76,7 @@ from warm_pool.policy import (
     Assign,
     Decision,
     Launch,
+    LoadAdapter,
     ModelActivity,
     ModelState,
     Pack,
@@ -71,6 +88,7 @@ from warm_pool.policy import (
     Start,
     Stop,
     Terminate,
+    UnloadAdapter,
     WorkerView,
     decide,
     kept_classes,
@@ -85,14 +103,14 @@ _SERVING = frozenset(("loading", "ready"))
 GIB = 1 << 30
 _STANDBY_LIKE = frozenset(("launching", "starting", "standby", "draining"))
 
-# Where a cold start's replica got its model, about the fastest start first: a wake, a
-# swap into a pre-built engine, a standby's memory or disk copy, the store, a packed
-# engine beside another model's (a full start, from the worker's disk cache or the
-# store), an instance launched for it.
-TIERS = ("asleep", "swap", "host", "disk", "s3", "packed", "launch")
+# Where a cold start's replica got its model, about the fastest start first: a wake, an
+# adapter loaded into an engine of its base already up, a swap into a pre-built engine,
+# a standby's memory or disk copy, the store, a packed engine beside another model's (a
+# full start, from the worker's disk cache or the store), an instance launched for it.
+TIERS = ("asleep", "adapter", "swap", "host", "disk", "s3", "packed", "launch")
 
 # Event kinds, in the order events at the same instant are handled.
-_WORKER, _DONE, _TIMEOUT = 0, 1, 2
+_WORKER, _ADAPTER, _DONE, _TIMEOUT = 0, 1, 2, 3
 # Request states.
 _WAITING, _ADMITTED, _TIMED_OUT, _REFUSED = 0, 1, 2, 3
 
@@ -112,30 +130,33 @@ def engine_classes(cfg: ThawConfig, costs: CostModel) -> dict[str, str]:
     ``snapshots``) and context length. That is the case ``prebuild`` is for (fine-tunes
     of one base, trace models copied from ``--model-template``) and optimistic for a
     config mixing architectures of one size: give those different ``weights_gib`` in a
-    costs file to keep them apart.
+    costs file to keep them apart. An adapter has no engine, so no class: it is served
+    by its base's.
     """
     if not any(p.prebuild for p in cfg.pools):
         return {}
     return {m.name: engine_class_of({"architectures": ["SimulatedForCausalLM"],
                                      "weights_gib": round(costs.models[m.name].weights_gib, 6)},
                                     m.engine, max_model_len=m.max_context_tokens).id
-            for m in cfg.models}
+            for m in cfg.models if m.base is None}
 
 
 def engine_sizes(cfg: ThawConfig, costs: CostModel) -> dict[str, int]:
     """The memory one engine of each model of a pool that packs holds on its shape, as
     the controller's snapshot gives it (``Snapshot.engine_bytes``):
-    ``thaw.fit.engine_memory`` of the cost model's weights. Empty when no pool packs."""
+    ``thaw.fit.engine_memory`` of the cost model's weights. Empty when no pool packs;
+    none for an adapter (no engine: it is loaded into its base's)."""
     packing = {p.shape for p in cfg.pools if p.pack}
     shapes = {s.name: s for s in cfg.shapes}
     return {m.name: engine_memory(int(costs.models[m.name].weights_gib * GIB), m.engine, shapes[m.shape])
-            for m in cfg.models if m.shape in packing}
+            for m in cfg.models if m.shape in packing and m.base is None}
 
 
 class _Worker:
     __slots__ = ("id", "shape", "price", "state", "model", "aid", "since", "entered", "inflight",
                  "epoch", "tier", "view", "releasing", "host", "disk", "cached", "engine", "engine_of",
-                 "built", "built_at", "park", "inside", "packed", "mem", "cap")
+                 "built", "built_at", "park", "inside", "packed", "mem", "cap", "adapters", "started_at",
+                 "ready_at")
 
     def __init__(self, wid: str, shape: str, price: float, state: str, now: float, *, cap: int = 0,
                  inside: _Worker | None = None) -> None:
@@ -154,6 +175,12 @@ class _Worker:
         self.inflight = 0
         self.epoch = 0  # bumps on every change: a scheduled transition of an older epoch is void
         self.tier = "s3"
+        # When the instance was last launched or started, and when its engine last became
+        # ready (an adapter's cold start is of tier "adapter" when that was before it).
+        self.started_at = now
+        self.ready_at = INF
+        # The adapters in its engine, in the order they were loaded.
+        self.adapters: dict[_Model, _Loaded] = {}
         self.releasing = False
         # Models whose weights it holds (name -> GiB), least recently loaded first, and
         # what its status says of them (rebuilt only when they change).
@@ -176,7 +203,8 @@ class _Worker:
                           self.model.name if self.model else None, self.aid, None, self.since, self.cached,
                           prebuilt_class=self.engine, prebuilt_ready=self.built,
                           host=self.inside.id if self.inside is not None else None,
-                          memory_bytes=self.mem if self.aid is not None else 0, capacity_bytes=self.cap)
+                          memory_bytes=self.mem if self.aid is not None else 0, capacity_bytes=self.cap,
+                          adapters=tuple((a.name, rec.state) for a, rec in self.adapters.items()))
 
     def keep_engine(self, cls: str | None, of: _Model | None = None, *, built: bool = True,
                     built_at: float = 0.0) -> None:
@@ -208,15 +236,33 @@ class _Worker:
         return "host" if m.name in self.host else "disk" if m.name in self.disk else "s3"
 
 
+class _Loaded:
+    """An adapter in a worker's engine: loading, ready or unloading (then gone), and its
+    requests in flight there (an unload waits for them)."""
+
+    __slots__ = ("m", "w", "state", "inflight", "epoch", "since")
+
+    def __init__(self, m: _Model, w: _Worker, now: float) -> None:
+        self.m, self.w, self.state, self.since = m, w, "loading", now
+        self.inflight = 0
+        self.epoch = 0  # bumps on every change: a scheduled transition of an older epoch is void
+
+
 class _Model:
     __slots__ = ("idx", "name", "cfg", "a", "costs", "cls", "ready", "serving", "queue", "queued", "in_flight",
                  "arrivals", "hot_ttfts", "last_request_at", "cold_open", "cold_since", "cold_tier",
                  "slo_s", "prefill_tps", "tpot_s", "max_conc", "max_queue", "timeout_s",
-                 "band_for", "keep_cache", "deadline_key", "deadline_times", "stats")
+                 "band_for", "keep_cache", "deadline_key", "deadline_times", "stats", "base", "adapters", "group")
 
     def __init__(self, idx: int, m: Model, costs: ModelCosts, slo_s: float, cls: str | None = None) -> None:
         self.idx, self.name, self.cfg, self.a, self.costs = idx, m.name, m, m.autoscaling, costs
         self.cls = cls  # its engine class if its engine is kept (policy.kept_classes), else None
+        # An adapter: its base (its ready and serving are the base's engines holding it
+        # ready, and loading or ready: its replicas); a base: its adapters; either: the
+        # models judged together with it (the base first, then its adapters).
+        self.base: _Model | None = None
+        self.adapters: list[_Model] = []
+        self.group: tuple[_Model, ...] = (self,)
         self.ready: list[_Worker] = []
         self.serving = 0  # loading + ready workers
         self.queue: deque[int] = deque()
@@ -254,6 +300,7 @@ class _Stats:
     replica_s: float = 0.0
     asleep_s: float = 0.0
     usd: float = 0.0
+    adapter_s: float = 0.0  # an adapter: seconds held in engines (loading, ready, unloading)
     cold_start_s: list[float] = field(default_factory=list)
     tiers: dict[str, int] = field(default_factory=dict)
 
@@ -263,7 +310,7 @@ class ColdStart:
     model: str
     at: float
     ready_after_s: float
-    tier: str  # asleep | swap | host | disk | s3 | packed | launch
+    tier: str  # asleep | adapter | swap | host | disk | s3 | packed | launch
 
 
 @dataclass
@@ -311,6 +358,17 @@ class Simulator:
         for i, m in enumerate(cfg.models):
             if m.served_name:
                 self.by_name.setdefault(m.served_name, self.models[i])
+        for a in self.models:
+            if a.cfg.base is not None:
+                # Served by its base's engine: at its speed, in its slots.
+                base = a.base = self.by_name[a.cfg.base]
+                base.adapters.append(a)
+                a.prefill_tps, a.tpot_s, a.max_conc = base.prefill_tps, base.tpot_s, base.max_conc
+        for b in self.models:
+            if b.adapters:
+                b.group = (b, *b.adapters)
+                for a in b.adapters:
+                    a.group = b.group
         # Trace model index -> simulated model.
         self.trace_models = [self.by_name[name] for name in trace.models]
         self.shapes = {s.name: s for s in cfg.shapes}
@@ -357,7 +415,7 @@ class Simulator:
         # Every pool starts at its standby floor, already standing by (a running fleet).
         for pool in cfg.pools:
             for _ in range(pool.standby_min):
-                self._new_worker(pool.shape, "standby")
+                self._new_worker(pool.shape, "standby").started_at = -INF
 
     # -- bookkeeping --------------------------------------------------------------
 
@@ -412,6 +470,8 @@ class Simulator:
             w.aid = aid  # type: ignore[assignment]
         if since is not False:
             w.since = since  # type: ignore[assignment]
+        if w.adapters and (state != "ready" or w.model is not old_model):
+            self._drop_adapters(w, t)
         w.epoch += 1
         w.view = w._view()
         self.views_dirty = self.pools_dirty = True
@@ -425,6 +485,36 @@ class Simulator:
             if m is not None:
                 m.band_for = None
                 self.dirty.add(m)
+
+    def _drop_adapters(self, w: _Worker, t: float) -> None:
+        """``w``'s engine stops serving (released, put to sleep): its adapters go with it.
+        Their requests in flight still finish there (the release waits for them)."""
+        for a, rec in w.adapters.items():
+            self._adapter_gone(a, rec, t)
+        w.adapters.clear()
+
+    def _adapter_gone(self, a: _Model, rec: _Loaded, t: float) -> None:
+        """``rec`` leaves its engine (no longer a replica of ``a``, if it still was)."""
+        if rec.state == "ready":
+            a.ready.remove(rec.w)
+        if rec.state in _SERVING:
+            a.serving -= 1
+        a.stats.adapter_s += t - rec.since
+        rec.state = "gone"
+        rec.epoch += 1
+        for m in a.group:
+            m.band_for = None
+            self.dirty.add(m)
+
+    def _adapters_changed(self, w: _Worker) -> None:
+        """``w``'s adapters changed, its state did not: a new view, and its base and that
+        base's adapters judged again (an adapter's replicas, the free adapter slots)."""
+        w.view = w._view()
+        self.views_dirty = True
+        assert w.model is not None
+        for m in w.model.group:
+            m.band_for = None
+            self.dirty.add(m)
 
     def _engine_changed(self, w: _Worker) -> None:
         """``w``'s kept engine changed, its state did not: a new view (for placement and
@@ -452,6 +542,10 @@ class Simulator:
         self.req_state[i] = _ADMITTED
         w.inflight += 1
         m.in_flight += 1
+        done: _Worker | _Loaded = w
+        if m.base is not None:
+            done = w.adapters[m]
+            done.inflight += 1
         prefill = tr.input_tokens[i] / m.prefill_tps
         ttft = t - tr.t[i] + prefill
         st = m.stats
@@ -460,7 +554,7 @@ class Simulator:
             st.slo_met += 1
         if not self.req_cold[i] and len(m.hot_ttfts) < MAX_TTFTS:
             m.hot_ttfts.append(ttft)
-        self._push(t + prefill + tr.output_tokens[i] * m.tpot_s, _DONE, w)
+        self._push(t + prefill + tr.output_tokens[i] * m.tpot_s, _DONE, done)
 
     def _drain_queue(self, m: _Model, t: float) -> None:
         q = m.queue
@@ -475,6 +569,36 @@ class Simulator:
             q.popleft()
             m.queued -= 1
             self._admit(m, w, i, t)
+
+    def _head(self, m: _Model) -> int | None:
+        """The request first in ``m``'s queue (ones timed out dropped), None: none."""
+        q = m.queue
+        while q and self.req_state[q[0]] != _WAITING:
+            q.popleft()
+        return q[0] if q else None
+
+    def _free_slot(self, w: _Worker, t: float) -> None:
+        """A slot of ready ``w`` freed: its model's queue takes it; an engine holding
+        adapters gives it to the longest-waiting request of its base and adapters."""
+        m = w.model
+        assert m is not None
+        if not w.adapters:
+            if m.queued:
+                self._drain_queue(m, t)
+            return
+        sharing = [m, *(a for a, rec in w.adapters.items() if rec.state == "ready")]
+        while w.inflight < m.max_conc:
+            first: tuple[int, _Model] | None = None
+            for x in sharing:
+                i = self._head(x) if x.queued else None
+                if i is not None and (first is None or i < first[0]):
+                    first = (i, x)
+            if first is None:
+                return
+            i, x = first
+            x.queue.popleft()
+            x.queued -= 1
+            self._admit(x, w, i, t)
 
     def _arrive(self, i: int, t: float) -> None:
         m = self.trace_models[self.trace.model[i]]
@@ -506,19 +630,24 @@ class Simulator:
                 self.dirty.add(m)
                 self.kick_pending = True
 
-    def _done(self, w: _Worker, t: float) -> None:
-        m = w.model
+    def _done(self, of: _Worker | _Loaded, t: float) -> None:
+        """A request answered, by a worker's engine or an adapter in it."""
+        w = of.w if isinstance(of, _Loaded) else of
+        m = of.m if isinstance(of, _Loaded) else of.model
+        assert m is not None and w.model is not None
+        if isinstance(of, _Loaded):
+            of.inflight -= 1
+            if of.state == "unloading" and of.inflight == 0:
+                self._push(t + m.costs.adapter_unload_s, _ADAPTER, of, of.epoch)
         w.inflight -= 1
-        assert m is not None
         m.in_flight -= 1
         m.last_request_at = t
         self.touched.add(m)
         if w.state == "ready":
-            if m.queued:
-                self._drain_queue(m, t)
+            self._free_slot(w, t)
         elif w.releasing and w.inflight == 0:
             w.releasing = False
-            self._after(w, m.costs.release_s)
+            self._after(w, w.model.costs.release_s)
         self.open_requests -= 1
 
     def _timeout(self, m: _Model, i: int) -> None:
@@ -541,6 +670,7 @@ class Simulator:
             if m.cls is not None:
                 # Its engine (built now, or swapped into) can take another model of its class.
                 w.keep_engine(m.cls, m)
+            w.ready_at = t
             self._set(w, "ready", t)
             shape = self.shapes[w.shape]
             disk_gib = shape.cache.max_gib if shape.cache else 0.0
@@ -550,11 +680,7 @@ class Simulator:
                 w.hold(m, shape.host_cache_gib, disk_gib)
             m.ready.append(w)
             if m.cold_open:
-                m.cold_open = False
-                tier = m.cold_tier or w.tier
-                m.stats.cold_start_s.append(t - m.cold_since)
-                m.stats.tiers[tier] = m.stats.tiers.get(tier, 0) + 1
-                self.cold_records.append(ColdStart(m.name, m.cold_since, t - m.cold_since, tier))
+                self._cold_start_ends(m, m.cold_tier or w.tier, t)
             self._drain_queue(m, t)
         elif s in ("launching", "starting"):
             self._set(w, "standby", t)
@@ -576,10 +702,58 @@ class Simulator:
             w.built = True
             self._engine_changed(w)
 
+    def _adapter_event(self, rec: _Loaded, epoch: int, t: float) -> None:
+        """An adapter's load or unload ends."""
+        if rec.epoch != epoch:
+            return
+        w, a = rec.w, rec.m
+        if rec.state == "loading":
+            rec.state = "ready"
+            a.ready.append(w)
+            self._adapters_changed(w)
+            if a.cold_open:
+                self._cold_start_ends(a, self._adapter_tier(w, a.cold_since), t)
+            self._drain_queue(a, t)
+        elif rec.state == "unloading":
+            del w.adapters[a]
+            self._adapter_gone(a, rec, t)
+            self._adapters_changed(w)
+
+    def _cold_start_ends(self, m: _Model, tier: str, t: float) -> None:
+        """A replica of ``m`` is ready for the requests waiting on its cold start."""
+        m.cold_open = False
+        m.stats.cold_start_s.append(t - m.cold_since)
+        m.stats.tiers[tier] = m.stats.tiers.get(tier, 0) + 1
+        self.cold_records.append(ColdStart(m.name, m.cold_since, t - m.cold_since, tier))
+
+    @staticmethod
+    def _adapter_tier(w: _Worker, since: float) -> str:
+        """Where an adapter's cold start since ``since`` got its replica, as the activator
+        says (``activator.routing.cold_start_tier``): "adapter" when the engine of its
+        base was ready before, else where that engine came from."""
+        if w.ready_at <= since:
+            return "adapter"
+        if w.tier == "asleep" or w.inside is not None:
+            return w.tier  # a wake; a packed engine (its worker was up: no launch)
+        # Launched (or started) for it: at the request's tick or after.
+        return "launch" if w.started_at >= since else w.tier
+
     # -- the controller -------------------------------------------------------------
 
     def _activity(self, m: _Model) -> ModelActivity:
         return ModelActivity(m.queued, m.in_flight, m.last_request_at, m.arrivals, tuple(m.hot_ttfts))
+
+    def _tracked_activity(self, m: _Model) -> ModelActivity:
+        """``m``'s traffic as ``decide`` counts it: a base's with its adapters' added (in
+        config order, as ``decide`` adds them)."""
+        act = self._activity(m)
+        for a in m.adapters:
+            act = act.plus(self._activity(a))
+        return act
+
+    def _demand(self, m: _Model) -> int:
+        """Requests queued and in flight for ``m``: a base's with its adapters'."""
+        return sum(x.queued + x.in_flight for x in m.group) if m.adapters else m.queued + m.in_flight
 
     def _reported(self, m: _Model) -> None:
         m.arrivals = 0
@@ -608,7 +782,7 @@ class Simulator:
             return False
         last = ms.last_scale
         current = m.serving
-        demand = m.queued + m.in_flight
+        demand = self._demand(m)
         if last is None:
             return False
         if last.target != current:
@@ -639,11 +813,12 @@ class Simulator:
             m.band_for = current
         return True
 
-    def _keep_settled(self, m: _Model, ms: ModelState, t: float) -> None:
-        """Not judged this tick: keep the bookkeeping ``track`` did for it."""
+    def _keep_settled(self, m: _Model, ms: ModelState, t: float, tracked: bool) -> None:
+        """Not judged this tick: keep the bookkeeping ``track`` did for it (``tracked``:
+        it did some)."""
         self.watch.discard(m)
         self._note_waiting(m, ms)
-        if m in self.touched:
+        if tracked:
             self.ms[m.name] = ms
             self._reported(m)
             self._deadlines_for(m, ms, t)
@@ -656,7 +831,7 @@ class Simulator:
 
     def _deadlines_for(self, m: _Model, ms: ModelState, t: float) -> None:
         """Wake the model when its keep-alive window opens or closes."""
-        if ms.idle_since is None or m.queued or m.in_flight:
+        if ms.idle_since is None or self._demand(m):
             # Busy: the keep-alive window does not apply until it is idle again.
             m.deadline_key, m.deadline_times = None, ()
             return
@@ -702,18 +877,34 @@ class Simulator:
             judge = self.models
         else:
             judge = []
+            seen: set[int] = set()
             for m in sorted(dirty | self.watch | self.touched | self.waiting, key=lambda m: m.idx):
-                if m in dirty:
-                    judge.append(m)
+                # A base and its adapters as one: all judged when any one must be.
+                group = m.group
+                if len(group) > 1:
+                    if group[0].idx in seen:
+                        continue
+                    seen.add(group[0].idx)
+                if any(x in dirty for x in group):
+                    judge.extend(group)
                     continue
-                ms = self.ms.get(m.name) or ModelState()
-                if m in self.touched:
-                    # This tick's bookkeeping first: judged as it would leave the model.
-                    ms = track(ms, self._activity(m), m.a, t)
-                if not self._settled(m, ms, t):
-                    judge.append(m)  # decide() does the bookkeeping itself
+                busy = any(x in self.touched for x in group)
+                states = []
+                for x in group:
+                    # A base's traffic includes its adapters'.
+                    tracked = x in self.touched or (busy and bool(x.adapters))
+                    ms = self.ms.get(x.name) or ModelState()
+                    if tracked:
+                        # This tick's bookkeeping first: judged as it would leave the model.
+                        ms = track(ms, self._tracked_activity(x), x.a, t)
+                    states.append((x, ms, tracked))
+                if not all(self._settled(x, ms, t) for x, ms, _ in states):
+                    judge.extend(group)  # decide() does the bookkeeping itself
                     continue
-                self._keep_settled(m, ms, t)
+                for x, ms, tracked in states:
+                    self._keep_settled(x, ms, t, tracked)
+            if seen:
+                judge.sort(key=lambda m: m.idx)
         if judge or self.pools_dirty:
             self._judge(judge, t)
 
@@ -795,6 +986,7 @@ class Simulator:
             self._after(w, self.shapes[d.shape].boot_s)
         elif isinstance(d, Start):
             w = self.workers[d.worker_id]
+            w.started_at = t
             self._set(w, "starting", t)
             self._after(w, self.shapes[w.shape].boot_s)
         elif isinstance(d, Stop):
@@ -816,6 +1008,42 @@ class Simulator:
             w.keep_engine(d.engine_class, m, built=False, built_at=t + build_s)
             self._engine_changed(w)
             self._after(w, build_s)
+        elif isinstance(d, LoadAdapter):
+            self._load_adapter(d, t)
+        elif isinstance(d, UnloadAdapter):
+            self._unload_adapter(d, t)
+
+    def _load_adapter(self, d: LoadAdapter, t: float) -> None:
+        """Load an adapter into ``d.worker_id``'s engine of its base: a replica of the
+        adapter once loaded, in the engine's slots."""
+        w = self.workers.get(d.worker_id)
+        a = self.by_name[d.model]
+        if w is None or w.state != "ready" or w.model is not a.base:
+            # Released by a decision of the same tick: a draining engine takes no adapter
+            # (the policy sees it gone on the next tick).
+            return
+        rec = w.adapters[a] = _Loaded(a, w, t)
+        a.serving += 1
+        self._adapters_changed(w)
+        self._push(t + a.costs.adapter_load_s, _ADAPTER, rec, rec.epoch)
+
+    def _unload_adapter(self, d: UnloadAdapter, t: float) -> None:
+        """Unload an adapter: no new request goes to it; it goes once those in flight
+        are answered, ``adapter_unload_s`` after."""
+        w = self.workers.get(d.worker_id)
+        a = self.by_name[d.model]
+        rec = w.adapters.get(a) if w is not None else None
+        if w is None or rec is None:
+            return  # gone with its engine, released by a decision of the same tick
+        if rec.state == "ready":
+            a.ready.remove(w)
+        if rec.state in _SERVING:
+            a.serving -= 1
+        rec.state = "unloading"
+        rec.epoch += 1
+        if rec.inflight == 0:
+            self._push(t + a.costs.adapter_unload_s, _ADAPTER, rec, rec.epoch)
+        self._adapters_changed(w)
 
     def _pack(self, d: Pack, t: float) -> None:
         """Start a packed engine on ``d.worker_id``: a new replica, not an instance."""
@@ -881,6 +1109,8 @@ class Simulator:
                     self._done(obj, t)
                 elif kind == _WORKER:
                     self._worker_event(obj, arg, t)
+                elif kind == _ADAPTER:
+                    self._adapter_event(obj, arg, t)
                 else:
                     self._timeout(obj, arg)
             elif ta <= tt:
@@ -899,6 +1129,8 @@ class Simulator:
         end = max(self.now, tr.duration_s)
         for w in self.workers.values():
             self._account(w, end)
+            for a, rec in w.adapters.items():
+                a.stats.adapter_s += end - rec.since
         return SimResult(self._summary(end), self.decisions, self.cold_records, self.ticks, self.judged, end)
 
     # -- the answer -----------------------------------------------------------------------
@@ -909,13 +1141,17 @@ class Simulator:
         tiers: dict[str, int] = {}
         for m in self.models:
             st = m.stats
-            if not st.requests and not st.replica_s and not st.asleep_s:
+            if not st.requests and not st.replica_s and not st.asleep_s and not st.adapter_s:
                 continue
             per_model[m.name] = _row(st) | {
                 "queue_full": st.queue_full,
                 "cold_start_s": percentiles(st.cold_start_s),
                 "cold_starts_by_tier": dict(sorted(st.tiers.items())),
             }
+            if m.base is not None:
+                # No engine of its own: its base's engines served it (and their time and
+                # cost are the base's); how long it was held in them.
+                per_model[m.name] |= {"base": m.base.name, "adapter_seconds": round(st.adapter_s, 3)}
             tot.ttfts.extend(st.ttfts)
             for tier, n in st.tiers.items():
                 tiers[tier] = tiers.get(tier, 0) + n

@@ -23,6 +23,25 @@ def config(models: int = 1, *, idle_grace_s: float = 100, standby_min: int = 1, 
     })
 
 
+def with_adapters(cfg: ThawConfig, adapters: dict[str, str], *, max_loras: int | None = None,
+                  **autoscaling: Any) -> ThawConfig:
+    """``cfg`` with the models named in ``adapters`` made LoRA adapters of the base each
+    maps to (their shape, context and engine the base's; ``autoscaling`` their own, over
+    what they had, less the asleep tier an adapter cannot have); ``max_loras`` on the
+    bases."""
+    data = cfg.model_dump()
+    for m in data["models"]:
+        base = adapters.get(m["name"])
+        if base is not None:
+            for key in ("shape", "max_context_tokens", "engine", "uri", "lora"):
+                m.pop(key)
+            m["base"], m["adapter_uri"] = base, f"s3://thaw/adapters/{m['name']}"
+            m["autoscaling"] |= {"asleep_ttl_s": 0, **autoscaling}
+        elif max_loras is not None and m["name"] in adapters.values():
+            m["lora"] = {"max_loras": max_loras}
+    return ThawConfig.model_validate(data)
+
+
 def costs(cfg: ThawConfig, *, load_s: float = 10.0, prefill: float = 1000.0, tpot_s: float = 0.01,
           release_s: float = 0.0) -> CostModel:
     return CostModel({m.name: ModelCosts(weights_gib=1.0, standby_load_s=load_s, asleep_load_s=1.0,
@@ -41,7 +60,13 @@ def equivalence_cfg(variant: int) -> ThawConfig:
     """Configs the fast and exact modes are compared on: 0 plain, 1 the asleep tier, 2
     histogram keep-alive, 3 min_replicas and an upscale delay, 4 pre-built engines, 5
     those and the asleep tier, 6 packed engines, 7 those with the asleep tier and a
-    disk cache."""
+    disk cache, 8 m1 and m2 LoRA adapters of m0 (one adapter per engine: they wait for
+    each other's slot), 9 those in packed engines with the asleep tier on the bases and
+    two adapters per engine."""
+    if variant == 8:
+        return with_adapters(equivalence_cfg(0), {"m1": "m0", "m2": "m0"}, max_loras=1, idle_grace_s=15)
+    if variant == 9:
+        return with_adapters(equivalence_cfg(7), {"m1": "m0", "m2": "m0"}, max_loras=2, idle_grace_s=15)
     base: dict[str, Any] = {"idle_grace_s": 40, "max_replicas": 3, "target_concurrency": 2,
                             "max_concurrency_per_replica": 4, "downscale_delay_s": 5, "stable_window_s": 20,
                             "panic_window_s": 4}

@@ -18,7 +18,7 @@ from simulator.run import SimError, prepare, with_trace_models
 from simulator.sim import SUMMARY_KEYS, Simulator, engine_classes
 from tests.simulator.support import config, costs, equivalence_cfg, trace
 from thaw.config import ThawConfig
-from warm_pool.policy import Pack, Prebuild, decide
+from warm_pool.policy import Pack, Prebuild, UnloadAdapter, decide
 
 
 def test_a_hand_computed_run() -> None:
@@ -99,7 +99,7 @@ def test_fixed_keep_alive_cold_starts_are_the_gaps_longer_than_k(k: int, seed_ga
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(variant=st.integers(0, 7),
+@given(variant=st.integers(0, 9),
        arrivals=st.lists(st.tuples(st.floats(0, 400, allow_nan=False), st.integers(0, 3), st.integers(1, 4000),
                                    st.integers(1, 400)), min_size=1, max_size=60))
 def test_the_fast_mode_makes_the_controllers_decisions(variant: int, arrivals: list[tuple[float, int, int, int]]) -> None:
@@ -116,8 +116,9 @@ def test_the_fast_mode_makes_the_controllers_decisions(variant: int, arrivals: l
 
 
 # The asleep tier; with pre-built engines too, on a sparser trace (idle standbys build
-# engines between cold starts, which swap into them); packed engines.
-@pytest.mark.parametrize(("variant", "step_s", "span_s"), [(1, 7.0, 500), (5, 37.0, 3000), (7, 13.0, 900)])
+# engines between cold starts, which swap into them); packed engines; LoRA adapters.
+@pytest.mark.parametrize(("variant", "step_s", "span_s"), [(1, 7.0, 500), (5, 37.0, 3000), (7, 13.0, 900),
+                                                          (8, 13.0, 900)])
 def test_each_decision_is_what_decide_returns_for_the_same_inputs(variant: int, step_s: float, span_s: int) -> None:
     # Record what the simulator hands decide() and replay it: the simulator neither
     # adds, drops nor alters a decision.
@@ -149,6 +150,8 @@ def test_each_decision_is_what_decide_returns_for_the_same_inputs(variant: int, 
         assert any(isinstance(d, Prebuild) for _, d in r.decisions) and r.summary["cold_starts_by_tier"]["swap"]
     if variant == 7:
         assert any(isinstance(d, Pack) for _, d in r.decisions) and r.summary["cold_starts_by_tier"]["packed"]
+    if variant == 8:
+        assert any(isinstance(d, UnloadAdapter) for _, d in r.decisions) and r.summary["cold_starts_by_tier"]["adapter"]
 
 
 def test_same_inputs_same_output() -> None:
