@@ -57,6 +57,11 @@ class _Msg(BaseModel):
 # its disk cache or the store (s3), or a new instance had to be launched first.
 Tier = Literal["hot", "asleep", "adapter", "swap", "packed", "host", "disk", "s3", "launch"]
 TIERS: tuple[Tier, ...] = ("hot", "asleep", "adapter", "swap", "packed", "host", "disk", "s3", "launch")
+# Why a model failed to start, from the type of the exception behind it (never from its
+# text): its weights did not match their manifest (a checksum, a malformed file, an
+# object changed since the push), the store could not give them (not found, refused,
+# unreachable), the worker's memory, or anything else in the engine.
+FailureKind = Literal["weights_integrity", "store", "memory", "engine"]
 # Where a load read its weights: a worker's cache tiers, the store, or a local
 # directory (a model not in the store: tests, `thaw snapshot build`).
 LoadSource = Literal["host", "disk", "s3", "local"]
@@ -246,6 +251,8 @@ class WorkerStatus(_Msg):
     # The current assignment's snapshot restore (and capture); None without an assignment.
     snapshot: SnapshotView | None = None
     error: str | None = None
+    # What kind of failure ``error`` is (with it).
+    failure_kind: FailureKind | None = None
     in_flight: int | None = None
     # The current assignment's load (None: not loaded yet, or no assignment).
     load: LoadView | None = None

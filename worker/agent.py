@@ -32,7 +32,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, get_args
 
 from snapshotter.ops import StoreSnapshots
 from thaw.aio import wait_event
@@ -43,6 +43,7 @@ from thaw.objstore import S3Endpoint, read_model_config
 from thaw.s3uri import S3UriError, check_allowed
 from thaw.wire import (
     AssignRequest,
+    FailureKind,
     LoadView,
     Phases,
     PrebuildRequest,
@@ -231,6 +232,7 @@ class Agent:
             ),
             snapshot=snapshot_view(f.snapshot) if a and f.snapshot else None,
             error=f.failure,
+            failure_kind=_kind(f.failure_kind) if f.failure is not None else None,
             in_flight=f.in_flight,
             load=f.load if a else None,
             cached=self._caches.cached,
@@ -298,7 +300,8 @@ class Agent:
                 self.host_unwell(f"building an engine failed: {event.get('error') or 'no reason given'}")
                 self._supervisor.replace(graceful=False)
                 return
-            self._fail(f"engine failed to start: {event.get('error') or 'no reason given'}")
+            self._fail(f"engine failed to start: {event.get('error') or 'no reason given'}",
+                       _kind(event.get("kind")))
         elif kind in (EV_SWAPPED, EV_SWAP_FAILED, EV_PARKED):
             waiter = self._waiters.pop(str(event.get("swap_id")), None)
             if waiter is not None and not waiter.done():
@@ -354,7 +357,8 @@ class Agent:
         a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock(),
                        req.memory_bytes)
         self.record(assignment=a, snapshot_restored_at=None, snapshot=None, launched_at=None,
-                    weights_loaded_at=None, engine_ready_at=None, failure=None, in_flight=None, load=None)
+                    weights_loaded_at=None, engine_ready_at=None, failure=None, failure_kind=None, in_flight=None,
+                    load=None)
         log.info("assignment_accepted", assignment_id=a.assignment_id, model=a.model, uri=a.uri)
         self._assignment_task = self._tasks.spawn(self._run_assignment(a, req), name="assignment")
 
@@ -379,10 +383,11 @@ class Agent:
         try:
             manifest = await asyncio.to_thread(self._manifest_reader, store, req.uri)
         except Exception as exc:
-            self._fail(f"cannot read the model's manifest at {req.uri}: {exc}")
+            self._fail(f"cannot read the model's manifest at {req.uri}: {exc}", "store")
             return
         if manifest is None:
-            self._fail(f"no model at {req.uri} (no thaw-manifest.json: not pushed, or the push was interrupted)")
+            self._fail(f"no model at {req.uri} (no thaw-manifest.json: not pushed, or the push was interrupted)",
+                       "store")
             return
         # An engine that may be kept (a class was named) or a kept one here: what the
         # model is to an engine decides between a swap and a build.
@@ -597,7 +602,7 @@ class Agent:
                                              served_model_name=req.served_model_name, loader_options=extra))
         if ev.get("event") != EV_SWAPPED:
             self._fail(f"swapping the model into the engine failed ({ev.get('kind', 'engine')}): "
-                       f"{ev.get('error') or 'no reason given'}")
+                       f"{ev.get('error') or 'no reason given'}", _kind(ev.get("cause")))
             return False
         report = ev.get("load")
         lv = load_view(req.uri, report if isinstance(report, dict) else None).model_copy(update={"swap": True})
@@ -634,7 +639,7 @@ class Agent:
         finally:
             self._waiters.pop(cmd.swap_id, None)
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, kind: FailureKind = "engine") -> None:
         """The current assignment failed: record why, stop its engine host (if it was
         launched) and start a fresh one. The first reason wins."""
         f = self._facts
@@ -647,7 +652,7 @@ class Agent:
             task.cancel()
         # Its engine (kept or not) is never served or swapped into again: it goes with
         # its engine host, and from now on is no longer offered.
-        self.record(failure=reason, in_flight=None, prebuilt=None, adapters=())
+        self.record(failure=reason, failure_kind=kind, in_flight=None, prebuilt=None, adapters=())
         self._tasks.spawn(self._close_engine(), name="close_engine")
         host = self._supervisor.host
         if host is not None and host.launched:
@@ -717,7 +722,7 @@ class Agent:
         a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock())
         self.record(assignment=a, sleep_requested_at=None, snapshot_restored_at=None, snapshot=None,
                      launched_at=None, weights_loaded_at=None, engine_ready_at=None, woken_at=None,
-                     failure=None, load=LoadView(tier="asleep"))
+                     failure=None, failure_kind=None, load=LoadView(tier="asleep"))
         log.info("assignment_accepted", assignment_id=a.assignment_id, model=a.model, uri=a.uri, wake=True)
         self._wake_task = self._tasks.spawn(self._run_wake(a), name="wake")
 
@@ -755,7 +760,7 @@ class Agent:
         f = self._facts
         if f.assignment is None:
             if f.failure is not None:  # an engine host failed while standing by
-                self.record(failure=None)
+                self.record(failure=None, failure_kind=None)
                 return True
             return False
         if req.assignment_id is not None and req.assignment_id != f.assignment.assignment_id:
@@ -833,7 +838,13 @@ class Agent:
         self._launched = None
         self.record(assignment=None, snapshot_restored_at=None, snapshot=None, launched_at=None,
                      weights_loaded_at=None, engine_ready_at=None, release_requested_at=None, failure=None,
+                     failure_kind=None,
                      in_flight=None, sleep_requested_at=None, woken_at=None, load=None, adapters=())
+
+
+def _kind(value: object) -> FailureKind:
+    """A failure kind an engine host reported (anything else, or none: "engine")."""
+    return value if value in get_args(FailureKind) else "engine"  # type: ignore[return-value]
 
 
 def _prebuilt_view(p: Prebuilt | None) -> PrebuiltView | None:

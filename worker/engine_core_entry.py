@@ -44,6 +44,7 @@ from worker.launch import (
     EV_WEIGHTS_LOADED,
     FORKSERVER_ENV,
     emit_event,
+    failure_kind,
     root_cause,
 )
 
@@ -99,7 +100,7 @@ def run_engine_core(*args: Any, thaw_env: dict[str, str] | None = None, **kwargs
     except SystemExit:
         raise
     except BaseException as exc:
-        emit_event(EV_FAILED, error=root_cause(exc), where="engine_core")
+        emit_event(EV_FAILED, error=root_cause(exc), where="engine_core", kind=failure_kind(exc))
         raise
 
 

@@ -44,6 +44,7 @@ from worker.launch import (
     FORKSERVER_PRELOAD,
     LaunchCommand,
     emit_event,
+    failure_kind,
     forkserver_probe,
     root_cause,
     vllm_argv,
@@ -198,7 +199,7 @@ def main() -> int:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             return 0
         traceback.print_exc()
-        emit_event(EV_FAILED, error=root_cause(exc), where="engine_host")
+        emit_event(EV_FAILED, error=root_cause(exc), where="engine_host", kind=failure_kind(exc))
         return 1
     return 0
 

@@ -21,14 +21,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from thaw.config import EngineArgs
+from thaw.wire import FailureKind
 
 # Events (the "event" field of a line on the engine host's stdout).
 EV_IMPORTED = "imported"  # ready for a launch; fields: t, import_s, preloaded
 EV_LAUNCHED = "launched"  # launch command accepted; fields: t, port
 EV_WEIGHTS_LOADED = "weights_loaded"  # fields: t
-EV_FAILED = "failed"  # fields: error, where ("engine_host" | "engine_core")
+EV_FAILED = "failed"  # fields: error, where ("engine_host" | "engine_core"), kind (FailureKind)
 EV_SWAPPED = "swapped"  # fields: swap_id, load (the loader's summary), seconds (per step)
-EV_SWAP_FAILED = "swap_failed"  # fields: swap_id, kind (SwapFailure), error
+EV_SWAP_FAILED = "swap_failed"  # fields: swap_id, kind (SwapFailure), error, cause (FailureKind)
 EV_PARKED = "parked"  # fields: swap_id
 EVENTS = frozenset({EV_IMPORTED, EV_LAUNCHED, EV_WEIGHTS_LOADED, EV_FAILED, EV_SWAPPED, EV_SWAP_FAILED, EV_PARKED})
 
@@ -197,6 +198,31 @@ def decode_event(line: str) -> dict[str, Any] | None:
     if isinstance(obj, dict) and obj.get("event") in EVENTS:
         return obj
     return None
+
+
+def failure_kind(exc: BaseException) -> FailureKind:
+    """What kind of failure ``exc`` is, from the types in its chain (innermost first).
+    Imports the loaders' exception types only now: this module stays light."""
+    import botocore.exceptions
+
+    from weight_streaming.fetch import FetchError
+    from weight_streaming.s3_loader import ChecksumMismatch
+    from weight_streaming.s3_source import S3Error, S3ObjectChanged
+    from weight_streaming.safetensors_header import MalformedSafetensors
+
+    chain: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and all(cur is not e for e in chain):
+        chain.append(cur)
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
+    for e in reversed(chain):
+        if isinstance(e, ChecksumMismatch | S3ObjectChanged | MalformedSafetensors):
+            return "weights_integrity"
+        if isinstance(e, S3Error | FetchError | botocore.exceptions.BotoCoreError | botocore.exceptions.ClientError):
+            return "store"
+        if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":  # torch's, not imported here
+            return "memory"
+    return "engine"
 
 
 def root_cause(exc: BaseException) -> str:

@@ -98,8 +98,10 @@ class Facts:
     engine_ready_at: float | None = None
     # When a release of the current assignment was accepted (drain in progress).
     release_requested_at: float | None = None
-    # Why the last assignment failed (cleared by a release).
+    # Why the last assignment failed (cleared by a release), and its kind
+    # (thaw.wire.FailureKind: from the type of the exception behind it).
     failure: str | None = None
+    failure_kind: str | None = None
     # Requests running + waiting in the engine, from its /metrics (None: unknown).
     in_flight: int | None = None
     # When putting the engine to sleep was asked for (it drains first, then sleeps);

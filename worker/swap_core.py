@@ -35,7 +35,17 @@ class ThawSwapExtension:
 
     def thaw_swap_weights(self, uri: str, loader_options: dict[str, Any]) -> dict[str, Any]:
         """Replace every weight of the engine's model by the model at ``uri``'s; returns
-        the load summary (bytes, seconds, bytes per source)."""
+        the load summary (bytes, seconds, bytes per source), or on failure ``failed``
+        (the error) and ``kind`` (``worker.launch.failure_kind``: an exception's type
+        does not survive vLLM's RPC back to the engine host)."""
+        try:
+            return self._thaw_swap_weights(uri, loader_options)
+        except Exception as exc:
+            from worker.launch import failure_kind, root_cause
+
+            return {"failed": root_cause(exc), "kind": failure_kind(exc)}
+
+    def _thaw_swap_weights(self, uri: str, loader_options: dict[str, Any]) -> dict[str, Any]:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload.layerwise import (
             finalize_layerwise_reload,

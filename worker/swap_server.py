@@ -43,6 +43,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from thaw.wire import FailureKind
 from worker.launch import (
     EV_PARKED,
     EV_SWAP_FAILED,
@@ -52,6 +53,7 @@ from worker.launch import (
     SwapCommand,
     SwapFailure,
     emit_event,
+    failure_kind,
     root_cause,
 )
 
@@ -60,9 +62,11 @@ PAUSE_TIMEOUT_S = 60.0
 
 
 class _StepFailed(Exception):
-    def __init__(self, kind: SwapFailure, error: str) -> None:
+    def __init__(self, kind: SwapFailure, error: str, cause: BaseException | FailureKind | None = None) -> None:
         super().__init__(error)
         self.kind = kind
+        # What kind of failure it was (worker.launch.failure_kind of the exception).
+        self.cause: FailureKind = failure_kind(cause) if isinstance(cause, BaseException) else cause or "engine"
 
 
 class _Gate:
@@ -160,7 +164,7 @@ class SwapServer:
                     emit_event(EV_PARKED, swap_id=cmd.swap_id)
             except _StepFailed as exc:
                 self.dirty, self.open = True, False
-                emit_event(EV_SWAP_FAILED, swap_id=cmd.swap_id, kind=exc.kind, error=str(exc))
+                emit_event(EV_SWAP_FAILED, swap_id=cmd.swap_id, kind=exc.kind, error=str(exc), cause=exc.cause)
 
     async def _park(self) -> None:
         self.open = False
@@ -171,7 +175,7 @@ class SwapServer:
         try:
             ok = await ec.reset_prefix_cache()
         except Exception as exc:
-            raise _StepFailed("prefix_cache", root_cause(exc)) from exc
+            raise _StepFailed("prefix_cache", root_cause(exc), exc) from exc
         if not ok:
             raise _StepFailed("prefix_cache", "the engine still holds blocks in use; its prefix cache was not emptied")
 
@@ -183,14 +187,16 @@ class SwapServer:
         try:
             await asyncio.wait_for(ec.pause_generation(mode="wait", clear_cache=False), PAUSE_TIMEOUT_S)
         except Exception as exc:
-            raise _StepFailed("engine", f"pausing the engine: {root_cause(exc)}") from exc
+            raise _StepFailed("engine", f"pausing the engine: {root_cause(exc)}", exc) from exc
         t["pause_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         try:
             [result] = await ec.collective_rpc("thaw_swap_weights", kwargs={
                 "uri": cmd.uri, "loader_options": cmd.loader_options})
         except Exception as exc:
-            raise _StepFailed("weights", root_cause(exc)) from exc
+            raise _StepFailed("weights", root_cause(exc), exc) from exc
+        if result.get("failed"):
+            raise _StepFailed("weights", str(result["failed"]), result.get("kind") or "engine")
         t["weights_s"] = time.perf_counter() - t1
         t2 = time.perf_counter()
         await self._drop_prefix_cache(ec)
@@ -199,12 +205,12 @@ class SwapServer:
         try:
             await self._rebuild_front_end(ec, cmd)
         except Exception as exc:
-            raise _StepFailed("frontend", root_cause(exc)) from exc
+            raise _StepFailed("frontend", root_cause(exc), exc) from exc
         t["frontend_s"] = time.perf_counter() - t3
         try:
             await ec.resume_generation()
         except Exception as exc:
-            raise _StepFailed("engine", f"resuming the engine: {root_cause(exc)}") from exc
+            raise _StepFailed("engine", f"resuming the engine: {root_cause(exc)}", exc) from exc
         t["total_s"] = time.perf_counter() - t0
         self.open = True
         load = result.get("load") if isinstance(result, dict) else None
