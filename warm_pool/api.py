@@ -36,7 +36,10 @@ from thaw.wire import (
     RouteTable,
     WorkerStatus,
 )
-from warm_pool.manager import BudgetRefused, PoolManager, UnknownInstance, UnknownKey, UnknownTenant
+from warm_pool.admin import UnknownKey, UnknownTenant
+from warm_pool.facts import UnknownInstance
+from warm_pool.manager import PoolManager
+from warm_pool.persist import BudgetRefused
 from warm_pool.policy import ModelActivity
 
 

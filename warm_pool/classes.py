@@ -23,6 +23,7 @@ from typing import Any
 
 from thaw.config import ThawConfig
 from thaw.engine_class import engine_class_of
+from thaw.fit import engine_memory
 from thaw.log import get_logger
 
 log = get_logger()
@@ -94,3 +95,15 @@ class ModelClasses:
         if self._problems.get(key) != problem:
             self._problems[key] = problem
             log.warning("engine_class_unknown", model_or_uri=key, reason=problem)
+
+
+def engine_bytes(cfg: ThawConfig, classes: ModelClasses | None) -> dict[str, int]:
+    """The memory an engine of each model of a packing pool holds, where its size is
+    known (thaw.fit.engine_memory)."""
+    sizes = classes.sizes if classes is not None else {}
+    out = {}
+    for m in cfg.models:
+        pool, shape = cfg.pool(m.shape), cfg.shape(m.shape)
+        if pool is not None and pool.pack and shape is not None and m.name in sizes and m.base is None:
+            out[m.name] = engine_memory(sizes[m.name], m.engine, shape)
+    return out

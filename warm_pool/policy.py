@@ -1,8 +1,9 @@
 """The pool policy: a pure function from a snapshot of the world to decisions.
 
 ``decide(snapshot, state, cfg, now) -> (decisions, state)``. No I/O, no clock: the
-manager (``warm_pool.manager``) gathers the snapshot, calls this, stores the returned
-state and carries out the decisions. A test can step through ticks by hand.
+manager (``warm_pool.manager``) gathers the snapshot, calls this and stores the returned
+state; ``warm_pool.actuator`` carries out the decisions. A test can step through ticks
+by hand.
 
 Per model, the replica count is the autoscaler's (``warm_pool.autoscaler``: windows,
 panic, TTFT, bounds, delays) and when an idle model goes to zero or gets a replica back
@@ -195,7 +196,7 @@ class PolicyState:
     epoch: str = ""
 
 
-# -- decisions (data; the manager carries them out) -----------------------------------
+# -- decisions (data; warm_pool.actuator carries them out) ----------------------------
 
 
 AssignReason = Literal["demand", "scale_up", "prewarm", "min_replicas"]

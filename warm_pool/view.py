@@ -9,6 +9,7 @@ reflected) — and :func:`derive_view` computes the state the policy sees, as
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,8 +38,8 @@ class Intent:
 
 @dataclass(frozen=True)
 class WorkerFacts:
-    """Independent observations of one worker; each changes in one place (the manager's
-    ``_observe``)."""
+    """Independent observations of one worker; each changes in one place
+    (:meth:`warm_pool.facts.FleetFacts.observe`)."""
 
     worker_id: str
     shape: str
@@ -165,3 +166,13 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
             return view(WorkerState.DRAINING)
         return view(WorkerState.ASLEEP, i.model, i.assignment_id, since=i.at)
     return view(st.state, st.model, st.assignment_id, st.error, st.state_since)
+
+
+def count_states(states: Iterable[WorkerState | str | None]) -> dict[str, int]:
+    """How many of each state (a worker's, or an adapter's as :meth:`WorkerView.adapter`
+    gives it), keyed by its name."""
+    out: dict[str, int] = {}
+    for s in states:
+        key = s.value if isinstance(s, WorkerState) else str(s)
+        out[key] = out.get(key, 0) + 1
+    return out

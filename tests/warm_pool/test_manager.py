@@ -29,7 +29,8 @@ from thaw.wire import (
 )
 from warm_pool.classes import ModelClasses
 from warm_pool.control import ControlError
-from warm_pool.manager import PoolManager, UnknownInstance
+from warm_pool.facts import UnknownInstance
+from warm_pool.manager import PoolManager
 from warm_pool.policy import ModelActivity
 from warm_pool.providers import CapacityError, Instance, InstanceState
 
@@ -310,25 +311,6 @@ async def test_the_keep_alive_histogram_survives_a_restart(tmp_path: Path) -> No
     assert "demo" not in other.state.models
 
 
-async def test_arrivals_are_the_differences_of_each_activators_counter() -> None:
-    clock = Clock()
-    m = await manager(config(), FakeProvider(clock), FakeControl(clock), clock)
-    idle = {"demo": ModelActivity()}
-    m.report("a", idle, arrivals={"demo": 5}, ttfts={"demo": [0.1]})
-    m.report("b", idle, arrivals={"demo": 2})
-    # The first report of each activator is a baseline (after a controller restart its
-    # counter holds everything since the activator started).
-    taken = m._take_traffic({})
-    assert (taken["demo"].arrivals, taken["demo"].ttfts) == (0, (0.1,))
-    m.report("a", idle, arrivals={"demo": 8})
-    m.report("b", idle, arrivals={"demo": 2})
-    taken = m._take_traffic({})
-    assert (taken["demo"].arrivals, taken["demo"].ttfts) == (3, ())  # 8 - 5 and 2 - 2
-    m.report("a", idle, arrivals={"demo": 1})  # a restarted activator counts from zero
-    assert m._take_traffic({})["demo"].arrivals == 1
-    assert m._take_traffic({}) == {}  # taken once
-
-
 LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 4096}
 
 
@@ -490,7 +472,7 @@ async def test_an_adapter_is_loaded_into_a_serving_base_and_routed_under_its_own
     row = next(x for x in m.status().models if x.name == "a1")
     assert row.replicas == {"ready": 1}
     # The base's engine starts with LoRA: an assignment of demo carries the flags.
-    req2 = m._assign_request(cfg.models[0], "demo-2")
+    req2 = m.actuator.assign_request(cfg.models[0], "demo-2")
     assert req2.engine.extra["enable_lora"] is True and req2.engine.extra["max_loras"] == 4
 
 

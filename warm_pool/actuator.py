@@ -1,0 +1,390 @@
+"""Carrying out the policy's decisions: through the providers (launch, stop, start,
+terminate) and the workers' control API (:class:`~warm_pool.control.WorkerControl`:
+assign, pack, release, sleep, prebuild, adapter loads and unloads).
+
+Each decision is recorded as an event and, before its call is made, as a fact: an
+intent the worker has not reflected yet (``warm_pool.view``), so the next tick does not
+repeat it. The calls run as tasks; a worker's answer is taken in as its status, and a
+refusal clears the intent (the next heartbeat is the truth). A shape whose launches fail
+is backed off, doubling per failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from thaw.config import Model, ThawConfig
+from thaw.log import get_logger
+from thaw.wire import (
+    AdapterRequest,
+    AdapterUnload,
+    AssignRequest,
+    PrebuildRequest,
+    ReleaseRequest,
+    SleepRequest,
+    WorkerStatus,
+)
+from warm_pool.classes import ModelClasses, engine_bytes
+from warm_pool.control import ControlError, WorkerControl
+from warm_pool.events import EventLog
+from warm_pool.facts import FleetFacts
+from warm_pool.metrics import PoolMetrics
+from warm_pool.policy import (
+    Assign,
+    Decision,
+    Launch,
+    LoadAdapter,
+    ModelActivity,
+    Pack,
+    Prebuild,
+    Release,
+    Sleep,
+    Snapshot,
+    Start,
+    Stop,
+    Terminate,
+    UnloadAdapter,
+    WorkerView,
+    kept_classes,
+    launch_backoff_s,
+)
+from warm_pool.providers import CapacityError, Provider
+from warm_pool.view import INTENT_TTL_S, Intent, WorkerFacts, count_states
+
+log = get_logger()
+
+# Launch failures other than capacity (API errors) pause a shape this long, doubling.
+LAUNCH_ERROR_BACKOFF_S = (5.0, 120.0)
+
+
+@dataclass(frozen=True)
+class ShapeBackoff:
+    """A shape whose launches failed ``failures`` times in a row: none before ``until``."""
+
+    failures: int
+    until: float
+    reason: str
+
+
+class Actuator:
+    def __init__(self, *, fleet: FleetFacts, providers: dict[str, Provider], control: WorkerControl,
+                 config: Callable[[], ThawConfig], model_classes: ModelClasses | None, clock: Callable[[], float],
+                 events: EventLog, metrics: PoolMetrics, wake: Callable[[], None],
+                 refresh_soon: Callable[[], None]) -> None:
+        """``config``: the config in force; ``wake``: asks the loop to decide again (a
+        call ended); ``refresh_soon``: asks the loop to list the providers' instances on
+        its next turn (one was stopped or started)."""
+        self.fleet = fleet
+        self.providers = providers
+        self.control = control
+        self._config = config
+        self.model_classes = model_classes
+        self.clock = clock
+        self.events = events
+        self.metrics = metrics
+        self._wake = wake
+        self._refresh_soon = refresh_soon
+        self.shape_backoff: dict[str, ShapeBackoff] = {}
+        self._inflight_ops: set[asyncio.Task[None]] = set()
+
+    def launch_blocked_until(self, now: float) -> dict[str, float]:
+        """The shapes backed off at ``now``, and until when."""
+        return {s: b.until for s, b in self.shape_backoff.items() if b.until > now}
+
+    async def settle(self) -> None:
+        """Wait for the control calls and launches in flight."""
+        while self._inflight_ops:
+            await asyncio.gather(*list(self._inflight_ops), return_exceptions=True)
+
+    async def cancel(self) -> None:
+        """Cancel the calls in flight and wait for them to end."""
+        for t in list(self._inflight_ops):
+            t.cancel()
+        await asyncio.gather(*self._inflight_ops, return_exceptions=True)
+
+    # -- decisions ------------------------------------------------------------------
+    def _inputs(self, snap: Snapshot, views: dict[str, WorkerView], model: str | None, shape: str | None) -> dict[str, Any]:
+        """What led to a decision: the model's traffic and the worker states behind it."""
+        out: dict[str, Any] = {}
+        if model is not None:
+            a = snap.activity.get(model, ModelActivity())
+            out["activity"] = {"queued": a.queued, "in_flight": a.in_flight, "last_request_at": a.last_request_at}
+            out["replicas"] = count_states(v.state for v in views.values() if v.model == model)
+        if shape is not None:
+            out["shape_workers"] = count_states(v.state for v in views.values() if v.shape == shape)
+        return out
+
+    def carry_out(self, d: Decision, snap: Snapshot, views: dict[str, WorkerView], now: float) -> None:
+        """Record ``d`` (an event, its intent) and start the call that carries it out."""
+        fleet = self.fleet
+        kind = type(d).__name__.lower()
+        reason = getattr(d, "reason", "demand")
+        self.metrics.decisions.labels(kind, reason).inc()
+        wid = getattr(d, "worker_id", None)
+        model = getattr(d, "model", None)
+        shape = d.shape if isinstance(d, Launch) else (views[wid].shape if wid in views else None)
+        self.events.record(kind, reason, decision=True, worker_id=wid, model=model, shape=shape,
+                           inputs=self._inputs(snap, views, model, shape))
+        if isinstance(d, Launch):
+            worker_id = f"w-{uuid.uuid4().hex[:10]}"
+            fleet.observe(worker_id, d.shape, launch_requested_at=now)
+            self._spawn(self._launch(worker_id, d.shape), busy=worker_id)
+        elif isinstance(d, Assign):
+            f = fleet.facts[d.worker_id]
+            fleet.observe(d.worker_id, f.shape, intent=Intent("assign", now, d.model, d.assignment_id,
+                                                              memory_bytes=snap.engine_bytes.get(d.model, 0)))
+            self._spawn(self._assign(d), busy=d.worker_id)
+        elif isinstance(d, LoadAdapter | UnloadAdapter):
+            f = fleet.facts[d.worker_id]
+            intent = (Intent("adapter_load", now, d.model, None) if isinstance(d, LoadAdapter)
+                      else Intent("adapter_unload", now, d.model, None))
+            intents = tuple(i for i in f.adapter_intents if i.model != d.model and now - i.at < INTENT_TTL_S)
+            fleet.observe(d.worker_id, f.shape, adapter_intents=(*intents, intent))
+            self._spawn(self._adapter_call(d))
+        elif isinstance(d, Pack):
+            f = fleet.facts[d.worker_id]
+            fleet.observe(d.engine_id, f.shape, host=d.worker_id,
+                          intent=Intent("assign", now, d.model, d.assignment_id, memory_bytes=d.memory_bytes))
+            self._spawn(self._pack(d), busy=d.engine_id)
+        elif isinstance(d, Release):
+            f = fleet.facts[d.worker_id]
+            fleet.observe(d.worker_id, f.shape, intent=Intent("release", now, d.model, views[d.worker_id].assignment_id))
+            self._spawn(self._release(d.worker_id), busy=d.worker_id)
+        elif isinstance(d, Sleep):
+            f = fleet.facts[d.worker_id]
+            fleet.observe(d.worker_id, f.shape, intent=Intent("sleep", now, d.model, views[d.worker_id].assignment_id))
+            self._spawn(self._sleep(d), busy=d.worker_id)
+        elif isinstance(d, Prebuild):
+            f = fleet.facts[d.worker_id]
+            fleet.observe(d.worker_id, f.shape, intent=Intent("prebuild", now, d.model, None, d.engine_class))
+            self._spawn(self._prebuild(d), busy=d.worker_id)
+        elif isinstance(d, Stop | Start):
+            f = fleet.facts[d.worker_id]
+            intent = Intent("stop", now, None, None) if isinstance(d, Stop) else Intent("start", now, None, None)
+            fleet.observe(d.worker_id, f.shape, intent=intent)
+            self._spawn(self._stop_or_start(d), busy=d.worker_id)
+        elif isinstance(d, Terminate) and d.worker_id in fleet.facts and fleet.facts[d.worker_id].host is not None:
+            # A packed engine that stopped reporting: it has no instance to terminate.
+            fleet.engine_gone(d.worker_id)
+        elif isinstance(d, Terminate):
+            gone = fleet.terminating(d.worker_id)
+            if gone is not None:
+                self._spawn(self._terminate(gone))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], busy: str | None = None) -> None:
+        async def run() -> None:
+            try:
+                await coro
+            except Exception:
+                log.exception("pool_action_failed")
+            finally:
+                if busy:
+                    self.fleet.busy.discard(busy)
+                self._wake()
+
+        if busy:
+            self.fleet.busy.add(busy)
+        task = asyncio.create_task(run())
+        self._inflight_ops.add(task)
+        task.add_done_callback(self._inflight_ops.discard)
+
+    # -- providers ------------------------------------------------------------------
+    async def _launch(self, worker_id: str, shape: str) -> None:
+        provider = self.providers.get(shape)
+        if provider is None:
+            self.fleet.forget(worker_id)
+            log.error("no_provider", shape=shape)
+            return
+        try:
+            inst = await provider.launch(shape, worker_id)
+        except CapacityError as exc:
+            self.fleet.forget(worker_id)
+            self._launch_failed(shape, "capacity", str(exc), worker_id)
+            return
+        except Exception as exc:
+            self.fleet.forget(worker_id)
+            self._launch_failed(shape, "error", f"{type(exc).__name__}: {exc}", worker_id)
+            return
+        self.shape_backoff.pop(shape, None)
+        self.fleet.observe(worker_id, shape, instance=inst, launch_requested_at=None)
+        self.events.record("launched", "provider", worker_id=worker_id, shape=shape, outcome="done",
+                           inputs={"instance_id": inst.instance_id, **dict(inst.detail)})
+
+    def _launch_failed(self, shape: str, cause: str, message: str, worker_id: str) -> None:
+        prev = self.shape_backoff.get(shape)
+        failures = (prev.failures if prev else 0) + 1
+        pool = self._config().pool(shape)
+        if cause == "capacity" and pool is not None and pool.ec2 is not None:
+            base, cap = pool.ec2.backoff_base_s, pool.ec2.backoff_max_s
+        else:
+            base, cap = LAUNCH_ERROR_BACKOFF_S
+        pause = launch_backoff_s(failures, base, cap)
+        self.shape_backoff[shape] = ShapeBackoff(failures, self.clock() + pause, message)
+        self.metrics.launch_failures.labels(shape, cause).inc()
+        log.warning("launch_failed", shape=shape, cause=cause, error=message, failures=failures, backoff_s=pause)
+        self.events.record("launch", cause, worker_id=worker_id, shape=shape, outcome="failed",
+                           inputs={"error": message, "failures": failures, "backoff_s": pause})
+
+    async def _stop_or_start(self, d: Stop | Start) -> None:
+        f = self.fleet.facts.get(d.worker_id)
+        provider = self.providers.get(f.shape) if f else None
+        if f is None or f.instance is None or provider is None:
+            return
+        try:
+            if isinstance(d, Stop):
+                await provider.stop(f.instance.instance_id)
+            else:
+                await provider.start(f.instance.instance_id)
+                # It boots again: its last heartbeat is from before the stop.
+                self.fleet.observe(d.worker_id, f.shape, status=None, heard_at=None, restarted_at=self.clock())
+        except Exception as exc:
+            log.warning("stop_or_start_failed", worker_id=d.worker_id, kind=type(d).__name__, error=str(exc))
+            self.fleet.observe(d.worker_id, f.shape, intent=None)
+            return
+        self._refresh_soon()
+
+    async def _terminate(self, f: WorkerFacts) -> None:
+        provider = self.providers.get(f.shape)
+        try:
+            if f.instance is not None and provider is not None:
+                await provider.terminate(f.instance.instance_id)
+            elif f.status is not None:
+                # A worker that registered itself: nobody to terminate it, so release it.
+                with contextlib.suppress(ControlError):
+                    await self.control.release(f.status.control_url, ReleaseRequest())
+        finally:
+            self.fleet.terminated(f.worker_id)
+
+    # -- the workers' control API -----------------------------------------------------
+    def _control_failed(self, worker_id: str, what: str, exc: ControlError) -> None:
+        f = self.fleet.facts.get(worker_id)
+        if f is not None:
+            self.fleet.observe(worker_id, f.shape, intent=None)  # the next heartbeat is the truth
+        log.warning(f"{what}_refused", worker_id=worker_id, status=exc.status, error=str(exc))
+
+    async def _call(self, worker_id: str, what: str,
+                    call: Callable[[str], Awaitable[WorkerStatus]]) -> WorkerStatus | None:
+        """One control call to a worker (``call(control_url)``); its answer is taken in as
+        the worker's status. None when it did not take effect (logged, intent cleared)."""
+        url = self.fleet.control_url(worker_id)
+        if url is None:
+            self._control_failed(worker_id, what, ControlError("no control URL yet"))
+            return None
+        try:
+            status = await call(url)
+        except ControlError as exc:
+            self._control_failed(worker_id, what, exc)
+            return None
+        self.fleet.answered(worker_id, status)
+        return status
+
+    def assign_request(self, model: Model, assignment_id: str) -> AssignRequest:
+        """What a worker is asked to load ``model`` with."""
+        cfg = self._config()
+        return AssignRequest(
+            assignment_id=assignment_id, model=model.name, uri=model.uri,
+            served_model_name=model.resolved_served_name, max_model_len=model.max_context_tokens,
+            # With vLLM's LoRA flags when it has adapters.
+            engine=cfg.engine_args(model),
+            # The asleep tier needs the engine started with sleep mode.
+            sleep_mode=model.autoscaling.asleep_ttl_s > 0,
+            # Named only for a model whose engine is kept (a class its pool pre-builds).
+            engine_class=kept_classes(cfg, self.model_classes.classes).get(model.name)
+            if self.model_classes else None,
+            # Counted by a worker that packs engines (None: not counted).
+            memory_bytes=engine_bytes(cfg, self.model_classes).get(model.name),
+        )
+
+    async def _assign(self, d: Assign) -> None:
+        model = self._config().model(d.model)
+        assert model is not None
+        req = self.assign_request(model, d.assignment_id)
+        if await self._call(d.worker_id, "assign", lambda url: self.control.assign(url, req)) is not None:
+            log.info("worker_assigned", worker_id=d.worker_id, model=model.name, assignment_id=d.assignment_id,
+                     expected_tier=d.tier, expected_load_s=d.expected_load_s)
+
+    async def _pack(self, d: Pack) -> None:
+        """Ask the worker for a packed engine; its answer is the new engine's status."""
+        model = self._config().model(d.model)
+        assert model is not None
+        req = self.assign_request(model, d.assignment_id).model_copy(
+            update={"engine_id": d.engine_id, "memory_bytes": d.memory_bytes})
+        url = self.fleet.control_url(d.worker_id)
+        try:
+            if url is None:
+                raise ControlError("no control URL yet")
+            status = await self.control.pack(url, req)
+        except ControlError as exc:
+            # Never started: the engine is forgotten, and this worker takes no other for a while.
+            self.fleet.forget(d.engine_id)
+            self.fleet.pack_refused(d.worker_id)
+            log.warning("pack_refused", worker_id=d.worker_id, engine_id=d.engine_id, model=d.model,
+                        status=exc.status, error=str(exc))
+            self.events.record("pack", "refused", worker_id=d.worker_id, model=d.model, outcome="failed",
+                               inputs={"error": str(exc), "memory_bytes": d.memory_bytes})
+            return
+        self.fleet.answered(d.engine_id, status)
+        log.info("engine_packed", worker_id=d.worker_id, engine_id=d.engine_id, model=model.name,
+                 assignment_id=d.assignment_id, memory_bytes=d.memory_bytes)
+
+    async def _adapter_call(self, d: LoadAdapter | UnloadAdapter) -> None:
+        """Load or unload an adapter; a refusal drops its intent (the status is the truth)."""
+        model = self._config().model(d.model)
+        url = self.fleet.control_url(d.worker_id)
+        if model is None or url is None:
+            return
+        try:
+            if isinstance(d, LoadAdapter):
+                status = await self.control.load_adapter(url, AdapterRequest(
+                    model=model.name, uri=model.uri, served_model_name=model.resolved_served_name))
+            else:
+                status = await self.control.unload_adapter(url, AdapterUnload(model=model.name))
+        except ControlError as exc:
+            f = self.fleet.facts.get(d.worker_id)
+            if f is not None:
+                self.fleet.observe(d.worker_id, f.shape,
+                                   adapter_intents=tuple(i for i in f.adapter_intents if i.model != d.model))
+            log.warning("adapter_call_refused", worker_id=d.worker_id, model=d.model, status=exc.status,
+                        error=str(exc))
+            return
+        self.fleet.answered(d.worker_id, status)
+
+    async def _prebuild(self, d: Prebuild) -> None:
+        model = self._config().model(d.model)
+        assert model is not None
+        req = PrebuildRequest(model=model.name, uri=model.uri, served_model_name=model.resolved_served_name,
+                              max_model_len=model.max_context_tokens, engine=model.engine,
+                              engine_class=d.engine_class)
+        await self._call(d.worker_id, "prebuild", lambda url: self.control.prebuild(url, req))
+
+    async def _sleep(self, d: Sleep) -> None:
+        url = self.fleet.control_url(d.worker_id)
+        f = self.fleet.facts.get(d.worker_id)
+        if url is None or f is None:
+            return
+        try:
+            status = await self.control.sleep(url, SleepRequest(assignment_id=f.intent.assignment_id if f.intent else None))
+        except ControlError as exc:
+            # E.g. an engine started without sleep mode: release it rather than ask again.
+            self._control_failed(d.worker_id, "sleep", exc)
+            self.fleet.observe(d.worker_id, f.shape, intent=Intent("release", self.clock(), d.model,
+                                                                   f.intent.assignment_id if f.intent else None))
+            await self._release(d.worker_id)
+            return
+        self.fleet.answered(d.worker_id, status)
+
+    async def _release(self, worker_id: str) -> None:
+        url = self.fleet.control_url(worker_id)
+        if url is None:
+            return
+        try:
+            status = await self.control.release(url, ReleaseRequest(assignment_id=None, drain_timeout_s=30.0))
+        except ControlError as exc:
+            self._control_failed(worker_id, "release", exc)
+            return
+        self.fleet.answered(worker_id, status)

@@ -1,0 +1,117 @@
+"""What operators change at run time through the controller: pool budgets (kept in the
+controller's state directory, so a restart keeps them) and API keys
+(``warm_pool.keys``). Each change is recorded as an event naming who asked."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from thaw.config import ThawConfig
+from thaw.log import get_logger
+from thaw.wire import BudgetChange, BudgetView, KeyTable, NewKeyReply, RevokeReply
+from warm_pool.events import EventLog
+from warm_pool.keys import KEYS_FILE, KeyStore
+from warm_pool.persist import (
+    BudgetRefused,
+    ControllerStore,
+    apply_budget,
+    budget_view,
+    merge_budget_change,
+)
+
+log = get_logger()
+
+
+class UnknownTenant(LookupError):
+    """A key for a tenant the config does not declare (404)."""
+
+
+class UnknownKey(LookupError):
+    """A revocation that matches no active key (404)."""
+
+
+class BudgetAdmin:
+    """The config in force (``cfg``): the config as written (``base_cfg``) with the
+    operators' run-time budget changes (``overrides``) applied."""
+
+    def __init__(self, cfg: ThawConfig, store: ControllerStore, events: EventLog, wake: Callable[[], None]) -> None:
+        """``wake``: asks the loop to decide now (a budget changed)."""
+        self.base_cfg = cfg
+        self.cfg = cfg
+        self.store = store
+        self.events = events
+        self._wake = wake
+        self.overrides: dict[str, Any] = store.load_budget()
+        try:
+            self.cfg = apply_budget(cfg, self.overrides)
+        except BudgetRefused as exc:  # e.g. the config file changed under them
+            log.warning("budget_overrides_dropped", error=str(exc))
+            self.overrides = {}
+
+    def view(self) -> BudgetView:
+        return budget_view(self.cfg, self.overrides)
+
+    async def change(self, change: BudgetChange, who: str) -> BudgetView:
+        """Apply an operator's budget change: validated, persisted, in force from the next
+        tick, and recorded as an event naming who asked."""
+        overrides = merge_budget_change(self.overrides, change, self.base_cfg)
+        cfg = apply_budget(self.base_cfg, overrides)
+        before = self.view()
+        await asyncio.to_thread(self.store.save_budget, overrides)
+        self.cfg, self.overrides = cfg, overrides
+        after = self.view()
+        self.events.record("budget", "operator", shape=change.shape, outcome="done",
+                           inputs={"who": who, "change": change.model_dump(exclude_none=True),
+                                   "before": before.model_dump(), "after": after.model_dump()})
+        self._wake()
+        return after
+
+
+class KeyAdmin:
+    """The API key table (``keys``) and its version, which the route table carries."""
+
+    def __init__(self, cfg: ThawConfig, state_dir: Path | None, events: EventLog,
+                 on_change: Callable[[], Awaitable[None]]) -> None:
+        """``cfg``: the config as written (its tenants, their keys); ``on_change``: called
+        after each change of the table (to publish its new version)."""
+        self.cfg = cfg
+        self.events = events
+        self._on_change = on_change
+        self.keys = KeyStore(state_dir / KEYS_FILE if state_dir is not None else None)
+        if state_dir is not None:
+            # An older Thaw kept run-time keys beside its one ledger: take them in once.
+            legacy = cfg.data_dir / "usage.db"
+            if (n := self.keys.import_legacy(legacy)):
+                log.info("keys_imported", count=n, source=str(legacy))
+        self.version = self.keys.version
+
+    async def add(self, tenant: str, label: str | None, who: str) -> NewKeyReply:
+        """A new key for a tenant of the config; every activator takes it within a second."""
+        tenants = sorted(t.name for t in self.cfg.tenants)
+        if tenant not in tenants:
+            raise UnknownTenant(f"no tenant {tenant!r} in the config; declared: {tenants}")
+        key, row = await asyncio.to_thread(self.keys.add, tenant, label)
+        self.events.record("key", "operator", outcome="added",
+                           inputs={"who": who, "tenant": tenant, "prefix": row.prefix, "label": label})
+        await self._changed()
+        return NewKeyReply(key=key, row=row)
+
+    async def revoke(self, key: str, who: str) -> RevokeReply:
+        """Revoke a key (the key, its hash, or its listed prefix), a config file's keys too."""
+        config_keys = {h.removeprefix("sha256:"): t.name for t in self.cfg.tenants for h in t.api_key_hashes}
+        n = await asyncio.to_thread(self.keys.revoke, key, config_keys=config_keys)
+        if n == 0:
+            raise UnknownKey("no such active key (give the key, its sha256, or the prefix `thaw tenants ls` shows)")
+        self.events.record("key", "operator", outcome="revoked", inputs={"who": who, "count": n})
+        await self._changed()
+        return RevokeReply(revoked=n, version=self.version)
+
+    async def table(self) -> KeyTable:
+        return await asyncio.to_thread(self.keys.table)
+
+    async def _changed(self) -> None:
+        self.version = await asyncio.to_thread(lambda: self.keys.version)
+        await self._on_change()

@@ -1,0 +1,198 @@
+"""What the controller knows of its fleet: facts, recorded in one place, and each
+worker's view derived from them.
+
+It records what it learns of each worker (:class:`~warm_pool.view.WorkerFacts`): what
+the providers say of its instance, its heartbeats and its answers to control calls, the
+control call just made to it (an intent it has not reflected yet). Nothing here sets a
+worker's state: :meth:`FleetFacts.views` derives it (``warm_pool.view.derive_view``).
+
+A packed engine (one of several engines in one worker) reports under its own id, with
+the worker that runs it as its host; it is known here only while that worker is, and
+forgotten when the worker stops listing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from thaw.config import ThawConfig
+from thaw.log import get_logger
+from thaw.wire import HeartbeatReply, WorkerStatus
+from warm_pool.metrics import PoolMetrics
+from warm_pool.policy import WorkerView
+from warm_pool.view import INTENT_TTL_S, WorkerFacts, derive_view
+
+log = get_logger()
+
+# A worker that refused a packed engine takes none for this long (its accounting and
+# the controller's disagree until its next heartbeats settle it).
+PACK_REFUSED_S = 30.0
+
+
+class UnknownInstance(Exception):
+    """A heartbeat from an instance that no provider of this cluster launched (403)."""
+
+
+class FleetFacts:
+    """One :class:`WorkerFacts` per worker (``facts``), changed only through
+    :meth:`observe` and :meth:`forget`, and the sets that keep workers gone."""
+
+    def __init__(self, *, config: Callable[[], ThawConfig], clock: Callable[[], float], epoch: str,
+                 metrics: PoolMetrics, wake: Callable[[], None]) -> None:
+        """``config``: the config in force (budgets change at run time); ``wake``: asks
+        the loop to decide now (a worker's state changed)."""
+        self._config = config
+        self.clock = clock
+        self.epoch = epoch
+        self.metrics = metrics
+        self._wake = wake
+        self.facts: dict[str, WorkerFacts] = {}
+        # Workers being terminated: their last heartbeats must not bring them back.
+        self.gone: set[str] = set()
+        # Packed engines that went away (their ids are never reused): the same.
+        self.released_engines: set[str] = set()
+        # Workers with a control call in flight: not forgotten while it lasts.
+        self.busy: set[str] = set()
+        # Workers that refused a packed engine, and when.
+        self._pack_refused: dict[str, float] = {}
+
+    # -- facts (the one place they change) -----------------------------------------
+    def observe(self, worker_id: str, shape: str, **changes: Any) -> WorkerFacts:
+        cur = self.facts.get(worker_id) or WorkerFacts(worker_id, shape)
+        new = replace(cur, **changes)
+        self.facts[worker_id] = new
+        return new
+
+    def forget(self, worker_id: str) -> None:
+        self.facts.pop(worker_id, None)
+
+    def engine_gone(self, worker_id: str) -> None:
+        """A packed engine went away: forgotten, and its late heartbeats refused."""
+        self.forget(worker_id)
+        self.released_engines.add(worker_id)
+
+    def terminating(self, worker_id: str) -> WorkerFacts | None:
+        """A worker is being terminated: forgotten with its packed engines, and its late
+        heartbeats refused until :meth:`terminated`. Returns its last facts."""
+        last = self.facts.get(worker_id)
+        self.forget(worker_id)
+        for wid, f in list(self.facts.items()):
+            if f.host == worker_id:  # its packed engines go with its instance
+                self.engine_gone(wid)
+        self.gone.add(worker_id)
+        return last
+
+    def terminated(self, worker_id: str) -> None:
+        self.gone.discard(worker_id)
+
+    def pack_refused(self, worker_id: str) -> None:
+        """A worker refused a packed engine: it is offered none for PACK_REFUSED_S."""
+        self._pack_refused[worker_id] = self.clock()
+
+    def answered(self, worker_id: str, status: WorkerStatus) -> None:
+        """A worker's answer to a control call: its status, as a heartbeat's."""
+        f = self.facts.get(worker_id)
+        if f is not None and worker_id not in self.gone:
+            self.observe(worker_id, f.shape, status=status, heard_at=self.clock())
+
+    def control_url(self, worker_id: str) -> str | None:
+        """Where the worker takes control calls (a packed engine: under its worker's)."""
+        f = self.facts.get(worker_id)
+        if f is None:
+            return None
+        if f.status is not None:
+            return f.status.control_url
+        if f.host is not None:
+            host = self.control_url(f.host)
+            return None if host is None else f"{host.rstrip('/')}/engines/{worker_id}"
+        return f.instance.control_url if f.instance is not None else None
+
+    # -- heartbeats -----------------------------------------------------------------
+    def heartbeat(self, status: WorkerStatus) -> HeartbeatReply:
+        """A worker's heartbeat. Raises :class:`UnknownInstance` for an instance no
+        provider here launched (a worker on a local pool may register itself)."""
+        now = self.clock()
+        cfg = self._config()
+        if status.worker_id in self.gone or status.worker_id in self.released_engines:
+            self.metrics.heartbeats.labels("gone").inc()
+            raise UnknownInstance(f"worker {status.worker_id!r} is being terminated")
+        if status.host_worker_id is not None:
+            return self._engine_heartbeat(status, now)
+        f = self.facts.get(status.worker_id)
+        if f is None:
+            f = next((x for x in self.facts.values()
+                      if x.instance is not None and x.instance.instance_id == status.instance_id), None)
+        if f is None or (f.instance is not None and f.instance.instance_id != status.instance_id):
+            pool = cfg.pool(status.shape)
+            if pool is None or pool.provider != "local":
+                self.metrics.heartbeats.labels("refused").inc()
+                raise UnknownInstance(
+                    f"instance {status.instance_id!r} (worker {status.worker_id!r}) was not launched by this "
+                    f"cluster's providers")
+            log.info("worker_registered", worker_id=status.worker_id, instance_id=status.instance_id,
+                     shape=status.shape, control_url=status.control_url)
+        prev = f.status if f is not None else None
+        self.observe(status.worker_id, status.shape, status=status, heard_at=now)
+        self._prune_engines(status.worker_id, status, now)
+        self.metrics.heartbeats.labels("accepted").inc()
+        if prev is None or prev.state != status.state or prev.engine_url != status.engine_url \
+                or prev.adapters != status.adapters:
+            self._wake()
+        return HeartbeatReply(controller_epoch=self.epoch, interval_s=cfg.cluster.heartbeat_interval_s)
+
+    def _engine_heartbeat(self, status: WorkerStatus, now: float) -> HeartbeatReply:
+        """A packed engine's heartbeat: accepted while the worker it runs in is known here
+        (same instance); a restarted controller learns its packed engines this way."""
+        host_id = status.host_worker_id
+        assert host_id is not None
+        host = self.facts.get(host_id)
+        host_instance = (host.instance.instance_id if host is not None and host.instance is not None
+                         else host.status.instance_id if host is not None and host.status is not None else None)
+        if host is None or host_instance != status.instance_id:
+            self.metrics.heartbeats.labels("refused").inc()
+            raise UnknownInstance(f"packed engine {status.worker_id!r} runs in worker {host_id!r}, which this "
+                                  f"controller does not know (yet) on instance {status.instance_id!r}")
+        prev = self.facts.get(status.worker_id)
+        self.observe(status.worker_id, status.shape, status=status, heard_at=now, host=host_id)
+        self.metrics.heartbeats.labels("accepted").inc()
+        if prev is None or prev.status is None or prev.status.state != status.state \
+                or prev.status.engine_url != status.engine_url or prev.status.adapters != status.adapters:
+            self._wake()
+        return HeartbeatReply(controller_epoch=self.epoch, interval_s=self._config().cluster.heartbeat_interval_s)
+
+    def _prune_engines(self, host_id: str, status: WorkerStatus, now: float) -> None:
+        """Forget the packed engines a worker no longer lists (released and gone), but
+        not one just asked for, which it may not have listed yet."""
+        listed = set(status.engines)
+        for wid, f in list(self.facts.items()):
+            if f.host != host_id or wid in listed or wid in self.busy:
+                continue
+            i = f.intent
+            if i is not None and i.kind == "assign" and now - i.at < INTENT_TTL_S:
+                continue
+            log.info("packed_engine_gone", worker_id=wid, host=host_id)
+            self.engine_gone(wid)
+            self._wake()
+
+    # -- the derived view -----------------------------------------------------------
+    def views(self, now: float) -> dict[str, WorkerView]:
+        """Each worker's view at ``now``, derived from its facts."""
+        cfg = self._config()
+        timeout = cfg.cluster.worker_timeout_s
+        heard = [f.heard_at for f in self.facts.values() if f.heard_at is not None]
+        if heard and now - max(heard) > timeout:
+            # Not one worker heard from in that time: more likely this controller is cut
+            # off (or was stalled) than every worker dead. Silence proves nothing now; the
+            # providers still report exits and stops.
+            timeout = float("inf")
+        out = {}
+        for wid, f in self.facts.items():
+            shape = cfg.shape(f.shape)
+            v = derive_view(f, now, boot_timeout_s=shape.boot_timeout_s if shape else 600.0,
+                            worker_timeout_s=timeout)
+            if v.capacity_bytes and now - self._pack_refused.get(wid, -PACK_REFUSED_S) < PACK_REFUSED_S:
+                v = replace(v, capacity_bytes=0)
+            out[wid] = v
+        return out

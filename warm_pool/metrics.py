@@ -1,0 +1,105 @@
+"""The controller's Prometheus metrics: the fleet by state, and the policy's inputs and
+outputs (the autoscaler's stages, keep-alive windows, the standby sizer's target and
+budget grant), exported after each tick."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from thaw.config import ThawConfig
+from warm_pool.policy import PolicyState, WorkerView
+
+
+class PoolMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.workers = Gauge("thaw_pool_workers", "Workers by shape and state", ["shape", "state"], registry=registry)
+        self.decisions = Counter("thaw_pool_decisions_total", "Policy decisions carried out", ["kind", "reason"], registry=registry)
+        self.tick = Histogram("thaw_pool_policy_seconds", "Time spent in one policy decision", registry=registry,
+                              buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1))
+        self.backoff = Gauge("thaw_model_backoff_seconds", "Seconds left in a model's load backoff", ["model"], registry=registry)
+        self.launch_backoff = Gauge("thaw_pool_launch_backoff_seconds",
+                                    "Seconds left before a shape launches again (capacity errors)", ["shape"],
+                                    registry=registry)
+        self.launch_failures = Counter("thaw_pool_launch_failures_total", "Launches that failed, by shape and cause",
+                                       ["shape", "cause"], registry=registry)
+        self.heartbeats = Counter("thaw_pool_heartbeats_total", "Worker heartbeats, by outcome", ["outcome"],
+                                  registry=registry)
+        self.adopted = Gauge("thaw_pool_adopted", "1 once the controller has adopted the fleet after its start",
+                             registry=registry)
+        # The autoscaler's inputs and outputs, per model.
+        self.desired = Gauge("thaw_autoscaler_desired_replicas",
+                             "Replicas per stage: raw (demand, TTFT), bounded, target (after delays)",
+                             ["model", "stage"], registry=registry)
+        self.demand = Gauge("thaw_autoscaler_demand", "Mean requests queued or in flight over a window",
+                            ["model", "window"], registry=registry)
+        self.arrival_rate = Gauge("thaw_autoscaler_arrivals_per_second", "Arrivals over the stable window",
+                                  ["model"], registry=registry)
+        self.ttft_p90 = Gauge("thaw_autoscaler_ttft_p90_seconds", "Hot requests' TTFT p90 over the stable window",
+                              ["model"], registry=registry)
+        self.panic = Gauge("thaw_autoscaler_panic", "1 while the model is in panic mode", ["model"], registry=registry)
+        self.keep_alive = Gauge("thaw_keepalive_window_seconds",
+                                "The keep-alive window from the idle start: prewarm (-1: none) and keep_until",
+                                ["model", "edge"], registry=registry)
+        self.standby_target = Gauge("thaw_pool_standby_target",
+                                    "The standby sizer's target, its raw demand and watermarks, and the grant",
+                                    ["shape", "value"], registry=registry)
+        self.shortfall = Gauge("thaw_pool_budget_shortfall_instances",
+                               "Standby instances wanted but not granted by a budget", ["shape"], registry=registry)
+        self.spend = Gauge("thaw_pool_spend_usd_per_hour", "Serving + asleep + standby spend", ["shape"],
+                           registry=registry)
+        self.keep_alive_mode = Gauge("thaw_keepalive_histogram_in_use",
+                                     "1 when the histogram policy decides, 0 when it falls back to fixed",
+                                     ["model"], registry=registry)
+
+
+class Backoff(Protocol):
+    """A shape's launch backoff, as the metrics read it."""
+
+    @property
+    def until(self) -> float: ...
+
+
+def export(mx: PoolMetrics, now: float, cfg: ThawConfig, views: dict[str, WorkerView], state: PolicyState,
+           shape_backoff: Mapping[str, Backoff]) -> None:
+    """Set the gauges from one tick's views and policy state."""
+    counts: dict[tuple[str, str], int] = {}
+    for v in views.values():
+        if v.host is not None:
+            continue  # a packed engine is no worker of its own: its worker counts
+        counts[(v.shape, v.state.value)] = counts.get((v.shape, v.state.value), 0) + 1
+    mx.workers.clear()
+    for (shape, st), n in counts.items():
+        mx.workers.labels(shape, st).set(n)
+    for m in cfg.models:
+        ms = state.models.get(m.name)
+        mx.backoff.labels(m.name).set(max((ms.backoff_until - now) if ms else 0.0, 0.0))
+        r = ms.last_scale if ms else None
+        if r is not None:
+            for stage, n in (("raw", r.raw), ("bounded", r.bounded), ("target", r.target)):
+                mx.desired.labels(m.name, stage).set(n)
+            mx.demand.labels(m.name, "stable").set(r.metrics.stable_demand)
+            mx.demand.labels(m.name, "panic").set(r.metrics.panic_demand)
+            mx.arrival_rate.labels(m.name).set(r.metrics.arrivals_per_s)
+            mx.ttft_p90.labels(m.name).set(r.metrics.ttft_p90_s if r.metrics.ttft_p90_s is not None else 0.0)
+            mx.panic.labels(m.name).set(1 if r.panic else 0)
+        w = ms.keep_alive if ms else None
+        if w is not None:
+            mx.keep_alive.labels(m.name, "prewarm").set(-1 if w.prewarm_after_s is None else w.prewarm_after_s)
+            mx.keep_alive.labels(m.name, "keep_until").set(w.keep_until_s)
+            mx.keep_alive_mode.labels(m.name).set(1 if w.mode == "histogram" else 0)
+    for p in cfg.pools:
+        b = shape_backoff.get(p.shape)
+        mx.launch_backoff.labels(p.shape).set(max(b.until - now, 0.0) if b else 0.0)
+        ps = state.pools.get(p.shape)
+        if ps is not None and ps.target is not None:
+            t = ps.target
+            for name, value in (("target", t.target), ("raw", t.raw), ("lower_watermark", t.lower_watermark),
+                                ("upper_watermark", t.upper_watermark),
+                                ("granted", ps.grant.standby if ps.grant else t.target)):
+                mx.standby_target.labels(p.shape, name).set(value)
+        if ps is not None and ps.grant is not None:
+            mx.shortfall.labels(p.shape).set(ps.grant.shortfall)
+            mx.spend.labels(p.shape).set(ps.grant.spend_usd_per_hour)
