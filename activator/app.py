@@ -237,7 +237,7 @@ def create_app(
             "max_model_len": m.max_context_tokens,
             "thaw": {"state": routes.state_of(m.name), "replicas_ready": len(st.replicas),
                      "replicas_loading": st.loading, "queue_depth": len(st.waiters),
-                     "error": public_failure(st.error) if routes.state_of(m.name) == "failed" else None},
+                     "error": public_failure(st.failure_kind) if routes.state_of(m.name) == "failed" else None},
         }
 
     async def list_models(request: Request, only: str | None) -> Response:

@@ -87,27 +87,21 @@ def cold_start_tier(waiting_since: float, rep: Replica) -> Tier:
     return "s3"
 
 
-# What a tenant is told when its model's load failed: the kind of failure, never the
-# operator's details (store endpoints, bucket paths, hashes, tracebacks: those are in the
-# controller's state, `thaw status` and the logs). First match wins.
-_PUBLIC_FAILURES: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("sha256", "checksummismatch", "does not match the manifest"),
-     "its weights failed their sha256 check against the manifest"),
-    (("could not connect", "endpoint url", "connection refused", "connection reset", "nosuchkey", "nosuchbucket",
-      "manifest", "no model at", "accessdenied", "timed out reading"),
-     "its weights could not be read from the object store"),
-    (("out of memory", "outofmemory", "cannot allocate", "memoryerror", "not enough memory"),
-     "it does not fit in the worker's memory"),
-)
+# What a tenant is told when its model's load failed: the kind of failure
+# (thaw.wire.FailureKind, from the exception types on the worker), never the operator's
+# details (store endpoints, bucket paths, hashes, tracebacks: those are in the
+# controller's state, `thaw status` and the logs).
+PUBLIC_FAILURES: dict[str | None, str] = {
+    "weights_integrity": "its weights do not match their manifest (sha256, size or format)",
+    "store": "its weights could not be read from the object store",
+    "memory": "it does not fit in the worker's memory",
+    "engine": "its engine did not start",
+}
 
 
-def public_failure(error: str | None) -> str:
+def public_failure(kind: str | None) -> str:
     """The reason a model failed to start, as its callers may see it."""
-    low = (error or "").lower()
-    for needles, reason in _PUBLIC_FAILURES:
-        if any(n in low for n in needles):
-            return reason
-    return "its engine did not start"
+    return PUBLIC_FAILURES.get(kind, PUBLIC_FAILURES["engine"])
 
 
 @dataclass
@@ -116,6 +110,8 @@ class ModelRoutes:
     loading: int = 0
     failures: int = 0
     error: str | None = None
+    # The last failure's kind (thaw.wire.FailureKind): what callers are told.
+    failure_kind: str | None = None
     backoff_until: float | None = None
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
     # The replicas the last table listed; ``replicas`` is these less the ejected ones
@@ -265,6 +261,7 @@ class RouteWatcher:
             st.loading = entry.loading
             st.failures = entry.failures
             st.error = entry.error
+            st.failure_kind = entry.failure_kind
             st.backoff_until = entry.backoff_until
             if st.replicas:
                 self._release_waiters(st)
@@ -273,7 +270,7 @@ class RouteWatcher:
                 retry = (st.backoff_until - now) if st.backoff_until else TIMEOUT_RETRY_AFTER_S
                 served = m.resolved_served_name if (m := self.models.get(name)) else name
                 exc = ServiceUnavailable(
-                    f"model {served!r} failed to start: {public_failure(st.error)}; retrying after a backoff",
+                    f"model {served!r} failed to start: {public_failure(st.failure_kind)}; retrying after a backoff",
                     retry_after_s=retry,
                 )
                 while st.waiters:
@@ -444,7 +441,7 @@ class RouteWatcher:
         now = self.clock()
         if st.backoff_until and st.backoff_until > now and not st.loading and st.error:
             raise ServiceUnavailable(
-                f"model {model.resolved_served_name!r} failed to start: {public_failure(st.error)}; "
+                f"model {model.resolved_served_name!r} failed to start: {public_failure(st.failure_kind)}; "
                 f"the next attempt is in {st.backoff_until - now:.0f} s",
                 retry_after_s=st.backoff_until - now,
             )

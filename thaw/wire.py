@@ -350,6 +350,8 @@ class ModelRoute(_Msg):
     loading: NonNegativeInt = 0
     failures: NonNegativeInt = 0
     error: str | None = None
+    # The kind of the last failure (what a tenant is told of it is chosen by kind).
+    failure_kind: FailureKind | None = None
     backoff_until: float | None = None
 
 

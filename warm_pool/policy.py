@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from thaw.config import Autoscaling, ThawConfig
-from thaw.wire import CachedWeights, WorkerState
+from thaw.wire import CachedWeights, FailureKind, WorkerState
 from warm_pool.autoscaler import ScaleResult, ScaleState, autoscale, evolve, observe
 from warm_pool.budget import PoolAsk, PoolGrant, grant
 from warm_pool.keepalive import (
@@ -104,6 +104,8 @@ class WorkerView:
     capacity_bytes: int = 0
     # LoRA adapters in its engine: (adapter model, loading | ready | unloading | failed).
     adapters: tuple[tuple[str, str], ...] = ()
+    # A failed worker: the kind of its failure.
+    failure_kind: FailureKind | None = None
 
     def adapter(self, model: str) -> str | None:
         """The state of adapter ``model`` in this worker's engine (None: not there)."""
@@ -150,6 +152,8 @@ class ModelState:
     failures: int = 0
     backoff_until: float = 0.0
     last_error: str | None = None
+    # Its kind: what callers are told of it.
+    last_failure_kind: FailureKind | None = None
     # The assignment whose failure was last counted, so a failure seen on several
     # ticks (until the worker is reset) counts once.
     counted_assignment: str | None = None
@@ -526,7 +530,8 @@ def decide(
                 if key != ms.counted_assignment:
                     failures = ms.failures + 1
                     models[name] = evolve(ms, failures=failures, backoff_until=now + backoff_s(failures),
-                                          last_error=f"loading the adapter failed on {w.id}", counted_assignment=key)
+                                          last_error=f"loading the adapter failed on {w.id}",
+                                          last_failure_kind="engine", counted_assignment=key)
                 decisions.append(UnloadAdapter(w.id, name, "failed"))
     for w in snap.workers:
         if w.state == "failed":
@@ -542,7 +547,8 @@ def decide(
                         failures = ms.failures + 1
                         models[w.model] = ModelState(
                             failures=failures, backoff_until=now + backoff_s(failures),
-                            last_error=w.error, counted_assignment=w.assignment_id,
+                            last_error=w.error, last_failure_kind=w.failure_kind or "engine",
+                            counted_assignment=w.assignment_id,
                             last_crash_at=now if w.served else ms.last_crash_at,
                         )
             decisions.append(Release(w.id, w.model, "failed"))
@@ -604,7 +610,7 @@ def decide(
             ready = [w for w in replicas if w.adapter(m.name) == "ready"]
         ms = models.get(m.name, ModelState())
         if ready and ms.failures:
-            ms = evolve(ms, failures=0, backoff_until=0.0, last_error=None)
+            ms = evolve(ms, failures=0, backoff_until=0.0, last_error=None, last_failure_kind=None)
         a = m.autoscaling
         ms = track(ms, act, a, now)
         window = keep_alive_window(ms.idle_histogram, a)

@@ -60,6 +60,7 @@ def route_table(cfg: ThawConfig, facts: Mapping[str, WorkerFacts], views: dict[s
             served_name=m.resolved_served_name, replicas=sorted(ready, key=lambda r: r.worker_id),
             loading=loading, failures=ms.failures if ms else 0,
             error=ms.last_error if ms and ms.failures else None,
+            failure_kind=ms.last_failure_kind if ms and ms.failures else None,
             backoff_until=ms.backoff_until if ms and in_backoff else None,
         )
     return models

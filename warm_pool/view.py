@@ -122,7 +122,8 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
         return WorkerView(f.worker_id, f.shape, state, model, assignment_id, error, since, cached, rates, served,
                           *prebuilt, host=f.host, memory_bytes=memory,
                           capacity_bytes=(st.capacity_bytes or 0) if st is not None else 0,
-                          adapters=adapter_states(st, f.adapter_intents, now) if state is WorkerState.READY else ())
+                          adapters=adapter_states(st, f.adapter_intents, now) if state is WorkerState.READY else (),
+                          failure_kind=st.failure_kind if st is not None and state is WorkerState.FAILED else None)
 
     fresh = i is not None and now - i.at < INTENT_TTL_S
     if f.host is not None and (st is None or f.heard_at is None):

@@ -212,7 +212,7 @@ async def test_load_failure_fails_waiters_with_the_reason(activator: tuple[Any, 
     # operator: a tenant is told what kind of failure it was.
     detail = ('cannot read the model\'s manifest at s3://thaw/models/demo: Could not connect to the endpoint URL: '
               '"http://10.0.0.7:8333/thaw/models/demo/thaw-manifest.json"')
-    routes.apply(table(2, [], failures=1, error=detail, backoff_until=backoff_until))
+    routes.apply(table(2, [], failures=1, error=detail, failure_kind="store", backoff_until=backoff_until))
     reason = "model 'thaw-demo' failed to start: its weights could not be read from the object store"
     for resp in await asyncio.gather(*waiting):
         err = assert_openai_error(resp, 503, "model_unavailable")

@@ -503,3 +503,16 @@ async def test_a_worker_terminated_takes_its_packed_engines_with_it() -> None:
     assert not m.route_table(clock())["tuned"].replicas
     with pytest.raises(UnknownInstance):
         engine_beat()
+
+
+async def test_a_failed_load_reaches_the_routes_with_its_kind() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    provider.running["w-1"] = Instance("i-w-1", "w-1", "gpu", clock() - 60, InstanceState.RUNNING)
+    m = await manager(config(standby=0), provider, control, clock)
+    beat(m, "w-1", S.FAILED, clock, model="demo", assignment_id="demo-1",
+         error="cannot read the model's manifest at s3://thaw/models/demo: Could not connect", failure_kind="store")
+    clock.t += m.adopt_grace_s
+    await step(m)
+    route = m.route_table(clock())["demo"]
+    assert (route.failures, route.failure_kind) == (1, "store") and "Could not connect" in (route.error or "")
