@@ -22,7 +22,7 @@ from typing import Any
 
 from thaw.fit import pack_problem
 from thaw.log import get_logger
-from thaw.wire import AssignRequest, WorkerStatus
+from thaw.wire import AssignRequest
 from worker.agent import Agent, Conflict
 from worker.heartbeat import Heartbeat
 from worker.settings import AgentSettings
@@ -134,9 +134,6 @@ class PackedEngines:
         self._engines.pop(engine_id, None)
         log.info("engine_removed", engine_id=engine_id)
         self._changed()
-
-    def views(self) -> list[WorkerStatus]:
-        return [a.view() for a in self._engines.values()]
 
     async def close(self) -> None:
         """Stop every packed engine (the worker is stopping)."""
