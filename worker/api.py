@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import Path as FastApiPath
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -125,12 +126,18 @@ async def metrics(request: Request) -> Response:
 
 
 # A packed engine's own control API: the calls above, under its id.
-engine_router = APIRouter(prefix="/engines/{engine_id}")
+def _engine_id(engine_id: Annotated[str, FastApiPath(description="The packed engine's id")]) -> None:
+    """Declares the path parameter (``_agent`` reads it from the request)."""
+
+
+engine_router = APIRouter(prefix="/engines/{engine_id}", dependencies=[Depends(_engine_id)])
 for _route in router.routes:
     if getattr(_route, "path", "") not in ("/healthz", "/prebuild"):
-        engine_router.add_api_route(_route.path, _route.endpoint, methods=list(_route.methods),  # type: ignore[attr-defined]
-                                    status_code=_route.status_code, response_model=_route.response_model,  # type: ignore[attr-defined]
-                                    responses=_route.responses)  # type: ignore[attr-defined]
+        engine_router.add_api_route(
+            _route.path, _route.endpoint, methods=list(_route.methods),  # type: ignore[attr-defined]
+            status_code=_route.status_code, response_model=_route.response_model,  # type: ignore[attr-defined]
+            responses={**_route.responses,  # type: ignore[attr-defined]
+                       404: {"model": ErrorReply, "description": "No such packed engine on this worker"}})
 
 
 @router.post("/engines", status_code=202, response_model=WorkerStatus, responses={
