@@ -29,6 +29,8 @@ log = get_logger()
 # A worker that refused a packed engine takes none for this long (its accounting and
 # the controller's disagree until its next heartbeats settle it).
 PACK_REFUSED_S = 30.0
+# Packed engines gone whose ids are remembered, to refuse their late heartbeats.
+RELEASED_ENGINES_KEPT = 10_000
 
 
 class UnknownInstance(Exception):
@@ -52,7 +54,9 @@ class FleetFacts:
         # Workers being terminated: their last heartbeats must not bring them back.
         self.gone: set[str] = set()
         # Packed engines that went away (their ids are never reused): the same.
-        self.released_engines: set[str] = set()
+        # Ids of packed engines gone (never reused), the oldest dropped beyond
+        # RELEASED_ENGINES_KEPT: a late heartbeat comes seconds after, not hours.
+        self.released_engines: dict[str, None] = {}
         # Workers with a control call in flight: not forgotten while it lasts.
         self.busy: set[str] = set()
         # Workers that refused a packed engine, and when.
@@ -71,7 +75,9 @@ class FleetFacts:
     def engine_gone(self, worker_id: str) -> None:
         """A packed engine went away: forgotten, and its late heartbeats refused."""
         self.forget(worker_id)
-        self.released_engines.add(worker_id)
+        self.released_engines[worker_id] = None
+        while len(self.released_engines) > RELEASED_ENGINES_KEPT:
+            del self.released_engines[next(iter(self.released_engines))]
 
     def terminating(self, worker_id: str) -> WorkerFacts | None:
         """A worker is being terminated: forgotten with its packed engines, and its late

@@ -410,6 +410,8 @@ def pack_room(workers: Collection[WorkerView]) -> dict[str, int]:
         if w.host is not None or w.capacity_bytes <= 0:
             continue
         serving = w.state in ("loading", "ready")
+        if serving and w.memory_bytes <= 0:
+            continue  # its own engine's memory is not known: nothing is packed beside it
         if serving or (w.state == "standby" and w.id in held):
             mine = w.memory_bytes if serving else 0
             room[w.id] = w.capacity_bytes - mine - held.get(w.id, 0)

@@ -77,6 +77,10 @@ class PackedEngines:
                 raise Conflict("the worker is stopping", owner.state)
             if s.capacity_bytes <= 0 or s.packed:
                 raise Conflict("this worker does not pack engines (its pool has no pack: true)", owner.state)
+            own = owner.facts.assignment
+            if own is not None and own.memory_bytes is None:
+                raise Conflict(f"the memory of this worker's own engine ({own.model}) is not known: nothing is "
+                               "packed beside it", owner.state)
             problem = pack_problem(req.memory_bytes, self.held(), s.capacity_bytes)
             if problem is not None:
                 log.info("pack_refused", engine_id=req.engine_id, model=req.model, reason=problem)

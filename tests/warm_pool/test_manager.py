@@ -516,3 +516,14 @@ async def test_a_failed_load_reaches_the_routes_with_its_kind() -> None:
     await step(m)
     route = m.route_table(clock())["demo"]
     assert (route.failures, route.failure_kind) == (1, "store") and "Could not connect" in (route.error or "")
+
+
+def test_ids_of_packed_engines_gone_are_remembered_within_a_bound() -> None:
+    from warm_pool.facts import RELEASED_ENGINES_KEPT
+
+    clock = Clock()
+    m = PoolManager(config(), {"gpu": FakeProvider(clock)}, FakeControl(clock), clock=clock)
+    for n in range(RELEASED_ENGINES_KEPT + 5):
+        m.fleet.engine_gone(f"w-1.e{n}")
+    assert len(m.fleet.released_engines) == RELEASED_ENGINES_KEPT
+    assert "w-1.e0" not in m.fleet.released_engines and f"w-1.e{RELEASED_ENGINES_KEPT + 4}" in m.fleet.released_engines

@@ -152,3 +152,9 @@ def test_a_failed_packed_engine_is_released_alone() -> None:
                     engine_bytes={"demo": 3 * GIB, "tuned": 3 * GIB})
     decisions, _ = decide(snap, PolicyState(), config(), now=100.0)
     assert [d for d in decisions if isinstance(d, Release)] == [Release("w1.a", "tuned", "failed")]
+
+
+def test_nothing_is_packed_beside_an_engine_of_unknown_memory() -> None:
+    ds = decide_for((serving("w1", "demo", 0), standby("w2")))
+    assert not [d for d in ds if isinstance(d, Pack)]
+    assert [d for d in ds if isinstance(d, Assign) and d.worker_id == "w2"]

@@ -133,3 +133,10 @@ async def test_a_worker_that_does_not_pack_keeps_no_spare(tmp_path: Path) -> Non
     async with agent_client(world, tmp_path) as c:
         await ready(c)
         assert len(world.hosts) == 1
+
+
+async def test_nothing_is_packed_beside_an_engine_of_unknown_memory(tmp_path: Path) -> None:
+    async with agent_client(World(), tmp_path, settings=PACKING) as c:
+        await ready(c)  # assigned with no memory_bytes
+        r = await c.post("/engines", json=pack_body("w1.e1", 1))
+        assert r.status_code == 409 and "is not known: nothing is packed beside it" in r.json()["error"]
