@@ -118,8 +118,9 @@ class Adapters:
         host = self._host
         t0 = self._clock()
         try:
-            client = host.settings.store.client()
-            path = await asyncio.to_thread(self._fetch, client, req.uri, self._dir(req.uri))
+            store, dest = host.settings.store, self._dir(req.uri)
+            # boto3 builds its client in the thread too: it blocks for tens of milliseconds.
+            path = await asyncio.to_thread(lambda: self._fetch(store.client(), req.uri, dest))
             engine = host.engine
             if engine is None:
                 raise EngineError("the engine went away")
