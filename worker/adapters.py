@@ -169,8 +169,10 @@ class Adapters:
                 await engine.unload_lora(a.served_model_name)
         except EngineError as exc:
             log.warning("adapter_unload_failed", model=a.model, error=str(exc))
+        # Its files go before its record: while the record says "unloading" no load of it
+        # starts, so nothing can fetch into the directory being removed, and "gone" means gone.
+        await asyncio.to_thread(shutil.rmtree, self._dir(a.uri), True)
         cur = self._get(a.model)
         if cur is not None and cur.state == "unloading":
             self._put(None, model=a.model)
-        await asyncio.to_thread(shutil.rmtree, self._dir(a.uri), True)
         log.info("adapter_unloaded", model=a.model)
