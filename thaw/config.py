@@ -253,6 +253,9 @@ class Model(_Strict):
     adapter_uri: S3Uri | None = None
     # On a base model: the adapters its engines may hold (default when it has adapters).
     lora: Lora | None = None
+    # A tenant's private model: listed and callable only with that tenant's keys. None:
+    # every tenant whose allowed_models admit it.
+    tenant: Name | None = None
 
     @property
     def resolved_served_name(self) -> str:
@@ -694,6 +697,11 @@ class ThawConfig(_Strict):
                 raise ValueError(
                     f"models {other!r} and {m.name!r} share the served name {m.resolved_served_name!r}"
                 )
+        tenants = {t.name for t in self.tenants}
+        for i, m in enumerate(self.models):
+            if m.tenant is not None and m.tenant not in tenants:
+                raise ValueError(f"models[{i}] ({m.name}): tenant {m.tenant!r} is not declared; declared: "
+                                 f"{sorted(tenants)}")
         names = {m.name for m in self.models}
         for i, t in enumerate(self.tenants):
             unknown = [a for a in t.allowed_models if a != "*" and a not in names]

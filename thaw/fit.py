@@ -31,8 +31,9 @@ class ModelSize:
     hf_config: dict[str, Any] | None = None
 
 
-def fit_problem(index: int, model: Model, cfg: ThawConfig, size: ModelSize) -> str | None:
-    """Why ``model`` cannot run on its shape, naming both numbers; None when it fits."""
+def fit_problem(index: int | None, model: Model, cfg: ThawConfig, size: ModelSize) -> str | None:
+    """Why ``model`` cannot run on its shape, naming both numbers; None when it fits.
+    ``index``: the model's place in the config file (None: a model deployed at run time)."""
     shape = cfg.shape(model.shape)
     if shape is None:
         return None
@@ -59,7 +60,8 @@ def fit_problem(index: int, model: Model, cfg: ThawConfig, size: ModelSize) -> s
     need = size.weights_bytes + kv
     if need <= usable:
         return None
-    return (f"models[{index}] ({model.name}): weights {size.weights_bytes / GIB:.1f} GiB ({size.source}) + "
+    what = f"models[{index}] ({model.name})" if index is not None else f"model {model.name!r}"
+    return (f"{what}: weights {size.weights_bytes / GIB:.1f} GiB ({size.source}) + "
             f"KV cache {kv / GIB:.2f} GiB ({kv_note}) = {need / GIB:.1f} GiB do not fit shape "
             f"{shape.name!r}: {where}; use a shape with more GPU memory or raise tensor_parallel_size")
 

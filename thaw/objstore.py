@@ -151,3 +151,56 @@ def read_weights_bytes(client: Any, uri: str) -> int | None:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("total_bytes"), int):
         raise ValueError(f"{uri}/{MANIFEST_NAME} has no total_bytes")
     return int(manifest["total_bytes"])
+
+
+class WeightsProblem(ValueError):
+    """The weights at a URI cannot be served as they are: no manifest, a malformed one,
+    or files that are missing or differ from what it lists."""
+
+
+@dataclass(frozen=True)
+class WeightsCheck:
+    """Weights found complete: the sha256 of their manifest (it names every file's
+    sha256, so it names the weights) and their bytes."""
+
+    manifest_sha256: str
+    total_bytes: int
+
+
+def check_weights(client: Any, uri: str) -> WeightsCheck:
+    """Check that the store holds the model at ``uri`` as its manifest lists it: every
+    file present with the size and ETag the manifest gives (a HEAD each, no data read).
+    Raises :class:`WeightsProblem`. ``client``: a boto3 S3 client. Blocking."""
+    import hashlib
+
+    bucket, prefix = parse_s3_uri(uri)
+    try:
+        raw = client.get_object(Bucket=bucket, Key=join_key(prefix, MANIFEST_NAME))["Body"].read()
+    except botocore.exceptions.ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            raise WeightsProblem(f"no manifest at {uri.rstrip('/')}/{MANIFEST_NAME}: push the model with "
+                                 "`thaw push DIR URI` (an interrupted push leaves none)") from None
+        raise
+    try:
+        manifest = json.loads(raw)
+        files = manifest["files"]
+        total = int(manifest["total_bytes"])
+        entries = [(str(f["path"]), int(f["size"]), str(f["etag"]).strip('"')) for f in files]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WeightsProblem(f"the manifest at {uri} is malformed ({type(exc).__name__}: {exc})") from None
+    if not entries:
+        raise WeightsProblem(f"the manifest at {uri} lists no files")
+    for path, size, etag in entries:
+        key = join_key(prefix, path)
+        try:
+            head = client.head_object(Bucket=bucket, Key=key)
+        except botocore.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                raise WeightsProblem(f"{uri.rstrip('/')}/{path} is listed in the manifest but not in the "
+                                     "store") from None
+            raise
+        got_size, got_etag = int(head["ContentLength"]), str(head["ETag"]).strip('"')
+        if got_size != size or got_etag != etag:
+            raise WeightsProblem(f"{uri.rstrip('/')}/{path} does not match the manifest (size {got_size} of "
+                                 f"{size}, ETag {got_etag} of {etag}): pushed again since? push the model again")
+    return WeightsCheck(hashlib.sha256(raw).hexdigest(), total)

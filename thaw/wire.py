@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
-from thaw.config import EngineArgs, Name, S3Uri
+from thaw.config import Autoscaling, EngineArgs, Lora, Model, Name, S3Uri, Tenant
 
 Id = Annotated[str, Field(min_length=1, max_length=200)]
 
@@ -106,6 +106,9 @@ class AssignRequest(_Msg):
     # POST /engines only: the id the new engine takes (as a worker of its own; the
     # controller names it, so a retried call is recognised).
     engine_id: Id | None = None
+    # The model's revision in the controller's registry; the worker reports it back, so
+    # a controller (a restarted one too) knows which replicas a roll must replace.
+    revision: PositiveInt | None = None
 
 
 class PrebuildRequest(_Msg):
@@ -242,6 +245,8 @@ class WorkerStatus(_Msg):
     control_url: str
     model: str | None = None
     assignment_id: str | None = None
+    # The registry revision of the model its assignment named (AssignRequest.revision).
+    revision: PositiveInt | None = None
     served_model_name: str | None = None
     # Base URL of the engine's OpenAI server (no /v1), only while ready.
     engine_url: str | None = None
@@ -342,6 +347,8 @@ class ReplicaRoute(_Msg):
     # ``phases`` are its load's: asked for, loaded), and when that engine became ready.
     adapter: bool = False
     base_ready_at: float | None = None
+    # The model's registry revision this replica serves (None: not known).
+    revision: PositiveInt | None = None
 
 
 class ModelRoute(_Msg):
@@ -367,6 +374,8 @@ class RouteTable(_Msg):
     # limits store is out of reach), and the version of the API key table.
     activators: PositiveInt = 1
     keys_version: NonNegativeInt = 0
+    # The version of the catalog (the models and tenants in force, ``GET /v1/catalog``).
+    catalog_version: NonNegativeInt = 0
 
 
 # -- controller → operators ------------------------------------------------------------
@@ -542,3 +551,103 @@ class RevokeKey(_Msg):
 class RevokeReply(_Msg):
     revoked: PositiveInt
     version: NonNegativeInt
+
+
+# -- operators → controller → activators: the models and tenants in force ----------------
+
+
+class ModelSpec(_Msg):
+    """A model's settings as a deploy or an update gives them (``thaw models deploy``,
+    ``/v1/admin/models``): the fields of a config file's ``models[]`` entry but its name.
+    An update gives only what changes; nested settings (engine, autoscaling, lora) merge
+    field by field."""
+
+    uri: S3Uri | None = None
+    shape: Name | None = None
+    served_name: str | None = Field(None, min_length=1, max_length=200)
+    max_context_tokens: PositiveInt | None = None
+    tenant: Name | None = None
+    base: Name | None = None
+    adapter_uri: S3Uri | None = None
+    engine: EngineArgs | None = None
+    autoscaling: Autoscaling | None = None
+    lora: Lora | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """What the caller set, nested settings only as far as they were set."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class ModelDeploy(_Msg):
+    """``POST /v1/admin/models``: a new model (409 when the name is in use)."""
+
+    name: Name
+    spec: ModelSpec
+    note: str | None = Field(None, max_length=500)
+
+
+class ModelUpdate(_Msg):
+    """``PATCH /v1/admin/models/{name}``: a new revision from the current one with
+    ``spec``'s fields changed; ``revision`` is the one the change was based on (409 when
+    another change came first)."""
+
+    revision: PositiveInt
+    spec: ModelSpec
+    note: str | None = Field(None, max_length=500)
+
+
+class ModelRollback(_Msg):
+    """``POST /v1/admin/models/{name}/rollback``: a new revision with the settings of
+    revision ``to`` (default: the one before the current)."""
+
+    to: PositiveInt | None = None
+    revision: PositiveInt | None = None
+    note: str | None = Field(None, max_length=500)
+
+
+RevisionChange = Literal["deploy", "update", "rollback", "import"]
+
+
+class ModelRevision(_Msg):
+    """One immutable revision of a model: its settings, its weights as they were when it
+    was made (the manifest's sha256 and size), who made it and how."""
+
+    model: Name
+    revision: PositiveInt
+    # The config entry of the model at this revision (``thaw.config.Model``'s fields,
+    # as given: an adapter's shape and engine are its base's when resolved).
+    spec: dict[str, Any]
+    weights_sha256: str | None = None
+    weights_bytes: NonNegativeInt | None = None
+    created_at: float
+    who: str
+    change: RevisionChange
+    # rollback: the revision whose settings it took.
+    from_revision: PositiveInt | None = None
+    note: str | None = None
+
+
+class ModelRecord(_Msg):
+    """A model of the registry: its current revision (None once removed) and history."""
+
+    name: Name
+    revision: PositiveInt | None
+    removed_at: float | None = None
+    removed_by: str | None = None
+    revisions: list[ModelRevision]
+
+
+class ModelRecords(_Msg):
+    """``GET /v1/admin/models``."""
+
+    version: NonNegativeInt
+    models: list[ModelRecord]
+
+
+class Catalog(_Msg):
+    """``GET /v1/catalog``: the models and tenants in force, as activators serve them;
+    ``version`` moves on every change (the route table carries it)."""
+
+    version: NonNegativeInt
+    models: list[Model]
+    tenants: list[Tenant]

@@ -75,10 +75,12 @@ class Actuator:
     def __init__(self, *, fleet: FleetFacts, providers: dict[str, Provider], control: WorkerControl,
                  config: Callable[[], ThawConfig], model_classes: ModelClasses | None, clock: Callable[[], float],
                  events: EventLog, metrics: PoolMetrics, wake: Callable[[], None],
-                 refresh_soon: Callable[[], None]) -> None:
+                 refresh_soon: Callable[[], None],
+                 revision_of: Callable[[str], int | None] = lambda model: None) -> None:
         """``config``: the config in force; ``wake``: asks the loop to decide again (a
         call ended); ``refresh_soon``: asks the loop to list the providers' instances on
-        its next turn (one was stopped or started)."""
+        its next turn (one was stopped or started); ``revision_of``: a model's current
+        registry revision (what an assignment asks for)."""
         self.fleet = fleet
         self.providers = providers
         self.control = control
@@ -89,6 +91,7 @@ class Actuator:
         self.metrics = metrics
         self._wake = wake
         self._refresh_soon = refresh_soon
+        self._revision_of = revision_of
         self.shape_backoff: dict[str, ShapeBackoff] = {}
         self._inflight_ops: set[asyncio.Task[None]] = set()
 
@@ -137,7 +140,8 @@ class Actuator:
         elif isinstance(d, Assign):
             f = fleet.facts[d.worker_id]
             fleet.observe(d.worker_id, f.shape, intent=Intent("assign", now, d.model, d.assignment_id,
-                                                              memory_bytes=snap.engine_bytes.get(d.model, 0)))
+                                                              memory_bytes=snap.engine_bytes.get(d.model, 0),
+                                                              revision=self._revision_of(d.model)))
             self._spawn(self._assign(d), busy=d.worker_id)
         elif isinstance(d, LoadAdapter | UnloadAdapter):
             f = fleet.facts[d.worker_id]
@@ -149,7 +153,8 @@ class Actuator:
         elif isinstance(d, Pack):
             f = fleet.facts[d.worker_id]
             fleet.observe(d.engine_id, f.shape, host=d.worker_id,
-                          intent=Intent("assign", now, d.model, d.assignment_id, memory_bytes=d.memory_bytes))
+                          intent=Intent("assign", now, d.model, d.assignment_id, memory_bytes=d.memory_bytes,
+                                        revision=self._revision_of(d.model)))
             self._spawn(self._pack(d), busy=d.engine_id)
         elif isinstance(d, Release):
             f = fleet.facts[d.worker_id]
@@ -298,6 +303,7 @@ class Actuator:
             if self.model_classes else None,
             # Counted by a worker that packs engines (None: not counted).
             memory_bytes=engine_bytes(cfg, self.model_classes).get(model.name),
+            revision=self._revision_of(model.name),
         )
 
     async def _assign(self, d: Assign) -> None:
@@ -336,14 +342,16 @@ class Actuator:
         """Load or unload an adapter; a refusal drops its intent (the status is the truth)."""
         model = self._config().model(d.model)
         url = self.fleet.control_url(d.worker_id)
-        if model is None or url is None:
+        # An unload needs only the name (the model may have been removed since).
+        if url is None or (model is None and isinstance(d, LoadAdapter)):
             return
         try:
             if isinstance(d, LoadAdapter):
+                assert model is not None
                 status = await self.control.load_adapter(url, AdapterRequest(
                     model=model.name, uri=model.uri, served_model_name=model.resolved_served_name))
             else:
-                status = await self.control.unload_adapter(url, AdapterUnload(model=model.name))
+                status = await self.control.unload_adapter(url, AdapterUnload(model=d.model))
         except ControlError as exc:
             f = self.fleet.facts.get(d.worker_id)
             if f is not None:

@@ -54,6 +54,11 @@ class BudgetAdmin:
     def view(self) -> BudgetView:
         return budget_view(self.cfg, self.overrides)
 
+    def rebase(self, cfg: ThawConfig) -> None:
+        """The config the budgets apply to changed (the registry's models)."""
+        self.base_cfg = cfg
+        self.cfg = apply_budget(cfg, self.overrides)
+
     async def change(self, change: BudgetChange, who: str) -> BudgetView:
         """Apply an operator's budget change: validated, persisted, in force from the next
         tick, and recorded as an event naming who asked."""

@@ -22,11 +22,17 @@ from thaw.wire import (
     ActivityReport,
     BudgetChange,
     BudgetView,
+    Catalog,
     ColdStartRecord,
     DemandSignal,
     ErrorReply,
     HeartbeatReply,
     KeyTable,
+    ModelDeploy,
+    ModelRecord,
+    ModelRecords,
+    ModelRollback,
+    ModelUpdate,
     NewKey,
     NewKeyReply,
     PoolEvents,
@@ -41,6 +47,7 @@ from warm_pool.facts import UnknownInstance
 from warm_pool.manager import PoolManager
 from warm_pool.persist import BudgetRefused
 from warm_pool.policy import ModelActivity
+from warm_pool.registry import RegistryRefused
 
 
 def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle: bool = True) -> FastAPI:
@@ -165,6 +172,71 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         except UnknownKey as exc:
             return JSONResponse({"error": str(exc)}, status_code=404)
         return Response(reply.model_dump_json(), media_type="application/json")
+
+    # -- the model registry (warm_pool.registry) -------------------------------------
+    registry = manager.model_admin
+    checked: dict[int | str, dict[str, Any]] = {422: refusal("A setting the config does not admit, weights that are not complete in the "
+                            "store, or a model that does not fit its shape (the message names the field)"),
+               503: refusal("The controller cannot read the store to check the weights")}
+
+    def record_reply(record: ModelRecord, status: int = 200) -> Response:
+        return Response(record.model_dump_json(), status_code=status, media_type="application/json")
+
+    def refused(exc: RegistryRefused) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=exc.status)
+
+    @app.get("/v1/admin/models", response_model=ModelRecords)
+    async def list_models() -> Response:
+        return Response(registry.list().model_dump_json(), media_type="application/json")
+
+    @app.post("/v1/admin/models", response_model=ModelRecord, status_code=201,
+              responses={409: refusal("The name is in use"), **checked})
+    async def deploy_model(body: ModelDeploy, request: Request) -> Response:
+        try:
+            return record_reply(await registry.deploy(body, actor(request)), 201)
+        except RegistryRefused as exc:
+            return refused(exc)
+
+    @app.get("/v1/admin/models/{name}", response_model=ModelRecord,
+             responses={404: refusal("No model of that name was ever deployed")})
+    async def describe_model(name: str) -> Response:
+        try:
+            return record_reply(registry.describe(name))
+        except RegistryRefused as exc:
+            return refused(exc)
+
+    @app.patch("/v1/admin/models/{name}", response_model=ModelRecord,
+               responses={404: refusal("No such model is deployed"),
+                          409: refusal("The change was based on a revision that is no longer current"), **checked})
+    async def update_model(name: str, body: ModelUpdate, request: Request) -> Response:
+        try:
+            return record_reply(await registry.update(name, body, actor(request)))
+        except RegistryRefused as exc:
+            return refused(exc)
+
+    @app.post("/v1/admin/models/{name}/rollback", response_model=ModelRecord,
+              responses={404: refusal("No such model is deployed, or no such revision"),
+                         409: refusal("The change was based on a revision that is no longer current"), **checked})
+    async def rollback_model(name: str, body: ModelRollback, request: Request) -> Response:
+        try:
+            return record_reply(await registry.rollback(name, body, actor(request)))
+        except RegistryRefused as exc:
+            return refused(exc)
+
+    @app.delete("/v1/admin/models/{name}", response_model=ModelRecord,
+                responses={404: refusal("No such model is deployed"),
+                           409: refusal("Adapters use it, or the revision given is no longer current")})
+    async def remove_model(name: str, request: Request,
+                           revision: int | None = Query(None, ge=1, description="the revision being removed "
+                                                        "(refused if no longer current)")) -> Response:
+        try:
+            return record_reply(await registry.remove(name, actor(request), revision))
+        except RegistryRefused as exc:
+            return refused(exc)
+
+    @app.get("/v1/catalog", response_model=Catalog)
+    async def catalog() -> Response:
+        return Response(manager.catalog().model_dump_json(), media_type="application/json")
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

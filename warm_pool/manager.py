@@ -32,6 +32,7 @@ from thaw.log import get_logger
 from thaw.wire import (
     BudgetChange,
     BudgetView,
+    Catalog,
     ColdStartRecord,
     HeartbeatReply,
     KeyTable,
@@ -56,6 +57,8 @@ from warm_pool.metrics import PoolMetrics, export
 from warm_pool.persist import ControllerStore
 from warm_pool.policy import ModelActivity, ModelState, PolicyState, Snapshot, WorkerView, decide
 from warm_pool.providers import Provider
+from warm_pool.registry import ModelRegistry, StoreReader
+from warm_pool.registry_store import REGISTRY_FILE, RegistryStore
 from warm_pool.routes import RouteFeed, route_table
 from warm_pool.status import pool_status
 from warm_pool.traffic import Traffic
@@ -79,11 +82,13 @@ class PoolManager:
         epoch: str | None = None,
         state_dir: Path | None = None,
         model_classes: ModelClasses | None = None,
+        store_reader: StoreReader | None = None,
     ) -> None:
         """``providers`` maps each pool's shape to the provider that runs it.
         ``state_dir``: where what must outlive a restart is kept (None: nowhere).
         ``model_classes``: each model's engine class (placement into pre-built
-        engines); None: no model has a known class."""
+        engines); None: no model has a known class. ``store_reader``: how the model
+        registry checks a deploy's weights in the store (None: deploys are refused)."""
         self.providers = providers
         self.control = control
         self.model_classes = model_classes
@@ -97,9 +102,13 @@ class PoolManager:
         self.store = ControllerStore(state_dir)
         self._wake = asyncio.Event()
         self.event_log = EventLog(clock)
-        # The config in force (self.cfg) is the budgets' (persisted in state_dir, so a
-        # restart keeps the operators' changes).
-        self.budgets = BudgetAdmin(cfg, self.store, self.event_log, self._wake.set)
+        # The config in force (self.cfg): the config as written serving the registry's
+        # models, with the operators' budget changes (both persisted in state_dir, so a
+        # restart keeps them).
+        self.model_admin = ModelRegistry(cfg, RegistryStore(state_dir / REGISTRY_FILE if state_dir else None),
+                                         store_reader, self.event_log, on_change=self._models_changed,
+                                         clock=clock)
+        self.budgets = BudgetAdmin(self.model_admin.cfg, self.store, self.event_log, self._wake.set)
         self.key_admin = KeyAdmin(cfg, state_dir, self.event_log, self._keys_changed)
         self.state = PolicyState(epoch=self.epoch, models={
             name: ModelState(idle_histogram=h) for name, h in self.store.load_histograms(self.cfg).items()})
@@ -112,7 +121,7 @@ class PoolManager:
         self.actuator = Actuator(fleet=self.fleet, providers=providers, control=control,
                                  config=lambda: budgets.cfg, model_classes=model_classes, clock=clock,
                                  events=self.event_log, metrics=self.metrics, wake=self._wake.set,
-                                 refresh_soon=self.instances.refresh_soon)
+                                 refresh_soon=self.instances.refresh_soon, revision_of=self.model_admin.revision)
         self.feed = RouteFeed(self.epoch)
         self.adopt_until: float | None = None
         self.adopted = False
@@ -180,6 +189,7 @@ class PoolManager:
         await self.instances.close()
         await self.control.close()
         self.keys.close()
+        self.model_admin.store.close()
 
     # -- what outlives a restart -----------------------------------------------------
     async def _save_keepalive(self) -> None:
@@ -214,6 +224,19 @@ class PoolManager:
     async def _keys_changed(self) -> None:
         if self.routes.version > 0:  # before adoption, the first table carries it
             await self._publish_routes()
+
+    async def _models_changed(self, cfg: ThawConfig) -> None:
+        """The registry changed: the new config in force from the next tick, and a route
+        table that tells activators to fetch the catalog."""
+        self.budgets.rebase(cfg)
+        self._wake.set()
+        if self.routes.version > 0:
+            await self._publish_routes()
+
+    def catalog(self) -> Catalog:
+        """The models and tenants activators serve (``GET /v1/catalog``)."""
+        cfg = self.cfg
+        return Catalog(version=self.model_admin.version, models=cfg.models, tenants=cfg.tenants)
 
     # -- inputs: workers (warm_pool.facts) and activators (warm_pool.traffic) -----------
     def heartbeat(self, status: WorkerStatus) -> HeartbeatReply:
@@ -285,7 +308,8 @@ class PoolManager:
         snap = Snapshot(workers=tuple(views.values()), activity=self.traffic.take(self.activity(now)),
                         launch_blocked_until=self.actuator.launch_blocked_until(now),
                         model_classes=dict(self.model_classes.classes) if self.model_classes else {},
-                        engine_bytes=engine_bytes(self.cfg, self.model_classes))
+                        engine_bytes=engine_bytes(self.cfg, self.model_classes),
+                        outdated=self.model_admin.outdated())
         t0 = time.perf_counter()
         decisions, self.state = decide(snap, self.state, self.cfg, now)
         self.metrics.tick.observe(time.perf_counter() - t0)
@@ -312,7 +336,8 @@ class PoolManager:
     def route_table(self, now: float, views: dict[str, WorkerView] | None = None) -> dict[str, ModelRoute]:
         """Ready replicas per model; ``views`` when the caller derived them already."""
         views = self.views(now) if views is None else views
-        return route_table(self.cfg, self.facts, views, self.state, now)
+        return route_table(self.cfg, self.facts, views, self.state, now, revisions=self.model_admin.revision,
+                           outdated=self.model_admin.outdated())
 
     def activators(self, now: float) -> int:
         """Activators that reported lately (at least 1: the one asking)."""
@@ -321,7 +346,7 @@ class PoolManager:
     async def _publish_routes(self) -> None:
         now = self.clock()
         await self.feed.publish(self.route_table(now), activators=self.activators(now),
-                                keys_version=self.key_admin.version)
+                                keys_version=self.key_admin.version, catalog_version=self.model_admin.version)
 
     async def wait_routes(self, since: int, epoch: str | None, timeout_s: float) -> RouteTable | None:
         """The route table once its version is past ``since`` (at once for a watcher of

@@ -106,6 +106,8 @@ class WorkerView:
     adapters: tuple[tuple[str, str], ...] = ()
     # A failed worker: the kind of its failure.
     failure_kind: FailureKind | None = None
+    # The model's registry revision its assignment serves (None: not known).
+    revision: int | None = None
 
     def adapter(self, model: str) -> str | None:
         """The state of adapter ``model`` in this worker's engine (None: not there)."""
@@ -145,6 +147,9 @@ class Snapshot:
     # The memory one engine of each model holds on its shape (thaw.fit.engine_memory),
     # where known: only these are packed.
     engine_bytes: dict[str, int] = field(default_factory=dict)
+    # Per model, the registry revisions whose replicas a roll replaces (weights or engine
+    # settings other than the current revision's).
+    outdated: dict[str, frozenset[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -203,7 +208,7 @@ class PolicyState:
 # -- decisions (data; warm_pool.actuator carries them out) ----------------------------
 
 
-AssignReason = Literal["demand", "scale_up", "prewarm", "min_replicas"]
+AssignReason = Literal["demand", "scale_up", "prewarm", "min_replicas", "roll"]
 
 
 @dataclass(frozen=True)
@@ -223,7 +228,7 @@ class Assign:
 class Release:
     worker_id: str
     model: str | None
-    reason: Literal["idle", "failed", "excess", "asleep_expired", "reclaimed", "budget"]
+    reason: Literal["idle", "failed", "excess", "asleep_expired", "reclaimed", "budget", "removed", "rolled"]
 
 
 @dataclass(frozen=True)
@@ -287,7 +292,7 @@ class LoadAdapter:
 class UnloadAdapter:
     worker_id: str
     model: str
-    reason: Literal["idle", "excess", "failed"]
+    reason: Literal["idle", "excess", "failed", "removed"]
 
 
 @dataclass(frozen=True)
@@ -557,6 +562,17 @@ def decide(
         elif w.state == "unreachable":
             decisions.append(Terminate(w.id, "unreachable"))
 
+    # Models no longer served (`thaw models rm`): their replicas drain and are released,
+    # their adapters unloaded (asleep ones go below). Never in the simulator's partial
+    # ticks (it removes none).
+    if only is None:
+        for w in snap.workers:
+            if w.model is not None and w.model not in by_name and w.state in _SERVING:
+                decisions.append(Release(w.id, w.model, "removed"))
+            for name, st in w.adapters:
+                if name not in by_name and st in ("loading", "ready"):
+                    decisions.append(UnloadAdapter(w.id, name, "removed"))
+
     # Asleep workers: released once past their model's asleep_ttl_s, else kept for a wake.
     asleep: dict[str, list[WorkerView]] = {}
     gone: set[str] = set()  # asleep workers released this tick
@@ -565,6 +581,9 @@ def decide(
         ttl = m_cfg.autoscaling.asleep_ttl_s if m_cfg else 0.0
         if m_cfg is None or ttl <= 0 or (w.since is not None and now - w.since >= ttl):
             decisions.append(Release(w.id, w.model, "asleep_expired"))
+            gone.add(w.id)
+        elif w.revision in snap.outdated.get(m_cfg.name, ()):
+            decisions.append(Release(w.id, w.model, "rolled"))  # it would wake with old weights
             gone.add(w.id)
         else:
             asleep.setdefault(m_cfg.name, []).append(w)
@@ -614,13 +633,21 @@ def decide(
         if ready and ms.failures:
             ms = evolve(ms, failures=0, backoff_until=0.0, last_error=None, last_failure_kind=None)
         a = m.autoscaling
+        # A roll (a new revision's weights or engine): replicas of older revisions are
+        # replaced by as many current ones. For the autoscaler the model has as many
+        # replicas as the larger of the two sets (one replaces the other).
+        stale = snap.outdated.get(m.name, frozenset()) if m.base is None else frozenset()
+        outdated = [w for w in replicas if w.revision in stale]
+        if outdated:
+            replicas = [w for w in replicas if w.revision not in stale]
+            ready = [w for w in replicas if w.state == "ready"]
         ms = track(ms, act, a, now)
         window = keep_alive_window(ms.idle_histogram, a)
         keep_warm = ms.idle_since is not None and keep_alive_decision(window, ms.idle_since, now).keep
-        result, scale = autoscale(ms.scale, current=len(replicas), now=now, a=a, demand_now=act.demand,
-                                  keep_warm=keep_warm, loading=len(replicas) - len(ready))
+        result, scale = autoscale(ms.scale, current=max(len(replicas), len(outdated)), now=now, a=a,
+                                  demand_now=act.demand, keep_warm=keep_warm, loading=len(replicas) - len(ready))
         at_zero_since = None
-        if act.demand and not replicas:
+        if act.demand and not replicas and not outdated:
             if ms.at_zero_since is None and m.base is None:  # an adapter's is its base's
                 cold_now[m.shape] = cold_now.get(m.shape, 0) + 1
                 cls = snap.model_classes.get(m.name, "")
@@ -635,12 +662,21 @@ def decide(
                                                 max_loras=int(cfg.engine_args(by_name[m.base]).extra["max_loras"]),
                                                 added=adapters_added))
             continue
+        # Each old replica is released once a current one is ready to take its traffic
+        # (one still loading at once: nobody waits on it).
+        if outdated:
+            covered = len(ready) + len(outdated) - want
+            for w in sorted(outdated, key=lambda w: (w.state != "loading", w.id)):
+                if w.state == "loading" or covered > 0:
+                    decisions.append(Release(w.id, m.name, "rolled"))
+                    covered -= w.state == "ready"
         if len(replicas) < want:
             if now < ms.backoff_until:
                 if ms.unmet:
                     models[m.name] = evolve(ms, unmet=0)
                 continue
-            reason: AssignReason = ("demand" if act.demand and not replicas else
+            reason: AssignReason = ("roll" if outdated else
+                      "demand" if act.demand and not replicas else
                       "prewarm" if not act.demand and not replicas and want > a.min_replicas else
                       "min_replicas" if want <= a.min_replicas else "scale_up")
             sleeping = [w for w in reversed(asleep.get(m.name, [])) if w.id not in gone]

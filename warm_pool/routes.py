@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from thaw.config import ThawConfig
@@ -21,12 +21,20 @@ from warm_pool.view import WorkerFacts
 
 
 def route_table(cfg: ThawConfig, facts: Mapping[str, WorkerFacts], views: dict[str, WorkerView],
-                state: PolicyState, now: float) -> dict[str, ModelRoute]:
+                state: PolicyState, now: float, *, revisions: Callable[[str], int | None] = lambda m: None,
+                outdated: Mapping[str, frozenset[int]] | None = None) -> dict[str, ModelRoute]:
     """Ready replicas per model, from the workers' views and last statuses, and each
-    model's failures from the policy's state."""
+    model's failures from the policy's state.
+
+    During a roll (``outdated``: the revisions a roll replaces) a model's traffic goes to
+    replicas of the current revision as soon as one is ready, and to the older ones until
+    then. Each replica names the revision whose settings it serves: the current one (its
+    engine is the same) or, for an outdated replica, its own."""
     models: dict[str, ModelRoute] = {}
     for m in cfg.models:
         ready, loading = [], 0
+        stale = (outdated or {}).get(m.name, frozenset())
+        current = revisions(m.name)
         for wid, v in views.items():
             st = facts[wid].status
             if m.base is not None:
@@ -48,12 +56,16 @@ def route_table(cfg: ThawConfig, facts: Mapping[str, WorkerFacts], views: dict[s
             if v.model != m.name:
                 continue
             if v.state is WorkerState.READY and st is not None and st.engine_url:
+                old = v.revision is not None and v.revision in stale
                 ready.append(ReplicaRoute(worker_id=wid, url=st.engine_url,
                                           served_model_name=st.served_model_name or m.resolved_served_name,
                                           assignment_id=v.assignment_id, phases=st.phases, load=st.load,
-                                          worker_started_at=st.started_at, packed=v.host is not None))
+                                          worker_started_at=st.started_at, packed=v.host is not None,
+                                          revision=v.revision if old else (current or v.revision)))
             elif v.state is WorkerState.LOADING:
                 loading += 1
+        if stale and any(r.revision not in stale for r in ready):
+            ready = [r for r in ready if r.revision not in stale]
         ms = state.models.get(m.name)
         in_backoff = ms is not None and ms.backoff_until > now
         models[m.name] = ModelRoute(
@@ -75,16 +87,18 @@ class RouteFeed:
         self._changed = asyncio.Condition()
         self._closed = False
 
-    async def publish(self, models: dict[str, ModelRoute], *, activators: int, keys_version: int) -> None:
+    async def publish(self, models: dict[str, ModelRoute], *, activators: int, keys_version: int,
+                      catalog_version: int = 0) -> None:
         """Publish a new table; its version moves (and watchers wake) only when what
         activators act on changed, or on the first publication."""
         table = RouteTable(epoch=self.epoch, version=self.table.version, models=models, activators=activators,
-                           keys_version=keys_version)
+                           keys_version=keys_version, catalog_version=catalog_version)
 
         # Only the parts activators act on decide whether the version moves.
         def key(t: RouteTable) -> Any:
-            return ({n: (tuple(r.url for r in v.replicas), v.loading, v.failures, v.error,
-                         v.backoff_until is not None) for n, v in t.models.items()}, t.activators, t.keys_version)
+            return ({n: (tuple((r.url, r.revision) for r in v.replicas), v.loading, v.failures, v.error,
+                         v.backoff_until is not None) for n, v in t.models.items()}, t.activators, t.keys_version,
+                    t.catalog_version)
 
         if key(table) != key(self.table) or self.table.version == 0:
             async with self._changed:

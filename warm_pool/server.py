@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 
 from thaw.auth import cluster_token
 from thaw.config import ThawConfig
 from thaw.log import get_logger
+from thaw.objstore import WeightsCheck
 from warm_pool.api import create_pool_app
 from warm_pool.classes import ModelClasses
 from warm_pool.control import HttpWorkerControl
@@ -78,12 +81,52 @@ def build_model_classes(cfg: ThawConfig) -> ModelClasses | None:
                         else None)
 
 
+class S3StoreReader:
+    """The registry's reads of the store (``warm_pool.registry.StoreReader``): a model's
+    manifest and the HEAD of each file it lists, and its config.json. Blocking; the
+    client is built on first use, in the caller's thread."""
+
+    def __init__(self, cfg: ThawConfig) -> None:
+        from thaw.objstore import resolve_endpoint
+
+        self._endpoint = resolve_endpoint(cfg)
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def _s3(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = self._endpoint.client()
+            return self._client
+
+    def check_weights(self, uri: str) -> WeightsCheck:
+        from thaw.objstore import check_weights
+
+        return check_weights(self._s3(), uri)
+
+    def read_config(self, uri: str) -> dict[str, Any] | None:
+        from thaw.objstore import read_model_config
+
+        return read_model_config(self._s3(), uri)
+
+
+def build_store_reader(cfg: ThawConfig) -> S3StoreReader | None:
+    from thaw.objstore import StoreConfigError
+
+    try:
+        return S3StoreReader(cfg)
+    except StoreConfigError as exc:
+        log.warning("model_deploys_unavailable", error=str(exc),
+                    hint="the registry cannot check weights in the store, so it refuses deploys")
+        return None
+
+
 def create_controller_app(cfg: ThawConfig, config_path: Path, controller_url: str, *,
                           stop_local_workers: bool = False) -> FastAPI:
     providers = build_providers(cfg, config_path, controller_url)
     token = cluster_token(cfg)
     manager = PoolManager(cfg, providers, HttpWorkerControl(token), state_dir=cfg.data_dir / "controller",
-                          model_classes=build_model_classes(cfg))
+                          model_classes=build_model_classes(cfg), store_reader=build_store_reader(cfg))
     app = create_pool_app(manager, token, manage_lifecycle=False)
 
     @asynccontextmanager

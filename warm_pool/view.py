@@ -32,8 +32,10 @@ class Intent:
     assignment_id: str | None
     # prebuild: the engine class asked for.
     engine_class: str | None = None
-    # assign: the memory the engine will hold (counted before the worker says so).
+    # assign: the memory the engine will hold (counted before the worker says so), and
+    # the model's registry revision it was asked for.
     memory_bytes: int = 0
+    revision: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,8 +121,12 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
         served = st is not None and st.assignment_id == assignment_id and st.phases.engine_ready is not None
         if memory is None:
             memory = (st.memory_bytes or 0) if st is not None and st.assignment_id is not None else 0
+        # The revision its assignment serves: the worker's word, else the call's.
+        revision = (st.revision if st is not None and assignment_id is not None and st.assignment_id == assignment_id
+                    else i.revision if i is not None and assignment_id is not None and i.assignment_id == assignment_id
+                    else None)
         return WorkerView(f.worker_id, f.shape, state, model, assignment_id, error, since, cached, rates, served,
-                          *prebuilt, host=f.host, memory_bytes=memory,
+                          *prebuilt, host=f.host, memory_bytes=memory, revision=revision,
                           capacity_bytes=(st.capacity_bytes or 0) if st is not None else 0,
                           adapters=adapter_states(st, f.adapter_intents, now) if state is WorkerState.READY else (),
                           failure_kind=st.failure_kind if st is not None and state is WorkerState.FAILED else None)

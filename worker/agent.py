@@ -218,6 +218,7 @@ class Agent:
             state=self._state,
             model=a.model if a else None,
             assignment_id=a.assignment_id if a else None,
+            revision=a.revision if a else None,
             served_model_name=a.served_model_name if a else None,
             engine_url=self._engine_url if self._state is WorkerState.READY else None,
             started_at=self.started_at,
@@ -355,7 +356,7 @@ class Agent:
                            self._state)
         self._launched = req
         a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock(),
-                       req.memory_bytes)
+                       req.memory_bytes, req.revision)
         self.record(assignment=a, snapshot_restored_at=None, snapshot=None, launched_at=None,
                     weights_loaded_at=None, engine_ready_at=None, failure=None, failure_kind=None, in_flight=None,
                     load=None)
@@ -719,7 +720,8 @@ class Agent:
         if not same:
             raise Conflict(f"worker is asleep with model {cur.model!r} ({cur.uri}); release it before "
                            f"assigning another model or other engine settings", self._state)
-        a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock())
+        a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock(),
+                       revision=req.revision)
         self.record(assignment=a, sleep_requested_at=None, snapshot_restored_at=None, snapshot=None,
                      launched_at=None, weights_loaded_at=None, engine_ready_at=None, woken_at=None,
                      failure=None, failure_kind=None, load=LoadView(tier="asleep"))

@@ -27,6 +27,8 @@ class Assignment:
     assigned_at: float
     # The memory its engine holds (thaw.fit.engine_memory; None: not counted).
     memory_bytes: int | None = None
+    # The model's registry revision (AssignRequest.revision), reported back.
+    revision: int | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import schemathesis
 from schemathesis import Case
 
 from tests.fuzz.support import fuzz_config, running
-from tests.warm_pool.fleet import TOKEN, InProcessProvider, controller, fleet_config, until
+from tests.warm_pool.fleet import TOKEN, FakeStoreReader, InProcessProvider, controller, fleet_config, until
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
 from warm_pool.api import create_pool_app
@@ -43,6 +43,13 @@ CHECKS = {"negative_data_rejection": {"enabled": False}}
 # change) are beyond the JSON schema: a schema-valid change may be refused with 422.
 OPERATIONS = [{"include-path": "/v1/pool/budget", "include-method": "PUT",
                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "401", "404", "422"]}}}]
+# So are a model's: the whole config must stay valid with it (its shape, base, tenant,
+# allowed prefixes, served name), and its weights must be complete and fit.
+# (Filters of one entry match any of their values: an operation is named whole.)
+OPERATIONS += [{"include-name": name,
+                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "401", "404", "409", "422"]}}}
+               for name in ("POST /v1/admin/models", "PATCH /v1/admin/models/{name}",
+                            "POST /v1/admin/models/{name}/rollback", "DELETE /v1/admin/models/{name}")]
 schema = schemathesis.openapi.from_dict(
     openapi(), config=fuzz_config("clusterToken", TOKEN, checks=CHECKS, operations=OPERATIONS))
 
@@ -52,7 +59,8 @@ async def fleet(root: Path) -> AsyncIterator[str]:
     port = free_port()
     provider = InProcessProvider(root, f"http://127.0.0.1:{port}")
     try:
-        async with controller(config(root), provider, port, state_dir=root / "state") as c:
+        async with controller(config(root), provider, port, state_dir=root / "state",
+                              store_reader=FakeStoreReader()) as c:
             await until("the fleet adopted", lambda: c.manager.routes.version > 0, c.manager)
             yield c.url
     finally:

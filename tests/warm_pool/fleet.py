@@ -18,7 +18,7 @@ import yaml
 from tests.worker.fakes import FakeEngine, FakeHost, World
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
-from thaw.objstore import S3Endpoint
+from thaw.objstore import S3Endpoint, WeightsCheck, WeightsProblem
 from warm_pool.api import create_pool_app
 from warm_pool.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
@@ -29,6 +29,27 @@ from worker.settings import AgentSettings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 TOKEN = "fleet-test-token"
+
+
+@dataclass
+class FakeStoreReader:
+    """The store as the model registry reads it: complete weights of ``sizes`` bytes at
+    each URI it holds (``WeightsProblem`` for any other), each with its own digest."""
+
+    sizes: dict[str, int] = field(default_factory=dict)
+    default_bytes: int | None = 64 * 2**20
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    checked: list[str] = field(default_factory=list)
+
+    def check_weights(self, uri: str) -> WeightsCheck:
+        self.checked.append(uri)
+        size = self.sizes.get(uri.rstrip("/"), self.default_bytes)
+        if size is None:
+            raise WeightsProblem(f"no manifest at {uri}/thaw-manifest.json")
+        return WeightsCheck(f"{abs(hash((uri, size))):064x}"[-64:], size)
+
+    def read_config(self, uri: str) -> dict[str, Any] | None:
+        return self.configs.get(uri.rstrip("/"))
 
 
 async def serve(app: Any, port: int) -> tuple[uvicorn.Server, asyncio.Task[None]]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.warm_pool.fleet import EXAMPLE
+from tests.warm_pool.fleet import EXAMPLE, FakeStoreReader
 from thaw.config import ThawConfig, parse_config
 from thaw.engine_class import engine_class_of
 from thaw.wire import (
@@ -19,6 +19,8 @@ from thaw.wire import (
     AdapterUnload,
     AdapterView,
     AssignRequest,
+    ModelSpec,
+    ModelUpdate,
     Phases,
     PrebuildRequest,
     PrebuiltView,
@@ -304,10 +306,14 @@ async def test_the_keep_alive_histogram_survives_a_restart(tmp_path: Path) -> No
     learnt = m.state.models["demo"].idle_histogram
     assert learnt.total() == 3 and sum(learnt.counts) == 3
     # A new controller reads it back; with another bin width it starts afresh.
-    again = PoolManager(cfg, {"gpu": provider}, control, clock=clock, state_dir=tmp_path)
+    again = PoolManager(cfg, {"gpu": provider}, control, clock=clock, state_dir=tmp_path,
+                        store_reader=FakeStoreReader())
     assert again.state.models["demo"].idle_histogram == learnt
-    data["models"][0]["autoscaling"]["keep_alive_histogram"] = {"bin_s": 30}
-    other = PoolManager(parse_config(data), {"gpu": provider}, control, clock=clock, state_dir=tmp_path)
+    # The model's settings change (in the registry: the file's models were its seed).
+    await again.model_admin.update("demo", ModelUpdate(revision=1, spec=ModelSpec.model_validate(
+        {"autoscaling": {"keep_alive": "histogram", "keep_alive_histogram": {"bin_s": 30}}})), "test")
+    other = PoolManager(cfg, {"gpu": provider}, control, clock=clock, state_dir=tmp_path)
+    assert other.cfg.models[0].autoscaling.keep_alive_histogram.bin_s == 30
     assert "demo" not in other.state.models
 
 

@@ -1,0 +1,132 @@
+"""The model registry's rows: every revision of every model and which one is current,
+in ``<data_dir>/controller/registry.db`` (SQLite; ``None``: in memory, for tests).
+
+A revision is written once and never changed. A change is one transaction that checks
+the revision it was based on, so of two changes based on the same revision one wins and
+the other is told (:class:`StaleRevision`). Every change bumps the registry's
+``version``, which the route table carries as the catalog's.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from pathlib import Path
+
+from thaw.private_files import open_private
+from thaw.wire import ModelRecord, ModelRevision
+
+REGISTRY_FILE = "registry.db"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS model_revisions (
+    model TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    body TEXT NOT NULL,             -- the ModelRevision, JSON
+    PRIMARY KEY (model, revision)
+);
+CREATE TABLE IF NOT EXISTS models (
+    name TEXT PRIMARY KEY,
+    revision INTEGER,               -- the current revision; NULL once removed
+    removed_at REAL,
+    removed_by TEXT
+);
+CREATE TABLE IF NOT EXISTS registry_version (only INTEGER PRIMARY KEY CHECK (only = 1), version INTEGER NOT NULL);
+INSERT OR IGNORE INTO registry_version VALUES (1, 0);
+"""
+
+
+class StaleRevision(Exception):
+    """The change was based on a revision that is no longer the current one (409)."""
+
+    def __init__(self, model: str, based_on: int | None, current: int | None) -> None:
+        super().__init__(
+            f"model {model!r} is at revision {current}, not {based_on}: it changed since you read it; "
+            "read it again (`thaw models describe`) and base the change on the current revision"
+            if current is not None else f"model {model!r} is not deployed (removed or never deployed)")
+        self.current = current
+
+
+class RegistryStore:
+    """Blocking; the registry calls it from threads, one call at a time (a lock)."""
+
+    def __init__(self, path: Path | None) -> None:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(open_private(path, os.O_CREAT | os.O_RDWR))
+        self._conn = sqlite3.connect(":memory:" if path is None else path, timeout=30, isolation_level=None,
+                                     check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.executescript(SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def version(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("SELECT version FROM registry_version").fetchone()[0])
+
+    def records(self) -> list[ModelRecord]:
+        """Every model ever deployed (removed ones too), each with all its revisions."""
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN")
+            heads = self._conn.execute("SELECT name, revision, removed_at, removed_by FROM models ORDER BY name"
+                                       ).fetchall()
+            revs: dict[str, list[ModelRevision]] = {}
+            for model, body in self._conn.execute(
+                    "SELECT model, body FROM model_revisions ORDER BY model, revision").fetchall():
+                revs.setdefault(model, []).append(ModelRevision.model_validate_json(body))
+        return [ModelRecord(name=n, revision=r, removed_at=at, removed_by=by, revisions=revs.get(n, []))
+                for n, r, at, by in heads]
+
+    def add(self, revision: ModelRevision, based_on: int | None) -> int:
+        """Make ``revision`` the model's current one, if the current one is still
+        ``based_on`` (None: the model is new or removed); the registry's new version."""
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            row = self._conn.execute("SELECT revision FROM models WHERE name = ?", (revision.model,)).fetchone()
+            current = row[0] if row else None
+            if current != based_on:
+                raise StaleRevision(revision.model, based_on, current)
+            last = self._conn.execute("SELECT max(revision) FROM model_revisions WHERE model = ?",
+                                      (revision.model,)).fetchone()[0]
+            if revision.revision != (last or 0) + 1:
+                raise StaleRevision(revision.model, based_on, current)
+            self._conn.execute("INSERT INTO model_revisions VALUES (?, ?, ?)",
+                               (revision.model, revision.revision, revision.model_dump_json()))
+            self._conn.execute("INSERT INTO models VALUES (?, ?, NULL, NULL) ON CONFLICT (name) DO UPDATE SET "
+                               "revision = excluded.revision, removed_at = NULL, removed_by = NULL",
+                               (revision.model, revision.revision))
+            return self._bump()
+
+    def remove(self, model: str, based_on: int, at: float, who: str) -> int:
+        """Stop serving ``model`` (its revisions stay); the registry's new version."""
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            row = self._conn.execute("SELECT revision FROM models WHERE name = ?", (model,)).fetchone()
+            current = row[0] if row else None
+            if current != based_on:
+                raise StaleRevision(model, based_on, current)
+            self._conn.execute("UPDATE models SET revision = NULL, removed_at = ?, removed_by = ? WHERE name = ?",
+                               (at, who, model))
+            return self._bump()
+
+    def seed(self, revisions: list[ModelRevision]) -> bool:
+        """Import a new cluster's models (the config's), once: only while the registry
+        has never changed. Whether it did."""
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            if int(self._conn.execute("SELECT version FROM registry_version").fetchone()[0]) > 0:
+                return False
+            for r in revisions:
+                self._conn.execute("INSERT INTO model_revisions VALUES (?, ?, ?)",
+                                   (r.model, r.revision, r.model_dump_json()))
+                self._conn.execute("INSERT INTO models VALUES (?, ?, NULL, NULL)", (r.model, r.revision))
+            self._bump()
+            return True
+
+    def _bump(self) -> int:
+        self._conn.execute("UPDATE registry_version SET version = version + 1")
+        return int(self._conn.execute("SELECT version FROM registry_version").fetchone()[0])
