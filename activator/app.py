@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activator.auth import Authenticator
 from activator.bounds import RequestBounds
+from activator.catalog import CatalogCache, apply_catalog
 from activator.edge import CompletionEdge, IncomingRequest, RequestGuard, request_id_from
 from activator.errors import (
     ApiError,
@@ -47,7 +48,7 @@ from activator.usage_store import UsageReader, read_usage
 from thaw.config import ThawConfig
 from thaw.http_api import allowed_methods
 from thaw.log import bind_request, get_logger
-from thaw.wire import KeyTable
+from thaw.wire import Catalog, KeyTable
 
 log = get_logger()
 
@@ -69,8 +70,9 @@ def create_app(
 
     def on_replica(up: bool, replica: str, model: str, at: float) -> None:
         if up:
-            m = cfg.model(model)
-            shape = cfg.shape(m.shape) if m else None
+            live = service.cfg
+            m = live.model(model)
+            shape = live.shape(m.shape) if m else None
             ledger.replica_up(replica, model, shape.gpu_count if shape else 0, at)
         else:
             ledger.replica_down(replica, at)
@@ -91,9 +93,30 @@ def create_app(
         except OSError as exc:
             log.warning("key_cache_write_failed", path=str(key_cache.path), error=str(exc))
 
+    # The models and tenants in force: the controller's catalog (the config file's until
+    # the first one comes), the last one received across restarts too.
+    catalog_cache = CatalogCache(cfg.activator_dir(activator_id))
+    known_catalog = catalog_cache.load()
+    if known_catalog is not None:
+        cfg = apply_catalog(cfg, known_catalog)
+        auth.update_catalog(cfg.tenants, cfg.models)
+
+    async def on_catalog(catalog: Catalog) -> None:
+        live = apply_catalog(service.cfg, catalog)
+        service.cfg = live
+        auth.update_catalog(live.tenants, live.models)
+        routes.set_models(live.models)
+        log.info("catalog_updated", version=catalog.version, models=len(catalog.models),
+                 tenants=len(catalog.tenants))
+        try:
+            await asyncio.to_thread(catalog_cache.save, catalog)
+        except OSError as exc:
+            log.warning("catalog_cache_write_failed", path=str(catalog_cache.path), error=str(exc))
+
     routes = RouteWatcher(cfg.models, pool_url, activator_id, token=token, on_replica=on_replica,
                           ejection_s=cfg.server.replica_ejection_s,
-                          on_keys=on_keys, keys_version=known_keys.version if known_keys else None)
+                          on_keys=on_keys, keys_version=known_keys.version if known_keys else None,
+                          on_catalog=on_catalog, catalog_version=known_catalog.version if known_catalog else None)
     tokens = TokenCounter(store_fetcher) if store_fetcher is not None else None
     # limits.backend redis: shared by every activator; while Redis is away, this one's
     # share is the limit over the activators the controller hears from.
@@ -229,7 +252,7 @@ def create_app(
         return await completion(request, "completions", model)
 
     def model_entry(name: str) -> dict[str, Any]:
-        m = cfg.model(name)
+        m = service.cfg.model(name)
         assert m is not None
         st = routes.routes[m.name]
         return {
@@ -250,7 +273,7 @@ def create_app(
                                     headers={"x-request-id": rid})
         except ApiError as exc:
             return error_response(exc, {"x-request-id": rid})
-        data = [model_entry(m.name) for m in cfg.models if principal.may_use(m.name)]
+        data = [model_entry(m.name) for m in service.cfg.models if principal.may_use(m.name)]
         return JSONResponse({"object": "list", "data": data}, headers={"x-request-id": rid})
 
     @app.get("/v1/models", responses=ERROR_RESPONSES)
@@ -310,7 +333,7 @@ def create_app(
                 request.headers.get("authorization", "").encode(), expected):
             raise Unauthorized("/metrics needs the cluster token (Authorization: Bearer <token>)",
                                code="cluster_token_required", headers={"WWW-Authenticate": "Bearer"})
-        for m in cfg.models:
+        for m in service.cfg.models:
             st = routes.routes[m.name]
             metrics.replicas.labels(m.name, "ready").set(len(st.replicas))
             metrics.replicas.labels(m.name, "loading").set(st.loading)

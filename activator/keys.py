@@ -4,13 +4,15 @@ The controller owns the key table (``warm_pool.keys``); the activator fetches it
 the route table's ``keys_version`` moves and applies it at once. It also writes what it
 received to ``<data_dir>/activators/<id>/keys.json`` (mode 0600, hashes only), so a
 restart while the controller is away neither loses a key nor forgets a revocation.
+The catalog (the models and tenants in force, ``activator.catalog``) is kept the same way.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Generic, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from thaw.log import get_logger
 from thaw.private_files import write_private
@@ -19,6 +21,7 @@ from thaw.wire import KeyTable
 log = get_logger()
 
 KEYS_FILE = "keys.json"
+T = TypeVar("T", bound=BaseModel)
 
 
 def split(table: KeyTable) -> tuple[dict[bytes, str], set[bytes]]:
@@ -33,21 +36,29 @@ def split(table: KeyTable) -> tuple[dict[bytes, str], set[bytes]]:
     return active, revoked
 
 
-class KeyCache:
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / KEYS_FILE
+class TableCache(Generic[T]):
+    """The last table of one kind the controller sent, in ``directory/name``."""
 
-    def load(self) -> KeyTable | None:
+    def __init__(self, directory: Path, name: str, kind: type[T]) -> None:
+        self.path = directory / name
+        self._kind = kind
+
+    def load(self) -> T | None:
         """The last table received, or None (none yet, or unreadable: said in the log)."""
         try:
-            return KeyTable.model_validate_json(self.path.read_bytes())
+            return self._kind.model_validate_json(self.path.read_bytes())
         except FileNotFoundError:
             return None
         except (OSError, ValidationError) as exc:
-            log.warning("key_cache_unreadable", path=str(self.path), error=str(exc))
+            log.warning("table_cache_unreadable", path=str(self.path), error=str(exc))
             return None
 
-    def save(self, table: KeyTable) -> None:
+    def save(self, table: T) -> None:
         """Written whole (0600, whatever the umask) and renamed into place: a crash
         leaves the old table or the new."""
         write_private(self.path, table.model_dump_json().encode())
+
+
+class KeyCache(TableCache[KeyTable]):
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory, KEYS_FILE, KeyTable)

@@ -50,7 +50,8 @@ CREATE TABLE IF NOT EXISTS usage (
     stream INTEGER NOT NULL DEFAULT 0,
     replica TEXT,
     started_at REAL NOT NULL,
-    finished_at REAL NOT NULL
+    finished_at REAL NOT NULL,
+    revision INTEGER
 );
 CREATE INDEX IF NOT EXISTS usage_tenant_time ON usage (tenant, started_at);
 CREATE TABLE IF NOT EXISTS replica_intervals (
@@ -61,6 +62,9 @@ CREATE TABLE IF NOT EXISTS replica_intervals (
     ended_at REAL
 );
 """
+
+
+MIGRATED_COLUMNS = (("revision", "INTEGER"),)
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ class UsageRecord:
     replica: str | None
     started_at: float
     finished_at: float
+    # The model's registry revision that answered (None: not known).
+    revision: int | None = None
 
 
 _COLUMNS = [f.name for f in fields(UsageRecord)]
@@ -114,6 +120,11 @@ class Ledger:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.executescript(SCHEMA)
+        # Columns added since the first ledgers (their rows have none: NULL).
+        have = {row[1] for row in conn.execute("PRAGMA table_info(usage)")}
+        for column, kind in MIGRATED_COLUMNS:
+            if column not in have:
+                conn.execute(f"ALTER TABLE usage ADD COLUMN {column} {kind}")
         return conn
 
     def _run(self) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-from activator.errors import ServiceUnavailable, TooManyRequests
+from activator.errors import NotFound, ServiceUnavailable, TooManyRequests
 from activator.router import choose
 from thaw.auth import bearer
 from thaw.config import Model
@@ -28,6 +28,7 @@ from thaw.log import get_logger
 from thaw.wire import (
     MAX_TTFT_SAMPLES,
     ActivityReport,
+    Catalog,
     ColdStartRecord,
     DemandSignal,
     KeyTable,
@@ -62,6 +63,8 @@ class Replica:
     # A LoRA adapter in an engine of its base, and when that engine became ready.
     adapter: bool = False
     base_ready_at: float | None = None
+    # The model's registry revision it serves (thaw.wire.ReplicaRoute.revision).
+    revision: int | None = None
 
 
 def cold_start_tier(waiting_since: float, rep: Replica) -> Tier:
@@ -102,6 +105,19 @@ PUBLIC_FAILURES: dict[str | None, str] = {
 def public_failure(kind: str | None) -> str:
     """The reason a model failed to start, as its callers may see it."""
     return PUBLIC_FAILURES.get(kind, PUBLIC_FAILURES["engine"])
+
+
+@dataclass
+class Followed:
+    """A table the controller versions in the route table (``GET path``)."""
+
+    path: str
+    parse: Callable[[bytes], Any]
+    on: Callable[[Any], Awaitable[None]]
+    # The version this activator holds, and the one the last route table named.
+    held: int = 0
+    listed: int = 0
+    wanted: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -153,6 +169,8 @@ class RouteWatcher:
         on_replica: Callable[[bool, str, str, float], None] | None = None,
         on_keys: Callable[[KeyTable], Awaitable[None]] | None = None,
         keys_version: int | None = None,
+        on_catalog: Callable[[Catalog], Awaitable[None]] | None = None,
+        catalog_version: int | None = None,
         ejection_s: float = 10.0,
     ) -> None:
         self.models = {m.name: m for m in models}
@@ -164,18 +182,21 @@ class RouteWatcher:
         # Told (up, replica id, model, time) when a replica appears or goes: the ledger
         # keeps replica lifetimes for GPU-second attribution.
         self.on_replica = on_replica
-        # Given each key table fetched when the route table's keys_version differs from
-        # ``keys_version`` (the version this activator holds).
-        self.on_keys = on_keys
-        # None known: the empty table, version 0 (the controller's before any key).
-        self.keys_version = keys_version or 0
-        self._keys_wanted = asyncio.Event()
+        # The tables the route table carries the version of, each fetched when its
+        # version there differs from the one this activator holds (None known: version
+        # 0, the controller's before any change): the API keys (``on_keys``) and the
+        # models and tenants in force (``on_catalog``).
+        self.followed: dict[str, Followed] = {}
+        if on_keys is not None:
+            self.followed["keys"] = Followed("/v1/keys", KeyTable.model_validate_json, on_keys, keys_version or 0)
+        if on_catalog is not None:
+            self.followed["catalog"] = Followed("/v1/catalog", Catalog.model_validate_json, on_catalog,
+                                                catalog_version or 0)
         self.routes: dict[str, ModelRoutes] = {m.name: ModelRoutes() for m in models}
         self.version = -1
         # Activators the controller hears from (this one included): each one's share of
         # a limit when the shared limits store cannot be reached.
         self.activators = 1
-        self._table_keys_version = 0
         # The controller start the table came from: a restarted controller counts its
         # versions from 1 again, so a new epoch is taken whatever its version.
         self.epoch: str | None = None
@@ -192,8 +213,27 @@ class RouteWatcher:
             asyncio.create_task(self._watch(), name="route-watch"),
             asyncio.create_task(self._report_loop(), name="activity-report"),
         ]
-        if self.on_keys is not None:
-            self._tasks.append(asyncio.create_task(self._keys_loop(), name="key-fetch"))
+        for name, f in self.followed.items():
+            self._tasks.append(asyncio.create_task(self._follow(f), name=f"{name}-fetch"))
+
+    @property
+    def keys_version(self) -> int:
+        """The version of the key table this activator holds."""
+        return self.followed["keys"].held if "keys" in self.followed else 0
+
+    def set_models(self, models: list[Model]) -> None:
+        """The models in force changed (the catalog): new ones get routes; a removed
+        one's waiting requests are told it does not exist, its requests in flight finish."""
+        self.models = {m.name: m for m in models}
+        for m in models:
+            self.routes.setdefault(m.name, ModelRoutes())
+        for name, st in self.routes.items():
+            if name in self.models:
+                continue
+            while st.waiters:
+                fut = st.waiters.popleft()
+                if not fut.done():
+                    fut.set_exception(NotFound(f"the model {name!r} does not exist", param="model"))
 
     async def close(self) -> None:
         for t in self._tasks + list(self._side):
@@ -229,9 +269,11 @@ class RouteWatcher:
         self.version = table.version
         self.epoch = table.epoch
         self.activators = table.activators
-        self._table_keys_version = table.keys_version
-        if table.keys_version != self.keys_version:
-            self._keys_wanted.set()
+        for name, listed in (("keys", table.keys_version), ("catalog", table.catalog_version)):
+            if (f := self.followed.get(name)) is not None:
+                f.listed = listed
+                if listed != f.held:
+                    f.wanted.set()
         now = self.clock()
         for name, entry in table.models.items():
             st = self.routes.get(name)
@@ -245,7 +287,7 @@ class RouteWatcher:
                               r.phases.model_dump(), load_tier=r.load.tier if r.load else None,
                               load_s=r.load.seconds if r.load else None, worker_started_at=r.worker_started_at,
                               load_swap=r.load.swap if r.load else False, packed=r.packed, adapter=r.adapter,
-                              base_ready_at=r.base_ready_at)
+                              base_ready_at=r.base_ready_at, revision=r.revision)
                 if prev is not None and prev.assignment_id == rep.assignment_id:
                     rep.outstanding = prev.outstanding
                 st.listed.append(rep)
@@ -278,26 +320,26 @@ class RouteWatcher:
                     if not fut.done():
                         fut.set_exception(exc)
 
-    async def _keys_loop(self) -> None:
-        """Fetch the key table whenever the route table says it changed (the long poll
-        answers at once, so a revocation reaches this activator within a second)."""
-        assert self.on_keys is not None
+    async def _follow(self, f: Followed) -> None:
+        """Fetch a followed table whenever the route table says it changed (the long poll
+        answers at once, so a revoked key or a removed model reaches this activator
+        within a second)."""
         while True:
-            await self._keys_wanted.wait()
-            self._keys_wanted.clear()
+            await f.wanted.wait()
+            f.wanted.clear()
             try:
-                r = await self._http.get(f"{self.pool_url}/v1/keys", timeout=5.0)
+                r = await self._http.get(f"{self.pool_url}{f.path}", timeout=5.0)
                 r.raise_for_status()
-                table = KeyTable.model_validate_json(r.content)
+                table = f.parse(r.content)
             except (httpx.HTTPError, ValueError) as exc:
-                log.warning("key_fetch_failed", error=str(exc) or type(exc).__name__)
+                log.warning("table_fetch_failed", path=f.path, error=str(exc) or type(exc).__name__)
                 await asyncio.sleep(0.5)
-                self._keys_wanted.set()
+                f.wanted.set()
                 continue
-            await self.on_keys(table)
-            self.keys_version = table.version
-            if self._table_keys_version != table.version:
-                self._keys_wanted.set()  # it moved again while this fetch ran
+            await f.on(table)
+            f.held = table.version
+            if f.listed != table.version:
+                f.wanted.set()  # it moved again while this fetch ran
 
     @staticmethod
     def _release_waiters(st: ModelRoutes) -> None:

@@ -65,6 +65,8 @@ class RequestContext:
     tenant: str | None = None
     stream: bool = False
     replica: str | None = None
+    # The model's registry revision that replica serves (None: not known).
+    revision: int | None = None
     # hot, or where the cold start's replica got the model from (thaw.wire.Tier).
     tier: str | None = None
     usage: Usage = field(default_factory=Usage)
@@ -236,6 +238,7 @@ class CompletionService:
             st.in_flight -= 1
             raise
         ctx.replica = replica.assignment_id or replica.worker_id
+        ctx.revision = replica.revision
         ctx.tier = cold_start_tier(ctx.enqueued_at or ctx.arrival, replica) if ctx.cold else "hot"
         if not stream or upstream.status >= 400:
             # The engine's refusal is one JSON body, for a stream too.
@@ -439,6 +442,7 @@ class CompletionService:
                 ttft_ms=round((ctx.first_byte_at - ctx.arrival) * 1000, 3) if ctx.first_byte_at else None,
                 duration_ms=round((now - ctx.arrival) * 1000, 3), cold_start=ctx.cold, cancelled=ctx.cancelled,
                 stream=ctx.stream, replica=ctx.replica, started_at=ctx.arrival, finished_at=now,
+                revision=ctx.revision,
             ))
         finally:
             if ctx.admission is not None:
