@@ -82,7 +82,7 @@ def test_store_push_ls_and_restart_keeps_data(tmp_path: Path, demo_model_dir: Pa
         assert {ln["path"] for ln in lines if ln["event"] == "file_pushed"} >= {"model.safetensors", "config.json"}
         assert lines[-1]["event"] == "pushed" and lines[-1]["uri"] == "s3://thaw/models/demo"
 
-        listed = json.loads(thaw("models", "ls", "--json", *c).stdout)
+        listed = json.loads(thaw("store", "ls", "--json", *c).stdout)
         assert [(m["uri"], m["status"], m["configured_as"]) for m in listed] == [
             ("s3://thaw/models/demo", "complete", ["demo"])
         ]
@@ -91,14 +91,14 @@ def test_store_push_ls_and_restart_keeps_data(tmp_path: Path, demo_model_dir: Pa
         expected = engine_class_of(json.loads((demo_model_dir / "config.json").read_text()), demo.engine,
                                    max_model_len=demo.max_context_tokens).id
         assert listed[0]["engine_classes"] == {"demo": expected}
-        table = thaw("models", "ls", *c).stdout
+        table = thaw("store", "ls", *c).stdout
         assert "s3://thaw/models/demo" in table and "complete" in table and f"demo ({expected})" in table
 
         assert thaw("store", "down", *c).stdout.strip() == "store stopped"
         assert thaw("store", "status", *c, check=False).returncode == 3
 
         thaw("store", "up", *c)
-        again = json.loads(thaw("models", "ls", "--json", *c).stdout)
+        again = json.loads(thaw("store", "ls", "--json", *c).stdout)
         assert again == listed  # restart keeps the data
     finally:
         thaw("store", "down", *c, check=False)
@@ -110,7 +110,7 @@ def test_models_ls_without_store_says_so(tmp_path: Path) -> None:
     data["data_dir"] = str(tmp_path / "data")
     cfg = tmp_path / "thaw.yaml"
     cfg.write_text(yaml.safe_dump(data))
-    proc = thaw("models", "ls", "--config", str(cfg), check=False)
+    proc = thaw("store", "ls", "--config", str(cfg), check=False)
     assert proc.returncode == 3
     assert "start the store first (`thaw store up`)" in proc.stderr
 

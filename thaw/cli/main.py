@@ -8,13 +8,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from thaw.cli.common import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_STORE,
+    CliError,
+    _call,
+    _config_path,
+    _controller,
+    _get,
+    _load,
+)
 from thaw.config import (
     DEFAULT_CONFIG_PATH,
     ConfigError,
@@ -25,35 +35,12 @@ from thaw.config import (
 )
 from thaw.log import setup_logging
 
-EXIT_FAILED = 1
-EXIT_INVALID = 2
-EXIT_STORE = 3
-
-
-class CliError(Exception):
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.code = code
-
 
 def _version() -> str:
     try:
         return version("thaw-serve")
     except PackageNotFoundError:
         return "0+unknown"
-
-
-def _config_path(args: argparse.Namespace) -> Path:
-    return Path(args.config or os.environ.get("THAW_CONFIG") or DEFAULT_CONFIG_PATH)
-
-
-def _load(args: argparse.Namespace) -> ThawConfig:
-    try:
-        cfg = load_config(_config_path(args))
-    except ConfigError as exc:
-        raise CliError(str(exc), EXIT_INVALID) from None
-    setup_logging("cli", args.log_level or cfg.log_level)
-    return cfg
 
 
 # -- commands -------------------------------------------------------------------------
@@ -272,7 +259,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_models_ls(args: argparse.Namespace) -> int:
+def cmd_store_ls(args: argparse.Namespace) -> int:
     import botocore.exceptions
 
     from thaw.engine_class import engine_class_of
@@ -328,56 +315,6 @@ def cmd_models_ls(args: argparse.Namespace) -> int:
               f"{(format(r['parameters'], ',') if r['parameters'] is not None else '-'):>12} "
               f"{','.join(r['dtypes']) or '-':10} {(r['pushed_at'] or '-')[:19]:20} {as_}")
     return 0
-
-
-def _controller(args: argparse.Namespace, cfg: ThawConfig) -> str:
-    """The controller's URL: --controller, else the running `thaw up`'s, else the config's."""
-    from thaw.cli.up import endpoint_file
-
-    if getattr(args, "controller", None):
-        return str(args.controller).rstrip("/")
-    with_up = endpoint_file(cfg)
-    try:
-        return str(json.loads(with_up.read_text())["control_url"]).rstrip("/")
-    except (OSError, ValueError, KeyError):
-        return cfg.controller.resolved_url
-
-
-def _get(cfg: ThawConfig, url: str, path: str, **params: float | str) -> dict:  # type: ignore[type-arg]
-    return _call(cfg, "GET", url, path, params=params)
-
-
-def _call(cfg: ThawConfig, method: str, url: str, path: str, *, params: dict | None = None,  # type: ignore[type-arg]
-          body: dict | None = None) -> dict:  # type: ignore[type-arg]
-    import getpass
-    import socket
-
-    import httpx
-
-    from thaw.auth import TokenError, bearer, cluster_token
-
-    try:
-        headers = bearer(cluster_token(cfg))
-    except TokenError as exc:
-        raise CliError(str(exc), EXIT_FAILED) from None
-    # Who is asking, for the controller's audit events.
-    headers["X-Thaw-Actor"] = f"{getpass.getuser()}@{socket.gethostname()}"
-    try:
-        r = httpx.request(method, f"{url}{path}", headers=headers, params=params, json=body, timeout=10)
-    except httpx.HTTPError as exc:
-        raise CliError(f"the controller at {url} does not answer ({exc or type(exc).__name__}); is it running "
-                       "(`thaw up` or `thaw controller`)?", EXIT_STORE) from None
-    if r.status_code == 401:
-        raise CliError(f"the controller at {url} refused the cluster token (is this its config?)", EXIT_FAILED)
-    if r.status_code in (404, 422):
-        try:
-            message = r.json()["error"]
-        except (ValueError, KeyError):
-            message = r.text[:300]
-        raise CliError(message, EXIT_INVALID)
-    if r.status_code >= 400:
-        raise CliError(f"the controller at {url} answered {r.status_code}: {r.text[:300]}", EXIT_FAILED)
-    return r.json()  # type: ignore[no-any-return]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -544,11 +481,12 @@ def cmd_usage(args: argparse.Namespace) -> int:
                        f"{cfg.data_dir / 'activators'}", EXIT_STORE if cfg.ledger.ship else EXIT_FAILED)
     records = [r for r in fleet.records if args.tenant is None or r["tenant"] == args.tenant]
     if args.format == "csv":
-        writer = csv.writer(sys.stdout)
+        # Records shipped by older activators lack the newer columns (left empty).
+        columns = list(dict.fromkeys(k for r in records for k in r))
+        writer = csv.DictWriter(sys.stdout, fieldnames=columns, restval="")
         if records:
-            writer.writerow(records[0].keys())
-        for r in records:
-            writer.writerow(r.values())
+            writer.writeheader()
+        writer.writerows(records)
         print(describe_lag(fleet), file=sys.stderr)
         return 0
     gpu = attribute_gpu_seconds(fleet.records, fleet.intervals, now=now)
@@ -717,6 +655,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(st_sub, "up", "Start the embedded store on loopback and create the bucket.", cmd_store_up)
     add(st_sub, "down", "Stop the embedded store (waits for a clean shutdown).", cmd_store_down)
     add(st_sub, "status", "Say whether the embedded store is running.", cmd_store_status)
+    p = add(st_sub, "ls", "List model prefixes in the store, with their manifests.", cmd_store_ls)
+    p.add_argument("--json", action="store_true")
 
     p = add(sub, "demo-model", "Build the tiny demo Llama (deterministic by seed) as safetensors.",
             cmd_demo_model)
@@ -800,10 +740,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(t_sub, "ls", "List tenants and their keys (prefixes and hashes only).", cmd_tenants_ls)
     p.add_argument("--controller", metavar="URL", default=None)
 
-    models = sub.add_parser("models", help="List the models in the store.")
+    from thaw.cli import models as models_cli
+
+    models = sub.add_parser("models", help="Deploy, change, roll back, remove and list the models served "
+                                           "(at the controller; every activator follows within a second).")
     m_sub = models.add_subparsers(dest="models_command", metavar="SUBCOMMAND", required=True)
-    p = add(m_sub, "ls", "List model prefixes in the store, with their manifests.", cmd_models_ls)
-    p.add_argument("--json", action="store_true")
+    for name, help_ in models_cli.COMMANDS.items():
+        p = add(m_sub, name, help_, models_cli.run)
+        models_cli.add_arguments(name, p)
     return parser
 
 

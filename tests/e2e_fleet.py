@@ -1,0 +1,114 @@
+"""Thaw as separate processes on one machine for end-to-end tests: `thaw controller`,
+`thaw activator`s and the local pool's `thaw worker`s, each started and stopped here."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+
+from tests.redis_server import RedisServer
+
+KEY = "thaw-demo-key"
+
+
+@dataclass
+class Fleet:
+    tmp: Path
+    config: Path
+    controller_url: str
+    activators: dict[str, str]  # name -> base URL (…/v1)
+    redis: RedisServer | None
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.tmp / "data"
+
+    def token(self) -> str:
+        return (self.data_dir / "cluster-token").read_text().strip()
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token()}"}
+
+    def start(self, name: str, *argv: str) -> None:
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "thaw.cli.main", *argv, "--config", str(self.config)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp)
+        log.close()
+
+    def start_controller(self) -> None:
+        port = self.controller_url.rsplit(":", 1)[1]
+        self.start("controller", "controller", "--port", port)
+
+    def state(self) -> dict[str, Any]:
+        r = httpx.get(f"{self.controller_url}/v1/state", headers=self.auth(), timeout=5)
+        r.raise_for_status()
+        return r.json()  # type: ignore[no-any-return]
+
+    def wait(self, what: str, pred: Any, timeout_s: float = 180) -> dict[str, Any]:
+        deadline = time.time() + timeout_s
+        last: Any = None
+        while time.time() < deadline:
+            for name, p in self.procs.items():
+                assert p.poll() is None, f"{name} exited ({p.returncode}):\n{self.log_tail(name)}"
+            try:
+                last = self.state()
+                if pred(last):
+                    return last  # type: ignore[no-any-return]
+            except (httpx.HTTPError, OSError) as exc:  # not up yet (no token file yet)
+                last = repr(exc)
+            time.sleep(0.3)
+        raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last, indent=1)[:4000]}")
+
+    def log_tail(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
+
+    def client(self, name: str, key: str = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.activators[name], api_key=key, max_retries=0, timeout=120)
+
+    def start_activator(self, name: str) -> None:
+        port = self.activators[name].rsplit(":", 1)[1].removesuffix("/v1")
+        self.start(f"activator-{name}", "activator", "--controller", self.controller_url, "--port", port,
+                   "--id", name)
+
+    def wait_healthy(self, base: str, timeout_s: float = 60) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(base.removesuffix("/v1") + "/healthz", timeout=2).json()["pool_connected"]:
+                    return
+            time.sleep(0.2)
+        raise AssertionError(f"{base} did not come up")
+
+    def thaw(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "thaw.cli.main", *args, "--config", str(self.config)],
+                              capture_output=True, text=True, timeout=60, cwd=self.tmp)
+
+
+def kill_local_workers(data_dir: Path) -> None:
+    """The workers outlive a controller on purpose; the test removes them at the end."""
+    for rec in (data_dir / "local-workers").glob("*.json"):
+        info = json.loads(rec.read_text())
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(info["pid"]), signal.SIGTERM)
+    deadline = time.time() + 40
+    for rec in (data_dir / "local-workers").glob("*.json"):
+        pid = int(json.loads(rec.read_text())["pid"])
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE \
+                and time.time() < deadline:
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,84 @@
+"""What the `thaw` commands share: their errors and exit codes, loading the config, and
+calling the controller (with the cluster token, naming who asks)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from thaw.config import DEFAULT_CONFIG_PATH, ConfigError, ThawConfig, load_config
+from thaw.log import setup_logging
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+EXIT_STORE = 3
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _config_path(args: argparse.Namespace) -> Path:
+    return Path(args.config or os.environ.get("THAW_CONFIG") or DEFAULT_CONFIG_PATH)
+
+
+def _load(args: argparse.Namespace) -> ThawConfig:
+    try:
+        cfg = load_config(_config_path(args))
+    except ConfigError as exc:
+        raise CliError(str(exc), EXIT_INVALID) from None
+    setup_logging("cli", args.log_level or cfg.log_level)
+    return cfg
+
+
+def _controller(args: argparse.Namespace, cfg: ThawConfig) -> str:
+    """The controller's URL: --controller, else the running `thaw up`'s, else the config's."""
+    from thaw.cli.up import endpoint_file
+
+    if getattr(args, "controller", None):
+        return str(args.controller).rstrip("/")
+    with_up = endpoint_file(cfg)
+    try:
+        return str(json.loads(with_up.read_text())["control_url"]).rstrip("/")
+    except (OSError, ValueError, KeyError):
+        return cfg.controller.resolved_url
+
+
+def _get(cfg: ThawConfig, url: str, path: str, **params: float | str) -> dict:  # type: ignore[type-arg]
+    return _call(cfg, "GET", url, path, params=params)
+
+
+def _call(cfg: ThawConfig, method: str, url: str, path: str, *, params: dict | None = None,  # type: ignore[type-arg]
+          body: dict | None = None) -> dict:  # type: ignore[type-arg]
+    import getpass
+    import socket
+
+    import httpx
+
+    from thaw.auth import TokenError, bearer, cluster_token
+
+    try:
+        headers = bearer(cluster_token(cfg))
+    except TokenError as exc:
+        raise CliError(str(exc), EXIT_FAILED) from None
+    # Who is asking, for the controller's audit events.
+    headers["X-Thaw-Actor"] = f"{getpass.getuser()}@{socket.gethostname()}"
+    try:
+        r = httpx.request(method, f"{url}{path}", headers=headers, params=params, json=body, timeout=10)
+    except httpx.HTTPError as exc:
+        raise CliError(f"the controller at {url} does not answer ({exc or type(exc).__name__}); is it running "
+                       "(`thaw up` or `thaw controller`)?", EXIT_STORE) from None
+    if r.status_code == 401:
+        raise CliError(f"the controller at {url} refused the cluster token (is this its config?)", EXIT_FAILED)
+    if r.status_code >= 400:
+        try:
+            message = r.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            message = f"the controller at {url} answered {r.status_code}: {r.text[:300]}"
+        # What the caller asked for is wrong (unknown, conflicting, invalid) or it failed.
+        raise CliError(message, EXIT_INVALID if r.status_code in (404, 409, 422) else EXIT_FAILED)
+    return r.json()  # type: ignore[no-any-return]

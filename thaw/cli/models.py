@@ -1,0 +1,168 @@
+"""`thaw models deploy|update|rollback|rm|ls|describe`: the controller's model registry
+(``/v1/admin/models``), from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from thaw.cli.common import CliError, _call, _controller, _get, _load
+from thaw.config import EngineArgs
+
+COMMANDS = {
+    "deploy": "Deploy a new model: checked (settings, weights in the store, fit) before it is served.",
+    "update": "Change a model's weights or settings: a new revision (rolled where it serves).",
+    "rollback": "Go back to an earlier revision's weights and settings (a new revision).",
+    "rm": "Stop serving a model: new requests get 404, requests in flight finish, revisions are kept.",
+    "ls": "The models in the registry: current revision, weights, shape, tenant, replicas.",
+    "describe": "One model: every revision (who changed what, when), replicas, last cold start.",
+}
+
+
+def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
+    p.add_argument("--controller", metavar="URL", default=None)
+    if name in ("deploy", "update", "rollback", "rm", "describe"):
+        p.add_argument("name", metavar="NAME")
+    if name in ("deploy", "update"):
+        p.add_argument("--uri", default=None, help="the weights: s3://bucket/prefix, pushed with `thaw push`")
+        p.add_argument("--shape", default=None, help="the instance shape it runs on")
+        p.add_argument("--tenant", default=None, help="only this tenant's keys may list and call it")
+        p.add_argument("--base", default=None, help="a LoRA adapter: the model whose engines serve it")
+        p.add_argument("--adapter-uri", default=None, help="a LoRA adapter: its files (PEFT layout)")
+        p.add_argument("--served-name", default=None, help="what clients put in `model` (default: NAME)")
+        p.add_argument("--max-context-tokens", type=int, default=None)
+        p.add_argument("--min-replicas", type=int, default=None)
+        p.add_argument("--max-replicas", type=int, default=None)
+        p.add_argument("--idle-grace-s", type=float, default=None)
+        p.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
+                       help="an engine setting (dtype, enforce_eager, cpu_kvcache_gib, ...) or any vLLM "
+                            "argument; V is read as JSON where it parses (true, 2, 0.5), else as text; repeatable")
+    if name in ("deploy", "update", "rollback"):
+        p.add_argument("--note", default=None, help="why, kept with the revision")
+    if name in ("update", "rollback", "rm"):
+        p.add_argument("--revision", type=int, default=None,
+                       help="the revision this change is based on (refused if another change came first); "
+                            "default: the current one, read just before")
+    if name == "rollback":
+        p.add_argument("--to", type=int, default=None, help="the revision to go back to (default: the previous)")
+    if name in ("ls", "describe"):
+        p.add_argument("--json", action="store_true")
+
+
+def spec_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the command line gives (``thaw.wire.ModelSpec``'s fields)."""
+    spec: dict[str, Any] = {k: v for k, v in (
+        ("uri", args.uri), ("shape", args.shape), ("tenant", args.tenant), ("base", args.base),
+        ("adapter_uri", args.adapter_uri), ("served_name", args.served_name),
+        ("max_context_tokens", args.max_context_tokens)) if v is not None}
+    scaling = {k: v for k, v in (("min_replicas", args.min_replicas), ("max_replicas", args.max_replicas),
+                                 ("idle_grace_s", args.idle_grace_s)) if v is not None}
+    if scaling:
+        spec["autoscaling"] = scaling
+    engine: dict[str, Any] = {}
+    for item in args.engine_arg:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--engine-arg {item!r}: expected KEY=VALUE", 2)
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        if key in EngineArgs.model_fields and key != "extra":
+            engine[key] = value
+        else:
+            engine.setdefault("extra", {})[key] = value
+    if engine:
+        spec["engine"] = engine
+    return spec
+
+
+def _when(t: float | None) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") if t else "-"
+
+
+def _current(record: dict[str, Any]) -> dict[str, Any] | None:
+    return next((r for r in record["revisions"] if r["revision"] == record["revision"]), None)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    url = _controller(args, cfg)
+    command = args.models_command
+    path = f"/v1/admin/models/{getattr(args, 'name', '')}"
+
+    def based_on() -> int:
+        if args.revision is not None:
+            return int(args.revision)
+        revision = _get(cfg, url, path)["revision"]
+        if revision is None:
+            raise CliError(f"no model {args.name!r} is deployed (removed)", 2)
+        return int(revision)
+
+    if command == "deploy":
+        record = _call(cfg, "POST", url, "/v1/admin/models",
+                       body={"name": args.name, "spec": spec_of(args), "note": args.note})
+        print(f"deployed {args.name} revision {record['revision']}; every activator serves it within a second")
+    elif command == "update":
+        spec = spec_of(args)
+        if not spec:
+            raise CliError("nothing to change: give --uri or a setting", 2)
+        record = _call(cfg, "PATCH", url, path, body={"revision": based_on(), "spec": spec, "note": args.note})
+        print(f"updated {args.name} to revision {record['revision']}")
+    elif command == "rollback":
+        record = _call(cfg, "POST", url, f"{path}/rollback",
+                       body={"to": args.to, "revision": based_on(), "note": args.note})
+        rev = _current(record)
+        print(f"rolled {args.name} back to the settings of revision {rev['from_revision'] if rev else '?'}: "
+              f"revision {record['revision']}")
+    elif command == "rm":
+        _call(cfg, "DELETE", url, path, params={"revision": based_on()})
+        print(f"removed {args.name}: new requests get 404, requests in flight finish; its revisions are kept "
+              f"(`thaw models describe {args.name}`)")
+    elif command == "ls":
+        records = _get(cfg, url, "/v1/admin/models")["models"]
+        rows = {r["name"]: r for r in _get(cfg, url, "/v1/state")["models"]}
+        if args.json:
+            print(json.dumps([{**r, "replicas": rows.get(r["name"], {}).get("replicas", {})} for r in records],
+                             indent=2))
+            return 0
+        print(f"{'NAME':24} {'REV':>4} {'STATE':8} {'SHAPE':10} {'TENANT':12} {'REPLICAS':10} {'CHANGED':20} URI")
+        for r in records:
+            rev = _current(r) or (r["revisions"][-1] if r["revisions"] else {})
+            spec = rev.get("spec", {})
+            ready = rows.get(r["name"], {}).get("replicas", {}).get("ready", 0)
+            state = "serving" if r["revision"] else "removed"
+            print(f"{r['name']:24} {r['revision'] or '-':>4} {state:8} {spec.get('shape', '-'):10} "
+                  f"{spec.get('tenant') or '-':12} {ready:<10} "
+                  f"{_when(r['removed_at'] if not r['revision'] else rev.get('created_at')):20} "
+                  f"{spec.get('uri') or spec.get('adapter_uri') or '-'}")
+    elif command == "describe":
+        record = _get(cfg, url, path)
+        row = next((m for m in _get(cfg, url, "/v1/state")["models"] if m["name"] == args.name), None)
+        if args.json:
+            print(json.dumps({**record, "status": row}, indent=2))
+            return 0
+        print(render_record(record, row))
+    return 0
+
+
+def render_record(record: dict[str, Any], row: dict[str, Any] | None) -> str:
+    lines = [f"{record['name']}: " + (f"revision {record['revision']}" if record["revision"] else
+                                       f"removed {_when(record['removed_at'])} by {record['removed_by']}")]
+    if row is not None:
+        lines.append(f"  replicas: {row['replicas']}  queued: {row['queued']}  in flight: {row['in_flight']}")
+        cs = row.get("last_cold_start")
+        if cs:
+            lines.append(f"  last cold start: {_when(cs['at'])}, {cs['total_s']:.2f} s to first token "
+                         f"(tier {cs.get('tier') or '?'})")
+    lines.append(f"  {'REV':>4} {'CHANGE':9} {'WHEN':20} {'WHO':28} {'WEIGHTS':14} SETTINGS")
+    for r in record["revisions"]:
+        change = r["change"] + (f" {r['from_revision']}" if r.get("from_revision") else "")
+        weights = (r["weights_sha256"] or "")[:12] or "-"
+        current = "*" if r["revision"] == record["revision"] else " "
+        lines.append(f" {current}{r['revision']:>4} {change:9} {_when(r['created_at']):20} {r['who'][:28]:28} "
+                     f"{weights:14} {json.dumps(r['spec'], sort_keys=True)}"
+                     + (f"  ({r['note']})" if r.get("note") else ""))
+    return "\n".join(lines)
