@@ -400,8 +400,9 @@ class RateLimits(_Strict):
 
 class Tenant(_Strict):
     name: Name
-    # Keys are stored only as hashes: "sha256:<hex>" of the key (see hash_api_key).
-    api_key_hashes: list[Sha256Hex] = Field(min_length=1)
+    # Keys are stored only as hashes: "sha256:<hex>" of the key (see hash_api_key). May be
+    # empty: keys added at run time (`thaw tenants add`) live in the controller's table.
+    api_key_hashes: list[Sha256Hex] = Field(default_factory=list)
     # Model names, or ["*"] for every model.
     allowed_models: list[str] = Field(default_factory=lambda: ["*"])
     limits: RateLimits = RateLimits()

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
-from thaw.config import Autoscaling, EngineArgs, Lora, Model, Name, S3Uri, Tenant
+from thaw.config import Autoscaling, EngineArgs, Lora, Model, Name, RateLimits, S3Uri, Tenant
 
 Id = Annotated[str, Field(min_length=1, max_length=200)]
 
@@ -642,6 +642,42 @@ class ModelRecords(_Msg):
 
     version: NonNegativeInt
     models: list[ModelRecord]
+
+
+class TenantCreate(_Msg):
+    """``POST /v1/admin/tenants``: a new tenant (its keys: ``thaw tenants add``)."""
+
+    name: Name
+    # Model names, or ["*"] for every model (a tenant's private models are its own anyway).
+    allowed_models: list[Name | Literal["*"]] = Field(default_factory=lambda: ["*"])
+    limits: RateLimits = RateLimits()
+
+
+class TenantChange(_Msg):
+    """``PATCH /v1/admin/tenants/{name}``: what changes; limits merge field by field
+    (give 0 to lift one)."""
+
+    allowed_models: list[Name | Literal["*"]] | None = None
+    limits: dict[Literal["requests_per_minute", "tokens_per_minute", "max_concurrent_requests"],
+                 NonNegativeInt] | None = None
+
+
+class TenantRecord(_Msg):
+    name: Name
+    allowed_models: list[str]
+    limits: RateLimits
+    # The sha256 of the keys the config file gave it (run-time keys: GET /v1/keys).
+    config_key_hashes: list[str] = Field(default_factory=list)
+    changed_at: float
+    who: str
+    removed_at: float | None = None
+
+
+class TenantRecords(_Msg):
+    """``GET /v1/admin/tenants``."""
+
+    version: NonNegativeInt
+    tenants: list[TenantRecord]
 
 
 class Catalog(_Msg):

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from thaw.config import ThawConfig
+from thaw.config import Tenant, ThawConfig
 from thaw.log import get_logger
 from thaw.wire import BudgetChange, BudgetView, KeyTable, NewKeyReply, RevokeReply
 from warm_pool.events import EventLog
@@ -26,7 +26,7 @@ log = get_logger()
 
 
 class UnknownTenant(LookupError):
-    """A key for a tenant the config does not declare (404)."""
+    """A key for a tenant that does not exist (404)."""
 
 
 class UnknownKey(LookupError):
@@ -79,10 +79,12 @@ class KeyAdmin:
     """The API key table (``keys``) and its version, which the route table carries."""
 
     def __init__(self, cfg: ThawConfig, state_dir: Path | None, events: EventLog,
-                 on_change: Callable[[], Awaitable[None]]) -> None:
-        """``cfg``: the config as written (its tenants, their keys); ``on_change``: called
-        after each change of the table (to publish its new version)."""
+                 on_change: Callable[[], Awaitable[None]], tenants: Callable[[], list[Tenant]]) -> None:
+        """``cfg``: the config as written; ``tenants``: the tenants in force (their keys
+        from the config file too); ``on_change``: called after each change of the table
+        (to publish its new version)."""
         self.cfg = cfg
+        self._tenants = tenants
         self.events = events
         self._on_change = on_change
         self.keys = KeyStore(state_dir / KEYS_FILE if state_dir is not None else None)
@@ -95,9 +97,9 @@ class KeyAdmin:
 
     async def add(self, tenant: str, label: str | None, who: str) -> NewKeyReply:
         """A new key for a tenant of the config; every activator takes it within a second."""
-        tenants = sorted(t.name for t in self.cfg.tenants)
+        tenants = sorted(t.name for t in self._tenants())
         if tenant not in tenants:
-            raise UnknownTenant(f"no tenant {tenant!r} in the config; declared: {tenants}")
+            raise UnknownTenant(f"no tenant {tenant!r} (create it with `thaw tenants create`); tenants: {tenants}")
         key, row = await asyncio.to_thread(self.keys.add, tenant, label)
         self.events.record("key", "operator", outcome="added",
                            inputs={"who": who, "tenant": tenant, "prefix": row.prefix, "label": label})
@@ -106,13 +108,22 @@ class KeyAdmin:
 
     async def revoke(self, key: str, who: str) -> RevokeReply:
         """Revoke a key (the key, its hash, or its listed prefix), a config file's keys too."""
-        config_keys = {h.removeprefix("sha256:"): t.name for t in self.cfg.tenants for h in t.api_key_hashes}
+        config_keys = {h.removeprefix("sha256:"): t.name for t in self._tenants() for h in t.api_key_hashes}
         n = await asyncio.to_thread(self.keys.revoke, key, config_keys=config_keys)
         if n == 0:
             raise UnknownKey("no such active key (give the key, its sha256, or the prefix `thaw tenants ls` shows)")
         self.events.record("key", "operator", outcome="revoked", inputs={"who": who, "count": n})
         await self._changed()
         return RevokeReply(revoked=n, version=self.version)
+
+    async def revoke_tenant(self, tenant: str, who: str) -> int:
+        """Revoke every run-time key of a removed tenant (its config keys went with it)."""
+        n = await asyncio.to_thread(self.keys.revoke_tenant, tenant)
+        if n:
+            self.events.record("key", "operator", outcome="revoked",
+                               inputs={"who": who, "count": n, "tenant": tenant, "reason": "tenant removed"})
+            await self._changed()
+        return n
 
     async def table(self) -> KeyTable:
         return await asyncio.to_thread(self.keys.table)

@@ -40,6 +40,10 @@ from thaw.wire import (
     RevokeKey,
     RevokeReply,
     RouteTable,
+    TenantChange,
+    TenantCreate,
+    TenantRecord,
+    TenantRecords,
     WorkerStatus,
 )
 from warm_pool.admin import UnknownKey, UnknownTenant
@@ -231,6 +235,42 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
                                                         "(refused if no longer current)")) -> Response:
         try:
             return record_reply(await registry.remove(name, actor(request), revision))
+        except RegistryRefused as exc:
+            return refused(exc)
+
+    # -- tenants (warm_pool.tenants) ----------------------------------------------------
+    tenants = manager.tenant_admin
+
+    def tenant_reply(record: TenantRecord, status: int = 200) -> Response:
+        return Response(record.model_dump_json(), status_code=status, media_type="application/json")
+
+    @app.get("/v1/admin/tenants", response_model=TenantRecords)
+    async def list_tenants() -> Response:
+        return Response(tenants.list().model_dump_json(), media_type="application/json")
+
+    @app.post("/v1/admin/tenants", response_model=TenantRecord, status_code=201,
+              responses={409: refusal("A tenant of that name exists"),
+                         422: refusal("allowed_models names models that are not deployed")})
+    async def create_tenant(body: TenantCreate, request: Request) -> Response:
+        try:
+            return tenant_reply(await tenants.create(body, actor(request)), 201)
+        except RegistryRefused as exc:
+            return refused(exc)
+
+    @app.patch("/v1/admin/tenants/{name}", response_model=TenantRecord,
+               responses={404: refusal("No such tenant"),
+                          422: refusal("Nothing to change, or allowed_models names models that are not deployed")})
+    async def change_tenant(name: str, body: TenantChange, request: Request) -> Response:
+        try:
+            return tenant_reply(await tenants.change(name, body, actor(request)))
+        except RegistryRefused as exc:
+            return refused(exc)
+
+    @app.delete("/v1/admin/tenants/{name}", response_model=TenantRecord,
+                responses={404: refusal("No such tenant"), 409: refusal("The tenant owns models")})
+    async def remove_tenant(name: str, request: Request) -> Response:
+        try:
+            return tenant_reply(await tenants.remove(name, actor(request)))
         except RegistryRefused as exc:
             return refused(exc)
 

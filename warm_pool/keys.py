@@ -4,8 +4,8 @@ Keys exist here only as sha256 hashes, in ``<data_dir>/controller/keys.db`` (SQL
 mode 0600). Every change bumps the table's ``version``; the controller puts that version
 in the route table its activators long-poll, and an activator that sees a new version
 fetches the table (``GET /v1/keys``), so a key works, or stops working, on every
-activator within a second. Tenants themselves (allowed models, limits) come from the
-config file; a key from the config can be revoked here too.
+activator within a second. Tenants themselves (allowed models, limits) are the
+registry's (``warm_pool.tenants``); a key from the config can be revoked here too.
 """
 
 from __future__ import annotations
@@ -111,6 +111,16 @@ class KeyStore:
             if n:
                 self._bump()
         return n
+
+    def revoke_tenant(self, tenant: str, *, now: float | None = None) -> int:
+        """Revoke every active key of ``tenant`` (it was removed); how many."""
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            n = self._conn.execute("UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL",
+                                   (time.time() if now is None else now, tenant)).rowcount
+            if n:
+                self._bump()
+        return int(n)
 
     def table(self) -> KeyTable:
         with self._lock, self._conn:

@@ -61,6 +61,7 @@ from warm_pool.registry import ModelRegistry, StoreReader
 from warm_pool.registry_store import REGISTRY_FILE, RegistryStore
 from warm_pool.routes import RouteFeed, route_table
 from warm_pool.status import pool_status
+from warm_pool.tenants import TenantAdmin
 from warm_pool.traffic import Traffic
 from warm_pool.view import WorkerFacts, count_states
 
@@ -109,7 +110,10 @@ class PoolManager:
                                          store_reader, self.event_log, on_change=self._models_changed,
                                          clock=clock)
         self.budgets = BudgetAdmin(self.model_admin.cfg, self.store, self.event_log, self._wake.set)
-        self.key_admin = KeyAdmin(cfg, state_dir, self.event_log, self._keys_changed)
+        self.key_admin = KeyAdmin(cfg, state_dir, self.event_log, self._keys_changed,
+                                  tenants=lambda: self.model_admin.base.tenants)
+        self.tenant_admin = TenantAdmin(self.model_admin, self.event_log, clock=clock,
+                                        on_removed=self.key_admin.revoke_tenant)
         self.state = PolicyState(epoch=self.epoch, models={
             name: ModelState(idle_histogram=h) for name, h in self.store.load_histograms(self.cfg).items()})
         self._saved_histograms = {n: ms.idle_histogram for n, ms in self.state.models.items()}

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from thaw.config import ThawConfig, format_errors
+from thaw.config import Tenant, ThawConfig, format_errors
 from thaw.fit import ModelSize, fit_problem
 from thaw.log import get_logger
 from thaw.objstore import WeightsCheck, WeightsProblem
@@ -174,19 +174,22 @@ class ModelRegistry:
         """``base``: the config as written (its budgets applied or not: only its models
         are replaced); ``reader``: None when the controller cannot reach the store (every
         deploy is then refused, 503); ``on_change``: given the new config in force."""
-        self.base = base
+        self.written = base
         self.store = store
         self.reader = reader
         self.events = events
         self._on_change = on_change
         self._clock = clock
-        self._lock = asyncio.Lock()
+        # Changes one at a time (the tenants' too: warm_pool.tenants).
+        self.lock = asyncio.Lock()
         seeded = store.seed([ModelRevision(model=m.name, revision=1, spec=config_entry(base, m.name),
                                            created_at=clock(), who="config", change="import")
-                             for m in base.models])
+                             for m in base.models], list(base.tenants), clock())
         self.records = {r.name: r for r in store.records()}
         self.version = store.version()
-        self.cfg, problems = compose(base, list(self.records.values()))
+        # The config as written serving the registry's tenants (and, in cfg, its models).
+        self.base = base.model_copy(update={"tenants": [r.tenant for r in store.tenants() if r.removed_at is None]})
+        self.cfg, problems = compose(self.base, list(self.records.values()))
         for p in problems:
             log.error("registry_model_not_in_force", problem=p)
         if seeded:
@@ -219,7 +222,7 @@ class ModelRegistry:
 
     # -- changing ---------------------------------------------------------------------
     async def deploy(self, body: ModelDeploy, who: str) -> ModelRecord:
-        async with self._lock:
+        async with self.lock:
             record = self.records.get(body.name)
             if record is not None and record.revision is not None:
                 raise RegistryRefused(f"model {body.name!r} exists (revision {record.revision}): change it with "
@@ -231,7 +234,7 @@ class ModelRegistry:
             return await self._commit(body.name, candidate, "deploy", who, based_on=None, note=body.note)
 
     async def update(self, name: str, body: ModelUpdate, who: str) -> ModelRecord:
-        async with self._lock:
+        async with self.lock:
             record = self._current(name)
             self._based_on(record, body.revision)
             change = body.spec.fields()
@@ -247,7 +250,7 @@ class ModelRegistry:
             return await self._commit(name, candidate, "update", who, based_on=body.revision, note=body.note)
 
     async def rollback(self, name: str, body: ModelRollback, who: str) -> ModelRecord:
-        async with self._lock:
+        async with self.lock:
             record = self._current(name)
             if body.revision is not None:
                 self._based_on(record, body.revision)
@@ -264,7 +267,7 @@ class ModelRegistry:
                                       from_revision=to)
 
     async def remove(self, name: str, who: str, revision: int | None = None) -> ModelRecord:
-        async with self._lock:
+        async with self.lock:
             record = self._current(name)
             if revision is not None:
                 self._based_on(record, revision)
@@ -291,13 +294,19 @@ class ModelRegistry:
             await self._on_change(cfg)
             return self.records[name]
 
-    def replace_base(self, base: ThawConfig) -> ThawConfig:
-        """The config as written changed (budgets at run time): the config in force on it."""
-        self.base = base
-        self.cfg, problems = compose(base, list(self.records.values()))
-        for p in problems:
-            log.error("registry_model_not_in_force", problem=p)
-        return self.cfg
+    def with_tenants(self, tenants: list[Tenant]) -> ThawConfig:
+        """The config in force were ``tenants`` the tenants (raises ``ValidationError``)."""
+        return with_models(self.written.model_copy(update={"tenants": tenants}), self._entries())
+
+    async def tenants_changed(self, tenants: list[Tenant], cfg: ThawConfig, version: int) -> None:
+        """The tenants changed (``warm_pool.tenants``, holding :attr:`lock`): ``cfg`` is
+        :meth:`with_tenants`'s answer for them, ``version`` the registry's."""
+        self.base = self.written.model_copy(update={"tenants": tenants})
+        self.cfg, self.version = cfg, version
+        await self._on_change(cfg)
+
+    def _entries(self) -> list[dict[str, Any]]:
+        return [{"name": r.name, **spec} for r in self.records.values() if (spec := current_spec(r)) is not None]
 
     # -- parts ------------------------------------------------------------------------
     def _current(self, name: str) -> ModelRecord:

@@ -1,5 +1,5 @@
-"""The model registry's rows: every revision of every model and which one is current,
-in ``<data_dir>/controller/registry.db`` (SQLite; ``None``: in memory, for tests).
+"""The registry's rows: every revision of every model and which one is current, and the
+tenants, in ``<data_dir>/controller/registry.db`` (SQLite; ``None``: in memory, for tests).
 
 A revision is written once and never changed. A change is one transaction that checks
 the revision it was based on, so of two changes based on the same revision one wins and
@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
+from thaw.config import Tenant
 from thaw.private_files import open_private
 from thaw.wire import ModelRecord, ModelRevision
 
@@ -32,6 +34,13 @@ CREATE TABLE IF NOT EXISTS models (
     removed_at REAL,
     removed_by TEXT
 );
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY,
+    body TEXT NOT NULL,             -- the tenant as the config declares one (thaw.config.Tenant), JSON
+    changed_at REAL NOT NULL,
+    who TEXT NOT NULL,
+    removed_at REAL
+);
 CREATE TABLE IF NOT EXISTS registry_version (only INTEGER PRIMARY KEY CHECK (only = 1), version INTEGER NOT NULL);
 INSERT OR IGNORE INTO registry_version VALUES (1, 0);
 """
@@ -46,6 +55,22 @@ class StaleRevision(Exception):
             "read it again (`thaw models describe`) and base the change on the current revision"
             if current is not None else f"model {model!r} is not deployed (removed or never deployed)")
         self.current = current
+
+
+class TenantConflict(Exception):
+    """A tenant created that exists (``exists``), or changed or removed that does not."""
+
+    def __init__(self, name: str, exists: bool) -> None:
+        super().__init__(f"tenant {name!r} exists" if exists else f"no tenant {name!r}")
+        self.exists = exists
+
+
+@dataclass(frozen=True)
+class TenantRow:
+    tenant: Tenant
+    changed_at: float
+    who: str
+    removed_at: float | None
 
 
 class RegistryStore:
@@ -113,9 +138,9 @@ class RegistryStore:
                                (at, who, model))
             return self._bump()
 
-    def seed(self, revisions: list[ModelRevision]) -> bool:
-        """Import a new cluster's models (the config's), once: only while the registry
-        has never changed. Whether it did."""
+    def seed(self, revisions: list[ModelRevision], tenants: list[Tenant], at: float) -> bool:
+        """Import a new cluster's models and tenants (the config's), once: only while the
+        registry has never changed. Whether it did."""
         with self._lock, self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
             if int(self._conn.execute("SELECT version FROM registry_version").fetchone()[0]) > 0:
@@ -124,8 +149,42 @@ class RegistryStore:
                 self._conn.execute("INSERT INTO model_revisions VALUES (?, ?, ?)",
                                    (r.model, r.revision, r.model_dump_json()))
                 self._conn.execute("INSERT INTO models VALUES (?, ?, NULL, NULL)", (r.model, r.revision))
+            for t in tenants:
+                self._conn.execute("INSERT INTO tenants VALUES (?, ?, ?, 'config', NULL)",
+                                   (t.name, t.model_dump_json(), at))
             self._bump()
             return True
+
+    # -- tenants ------------------------------------------------------------------------
+    def tenants(self) -> list[TenantRow]:
+        """Every tenant ever made (removed ones too)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT body, changed_at, who, removed_at FROM tenants ORDER BY name"
+                                      ).fetchall()
+        return [TenantRow(Tenant.model_validate_json(b), at, who, removed) for b, at, who, removed in rows]
+
+    def put_tenant(self, tenant: Tenant, at: float, who: str, *, new: bool) -> int:
+        """Create (``new``: refused if one of that name is in force) or change a tenant;
+        the registry's new version."""
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            row = self._conn.execute("SELECT removed_at FROM tenants WHERE name = ?", (tenant.name,)).fetchone()
+            exists = row is not None and row[0] is None
+            if exists == new:
+                raise TenantConflict(tenant.name, exists)
+            self._conn.execute("INSERT INTO tenants VALUES (?, ?, ?, ?, NULL) ON CONFLICT (name) DO UPDATE SET "
+                               "body = excluded.body, changed_at = excluded.changed_at, who = excluded.who, "
+                               "removed_at = NULL", (tenant.name, tenant.model_dump_json(), at, who))
+            return self._bump()
+
+    def remove_tenant(self, name: str, at: float, who: str) -> int:
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            n = self._conn.execute("UPDATE tenants SET removed_at = ?, changed_at = ?, who = ? "
+                                   "WHERE name = ? AND removed_at IS NULL", (at, at, who, name)).rowcount
+            if not n:
+                raise TenantConflict(name, False)
+            return self._bump()
 
     def _bump(self) -> int:
         self._conn.execute("UPDATE registry_version SET version = version + 1")

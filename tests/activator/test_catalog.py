@@ -78,3 +78,32 @@ async def test_models_come_and_go_with_the_catalog(tmp_path: Path) -> None:
         assert again.state.routes.followed["catalog"].held == 3
         assert ids(await client.get("/v1/models", headers=limited)) == ["acme-chat"]
     assert (cfg.activator_dir("c1") / "catalog.json").stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_tenant_made_at_run_time_works_whichever_table_comes_first(tmp_path: Path) -> None:
+    import hashlib
+
+    from thaw.wire import ApiKey, KeyTable
+
+    cfg = make_config(tmp_path)
+    app = create_app(cfg, f"http://127.0.0.1:{free_port()}", activator_id="c2")
+    routes = app.state.routes
+    key = "thaw-run-time-tenant-key"
+    keys = KeyTable(version=1, keys=[ApiKey(hash=hashlib.sha256(key.encode()).hexdigest(), tenant="beta",
+                                            prefix=key[:9], created_at=1.0)])
+    beta = {"name": "beta", "allowed_models": ["other"], "limits": {"requests_per_minute": 5}}
+    with_beta = Catalog.model_validate({**catalog(cfg, 2).model_dump(mode="json"),
+                                        "tenants": [*(t.model_dump(mode="json") for t in cfg.tenants), beta]})
+    async with app.router.lifespan_context(app), \
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
+        # The key first: its tenant is not known yet, so it is refused.
+        await routes.followed["keys"].on(keys)
+        assert (await client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})).status_code == 401
+        # Then the catalog with the tenant: the key works, with the tenant's models and limits.
+        await routes.followed["catalog"].on(with_beta)
+        r = await client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+        assert ids(r) == ["other"] and r.status_code == 200
+        assert app.state.service.auth.authenticate(f"Bearer {key}").limits.requests_per_minute == 5
+        # Removed from the catalog: refused again.
+        await routes.followed["catalog"].on(catalog(cfg, 3))
+        assert (await client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})).status_code == 401

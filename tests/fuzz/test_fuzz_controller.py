@@ -43,13 +43,16 @@ CHECKS = {"negative_data_rejection": {"enabled": False}}
 # change) are beyond the JSON schema: a schema-valid change may be refused with 422.
 OPERATIONS = [{"include-path": "/v1/pool/budget", "include-method": "PUT",
                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "401", "404", "422"]}}}]
-# So are a model's: the whole config must stay valid with it (its shape, base, tenant,
-# allowed prefixes, served name), and its weights must be complete and fit.
+# So are a model's (the whole config must stay valid with it: its shape, base, tenant,
+# allowed prefixes, served name; its weights must be complete and fit) and a tenant's
+# (the models it names must be deployed; one that owns models stays).
 # (Filters of one entry match any of their values: an operation is named whole.)
 OPERATIONS += [{"include-name": name,
                 "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "401", "404", "409", "422"]}}}
                for name in ("POST /v1/admin/models", "PATCH /v1/admin/models/{name}",
-                            "POST /v1/admin/models/{name}/rollback", "DELETE /v1/admin/models/{name}")]
+                            "POST /v1/admin/models/{name}/rollback", "DELETE /v1/admin/models/{name}",
+                            "POST /v1/admin/tenants", "PATCH /v1/admin/tenants/{name}",
+                            "DELETE /v1/admin/tenants/{name}")]
 schema = schemathesis.openapi.from_dict(
     openapi(), config=fuzz_config("clusterToken", TOKEN, checks=CHECKS, operations=OPERATIONS))
 

@@ -38,9 +38,11 @@ def test_help_lists_every_command_with_a_description() -> None:
                     "demo-model", "push", "bench", "snapshot", "usage", "tenants", "models"):
         line = next((ln for ln in out.splitlines() if ln.strip().startswith(command)), None)
         assert line is not None, f"{command} missing from --help:\n{out}"
-    for group, subs in {"config": ("check", "hash-key"), "store": ("up", "down", "status"), "models": ("ls",),
+    for group, subs in {"config": ("check", "hash-key"), "store": ("up", "down", "status", "ls"),
+                        "models": ("deploy", "update", "rollback", "rm", "ls", "describe"),
                         "bench": ("cold-start", "stream"), "snapshot": ("build", "ls", "rm"),
-                        "tenants": ("add", "revoke", "ls"), "pool": ("status", "events")}.items():
+                        "tenants": ("create", "rm", "ls", "add", "revoke", "limits", "models"),
+                        "pool": ("status", "events")}.items():
         sub_out = thaw(group, "--help").stdout
         for s in subs:
             assert any(ln.strip().split()[:1] == [s] for ln in sub_out.splitlines() if ln.strip()), sub_out
@@ -149,6 +151,20 @@ def test_tenants_commands_keep_keys_at_the_controller(tmp_path: Path) -> None:
         assert bad.returncode == 2 and "no tenant 'nobody'" in bad.stderr
         again = thaw("tenants", "revoke", key, *c, check=False)
         assert again.returncode == 2 and "no such active key" in again.stderr
+        # Tenants at run time: made, limited, given models and a key, removed with it.
+        made = thaw("tenants", "create", "beta", "--models", "demo", "--rpm", "60", *c).stdout
+        assert "created tenant beta (models demo; limits rpm 60)" in made
+        assert "rpm 120, tpm 5000" in thaw("tenants", "limits", "set", "beta", "--rpm", "120", "--tpm", "5000",
+                                             *c).stdout
+        assert "models *" in thaw("tenants", "models", "set", "beta", "*", *c).stdout
+        assert "no key" in thaw("tenants", "ls", *c).stdout
+        beta_key = thaw("tenants", "add", "beta", *c).stdout.strip()
+        assert beta_key[:9] in thaw("tenants", "ls", *c).stdout
+        unknown = thaw("tenants", "models", "set", "beta", "nope", *c, check=False)
+        assert unknown.returncode == 2 and "no models ['nope'] are deployed" in unknown.stderr
+        assert "removed tenant beta" in thaw("tenants", "rm", "beta", *c).stdout
+        assert "beta" not in thaw("tenants", "ls", *c).stdout
+        assert thaw("tenants", "rm", "beta", *c, check=False).returncode == 2
     finally:
         proc.terminate()
         proc.wait(30)

@@ -31,6 +31,17 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 TOKEN = "fleet-test-token"
 
 
+def registry_config(**changes: Any) -> ThawConfig:
+    """The example config for the registry's tests: models only under s3://thaw/models/,
+    a second tenant (acme)."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["data_dir"] = "/tmp/unused"
+    data["object_store"]["allowed_prefixes"] = ["s3://thaw/models/"]
+    data["tenants"].append({"name": "acme", "api_key_hashes": ["sha256:" + "a" * 64], "allowed_models": ["*"]})
+    data.update(changes)
+    return parse_config(data)
+
+
 @dataclass
 class FakeStoreReader:
     """The store as the model registry reads it: complete weights of ``sizes`` bytes at

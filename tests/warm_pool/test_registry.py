@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.warm_pool.fleet import EXAMPLE, FakeStoreReader
+from tests.warm_pool.fleet import EXAMPLE, FakeStoreReader, registry_config
 from thaw.config import ThawConfig, parse_config
 from thaw.wire import ModelDeploy, ModelRollback, ModelSpec, ModelUpdate
 from warm_pool.events import EventLog
@@ -17,15 +17,6 @@ from warm_pool.registry import ModelRegistry, RegistryRefused
 from warm_pool.registry_store import REGISTRY_FILE, RegistryStore, StaleRevision
 
 GIB = 2**30
-
-
-def config(**changes: Any) -> ThawConfig:
-    data = yaml.safe_load(EXAMPLE.read_text())
-    data["data_dir"] = "/tmp/unused"
-    data["object_store"]["allowed_prefixes"] = ["s3://thaw/models/"]
-    data["tenants"].append({"name": "acme", "api_key_hashes": ["sha256:" + "a" * 64], "allowed_models": ["*"]})
-    data.update(changes)
-    return parse_config(data)
 
 
 class Registry:
@@ -40,7 +31,7 @@ class Registry:
         async def on_change(cfg: ThawConfig) -> None:
             self.changes.append(cfg)
 
-        self.r = ModelRegistry(cfg or config(), RegistryStore(path), self.reader, EventLog(lambda: self.clock),
+        self.r = ModelRegistry(cfg or registry_config(), RegistryStore(path), self.reader, EventLog(lambda: self.clock),
                                on_change=on_change, clock=lambda: self.clock)
 
 
@@ -118,7 +109,7 @@ async def test_a_name_in_use_is_a_conflict_and_without_the_store_nothing_is_depl
         with pytest.raises(RegistryRefused) as info:
             await reg.r.deploy(deploy(name, uri="s3://thaw/models/x", shape="cpu-local"), "op")
         assert info.value.status == 409
-    blind = ModelRegistry(config(), RegistryStore(None), None, EventLog(lambda: 0.0),
+    blind = ModelRegistry(registry_config(), RegistryStore(None), None, EventLog(lambda: 0.0),
                           on_change=reg.r._on_change, clock=lambda: 0.0)
     with pytest.raises(RegistryRefused) as info:
         await blind.deploy(deploy("x", uri="s3://thaw/models/x", shape="cpu-local"), "op")

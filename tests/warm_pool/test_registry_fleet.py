@@ -11,7 +11,15 @@ import httpx
 import pytest
 
 from activator.routing import RouteWatcher
-from tests.warm_pool.fleet import TOKEN, FakeStoreReader, InProcessProvider, controller, fleet_config, states, until
+from tests.warm_pool.fleet import (
+    TOKEN,
+    FakeStoreReader,
+    InProcessProvider,
+    controller,
+    fleet_config,
+    states,
+    until,
+)
 from thaw.embedded_store import free_port
 from thaw.wire import Catalog
 

@@ -508,44 +508,6 @@ def cmd_usage(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tenants_add(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    reply = _call(cfg, "POST", _controller(args, cfg), "/v1/keys", body={"tenant": args.tenant, "label": args.label})
-    print(reply["key"])
-    print(f"key for tenant {args.tenant!r} (shown once; stored only as a hash; in force on every activator "
-          "within a second)", file=sys.stderr)
-    return 0
-
-
-def cmd_tenants_revoke(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    reply = _call(cfg, "POST", _controller(args, cfg), "/v1/keys/revoke", body={"key": args.key})
-    print(f"revoked {reply['revoked']} key(s); in force on every activator within a second")
-    return 0
-
-
-def cmd_tenants_ls(args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
-
-    cfg = _load(args)
-    rows = _get(cfg, _controller(args, cfg), "/v1/keys")["keys"]
-    revoked = {r["hash"] for r in rows if r["revoked_at"]}
-    print(f"{'TENANT':16} {'MODELS':24} {'KEY':14} {'SOURCE':8} STATUS")
-    for t in cfg.tenants:
-        models = ",".join(t.allowed_models)[:24]
-        for h in t.api_key_hashes:
-            hx = h.removeprefix("sha256:")
-            print(f"{t.name:16} {models:24} {hx[:12] + '…':14} {'config':8} "
-                  f"{'revoked' if hx in revoked else 'active'}")
-        for r in rows:
-            if r["tenant"] == t.name and r["label"] != "config":
-                when = datetime.fromtimestamp(r["created_at"], UTC).strftime("%Y-%m-%d %H:%M")
-                print(f"{t.name:16} {models:24} {r['prefix'] + '…':14} {'added':8} "
-                      f"{'revoked' if r['revoked_at'] else 'active'} (added {when}"
-                      f"{', ' + r['label'] if r['label'] else ''})")
-    return 0
-
-
 def cmd_up(args: argparse.Namespace) -> int:
     from thaw.cli.up import run_up
 
@@ -727,18 +689,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", default=None)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
 
-    ten = sub.add_parser("tenants", help="Add, revoke or list tenants' API keys (at the controller; every "
-                                          "activator follows within a second).")
-    t_sub = ten.add_subparsers(dest="tenants_command", metavar="SUBCOMMAND", required=True)
-    p = add(t_sub, "add", "Create an API key for a tenant of the config; prints it once.", cmd_tenants_add)
-    p.add_argument("tenant", metavar="TENANT")
-    p.add_argument("--label", default=None, help="a note kept with the key (who it is for)")
-    p.add_argument("--controller", metavar="URL", default=None)
-    p = add(t_sub, "revoke", "Revoke a key (the key, its sha256, or its listed prefix).", cmd_tenants_revoke)
-    p.add_argument("key", metavar="KEY")
-    p.add_argument("--controller", metavar="URL", default=None)
-    p = add(t_sub, "ls", "List tenants and their keys (prefixes and hashes only).", cmd_tenants_ls)
-    p.add_argument("--controller", metavar="URL", default=None)
+    from thaw.cli import tenants as tenants_cli
+
+    tenants_cli.add_parsers(sub, add)
 
     from thaw.cli import models as models_cli
 
