@@ -784,7 +784,7 @@ def format_errors(exc: ValidationError) -> list[str]:
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _expand_env(text: str) -> str:
+def expand_env(text: str) -> str:
     # ${VAR} or ${VAR:-default}; an unset VAR without default is left for the
     # validator to reject rather than silently becoming "".
     def sub(m: re.Match[str]) -> str:
@@ -818,7 +818,7 @@ def load_config(path: Path | str) -> ThawConfig:
     except OSError as exc:
         raise ConfigError(p, [f"cannot read file: {exc.strerror}"]) from None
     try:
-        data = yaml.safe_load(_expand_env(text))
+        data = yaml.safe_load(expand_env(text))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -680,6 +680,38 @@ class TenantRecords(_Msg):
     tenants: list[TenantRecord]
 
 
+class ModelEntry(ModelSpec):
+    """A model as ``thaw apply``'s file declares it (a config file's ``models[]`` entry)."""
+
+    name: Name
+
+
+class ApplyRequest(_Msg):
+    """``POST /v1/admin/apply``: make the registry hold exactly these models and tenants.
+    A section left out (None) is not touched."""
+
+    models: list[ModelEntry] | None = None
+    tenants: list[Tenant] | None = None
+    dry_run: bool = False
+    note: str | None = Field(None, max_length=500)
+
+
+class PlannedChange(_Msg):
+    kind: Literal["model", "tenant"]
+    name: str
+    action: Literal["deploy", "update", "remove", "create", "change"]
+    # A model's revision this change makes (None: a removal, a tenant, or a dry run).
+    revision: PositiveInt | None = None
+    # What differs: field -> [now, then] (a whole entry on deploy or create).
+    fields: dict[str, list[Any]] = Field(default_factory=dict)
+
+
+class ApplyReply(_Msg):
+    changes: list[PlannedChange]
+    applied: bool
+    version: NonNegativeInt
+
+
 class Catalog(_Msg):
     """``GET /v1/catalog``: the models and tenants in force, as activators serve them;
     ``version`` moves on every change (the route table carries it)."""

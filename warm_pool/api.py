@@ -20,6 +20,8 @@ from thaw.auth import ClusterAuth, document_cluster_auth
 from thaw.http_api import refuse_in_api_shape
 from thaw.wire import (
     ActivityReport,
+    ApplyReply,
+    ApplyRequest,
     BudgetChange,
     BudgetView,
     Catalog,
@@ -273,6 +275,15 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
             return tenant_reply(await tenants.remove(name, actor(request)))
         except RegistryRefused as exc:
             return refused(exc)
+
+    @app.post("/v1/admin/apply", response_model=ApplyReply,
+              responses={409: refusal("The registry changed while the plan was checked"), **checked})
+    async def apply(body: ApplyRequest, request: Request) -> Response:
+        try:
+            reply = await manager.applier.apply(body, actor(request))
+        except RegistryRefused as exc:
+            return refused(exc)
+        return Response(reply.model_dump_json(), media_type="application/json")
 
     @app.get("/v1/catalog", response_model=Catalog)
     async def catalog() -> Response:

@@ -47,6 +47,7 @@ from thaw.wire import (
 )
 from warm_pool.actuator import Actuator
 from warm_pool.admin import BudgetAdmin, KeyAdmin
+from warm_pool.apply import Applier
 from warm_pool.classes import ModelClasses, engine_bytes
 from warm_pool.control import WorkerControl
 from warm_pool.events import EventLog
@@ -114,6 +115,7 @@ class PoolManager:
                                   tenants=lambda: self.model_admin.base.tenants)
         self.tenant_admin = TenantAdmin(self.model_admin, self.event_log, clock=clock,
                                         on_removed=self.key_admin.revoke_tenant)
+        self.applier = Applier(self.model_admin, self.tenant_admin, self.event_log, clock=clock)
         self.state = PolicyState(epoch=self.epoch, models={
             name: ModelState(idle_histogram=h) for name, h in self.store.load_histograms(self.cfg).items()})
         self._saved_histograms = {n: ms.idle_histogram for n, ms in self.state.models.items()}

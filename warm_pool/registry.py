@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from thaw.config import Tenant, ThawConfig, format_errors
+from thaw.config import Model, Tenant, ThawConfig, format_errors
 from thaw.fit import ModelSize, fit_problem
 from thaw.log import get_logger
 from thaw.objstore import WeightsCheck, WeightsProblem
@@ -332,6 +332,11 @@ class ModelRegistry:
             raise RegistryRefused(field_problems(exc, name)) from None
         model = cfg.model(name)
         assert model is not None
+        return Candidate(spec=spec, cfg=cfg, weights=await self.check_store(model, cfg))
+
+    async def check_store(self, model: Model, cfg: ThawConfig) -> WeightsCheck:
+        """The weights of ``model`` as the store holds them, once they are complete and
+        fit its shape in ``cfg`` (raises :class:`RegistryRefused`)."""
         if self.reader is None:
             raise RegistryRefused("the controller cannot reach the object store, so it cannot check the weights; "
                                   "see its log (object_store settings and credentials)", 503)
@@ -351,7 +356,12 @@ class ModelRegistry:
             problem = fit_problem(None, model, cfg, ModelSize(weights.total_bytes, "manifest", hf_config))
             if problem:
                 raise RegistryRefused(problem)
-        return Candidate(spec=spec, cfg=cfg, weights=weights)
+        return weights
+
+    def reload(self, version: int) -> None:
+        """Take the store's rows again after a change made there directly (``warm_pool.apply``)."""
+        self.records = {r.name: r for r in self.store.records()}
+        self.version = version
 
     async def _commit(self, name: str, candidate: Candidate, change: RevisionChange, who: str, *,
                       based_on: int | None, note: str | None, from_revision: int | None = None) -> ModelRecord:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from thaw.config import Tenant
@@ -66,6 +66,20 @@ class TenantConflict(Exception):
 
 
 @dataclass(frozen=True)
+class Batch:
+    """Changes made together (``thaw apply``): new revisions (each with the revision it
+    replaces), removed models (likewise), tenants created (True) or changed (False), and
+    tenants removed; by ``who`` at ``at``."""
+
+    at: float
+    who: str
+    revisions: list[tuple[ModelRevision, int | None]] = field(default_factory=list)
+    removals: list[tuple[str, int]] = field(default_factory=list)
+    tenants: list[tuple[Tenant, bool]] = field(default_factory=list)
+    tenant_removals: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class TenantRow:
     tenant: Tenant
     changed_at: float
@@ -111,31 +125,51 @@ class RegistryStore:
         ``based_on`` (None: the model is new or removed); the registry's new version."""
         with self._lock, self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
-            row = self._conn.execute("SELECT revision FROM models WHERE name = ?", (revision.model,)).fetchone()
-            current = row[0] if row else None
-            if current != based_on:
-                raise StaleRevision(revision.model, based_on, current)
-            last = self._conn.execute("SELECT max(revision) FROM model_revisions WHERE model = ?",
-                                      (revision.model,)).fetchone()[0]
-            if revision.revision != (last or 0) + 1:
-                raise StaleRevision(revision.model, based_on, current)
-            self._conn.execute("INSERT INTO model_revisions VALUES (?, ?, ?)",
-                               (revision.model, revision.revision, revision.model_dump_json()))
-            self._conn.execute("INSERT INTO models VALUES (?, ?, NULL, NULL) ON CONFLICT (name) DO UPDATE SET "
-                               "revision = excluded.revision, removed_at = NULL, removed_by = NULL",
-                               (revision.model, revision.revision))
+            self._add(revision, based_on)
             return self._bump()
+
+    def _add(self, revision: ModelRevision, based_on: int | None) -> None:
+        row = self._conn.execute("SELECT revision FROM models WHERE name = ?", (revision.model,)).fetchone()
+        current = row[0] if row else None
+        if current != based_on:
+            raise StaleRevision(revision.model, based_on, current)
+        last = self._conn.execute("SELECT max(revision) FROM model_revisions WHERE model = ?",
+                                  (revision.model,)).fetchone()[0]
+        if revision.revision != (last or 0) + 1:
+            raise StaleRevision(revision.model, based_on, current)
+        self._conn.execute("INSERT INTO model_revisions VALUES (?, ?, ?)",
+                           (revision.model, revision.revision, revision.model_dump_json()))
+        self._conn.execute("INSERT INTO models VALUES (?, ?, NULL, NULL) ON CONFLICT (name) DO UPDATE SET "
+                           "revision = excluded.revision, removed_at = NULL, removed_by = NULL",
+                           (revision.model, revision.revision))
 
     def remove(self, model: str, based_on: int, at: float, who: str) -> int:
         """Stop serving ``model`` (its revisions stay); the registry's new version."""
         with self._lock, self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
-            row = self._conn.execute("SELECT revision FROM models WHERE name = ?", (model,)).fetchone()
-            current = row[0] if row else None
-            if current != based_on:
-                raise StaleRevision(model, based_on, current)
-            self._conn.execute("UPDATE models SET revision = NULL, removed_at = ?, removed_by = ? WHERE name = ?",
-                               (at, who, model))
+            self._remove(model, based_on, at, who)
+            return self._bump()
+
+    def _remove(self, model: str, based_on: int, at: float, who: str) -> None:
+        row = self._conn.execute("SELECT revision FROM models WHERE name = ?", (model,)).fetchone()
+        current = row[0] if row else None
+        if current != based_on:
+            raise StaleRevision(model, based_on, current)
+        self._conn.execute("UPDATE models SET revision = NULL, removed_at = ?, removed_by = ? WHERE name = ?",
+                           (at, who, model))
+
+    def change(self, batch: Batch) -> int:
+        """Every change of ``batch`` in one transaction (all or none); the new version."""
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            for revision, based_on in batch.revisions:
+                self._add(revision, based_on)
+            for model, based_on in batch.removals:
+                self._remove(model, based_on, batch.at, batch.who)
+            for tenant, new in batch.tenants:
+                self._put_tenant(tenant, batch.at, batch.who, new=new)
+            for name in batch.tenant_removals:
+                self._remove_tenant(name, batch.at, batch.who)
             return self._bump()
 
     def seed(self, revisions: list[ModelRevision], tenants: list[Tenant], at: float) -> bool:
@@ -168,23 +202,29 @@ class RegistryStore:
         the registry's new version."""
         with self._lock, self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
-            row = self._conn.execute("SELECT removed_at FROM tenants WHERE name = ?", (tenant.name,)).fetchone()
-            exists = row is not None and row[0] is None
-            if exists == new:
-                raise TenantConflict(tenant.name, exists)
-            self._conn.execute("INSERT INTO tenants VALUES (?, ?, ?, ?, NULL) ON CONFLICT (name) DO UPDATE SET "
-                               "body = excluded.body, changed_at = excluded.changed_at, who = excluded.who, "
-                               "removed_at = NULL", (tenant.name, tenant.model_dump_json(), at, who))
+            self._put_tenant(tenant, at, who, new=new)
             return self._bump()
+
+    def _put_tenant(self, tenant: Tenant, at: float, who: str, *, new: bool) -> None:
+        row = self._conn.execute("SELECT removed_at FROM tenants WHERE name = ?", (tenant.name,)).fetchone()
+        exists = row is not None and row[0] is None
+        if exists == new:
+            raise TenantConflict(tenant.name, exists)
+        self._conn.execute("INSERT INTO tenants VALUES (?, ?, ?, ?, NULL) ON CONFLICT (name) DO UPDATE SET "
+                           "body = excluded.body, changed_at = excluded.changed_at, who = excluded.who, "
+                           "removed_at = NULL", (tenant.name, tenant.model_dump_json(), at, who))
 
     def remove_tenant(self, name: str, at: float, who: str) -> int:
         with self._lock, self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
-            n = self._conn.execute("UPDATE tenants SET removed_at = ?, changed_at = ?, who = ? "
-                                   "WHERE name = ? AND removed_at IS NULL", (at, at, who, name)).rowcount
-            if not n:
-                raise TenantConflict(name, False)
+            self._remove_tenant(name, at, who)
             return self._bump()
+
+    def _remove_tenant(self, name: str, at: float, who: str) -> None:
+        n = self._conn.execute("UPDATE tenants SET removed_at = ?, changed_at = ?, who = ? "
+                               "WHERE name = ? AND removed_at IS NULL", (at, at, who, name)).rowcount
+        if not n:
+            raise TenantConflict(name, False)
 
     def _bump(self) -> int:
         self._conn.execute("UPDATE registry_version SET version = version + 1")

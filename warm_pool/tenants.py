@@ -99,6 +99,13 @@ class TenantAdmin:
                                inputs={"who": who, "tenant": name, "keys_revoked": revoked})
             return next(record_of(r) for r in self.store.tenants() if r.tenant.name == name)
 
+    async def revoke_keys(self, name: str, who: str) -> int:
+        """Revoke a removed tenant's keys (``thaw apply`` removed it)."""
+        revoked = await self._on_removed(name, who)
+        self.events.record("tenant", "operator", outcome="removed",
+                           inputs={"who": who, "tenant": name, "keys_revoked": revoked})
+        return revoked
+
     async def _commit(self, tenants: list[Tenant], tenant: Tenant, who: str, *, new: bool,
                       outcome: str) -> TenantRecord:
         names = {m.name for m in self.registry.cfg.models}

@@ -52,7 +52,7 @@ OPERATIONS += [{"include-name": name,
                for name in ("POST /v1/admin/models", "PATCH /v1/admin/models/{name}",
                             "POST /v1/admin/models/{name}/rollback", "DELETE /v1/admin/models/{name}",
                             "POST /v1/admin/tenants", "PATCH /v1/admin/tenants/{name}",
-                            "DELETE /v1/admin/tenants/{name}")]
+                            "DELETE /v1/admin/tenants/{name}", "POST /v1/admin/apply")]
 schema = schemathesis.openapi.from_dict(
     openapi(), config=fuzz_config("clusterToken", TOKEN, checks=CHECKS, operations=OPERATIONS))
 

@@ -165,6 +165,17 @@ def test_tenants_commands_keep_keys_at_the_controller(tmp_path: Path) -> None:
         assert "removed tenant beta" in thaw("tenants", "rm", "beta", *c).stdout
         assert "beta" not in thaw("tenants", "ls", *c).stdout
         assert thaw("tenants", "rm", "beta", *c, check=False).returncode == 2
+        # Declared in a file: the plan first, then all of it.
+        declared = tmp_path / "tenants.yaml"
+        declared.write_text(yaml.safe_dump({"tenants": [
+            {"name": "demo", "api_key_hashes": data["tenants"][0]["api_key_hashes"]},
+            {"name": "gamma", "limits": {"requests_per_minute": 30}}]}))
+        dry = thaw("apply", "-f", str(declared), "--dry-run", *c).stdout
+        assert "+ tenant gamma (create)" in dry and "~ tenant demo (change)" in dry and "dry run" in dry
+        assert "gamma" not in thaw("tenants", "ls", *c).stdout
+        assert "applied: 2 change(s)" in thaw("apply", "-f", str(declared), *c).stdout
+        assert "gamma" in thaw("tenants", "ls", *c).stdout
+        assert "nothing to change" in thaw("apply", "-f", str(declared), *c).stdout
     finally:
         proc.terminate()
         proc.wait(30)

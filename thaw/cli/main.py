@@ -695,6 +695,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from thaw.cli import models as models_cli
 
+    p = add(sub, "apply", "Make the models and tenants served match a file (prints the plan first; "
+            "all or nothing).", models_cli.run_apply)
+    models_cli.add_apply_arguments(p)
+
     models = sub.add_parser("models", help="Deploy, change, roll back, remove and list the models served "
                                            "(at the controller; every activator follows within a second).")
     m_sub = models.add_subparsers(dest="models_command", metavar="SUBCOMMAND", required=True)

@@ -166,3 +166,60 @@ def render_record(record: dict[str, Any], row: dict[str, Any] | None) -> str:
                      f"{weights:14} {json.dumps(r['spec'], sort_keys=True)}"
                      + (f"  ({r['note']})" if r.get("note") else ""))
     return "\n".join(lines)
+
+
+# -- thaw apply -----------------------------------------------------------------------------
+
+_MARK = {"deploy": "+", "create": "+", "update": "~", "change": "~", "remove": "-"}
+
+
+def add_apply_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-f", "--file", required=True, metavar="FILE",
+                   help="YAML with `models:` and/or `tenants:` as a config file declares them (a whole "
+                        "config file will do: its other sections are ignored); a section left out is not touched")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
+    p.add_argument("--note", default=None, help="why, kept with each revision made")
+    p.add_argument("--controller", metavar="URL", default=None)
+
+
+def render_plan(changes: list[dict[str, Any]]) -> str:
+    lines = []
+    for c in changes:
+        head = f"{_MARK[c['action']]} {c['kind']} {c['name']} ({c['action']}"
+        head += f", revision {c['revision']})" if c.get("revision") else ")"
+        lines.append(head)
+        if c["action"] in ("update", "change"):
+            for field, (now, then) in c["fields"].items():
+                lines.append(f"    {field}: {json.dumps(now, sort_keys=True)} -> {json.dumps(then, sort_keys=True)}")
+    return "\n".join(lines)
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from thaw.config import expand_env
+
+    cfg = _load(args)
+    try:
+        data = yaml.safe_load(expand_env(Path(args.file).read_text()))
+    except (OSError, yaml.YAMLError) as exc:
+        raise CliError(f"{args.file}: {exc}", 2) from None
+    if not isinstance(data, dict) or not ({"models", "tenants"} & set(data)):
+        raise CliError(f"{args.file}: declares neither `models:` nor `tenants:`", 2)
+    body: dict[str, Any] = {"dry_run": args.dry_run, "note": args.note}
+    if "models" in data:
+        # Only `thaw up` reads demo_if_missing; the registry has no use for it.
+        body["models"] = [{k: v for k, v in m.items() if k != "demo_if_missing"} if isinstance(m, dict) else m
+                          for m in data["models"] or []]
+    if "tenants" in data:
+        body["tenants"] = data["tenants"] or []
+    reply = _call(cfg, "POST", _controller(args, cfg), "/v1/admin/apply", body=body)
+    changes = reply["changes"]
+    if not changes:
+        print("nothing to change: the registry holds what the file declares")
+        return 0
+    print(render_plan(changes))
+    print(f"{'applied' if reply['applied'] else 'dry run: nothing changed'}: {len(changes)} change(s)")
+    return 0
