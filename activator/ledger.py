@@ -21,7 +21,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -268,19 +268,22 @@ def replica_intervals(path: Path) -> list[dict[str, Any]]:
 
 
 def attribute_gpu_seconds(
-    records: Iterable[dict[str, Any]], intervals: Iterable[dict[str, Any]], now: float, bucket_s: float = 60.0
-) -> dict[str, float]:
-    """GPU-seconds per tenant: each replica's time (× its GPUs), split in ``bucket_s``
-    slices among the tenants by their share of the tokens that replica served in the
-    slice. Slices in which a replica served nobody stay unattributed (idle cost)."""
-    tokens: dict[tuple[str, int], dict[str, int]] = {}
+    records: Iterable[dict[str, Any]], intervals: Iterable[dict[str, Any]], now: float, bucket_s: float = 60.0,
+    by: Callable[[dict[str, Any]], Hashable] = lambda r: r["tenant"],
+) -> dict[Any, float]:
+    """GPU-seconds per tenant (or per ``by`` of a record: tenant and model, say): each
+    replica's time (× its GPUs), split in ``bucket_s`` slices among the tenants by their
+    share of the tokens that replica served in the slice. Slices in which a replica
+    served nobody stay unattributed (idle cost)."""
+    tokens: dict[tuple[str, int], dict[Any, int]] = {}
     for r in records:
         if not r.get("replica"):
             continue
         key = (r["replica"], int(r["started_at"] // bucket_s))
         per = tokens.setdefault(key, {})
-        per[r["tenant"]] = per.get(r["tenant"], 0) + r["prompt_tokens"] + r["completion_tokens"]
-    out: dict[str, float] = {}
+        who = by(r)
+        per[who] = per.get(who, 0) + r["prompt_tokens"] + r["completion_tokens"]
+    out: dict[Any, float] = {}
     for iv in intervals:
         start, end = iv["started_at"], iv["ended_at"] or now
         b = int(start // bucket_s)

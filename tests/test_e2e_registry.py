@@ -153,7 +153,8 @@ def test_deploy_roll_rollback_and_rm_under_load(fleet: Fleet, s3: S3Endpoint, tm
     v1, v2 = push_demo(s3, tmp_path, "chat-v1", seed=3), push_demo(s3, tmp_path, "chat-v2", seed=4)
 
     # Deployed: both activators list it (how soon is printed), and it is served.
-    out = models(fleet, "deploy", "chat", "--uri", v1, "--shape", "cpu-local", "--note", "first")
+    out = models(fleet, "deploy", "chat", "--uri", v1, "--shape", "cpu-local", "--note", "first",
+                 "--price-prompt", "100", "--price-completion", "400")
     assert out.returncode == 0, out.stderr
     returned = time.monotonic()
     while not all("chat" in listed(fleet, n) for n in fleet.activators):
@@ -181,6 +182,12 @@ def test_deploy_roll_rollback_and_rm_under_load(fleet: Fleet, s3: S3Endpoint, tm
     assert {r["status"] for r in rows} == {200}
     revisions = [r["revision"] for r in sorted(rows, key=lambda r: r["started_at"])]
     assert None not in revisions and {1, 2, 3} <= set(revisions), revisions
+    # Billed at the prices of the revision that answered each request (kept by the update).
+    usage = fleet.thaw("usage", "--format", "json", "--controller", fleet.controller_url)
+    assert usage.returncode == 0, usage.stderr
+    bill = json.loads(usage.stdout)["tenants"]["demo"]["chat"]
+    assert bill["unpriced_requests"] == 0 and bill["cost_usd"] == pytest.approx(
+        sum(r["prompt_tokens"] * 100 + r["completion_tokens"] * 400 for r in rows) / 1e6, rel=1e-3)
     described = json.loads(models(fleet, "describe", "chat", "--json").stdout)
     assert [(r["revision"], r["change"], r["from_revision"]) for r in described["revisions"]] == [
         (1, "deploy", None), (2, "update", None), (3, "rollback", 1)]

@@ -233,6 +233,19 @@ class Lora(_Strict):
     max_lora_rank: Annotated[int, Field(ge=1, le=512)] = 16
 
 
+class Pricing(_Strict):
+    """What a model's use costs its tenant (``thaw usage`` prices records with the
+    revision that answered them)."""
+
+    # USD per million tokens: prompt tokens (less those read from the prefix cache),
+    # cached prompt tokens (None: as prompt tokens), completion tokens.
+    prompt_usd_per_mtok: NonNegativeFloat = 0.0
+    cached_usd_per_mtok: NonNegativeFloat | None = None
+    completion_usd_per_mtok: NonNegativeFloat = 0.0
+    # USD per GPU-second of the replicas' time the tenant's requests used (split by tokens).
+    usd_per_gpu_second: NonNegativeFloat = 0.0
+
+
 class Model(_Strict):
     name: Name
     # The model's files in the store; for an adapter, its adapter_uri (filled in).
@@ -256,6 +269,8 @@ class Model(_Strict):
     # A tenant's private model: listed and callable only with that tenant's keys. None:
     # every tenant whose allowed_models admit it.
     tenant: Name | None = None
+    # Its prices (None: not billed).
+    pricing: Pricing | None = None
 
     @property
     def resolved_served_name(self) -> str:

@@ -16,7 +16,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
-from thaw.config import Autoscaling, EngineArgs, Lora, Model, Name, RateLimits, S3Uri, Tenant
+from thaw.config import (
+    Autoscaling,
+    EngineArgs,
+    Lora,
+    Model,
+    Name,
+    Pricing,
+    RateLimits,
+    S3Uri,
+    Tenant,
+)
 
 Id = Annotated[str, Field(min_length=1, max_length=200)]
 
@@ -572,6 +582,7 @@ class ModelSpec(_Msg):
     engine: EngineArgs | None = None
     autoscaling: Autoscaling | None = None
     lora: Lora | None = None
+    pricing: Pricing | None = None
 
     def fields(self) -> dict[str, Any]:
         """What the caller set, nested settings only as far as they were set."""

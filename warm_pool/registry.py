@@ -113,7 +113,7 @@ def compose(base: ThawConfig, records: list[ModelRecord]) -> tuple[ThawConfig, l
 
 
 # What a replica's engine does not depend on: a change of only these rolls nothing.
-_NOT_ENGINE = ("autoscaling", "tenant")
+_NOT_ENGINE = ("autoscaling", "tenant", "pricing")
 
 
 def outdated_revisions(record: ModelRecord) -> frozenset[int]:

@@ -187,3 +187,17 @@ async def test_of_two_changes_based_on_one_revision_the_second_is_refused(tmp_pa
     with pytest.raises(StaleRevision):
         store.remove("demo", 1, 0.0, "c")
     assert [r.revision for r in store.records()[0].revisions] == [1, 2]
+
+
+async def test_a_change_of_prices_or_scaling_is_a_revision_that_rolls_nothing() -> None:
+    reg = Registry(None)
+    await reg.r.update("demo", ModelUpdate(revision=1, spec=spec(pricing={"prompt_usd_per_mtok": 0.5})), "op")
+    await reg.r.update("demo", ModelUpdate(revision=2, spec=spec(pricing={"completion_usd_per_mtok": 2},
+                                                                 autoscaling={"max_replicas": 2})), "op")
+    m = reg.r.cfg.model("demo")
+    assert m is not None and m.pricing is not None
+    assert (m.pricing.prompt_usd_per_mtok, m.pricing.completion_usd_per_mtok) == (0.5, 2)
+    assert reg.r.outdated() == {}
+    await reg.r.update("demo", ModelUpdate(revision=3, spec=spec(uri="s3://thaw/models/demo-v2")), "op")
+    assert reg.r.outdated() == {"demo": frozenset({1, 2, 3})}
+

@@ -480,30 +480,62 @@ def cmd_usage(args: argparse.Namespace) -> int:
         raise CliError(f"no usage to read: {fleet.reason}, and no activator ledger under "
                        f"{cfg.data_dir / 'activators'}", EXIT_STORE if cfg.ledger.ship else EXIT_FAILED)
     records = [r for r in fleet.records if args.tenant is None or r["tenant"] == args.tenant]
+    # Prices: each record's at the model revision that answered it, from the controller.
+    price_of, no_prices = None, None
+    try:
+        from activator.billing import prices_from_registry
+
+        price_of = prices_from_registry(_get(cfg, _controller(args, cfg), "/v1/admin/models")["models"])
+    except CliError as exc:
+        no_prices = f"no costs: {exc}"
     if args.format == "csv":
+        from activator.billing import token_cost
+
         # Records shipped by older activators lack the newer columns (left empty).
-        columns = list(dict.fromkeys(k for r in records for k in r))
+        columns = list(dict.fromkeys(k for r in records for k in r)) + ["tokens_usd"]
         writer = csv.DictWriter(sys.stdout, fieldnames=columns, restval="")
         if records:
             writer.writeheader()
-        writer.writerows(records)
+        for r in records:
+            price = price_of(r["model"], r.get("revision")) if price_of else None
+            writer.writerow({**r, "tokens_usd": round(token_cost(r, price), 9) if price else ""})
         print(describe_lag(fleet), file=sys.stderr)
+        if no_prices:
+            print(no_prices, file=sys.stderr)
         return 0
-    gpu = attribute_gpu_seconds(fleet.records, fleet.intervals, now=now)
-    tenants = sorted({r["tenant"] for r in records})
-    per_tenant = {t: {**usage_totals(r for r in records if r["tenant"] == t),
-                      "gpu_seconds": round(gpu.get(t, 0.0), 3)} for t in tenants}
+    from activator.billing import costs
+
+    gpu = attribute_gpu_seconds(fleet.records, fleet.intervals, now=now, by=lambda r: (r["tenant"], r["model"]))
+    cost = costs(fleet.records, fleet.intervals, price_of, now=now) if price_of else {}
+    pairs = sorted({(r["tenant"], r["model"] or "-") for r in records})
+    rows = {}
+    for t, model in pairs:
+        mine = [r for r in records if r["tenant"] == t and (r["model"] or "-") == model]
+        c = cost.get((t, None if model == "-" else model), {})
+        rows[(t, model)] = {**usage_totals(mine), "gpu_seconds": round(gpu.get((t, None if model == "-" else model),
+                                                                                0.0), 3),
+                            "cost_usd": round(c["cost_usd"], 6) if c else None,
+                            "unpriced_requests": int(c.get("unpriced", 0)) if c else None}
     if args.format == "json":
-        print(json.dumps({"tenants": per_tenant, "records": records, "shipping": fleet.shipping(),
-                          "complete": fleet.complete, "incomplete_reason": fleet.reason}, indent=2))
+        tenants: dict[str, dict[str, Any]] = {}
+        for (t, model), v in rows.items():
+            tenants.setdefault(t, {})[model] = v
+        print(json.dumps({"tenants": tenants, "records": records, "shipping": fleet.shipping(),
+                          "complete": fleet.complete, "incomplete_reason": fleet.reason, "prices_note": no_prices},
+                         indent=2))
         return 0
-    print(f"{'TENANT':16} {'REQUESTS':>8} {'PROMPT':>9} {'COMPLETION':>10} {'CACHED':>8} {'ERRORS':>6} "
-          f"{'COLD':>5} {'GPU-S':>9}")
-    for t, v in per_tenant.items():
-        print(f"{t:16} {v['requests']:>8} {v['prompt_tokens']:>9} {v['completion_tokens']:>10} "
-              f"{v['cached_tokens']:>8} {v['errors']:>6} {v['cold_starts']:>5} {v['gpu_seconds']:>9.1f}")
-    if not per_tenant:
+    print(f"{'TENANT':16} {'MODEL':20} {'REQUESTS':>8} {'PROMPT':>9} {'COMPLETION':>10} {'CACHED':>8} {'ERRORS':>6} "
+          f"{'COLD':>5} {'GPU-S':>9} {'COST-USD':>10}")
+    for (t, model), v in rows.items():
+        shown = "-" if v["cost_usd"] is None else f"{v['cost_usd']:.4f}" + ("*" if v["unpriced_requests"] else "")
+        print(f"{t:16} {model[:20]:20} {v['requests']:>8} {v['prompt_tokens']:>9} {v['completion_tokens']:>10} "
+              f"{v['cached_tokens']:>8} {v['errors']:>6} {v['cold_starts']:>5} {v['gpu_seconds']:>9.1f} {shown:>10}")
+    if not rows:
         print("no usage in that window")
+    if any(v["unpriced_requests"] for v in rows.values()):
+        print("* some requests have no price (a model without pricing, or a record without a revision)")
+    if no_prices:
+        print(no_prices)
     print(describe_lag(fleet))
     return 0
 
@@ -682,9 +714,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = add(s_sub, name, help_, getattr(snapshot_cli, f"cmd_{name}"))
         snapshot_cli.add_arguments(name, p)
 
-    p = add(sub, "usage", "Usage per tenant across every activator: tokens, errors, cold starts, GPU-seconds.",
-            cmd_usage)
+    p = add(sub, "usage", "Usage per tenant and model across every activator: tokens, errors, cold starts, "
+            "GPU-seconds, cost.", cmd_usage)
     p.add_argument("--tenant", default=None)
+    p.add_argument("--controller", metavar="URL", default=None, help="where the prices are (the model registry)")
     p.add_argument("--since", default=None, help="epoch seconds, ISO time, or a duration back (15m, 2h, 7d)")
     p.add_argument("--until", default=None)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")

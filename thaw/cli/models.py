@@ -36,6 +36,14 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--min-replicas", type=int, default=None)
         p.add_argument("--max-replicas", type=int, default=None)
         p.add_argument("--idle-grace-s", type=float, default=None)
+        p.add_argument("--price-prompt", type=float, default=None, metavar="USD",
+                       help="USD per million prompt tokens (a price change is a revision; bills name it)")
+        p.add_argument("--price-cached", type=float, default=None, metavar="USD",
+                       help="USD per million cached prompt tokens (default: the prompt price)")
+        p.add_argument("--price-completion", type=float, default=None, metavar="USD",
+                       help="USD per million completion tokens")
+        p.add_argument("--price-gpu-second", type=float, default=None, metavar="USD",
+                       help="USD per GPU-second of replica time the tenant's requests used")
         p.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
                        help="an engine setting (dtype, enforce_eager, cpu_kvcache_gib, ...) or any vLLM "
                             "argument; V is read as JSON where it parses (true, 2, 0.5), else as text; repeatable")
@@ -61,6 +69,12 @@ def spec_of(args: argparse.Namespace) -> dict[str, Any]:
                                  ("idle_grace_s", args.idle_grace_s)) if v is not None}
     if scaling:
         spec["autoscaling"] = scaling
+    pricing = {k: v for k, v in (("prompt_usd_per_mtok", args.price_prompt),
+                                 ("cached_usd_per_mtok", args.price_cached),
+                                 ("completion_usd_per_mtok", args.price_completion),
+                                 ("usd_per_gpu_second", args.price_gpu_second)) if v is not None}
+    if pricing:
+        spec["pricing"] = pricing
     engine: dict[str, Any] = {}
     for item in args.engine_arg:
         key, sep, raw = item.partition("=")

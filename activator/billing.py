@@ -1,0 +1,72 @@
+"""What tenants owe: usage records priced with the model revision that answered each
+(``models[].pricing``; a price change is a revision like any other, so a bill names the
+prices that applied). Pure: the caller gives the records, the replicas' intervals and
+the prices of each revision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from activator.ledger import attribute_gpu_seconds
+from thaw.config import Pricing
+
+MTOK = 1_000_000
+# Prices of a model at a revision (None: not priced, or not known).
+PriceOf = Callable[[str | None, int | None], Pricing | None]
+
+
+def token_cost(record: dict[str, Any], price: Pricing) -> float:
+    """USD for one record's tokens (its cached prompt tokens at the cached price)."""
+    cached = record.get("cached_tokens") or 0
+    fresh = max(record["prompt_tokens"] - cached, 0)
+    cached_price = price.prompt_usd_per_mtok if price.cached_usd_per_mtok is None else price.cached_usd_per_mtok
+    return (fresh * price.prompt_usd_per_mtok + cached * cached_price
+            + record["completion_tokens"] * price.completion_usd_per_mtok) / MTOK
+
+
+def costs(records: Iterable[dict[str, Any]], intervals: Iterable[dict[str, Any]], price_of: PriceOf,
+          now: float) -> dict[tuple[str, str | None], dict[str, float]]:
+    """Per (tenant, model): USD for tokens, USD for GPU-seconds, their sum, and the
+    requests no price was known for (``unpriced``)."""
+    rs = list(records)
+    out: dict[tuple[str, str | None], dict[str, float]] = {}
+
+    def row(key: tuple[str, str | None]) -> dict[str, float]:
+        return out.setdefault(key, {"tokens_usd": 0.0, "gpu_usd": 0.0, "cost_usd": 0.0, "unpriced": 0})
+
+    # GPU-seconds are priced at the revision that answered the request in each slice;
+    # split per (tenant, model, revision) first.
+    gpu = attribute_gpu_seconds(rs, intervals, now, by=lambda r: (r["tenant"], r["model"], r.get("revision")))
+    for (tenant, model, revision), seconds in gpu.items():
+        price = price_of(model, revision)
+        if price is not None:
+            row((tenant, model))["gpu_usd"] += seconds * price.usd_per_gpu_second
+    for r in rs:
+        price = price_of(r["model"], r.get("revision"))
+        entry = row((r["tenant"], r["model"]))
+        if price is None:
+            entry["unpriced"] += 1
+        else:
+            entry["tokens_usd"] += token_cost(r, price)
+    for entry in out.values():
+        entry["cost_usd"] = entry["tokens_usd"] + entry["gpu_usd"]
+    return out
+
+
+def prices_from_registry(models: list[dict[str, Any]]) -> PriceOf:
+    """``price_of`` from the controller's model records (``GET /v1/admin/models``): each
+    revision's pricing."""
+    table: dict[tuple[str, int], Pricing | None] = {}
+    for m in models:
+        for rev in m["revisions"]:
+            p = rev["spec"].get("pricing")
+            table[(m["name"], rev["revision"])] = Pricing.model_validate(p) if p else None
+
+    def price_of(model: str | None, revision: int | None) -> Pricing | None:
+        if model is None or revision is None:
+            return None
+        return table.get((model, revision))
+
+    return price_of
