@@ -548,6 +548,25 @@ class LimitsConfig(_Strict):
         return self
 
 
+class StateConfig(_Strict):
+    """Where the controller keeps what it must not lose: the model registry (every
+    revision) and the tenants. ``sqlite``: a file under ``data_dir/controller``;
+    ``postgres``: a PostgreSQL database (on AWS, RDS or Aurora), which several
+    controllers may share."""
+
+    backend: Literal["sqlite", "postgres"] = "sqlite"
+    # postgres: postgresql://USER@HOST:PORT/DB (a password from ${VAR}, $PGPASSWORD or ~/.pgpass).
+    url: str | None = None
+
+    @model_validator(mode="after")
+    def _url(self) -> StateConfig:
+        if self.backend == "postgres" and not (self.url or "").startswith(("postgresql://", "postgres://")):
+            raise ValueError("backend postgres needs url: postgresql://USER@HOST:PORT/DB")
+        if self.backend == "sqlite" and self.url is not None:
+            raise ValueError("url is for backend postgres (sqlite keeps its file under data_dir)")
+        return self
+
+
 class ThawConfig(_Strict):
     # Relative paths in the file are resolved against the file's directory.
     data_dir: Path = Path(".thaw")
@@ -557,6 +576,7 @@ class ThawConfig(_Strict):
     controller: ControllerConfig = ControllerConfig()
     ledger: LedgerConfig = LedgerConfig()
     limits: LimitsConfig = LimitsConfig()
+    state: StateConfig = StateConfig()
     object_store: ObjectStore = ObjectStore()
     shapes: list[InstanceShape] = Field(min_length=1)
     pools: list[Pool] = Field(default_factory=list)

@@ -49,6 +49,7 @@ from thaw.wire import (
     WorkerStatus,
 )
 from warm_pool.admin import UnknownKey, UnknownTenant
+from warm_pool.db import StateUnavailable
 from warm_pool.facts import UnknownInstance
 from warm_pool.manager import PoolManager
 from warm_pool.persist import BudgetRefused
@@ -82,6 +83,11 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         return JSONResponse({"error": "invalid request: " + "; ".join(problems)}, status_code=422)
 
     refuse_in_api_shape(app)
+
+    @app.exception_handler(StateUnavailable)
+    async def state_unavailable(_: Request, exc: StateUnavailable) -> JSONResponse:
+        # PostgreSQL is away: nothing was changed; the caller may retry.
+        return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "2"})
 
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:

@@ -50,6 +50,7 @@ from warm_pool.admin import BudgetAdmin, KeyAdmin
 from warm_pool.apply import Applier
 from warm_pool.classes import ModelClasses, engine_bytes
 from warm_pool.control import WorkerControl
+from warm_pool.db import Db
 from warm_pool.events import EventLog
 from warm_pool.facts import FleetFacts
 from warm_pool.instances import InstanceWatch
@@ -85,12 +86,14 @@ class PoolManager:
         state_dir: Path | None = None,
         model_classes: ModelClasses | None = None,
         store_reader: StoreReader | None = None,
+        state_db: Db | None = None,
     ) -> None:
         """``providers`` maps each pool's shape to the provider that runs it.
         ``state_dir``: where what must outlive a restart is kept (None: nowhere).
         ``model_classes``: each model's engine class (placement into pre-built
         engines); None: no model has a known class. ``store_reader``: how the model
-        registry checks a deploy's weights in the store (None: deploys are refused)."""
+        registry checks a deploy's weights in the store (None: deploys are refused).
+        ``state_db``: where the registry is kept (None: ``state_dir/registry.db``)."""
         self.providers = providers
         self.control = control
         self.model_classes = model_classes
@@ -107,7 +110,8 @@ class PoolManager:
         # The config in force (self.cfg): the config as written serving the registry's
         # models, with the operators' budget changes (both persisted in state_dir, so a
         # restart keeps them).
-        self.model_admin = ModelRegistry(cfg, RegistryStore(state_dir / REGISTRY_FILE if state_dir else None),
+        db = state_db or Db.sqlite(state_dir / REGISTRY_FILE if state_dir else None)
+        self.model_admin = ModelRegistry(cfg, RegistryStore(db),
                                          store_reader, self.event_log, on_change=self._models_changed,
                                          clock=clock)
         self.budgets = BudgetAdmin(self.model_admin.cfg, self.store, self.event_log, self._wake.set)

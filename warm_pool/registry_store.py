@@ -1,49 +1,50 @@
 """The registry's rows: every revision of every model and which one is current, and the
-tenants, in ``<data_dir>/controller/registry.db`` (SQLite; ``None``: in memory, for tests).
+tenants, in the controller's state database (``warm_pool.db``: ``registry.db`` beside
+the controller's other files, or PostgreSQL).
 
 A revision is written once and never changed. A change is one transaction that checks
-the revision it was based on, so of two changes based on the same revision one wins and
-the other is told (:class:`StaleRevision`). Every change bumps the registry's
-``version``, which the route table carries as the catalog's.
+the revision it was based on, so of two changes based on the same revision (two
+controllers' too) one wins and the other is told (:class:`StaleRevision`). Every change
+bumps the registry's ``version``, which the route table carries as the catalog's.
 """
 
 from __future__ import annotations
 
-import os
-import sqlite3
-import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from thaw.config import Tenant
-from thaw.private_files import open_private
 from thaw.wire import ModelRecord, ModelRevision
+from warm_pool.db import Db, Tx
 
 REGISTRY_FILE = "registry.db"
 
-SCHEMA = """
+MIGRATIONS = [
+    """
 CREATE TABLE IF NOT EXISTS model_revisions (
     model TEXT NOT NULL,
     revision INTEGER NOT NULL,
-    body TEXT NOT NULL,             -- the ModelRevision, JSON
+    body TEXT NOT NULL,
     PRIMARY KEY (model, revision)
 );
 CREATE TABLE IF NOT EXISTS models (
     name TEXT PRIMARY KEY,
-    revision INTEGER,               -- the current revision; NULL once removed
-    removed_at REAL,
+    revision INTEGER,
+    removed_at DOUBLE PRECISION,
     removed_by TEXT
 );
 CREATE TABLE IF NOT EXISTS tenants (
     name TEXT PRIMARY KEY,
-    body TEXT NOT NULL,             -- the tenant as the config declares one (thaw.config.Tenant), JSON
-    changed_at REAL NOT NULL,
+    body TEXT NOT NULL,
+    changed_at DOUBLE PRECISION NOT NULL,
     who TEXT NOT NULL,
-    removed_at REAL
+    removed_at DOUBLE PRECISION
 );
-CREATE TABLE IF NOT EXISTS registry_version (only INTEGER PRIMARY KEY CHECK (only = 1), version INTEGER NOT NULL);
-INSERT OR IGNORE INTO registry_version VALUES (1, 0);
-"""
+CREATE TABLE IF NOT EXISTS registry_version (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL);
+INSERT INTO registry_version VALUES (1, 0) ON CONFLICT DO NOTHING
+""",
+]
+# model_revisions.body: the ModelRevision, JSON; models.revision: the current one (NULL
+# once removed); tenants.body: the tenant as a config file declares one (thaw.config.Tenant).
 
 
 class StaleRevision(Exception):
@@ -88,34 +89,31 @@ class TenantRow:
 
 
 class RegistryStore:
-    """Blocking; the registry calls it from threads, one call at a time (a lock)."""
+    """Blocking; the registry calls it from threads."""
 
-    def __init__(self, path: Path | None) -> None:
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.close(open_private(path, os.O_CREAT | os.O_RDWR))
-        self._conn = sqlite3.connect(":memory:" if path is None else path, timeout=30, isolation_level=None,
-                                     check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.executescript(SCHEMA)
-        self._lock = threading.Lock()
+    def __init__(self, db: Db) -> None:
+        self.db = db
+        db.migrate("registry", MIGRATIONS)
 
     def close(self) -> None:
-        self._conn.close()
+        self.db.close()
 
     def version(self) -> int:
-        with self._lock:
-            return int(self._conn.execute("SELECT version FROM registry_version").fetchone()[0])
+        with self.db.read() as tx:
+            return self._version(tx)
+
+    @staticmethod
+    def _version(tx: Tx) -> int:
+        row = tx.one("SELECT version FROM registry_version")
+        assert row is not None
+        return int(row[0])
 
     def records(self) -> list[ModelRecord]:
         """Every model ever deployed (removed ones too), each with all its revisions."""
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN")
-            heads = self._conn.execute("SELECT name, revision, removed_at, removed_by FROM models ORDER BY name"
-                                       ).fetchall()
+        with self.db.read() as tx:
+            heads = tx.query("SELECT name, revision, removed_at, removed_by FROM models ORDER BY name")
             revs: dict[str, list[ModelRevision]] = {}
-            for model, body in self._conn.execute(
-                    "SELECT model, body FROM model_revisions ORDER BY model, revision").fetchall():
+            for model, body in tx.query("SELECT model, body FROM model_revisions ORDER BY model, revision"):
                 revs.setdefault(model, []).append(ModelRevision.model_validate_json(body))
         return [ModelRecord(name=n, revision=r, removed_at=at, removed_by=by, revisions=revs.get(n, []))
                 for n, r, at, by in heads]
@@ -123,109 +121,103 @@ class RegistryStore:
     def add(self, revision: ModelRevision, based_on: int | None) -> int:
         """Make ``revision`` the model's current one, if the current one is still
         ``based_on`` (None: the model is new or removed); the registry's new version."""
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._add(revision, based_on)
-            return self._bump()
+        with self.db.write() as tx:
+            self._add(tx, revision, based_on)
+            return self._bump(tx)
 
-    def _add(self, revision: ModelRevision, based_on: int | None) -> None:
-        row = self._conn.execute("SELECT revision FROM models WHERE name = ?", (revision.model,)).fetchone()
+    @staticmethod
+    def _add(tx: Tx, revision: ModelRevision, based_on: int | None) -> None:
+        row = tx.one("SELECT revision FROM models WHERE name = ?", (revision.model,))
         current = row[0] if row else None
         if current != based_on:
             raise StaleRevision(revision.model, based_on, current)
-        last = self._conn.execute("SELECT max(revision) FROM model_revisions WHERE model = ?",
-                                  (revision.model,)).fetchone()[0]
-        if revision.revision != (last or 0) + 1:
+        last = tx.one("SELECT max(revision) FROM model_revisions WHERE model = ?", (revision.model,))
+        if revision.revision != ((last[0] if last else None) or 0) + 1:
             raise StaleRevision(revision.model, based_on, current)
-        self._conn.execute("INSERT INTO model_revisions VALUES (?, ?, ?)",
-                           (revision.model, revision.revision, revision.model_dump_json()))
-        self._conn.execute("INSERT INTO models VALUES (?, ?, NULL, NULL) ON CONFLICT (name) DO UPDATE SET "
-                           "revision = excluded.revision, removed_at = NULL, removed_by = NULL",
-                           (revision.model, revision.revision))
+        tx.execute("INSERT INTO model_revisions VALUES (?, ?, ?)",
+                   (revision.model, revision.revision, revision.model_dump_json()))
+        tx.execute("INSERT INTO models VALUES (?, ?, NULL, NULL) ON CONFLICT (name) DO UPDATE SET "
+                   "revision = excluded.revision, removed_at = NULL, removed_by = NULL",
+                   (revision.model, revision.revision))
 
     def remove(self, model: str, based_on: int, at: float, who: str) -> int:
         """Stop serving ``model`` (its revisions stay); the registry's new version."""
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._remove(model, based_on, at, who)
-            return self._bump()
+        with self.db.write() as tx:
+            self._remove(tx, model, based_on, at, who)
+            return self._bump(tx)
 
-    def _remove(self, model: str, based_on: int, at: float, who: str) -> None:
-        row = self._conn.execute("SELECT revision FROM models WHERE name = ?", (model,)).fetchone()
+    @staticmethod
+    def _remove(tx: Tx, model: str, based_on: int, at: float, who: str) -> None:
+        row = tx.one("SELECT revision FROM models WHERE name = ?", (model,))
         current = row[0] if row else None
         if current != based_on:
             raise StaleRevision(model, based_on, current)
-        self._conn.execute("UPDATE models SET revision = NULL, removed_at = ?, removed_by = ? WHERE name = ?",
-                           (at, who, model))
+        tx.execute("UPDATE models SET revision = NULL, removed_at = ?, removed_by = ? WHERE name = ?",
+                   (at, who, model))
 
     def change(self, batch: Batch) -> int:
         """Every change of ``batch`` in one transaction (all or none); the new version."""
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
+        with self.db.write() as tx:
             for revision, based_on in batch.revisions:
-                self._add(revision, based_on)
+                self._add(tx, revision, based_on)
             for model, based_on in batch.removals:
-                self._remove(model, based_on, batch.at, batch.who)
+                self._remove(tx, model, based_on, batch.at, batch.who)
             for tenant, new in batch.tenants:
-                self._put_tenant(tenant, batch.at, batch.who, new=new)
+                self._put_tenant(tx, tenant, batch.at, batch.who, new=new)
             for name in batch.tenant_removals:
-                self._remove_tenant(name, batch.at, batch.who)
-            return self._bump()
+                self._remove_tenant(tx, name, batch.at, batch.who)
+            return self._bump(tx)
 
     def seed(self, revisions: list[ModelRevision], tenants: list[Tenant], at: float) -> bool:
         """Import a new cluster's models and tenants (the config's), once: only while the
         registry has never changed. Whether it did."""
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            if int(self._conn.execute("SELECT version FROM registry_version").fetchone()[0]) > 0:
+        with self.db.write() as tx:
+            if self._version(tx) > 0:
                 return False
             for r in revisions:
-                self._conn.execute("INSERT INTO model_revisions VALUES (?, ?, ?)",
-                                   (r.model, r.revision, r.model_dump_json()))
-                self._conn.execute("INSERT INTO models VALUES (?, ?, NULL, NULL)", (r.model, r.revision))
+                tx.execute("INSERT INTO model_revisions VALUES (?, ?, ?)", (r.model, r.revision, r.model_dump_json()))
+                tx.execute("INSERT INTO models VALUES (?, ?, NULL, NULL)", (r.model, r.revision))
             for t in tenants:
-                self._conn.execute("INSERT INTO tenants VALUES (?, ?, ?, 'config', NULL)",
-                                   (t.name, t.model_dump_json(), at))
-            self._bump()
+                tx.execute("INSERT INTO tenants VALUES (?, ?, ?, 'config', NULL)", (t.name, t.model_dump_json(), at))
+            self._bump(tx)
             return True
 
     # -- tenants ------------------------------------------------------------------------
     def tenants(self) -> list[TenantRow]:
         """Every tenant ever made (removed ones too)."""
-        with self._lock:
-            rows = self._conn.execute("SELECT body, changed_at, who, removed_at FROM tenants ORDER BY name"
-                                      ).fetchall()
+        with self.db.read() as tx:
+            rows = tx.query("SELECT body, changed_at, who, removed_at FROM tenants ORDER BY name")
         return [TenantRow(Tenant.model_validate_json(b), at, who, removed) for b, at, who, removed in rows]
 
     def put_tenant(self, tenant: Tenant, at: float, who: str, *, new: bool) -> int:
         """Create (``new``: refused if one of that name is in force) or change a tenant;
         the registry's new version."""
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._put_tenant(tenant, at, who, new=new)
-            return self._bump()
+        with self.db.write() as tx:
+            self._put_tenant(tx, tenant, at, who, new=new)
+            return self._bump(tx)
 
-    def _put_tenant(self, tenant: Tenant, at: float, who: str, *, new: bool) -> None:
-        row = self._conn.execute("SELECT removed_at FROM tenants WHERE name = ?", (tenant.name,)).fetchone()
+    @staticmethod
+    def _put_tenant(tx: Tx, tenant: Tenant, at: float, who: str, *, new: bool) -> None:
+        row = tx.one("SELECT removed_at FROM tenants WHERE name = ?", (tenant.name,))
         exists = row is not None and row[0] is None
         if exists == new:
             raise TenantConflict(tenant.name, exists)
-        self._conn.execute("INSERT INTO tenants VALUES (?, ?, ?, ?, NULL) ON CONFLICT (name) DO UPDATE SET "
-                           "body = excluded.body, changed_at = excluded.changed_at, who = excluded.who, "
-                           "removed_at = NULL", (tenant.name, tenant.model_dump_json(), at, who))
+        tx.execute("INSERT INTO tenants VALUES (?, ?, ?, ?, NULL) ON CONFLICT (name) DO UPDATE SET "
+                   "body = excluded.body, changed_at = excluded.changed_at, who = excluded.who, "
+                   "removed_at = NULL", (tenant.name, tenant.model_dump_json(), at, who))
 
     def remove_tenant(self, name: str, at: float, who: str) -> int:
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._remove_tenant(name, at, who)
-            return self._bump()
+        with self.db.write() as tx:
+            self._remove_tenant(tx, name, at, who)
+            return self._bump(tx)
 
-    def _remove_tenant(self, name: str, at: float, who: str) -> None:
-        n = self._conn.execute("UPDATE tenants SET removed_at = ?, changed_at = ?, who = ? "
-                               "WHERE name = ? AND removed_at IS NULL", (at, at, who, name)).rowcount
+    @staticmethod
+    def _remove_tenant(tx: Tx, name: str, at: float, who: str) -> None:
+        n = tx.execute("UPDATE tenants SET removed_at = ?, changed_at = ?, who = ? "
+                       "WHERE name = ? AND removed_at IS NULL", (at, at, who, name))
         if not n:
             raise TenantConflict(name, False)
 
-    def _bump(self) -> int:
-        self._conn.execute("UPDATE registry_version SET version = version + 1")
-        return int(self._conn.execute("SELECT version FROM registry_version").fetchone()[0])
+    def _bump(self, tx: Tx) -> int:
+        tx.execute("UPDATE registry_version SET version = version + 1")
+        return self._version(tx)

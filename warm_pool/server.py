@@ -19,6 +19,7 @@ from thaw.objstore import WeightsCheck
 from warm_pool.api import create_pool_app
 from warm_pool.classes import ModelClasses
 from warm_pool.control import HttpWorkerControl
+from warm_pool.db import Db
 from warm_pool.manager import PoolManager
 from warm_pool.providers import Provider
 
@@ -125,8 +126,10 @@ def create_controller_app(cfg: ThawConfig, config_path: Path, controller_url: st
                           stop_local_workers: bool = False) -> FastAPI:
     providers = build_providers(cfg, config_path, controller_url)
     token = cluster_token(cfg)
+    state_db = Db.postgres(cfg.state.url) if cfg.state.backend == "postgres" and cfg.state.url else None
     manager = PoolManager(cfg, providers, HttpWorkerControl(token), state_dir=cfg.data_dir / "controller",
-                          model_classes=build_model_classes(cfg), store_reader=build_store_reader(cfg))
+                          model_classes=build_model_classes(cfg), store_reader=build_store_reader(cfg),
+                          state_db=state_db)
     app = create_pool_app(manager, token, manage_lifecycle=False)
 
     @asynccontextmanager

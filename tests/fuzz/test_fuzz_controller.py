@@ -15,7 +15,14 @@ import schemathesis
 from schemathesis import Case
 
 from tests.fuzz.support import fuzz_config, running
-from tests.warm_pool.fleet import TOKEN, FakeStoreReader, InProcessProvider, controller, fleet_config, until
+from tests.warm_pool.fleet import (
+    TOKEN,
+    FakeStoreReader,
+    InProcessProvider,
+    controller,
+    fleet_config,
+    until,
+)
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
 from warm_pool.api import create_pool_app

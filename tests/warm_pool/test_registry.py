@@ -3,18 +3,19 @@ is accepted, kept as immutable revisions in SQLite, and the config in force they
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.warm_pool.conftest import StateDb
 from tests.warm_pool.fleet import EXAMPLE, FakeStoreReader, registry_config
 from thaw.config import ThawConfig, parse_config
 from thaw.wire import ModelDeploy, ModelRollback, ModelSpec, ModelUpdate
+from warm_pool.db import Db
 from warm_pool.events import EventLog
 from warm_pool.registry import ModelRegistry, RegistryRefused
-from warm_pool.registry_store import REGISTRY_FILE, RegistryStore, StaleRevision
+from warm_pool.registry_store import RegistryStore, StaleRevision
 
 GIB = 2**30
 
@@ -22,8 +23,7 @@ GIB = 2**30
 class Registry:
     """A registry over one SQLite file, the changes it told the controller about."""
 
-    def __init__(self, path: Path | None, cfg: ThawConfig | None = None,
-                 reader: FakeStoreReader | None = None) -> None:
+    def __init__(self, db: Db, cfg: ThawConfig | None = None, reader: FakeStoreReader | None = None) -> None:
         self.changes: list[ThawConfig] = []
         self.reader = reader if reader is not None else FakeStoreReader()
         self.clock = 1000.0
@@ -31,7 +31,7 @@ class Registry:
         async def on_change(cfg: ThawConfig) -> None:
             self.changes.append(cfg)
 
-        self.r = ModelRegistry(cfg or registry_config(), RegistryStore(path), self.reader, EventLog(lambda: self.clock),
+        self.r = ModelRegistry(cfg or registry_config(), RegistryStore(db), self.reader, EventLog(lambda: self.clock),
                                on_change=on_change, clock=lambda: self.clock)
 
 
@@ -43,9 +43,8 @@ def deploy(name: str, **fields: Any) -> ModelDeploy:
     return ModelDeploy(name=name, spec=spec(**fields))
 
 
-async def test_the_config_seeds_a_new_registry_once(tmp_path: Path) -> None:
-    path = tmp_path / REGISTRY_FILE
-    first = Registry(path).r
+async def test_the_config_seeds_a_new_registry_once(state_db: StateDb) -> None:
+    first = Registry(state_db()).r
     assert [m.name for m in first.cfg.models] == ["demo"]
     rec = first.describe("demo")
     assert rec.revision == 1 and rec.revisions[0].change == "import" and rec.revisions[0].who == "config"
@@ -55,14 +54,13 @@ async def test_the_config_seeds_a_new_registry_once(tmp_path: Path) -> None:
     # A restart with another file: the registry, not the file, says what is served.
     data = yaml.safe_load(EXAMPLE.read_text())
     data["models"][0]["name"] = "renamed"
-    again = Registry(path, parse_config({**data, "data_dir": "/tmp/unused"})).r
+    again = Registry(state_db(), parse_config({**data, "data_dir": "/tmp/unused"})).r
     assert [m.name for m in again.cfg.models] == ["extra"]
     assert again.describe("demo").revision is None and len(again.describe("demo").revisions) == 1
 
 
-async def test_a_deploy_is_served_and_outlives_a_restart(tmp_path: Path) -> None:
-    path = tmp_path / REGISTRY_FILE
-    reg = Registry(path)
+async def test_a_deploy_is_served_and_outlives_a_restart(state_db: StateDb) -> None:
+    reg = Registry(state_db())
     before = reg.r.version
     rec = await reg.r.deploy(ModelDeploy(name="chat", spec=spec(
         uri="s3://thaw/models/chat", shape="cpu-local", served_name="chat-v1", tenant="acme",
@@ -77,7 +75,7 @@ async def test_a_deploy_is_served_and_outlives_a_restart(tmp_path: Path) -> None
     assert m.engine.cpu_kvcache_gib == 0.5 and m.engine.extra == {"max_num_seqs": 8}
     assert reg.reader.checked == ["s3://thaw/models/chat"]
     reg.r.store.close()
-    again = Registry(path).r
+    again = Registry(state_db()).r
     assert again.cfg.model("chat") == m and again.describe("chat") == rec
 
 
@@ -93,9 +91,9 @@ async def test_a_deploy_is_served_and_outlives_a_restart(tmp_path: Path) -> None
     ({"uri": "s3://thaw/models/x"}, 422, "model 'new': shape: Field required"),
 ])
 async def test_a_refused_deploy_says_why_and_changes_nothing(
-        fields: dict[str, Any], status: int, says: str) -> None:
+        fields: dict[str, Any], status: int, says: str, state_db: StateDb) -> None:
     reader = FakeStoreReader(sizes={"s3://thaw/models/missing": None, "s3://thaw/models/huge": 40 * GIB})  # type: ignore[dict-item]
-    reg = Registry(None, reader=reader)
+    reg = Registry(state_db(), reader=reader)
     before = (reg.r.version, reg.r.list(), reg.r.cfg)
     with pytest.raises(RegistryRefused) as info:
         await reg.r.deploy(deploy("new", **fields), "op")
@@ -103,21 +101,21 @@ async def test_a_refused_deploy_says_why_and_changes_nothing(
     assert (reg.r.version, reg.r.list(), reg.r.cfg) == before and reg.changes == []
 
 
-async def test_a_name_in_use_is_a_conflict_and_without_the_store_nothing_is_deployed() -> None:
-    reg = Registry(None)
+async def test_a_name_in_use_is_a_conflict_and_without_the_store_nothing_is_deployed(state_db: StateDb) -> None:
+    reg = Registry(state_db())
     for name in ("demo", "thaw-demo"):  # a model's name, or another model's served name
         with pytest.raises(RegistryRefused) as info:
             await reg.r.deploy(deploy(name, uri="s3://thaw/models/x", shape="cpu-local"), "op")
         assert info.value.status == 409
-    blind = ModelRegistry(registry_config(), RegistryStore(None), None, EventLog(lambda: 0.0),
+    blind = ModelRegistry(registry_config(), RegistryStore(Db.sqlite(None)), None, EventLog(lambda: 0.0),
                           on_change=reg.r._on_change, clock=lambda: 0.0)
     with pytest.raises(RegistryRefused) as info:
         await blind.deploy(deploy("x", uri="s3://thaw/models/x", shape="cpu-local"), "op")
     assert info.value.status == 503 and "cannot reach the object store" in str(info.value)
 
 
-async def test_an_update_merges_settings_into_a_new_revision_and_a_stale_one_is_refused() -> None:
-    reg = Registry(None)
+async def test_an_update_merges_settings_into_a_new_revision_and_a_stale_one_is_refused(state_db: StateDb) -> None:
+    reg = Registry(state_db())
     r1 = reg.r.describe("demo")
     r2 = await reg.r.update("demo", ModelUpdate(revision=1, spec=spec(
         uri="s3://thaw/models/demo-v2", autoscaling={"max_replicas": 3})), "op")
@@ -138,8 +136,8 @@ async def test_an_update_merges_settings_into_a_new_revision_and_a_stale_one_is_
     assert reg.r.describe("demo").revision == 2
 
 
-async def test_a_rollback_is_a_new_revision_with_an_earlier_ones_settings() -> None:
-    reg = Registry(None)
+async def test_a_rollback_is_a_new_revision_with_an_earlier_ones_settings(state_db: StateDb) -> None:
+    reg = Registry(state_db())
     await reg.r.update("demo", ModelUpdate(revision=1, spec=spec(uri="s3://thaw/models/demo-v2")), "op")
     await reg.r.update("demo", ModelUpdate(revision=2, spec=spec(uri="s3://thaw/models/demo-v3")), "op")
     rec = await reg.r.rollback("demo", ModelRollback(), "op")
@@ -154,8 +152,8 @@ async def test_a_rollback_is_a_new_revision_with_an_earlier_ones_settings() -> N
     assert [r.revision for r in reg.r.describe("demo").revisions] == [1, 2, 3, 4, 5]
 
 
-async def test_a_removal_keeps_the_revisions_and_a_base_goes_only_after_its_adapters() -> None:
-    reg = Registry(None)
+async def test_a_removal_keeps_the_revisions_and_a_base_goes_only_after_its_adapters(state_db: StateDb) -> None:
+    reg = Registry(state_db())
     await reg.r.deploy(deploy("tuned", base="demo", adapter_uri="s3://thaw/models/tuned"), "op")
     assert reg.r.cfg.model("tuned").shape == "cpu-local"  # type: ignore[union-attr]  # its base's
     with pytest.raises(RegistryRefused) as info:
@@ -175,22 +173,21 @@ async def test_a_removal_keeps_the_revisions_and_a_base_goes_only_after_its_adap
     assert again.revision == 2 and [r.change for r in again.revisions] == ["deploy", "deploy"]
 
 
-async def test_of_two_changes_based_on_one_revision_the_second_is_refused(tmp_path: Path) -> None:
+async def test_of_two_changes_based_on_one_revision_the_second_is_refused(state_db: StateDb) -> None:
     # Two registries over one database, as two controllers would be.
-    path = tmp_path / REGISTRY_FILE
-    a, b = Registry(path).r, Registry(path).r
+    a, b = Registry(state_db()).r, Registry(state_db()).r
     await a.update("demo", ModelUpdate(revision=1, spec=spec(max_context_tokens=1024)), "a")
     with pytest.raises(RegistryRefused) as info:
         await b.update("demo", ModelUpdate(revision=1, spec=spec(max_context_tokens=512)), "b")
     assert info.value.status == 409
-    store = RegistryStore(path)
+    store = RegistryStore(state_db())
     with pytest.raises(StaleRevision):
         store.remove("demo", 1, 0.0, "c")
     assert [r.revision for r in store.records()[0].revisions] == [1, 2]
 
 
-async def test_a_change_of_prices_or_scaling_is_a_revision_that_rolls_nothing() -> None:
-    reg = Registry(None)
+async def test_a_change_of_prices_or_scaling_is_a_revision_that_rolls_nothing(state_db: StateDb) -> None:
+    reg = Registry(state_db())
     await reg.r.update("demo", ModelUpdate(revision=1, spec=spec(pricing={"prompt_usd_per_mtok": 0.5})), "op")
     await reg.r.update("demo", ModelUpdate(revision=2, spec=spec(pricing={"completion_usd_per_mtok": 2},
                                                                  autoscaling={"max_replicas": 2})), "op")

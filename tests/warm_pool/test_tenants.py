@@ -7,20 +7,23 @@ from pathlib import Path
 
 import pytest
 
+from tests.warm_pool.conftest import StateDb
 from tests.warm_pool.fleet import FakeStoreReader, registry_config
 from thaw.wire import ModelDeploy, ModelSpec, TenantChange, TenantCreate
 from warm_pool.admin import UnknownTenant
 from warm_pool.control import HttpWorkerControl
+from warm_pool.db import Db
 from warm_pool.manager import PoolManager
 from warm_pool.registry import RegistryRefused
 
 
-def manager(state_dir: Path | None = None) -> PoolManager:
-    return PoolManager(registry_config(), {}, HttpWorkerControl(None), state_dir=state_dir, store_reader=FakeStoreReader())
+def manager(db: Db, state_dir: Path | None = None) -> PoolManager:
+    return PoolManager(registry_config(), {}, HttpWorkerControl(None), state_dir=state_dir,
+                       store_reader=FakeStoreReader(), state_db=db)
 
 
-async def test_a_tenant_made_at_run_time_gets_keys_limits_and_models(tmp_path: Path) -> None:
-    m = manager(tmp_path)
+async def test_a_tenant_made_at_run_time_gets_keys_limits_and_models(tmp_path: Path, state_db: StateDb) -> None:
+    m = manager(state_db(), tmp_path)
     version = m.catalog().version
     rec = await m.tenant_admin.create(TenantCreate(name="beta", allowed_models=["demo"],
                                                    limits={"requests_per_minute": 60}), "ops")
@@ -49,13 +52,13 @@ async def test_a_tenant_made_at_run_time_gets_keys_limits_and_models(tmp_path: P
     assert m.catalog() == before
     # Kept across a restart (the config file's tenants were only the seed).
     m.model_admin.store.close()
-    again = manager(tmp_path)
+    again = manager(state_db(), tmp_path)
     beta = next(t for t in again.catalog().tenants if t.name == "beta")
     assert beta.allowed_models == ["demo"] and beta.limits.tokens_per_minute == 1000
 
 
-async def test_a_tenant_goes_with_its_keys_but_not_while_it_owns_models() -> None:
-    m = manager()
+async def test_a_tenant_goes_with_its_keys_but_not_while_it_owns_models(state_db: StateDb) -> None:
+    m = manager(state_db())
     await m.tenant_admin.create(TenantCreate(name="beta"), "ops")
     key = await m.add_key("beta", None, "ops")
     await m.model_admin.deploy(ModelDeploy(name="own", spec=ModelSpec.model_validate(
