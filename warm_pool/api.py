@@ -15,6 +15,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 
 from thaw.auth import ClusterAuth, document_cluster_auth
 from thaw.http_api import refuse_in_api_shape
@@ -83,6 +84,11 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         return JSONResponse({"error": "invalid request: " + "; ".join(problems)}, status_code=422)
 
     refuse_in_api_shape(app)
+
+    @app.exception_handler(RegistryRefused)
+    async def registry_refused(_: Request, exc: RegistryRefused) -> JSONResponse:
+        # A change of models or tenants that was checked and refused: nothing changed.
+        return JSONResponse({"error": str(exc)}, status_code=exc.status)
 
     @app.exception_handler(StateUnavailable)
     async def state_unavailable(_: Request, exc: StateUnavailable) -> JSONResponse:
@@ -191,11 +197,8 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
                             "store, or a model that does not fit its shape (the message names the field)"),
                503: refusal("The controller cannot read the store to check the weights")}
 
-    def record_reply(record: ModelRecord, status: int = 200) -> Response:
-        return Response(record.model_dump_json(), status_code=status, media_type="application/json")
-
-    def refused(exc: RegistryRefused) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, status_code=exc.status)
+    def reply(body: BaseModel, status: int = 200) -> Response:
+        return Response(body.model_dump_json(), status_code=status, media_type="application/json")
 
     @app.get("/v1/admin/models", response_model=ModelRecords)
     async def list_models() -> Response:
@@ -204,36 +207,24 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
     @app.post("/v1/admin/models", response_model=ModelRecord, status_code=201,
               responses={409: refusal("The name is in use"), **checked})
     async def deploy_model(body: ModelDeploy, request: Request) -> Response:
-        try:
-            return record_reply(await registry.deploy(body, actor(request)), 201)
-        except RegistryRefused as exc:
-            return refused(exc)
+        return reply(await registry.deploy(body, actor(request)), 201)
 
     @app.get("/v1/admin/models/{name}", response_model=ModelRecord,
              responses={404: refusal("No model of that name was ever deployed")})
     async def describe_model(name: str) -> Response:
-        try:
-            return record_reply(registry.describe(name))
-        except RegistryRefused as exc:
-            return refused(exc)
+        return reply(registry.describe(name))
 
     @app.patch("/v1/admin/models/{name}", response_model=ModelRecord,
                responses={404: refusal("No such model is deployed"),
                           409: refusal("The change was based on a revision that is no longer current"), **checked})
     async def update_model(name: str, body: ModelUpdate, request: Request) -> Response:
-        try:
-            return record_reply(await registry.update(name, body, actor(request)))
-        except RegistryRefused as exc:
-            return refused(exc)
+        return reply(await registry.update(name, body, actor(request)))
 
     @app.post("/v1/admin/models/{name}/rollback", response_model=ModelRecord,
               responses={404: refusal("No such model is deployed, or no such revision"),
                          409: refusal("The change was based on a revision that is no longer current"), **checked})
     async def rollback_model(name: str, body: ModelRollback, request: Request) -> Response:
-        try:
-            return record_reply(await registry.rollback(name, body, actor(request)))
-        except RegistryRefused as exc:
-            return refused(exc)
+        return reply(await registry.rollback(name, body, actor(request)))
 
     @app.delete("/v1/admin/models/{name}", response_model=ModelRecord,
                 responses={404: refusal("No such model is deployed"),
@@ -241,16 +232,10 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
     async def remove_model(name: str, request: Request,
                            revision: int | None = Query(None, ge=1, description="the revision being removed "
                                                         "(refused if no longer current)")) -> Response:
-        try:
-            return record_reply(await registry.remove(name, actor(request), revision))
-        except RegistryRefused as exc:
-            return refused(exc)
+        return reply(await registry.remove(name, actor(request), revision))
 
     # -- tenants (warm_pool.tenants) ----------------------------------------------------
     tenants = manager.tenant_admin
-
-    def tenant_reply(record: TenantRecord, status: int = 200) -> Response:
-        return Response(record.model_dump_json(), status_code=status, media_type="application/json")
 
     @app.get("/v1/admin/tenants", response_model=TenantRecords)
     async def list_tenants() -> Response:
@@ -260,36 +245,23 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
               responses={409: refusal("A tenant of that name exists"),
                          422: refusal("allowed_models names models that are not deployed")})
     async def create_tenant(body: TenantCreate, request: Request) -> Response:
-        try:
-            return tenant_reply(await tenants.create(body, actor(request)), 201)
-        except RegistryRefused as exc:
-            return refused(exc)
+        return reply(await tenants.create(body, actor(request)), 201)
 
     @app.patch("/v1/admin/tenants/{name}", response_model=TenantRecord,
                responses={404: refusal("No such tenant"),
                           422: refusal("Nothing to change, or allowed_models names models that are not deployed")})
     async def change_tenant(name: str, body: TenantChange, request: Request) -> Response:
-        try:
-            return tenant_reply(await tenants.change(name, body, actor(request)))
-        except RegistryRefused as exc:
-            return refused(exc)
+        return reply(await tenants.change(name, body, actor(request)))
 
     @app.delete("/v1/admin/tenants/{name}", response_model=TenantRecord,
                 responses={404: refusal("No such tenant"), 409: refusal("The tenant owns models")})
     async def remove_tenant(name: str, request: Request) -> Response:
-        try:
-            return tenant_reply(await tenants.remove(name, actor(request)))
-        except RegistryRefused as exc:
-            return refused(exc)
+        return reply(await tenants.remove(name, actor(request)))
 
     @app.post("/v1/admin/apply", response_model=ApplyReply,
               responses={409: refusal("The registry changed while the plan was checked"), **checked})
     async def apply(body: ApplyRequest, request: Request) -> Response:
-        try:
-            reply = await manager.applier.apply(body, actor(request))
-        except RegistryRefused as exc:
-            return refused(exc)
-        return Response(reply.model_dump_json(), media_type="application/json")
+        return reply(await manager.applier.apply(body, actor(request)))
 
     @app.get("/v1/catalog", response_model=Catalog)
     async def catalog() -> Response:

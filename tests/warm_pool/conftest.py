@@ -6,14 +6,16 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import boto3
 import pytest
 
 from tests.postgres_server import PostgresServer
+from tests.warm_pool.fleet import InProcessProvider
 from tests.warm_pool.moto_ec2 import CREDS, REGION, Aws, moto_server
+from thaw.embedded_store import free_port
 from warm_pool.db import Db
 
 _seq = itertools.count()
@@ -70,4 +72,14 @@ def state_db(request: pytest.FixtureRequest, tmp_path: Path) -> StateDb:
         return lambda: Db.sqlite(path)
     url = request.getfixturevalue("postgres").database(f"t_{uuid.uuid4().hex[:12]}")
     return lambda: Db.postgres(url)
+
+
+@pytest.fixture
+async def provider(tmp_path: Path) -> AsyncIterator[InProcessProvider]:
+    """Worker agents in this process (fake engines), for a controller on its port."""
+    p = InProcessProvider(tmp_path, f"http://127.0.0.1:{free_port()}")
+    try:
+        yield p
+    finally:
+        await p.shutdown()
 

@@ -5,25 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from activator.routing import RouteWatcher
 from tests.warm_pool.fleet import TOKEN, InProcessProvider, controller, fleet_config, states, until
-from thaw.embedded_store import free_port
 from thaw.wire import WorkerState, WorkerStatus
-
-
-@pytest.fixture
-async def provider(tmp_path: Path) -> AsyncIterator[InProcessProvider]:
-    p = InProcessProvider(tmp_path, f"http://127.0.0.1:{free_port()}")
-    try:
-        yield p
-    finally:
-        await p.shutdown()
 
 
 def port_of(p: InProcessProvider) -> int:

@@ -4,11 +4,9 @@ every watcher's catalog and gets a replica on demand; a removed one's replica is
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from activator.routing import RouteWatcher
 from tests.warm_pool.fleet import (
@@ -20,17 +18,7 @@ from tests.warm_pool.fleet import (
     states,
     until,
 )
-from thaw.embedded_store import free_port
 from thaw.wire import Catalog
-
-
-@pytest.fixture
-async def provider(tmp_path: Path) -> AsyncIterator[InProcessProvider]:
-    p = InProcessProvider(tmp_path, f"http://127.0.0.1:{free_port()}")
-    try:
-        yield p
-    finally:
-        await p.shutdown()
 
 
 async def test_deploy_reaches_every_activator_serves_on_demand_and_rm_releases(
