@@ -12,6 +12,7 @@ from typing import Any
 from thaw.config import Tenant, ThawConfig
 from thaw.log import get_logger
 from thaw.wire import BudgetChange, BudgetView, KeyTable, NewKeyReply, RevokeReply
+from warm_pool.db import Db
 from warm_pool.events import EventLog
 from warm_pool.keys import KEYS_FILE, KeyStore
 from warm_pool.persist import (
@@ -79,15 +80,17 @@ class KeyAdmin:
     """The API key table (``keys``) and its version, which the route table carries."""
 
     def __init__(self, cfg: ThawConfig, state_dir: Path | None, events: EventLog,
-                 on_change: Callable[[], Awaitable[None]], tenants: Callable[[], list[Tenant]]) -> None:
+                 on_change: Callable[[], Awaitable[None]], tenants: Callable[[], list[Tenant]],
+                 db: Db | None = None) -> None:
         """``cfg``: the config as written; ``tenants``: the tenants in force (their keys
         from the config file too); ``on_change``: called after each change of the table
-        (to publish its new version)."""
+        (to publish its new version); ``db``: the shared state database (PostgreSQL)."""
         self.cfg = cfg
         self._tenants = tenants
         self.events = events
         self._on_change = on_change
-        self.keys = KeyStore(state_dir / KEYS_FILE if state_dir is not None else None)
+        # PostgreSQL (``db``), else a SQLite file of its own in the state directory.
+        self.keys = KeyStore(db if db is not None else state_dir / KEYS_FILE if state_dir is not None else None)
         if state_dir is not None:
             # An older Thaw kept run-time keys beside its one ledger: take them in once.
             legacy = cfg.data_dir / "usage.db"

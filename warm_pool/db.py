@@ -74,7 +74,8 @@ class Db:
     def sqlite(cls, path: Path | None) -> Db:
         """A SQLite file (created 0600), or ``None``: in memory (tests)."""
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            # Created 0600 in a 0700 directory; SQLite gives its -wal and -shm files the
+            # database file's mode.
             os.close(open_private(path, os.O_CREAT | os.O_RDWR))
         return cls("sqlite", ":memory:" if path is None else str(path))
 

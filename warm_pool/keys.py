@@ -1,42 +1,44 @@
 """The API key table, kept by the controller (`thaw tenants add|revoke|ls` talk to it).
 
 Keys exist here only as sha256 hashes, in ``<data_dir>/controller/keys.db`` (SQLite,
-mode 0600). Every change bumps the table's ``version``; the controller puts that version
-in the route table its activators long-poll, and an activator that sees a new version
-fetches the table (``GET /v1/keys``), so a key works, or stops working, on every
-activator within a second. Tenants themselves (allowed models, limits) are the
+mode 0600), or in the PostgreSQL of ``state.backend: postgres``. Every change bumps the
+table's ``version``; the controller puts that version in the route table its activators
+long-poll, and an activator that sees a new version fetches the table (``GET /v1/keys``),
+so a key works, or stops working, on every activator within a second. Tenants themselves (allowed models, limits) are the
 registry's (``warm_pool.tenants``); a key from the config can be revoked here too.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 import sqlite3
-import threading
 import time
 from pathlib import Path
 
-from thaw.private_files import open_private
 from thaw.wire import ApiKey, KeyTable
+from warm_pool.db import Db, Tx
 
 KEYS_FILE = "keys.db"
 KEY_PREFIX = "thaw-"
 SHOWN_PREFIX_LEN = 9
 
-SCHEMA = """
+MIGRATIONS = [
+    """
 CREATE TABLE IF NOT EXISTS api_keys (
-    hash TEXT PRIMARY KEY,          -- sha256 hex of the key
+    hash TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
     label TEXT,
-    prefix TEXT NOT NULL,           -- first characters, to recognise a key in listings
-    created_at REAL NOT NULL,
-    revoked_at REAL
+    prefix TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    revoked_at DOUBLE PRECISION
 );
-CREATE TABLE IF NOT EXISTS key_version (only INTEGER PRIMARY KEY CHECK (only = 1), version INTEGER NOT NULL);
-INSERT OR IGNORE INTO key_version VALUES (1, 0);
-"""
+CREATE TABLE IF NOT EXISTS key_version ("only" INTEGER PRIMARY KEY CHECK ("only" = 1), version INTEGER NOT NULL);
+INSERT INTO key_version VALUES (1, 0) ON CONFLICT DO NOTHING
+""",
+]
+# api_keys.hash: the sha256 hex of the key; prefix: its first characters, to recognise it
+# in listings.
 
 
 def _digest(key: str) -> str:
@@ -44,46 +46,41 @@ def _digest(key: str) -> str:
 
 
 class KeyStore:
-    """The key table in one SQLite file (``None``: in memory, for tests). Blocking: the
-    controller calls it from threads, one call at a time (a lock)."""
+    """The key table in the controller's state database (``warm_pool.db``): a SQLite file
+    of its own (``None``: in memory, for tests) or the PostgreSQL the registry is in.
+    Blocking: the controller calls it from threads."""
 
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        if path is not None:
-            # Created 0600 (an older, looser file narrowed): hashes are not keys, but
-            # nobody else needs to read them. SQLite gives its -wal and -shm files the
-            # database file's mode.
-            os.close(open_private(path, os.O_CREAT | os.O_RDWR))
-        self._conn = sqlite3.connect(":memory:" if path is None else path, timeout=30, isolation_level=None,
-                                     check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.executescript(SCHEMA)
-        self._lock = threading.Lock()
+    def __init__(self, where: Path | Db | None) -> None:
+        self.db = where if isinstance(where, Db) else Db.sqlite(where)
+        self.db.migrate("keys", MIGRATIONS)
 
     def close(self) -> None:
-        self._conn.close()
+        self.db.close()
 
     @property
     def version(self) -> int:
-        with self._lock:
-            return self._version()
+        with self.db.read() as tx:
+            return self._version(tx)
 
-    def _version(self) -> int:
-        return int(self._conn.execute("SELECT version FROM key_version").fetchone()[0])
+    @staticmethod
+    def _version(tx: Tx) -> int:
+        row = tx.one("SELECT version FROM key_version")
+        assert row is not None
+        return int(row[0])
 
-    def _bump(self) -> None:
-        self._conn.execute("UPDATE key_version SET version = version + 1")
+    @staticmethod
+    def _bump(tx: Tx) -> None:
+        tx.execute("UPDATE key_version SET version = version + 1")
 
     def add(self, tenant: str, label: str | None = None, *, now: float | None = None) -> tuple[str, ApiKey]:
         """A new key for ``tenant``: the key itself (shown once, never stored) and its row."""
         key = KEY_PREFIX + secrets.token_urlsafe(24)
         row = ApiKey(hash=_digest(key), tenant=tenant, label=label, prefix=key[:SHOWN_PREFIX_LEN],
                      created_at=time.time() if now is None else now)
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.execute("INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, NULL)",
-                               (row.hash, row.tenant, row.label, row.prefix, row.created_at))
-            self._bump()
+        with self.db.write() as tx:
+            tx.execute("INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, NULL)",
+                       (row.hash, row.tenant, row.label, row.prefix, row.created_at))
+            self._bump(tx)
         return key, row
 
     def revoke(self, key_or_hash: str, *, config_keys: dict[str, str] | None = None, now: float | None = None) -> int:
@@ -96,47 +93,45 @@ class KeyStore:
         if len(h) == 64 and all(c in "0123456789abcdef" for c in h):
             candidates.add(h)
         n = 0
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            for c in candidates:
-                n += self._conn.execute("UPDATE api_keys SET revoked_at = ? WHERE hash = ? AND revoked_at IS NULL",
-                                        (now, c)).rowcount
+        with self.db.write() as tx:
+            for c in sorted(candidates):
+                n += tx.execute("UPDATE api_keys SET revoked_at = ? WHERE hash = ? AND revoked_at IS NULL", (now, c))
             if n == 0 and key_or_hash.startswith(KEY_PREFIX) and len(key_or_hash) <= SHOWN_PREFIX_LEN + 3:
-                n = self._conn.execute("UPDATE api_keys SET revoked_at = ? WHERE prefix = ? AND revoked_at IS NULL",
-                                       (now, key_or_hash)).rowcount
+                n = tx.execute("UPDATE api_keys SET revoked_at = ? WHERE prefix = ? AND revoked_at IS NULL",
+                               (now, key_or_hash))
             if n == 0:
-                for c in candidates & set(config_keys or {}):
-                    n += self._conn.execute("INSERT OR IGNORE INTO api_keys VALUES (?, ?, 'config', '', ?, ?)",
-                                            (c, (config_keys or {})[c], now, now)).rowcount
+                for c in sorted(candidates & set(config_keys or {})):
+                    n += tx.execute("INSERT INTO api_keys VALUES (?, ?, 'config', '', ?, ?) ON CONFLICT DO NOTHING",
+                                    (c, (config_keys or {})[c], now, now))
             if n:
-                self._bump()
+                self._bump(tx)
         return n
 
     def revoke_tenant(self, tenant: str, *, now: float | None = None) -> int:
         """Revoke every active key of ``tenant`` (it was removed); how many."""
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            n = self._conn.execute("UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL",
-                                   (time.time() if now is None else now, tenant)).rowcount
+        with self.db.write() as tx:
+            n = tx.execute("UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL",
+                           (time.time() if now is None else now, tenant))
             if n:
-                self._bump()
-        return int(n)
+                self._bump(tx)
+        return n
 
     def table(self) -> KeyTable:
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN")
-            version = self._version()
-            rows = self._conn.execute(
-                "SELECT hash, tenant, label, prefix, created_at, revoked_at FROM api_keys ORDER BY created_at"
-            ).fetchall()
+        with self.db.read() as tx:
+            version = self._version(tx)
+            rows = tx.query("SELECT hash, tenant, label, prefix, created_at, revoked_at FROM api_keys "
+                            "ORDER BY created_at, hash")
         return KeyTable(version=version, keys=[
             ApiKey(hash=h, tenant=t, label=lb, prefix=p, created_at=c, revoked_at=r) for h, t, lb, p, c, r in rows])
 
     def import_legacy(self, path: Path) -> int:
         """Take in the keys an older Thaw kept beside its ledger (``<data_dir>/usage.db``),
         once, when this table is still empty; how many rows came."""
-        if not path.exists() or self._conn.execute("SELECT count(*) FROM api_keys").fetchone()[0]:
+        if not path.exists():
             return 0
+        with self.db.read() as tx:
+            if (tx.one("SELECT count(*) FROM api_keys") or (0,))[0]:
+                return 0
         old = sqlite3.connect(path, timeout=30)
         try:
             if not old.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='api_keys'").fetchone():
@@ -145,8 +140,8 @@ class KeyStore:
         finally:
             old.close()
         if rows:
-            with self._lock, self._conn:
-                self._conn.execute("BEGIN IMMEDIATE")
-                self._conn.executemany("INSERT OR IGNORE INTO api_keys VALUES (?, ?, ?, ?, ?, ?)", rows)
-                self._bump()
+            with self.db.write() as tx:
+                for r in rows:
+                    tx.execute("INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", r)
+                self._bump(tx)
         return len(rows)

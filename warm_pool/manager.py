@@ -116,7 +116,7 @@ class PoolManager:
                                          clock=clock)
         self.budgets = BudgetAdmin(self.model_admin.cfg, self.store, self.event_log, self._wake.set)
         self.key_admin = KeyAdmin(cfg, state_dir, self.event_log, self._keys_changed,
-                                  tenants=lambda: self.model_admin.base.tenants)
+                                  tenants=lambda: self.model_admin.base.tenants, db=state_db)
         self.tenant_admin = TenantAdmin(self.model_admin, self.event_log, clock=clock,
                                         on_removed=self.key_admin.revoke_tenant)
         self.applier = Applier(self.model_admin, self.tenant_admin, self.event_log, clock=clock)

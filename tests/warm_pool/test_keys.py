@@ -6,15 +6,18 @@ import hashlib
 import sqlite3
 from pathlib import Path
 
+from tests.warm_pool.conftest import StateDb
 from warm_pool.keys import KeyStore
 
 
-def test_a_key_is_stored_only_as_its_hash_and_each_change_moves_the_version(tmp_path: Path) -> None:
-    store = KeyStore(tmp_path / "keys.db")
+def test_a_key_is_stored_only_as_its_hash_and_each_change_moves_the_version(
+        tmp_path: Path, state_db: StateDb) -> None:
+    store = KeyStore(state_db())
     assert store.version == 0
     key, row = store.add("demo", "ci", now=10.0)
     assert row.hash == hashlib.sha256(key.encode()).hexdigest() and row.prefix == key[:9]
-    assert key.encode() not in (tmp_path / "keys.db").read_bytes()
+    if store.db.dialect == "sqlite":
+        assert key.encode() not in (tmp_path / "registry.db").read_bytes()
     assert store.version == 1
     other, _ = store.add("demo")
     by_prefix = store.revoke(other[:9], now=20.0)
@@ -23,11 +26,11 @@ def test_a_key_is_stored_only_as_its_hash_and_each_change_moves_the_version(tmp_
     table = store.table()
     assert table.version == 4 and all(k.revoked_at for k in table.keys)
     store.close()
-    assert KeyStore(tmp_path / "keys.db").table() == table  # it outlives the process
+    assert KeyStore(state_db()).table() == table  # it outlives the process
 
 
-def test_revoking_by_hash_and_a_config_key(tmp_path: Path) -> None:
-    store = KeyStore(None)
+def test_revoking_by_hash_and_a_config_key(state_db: StateDb) -> None:
+    store = KeyStore(state_db())
     key, row = store.add("demo")
     assert store.revoke(f"sha256:{row.hash}") == 1
     config_hash = hashlib.sha256(b"from-the-config").hexdigest()
