@@ -230,10 +230,16 @@ class RouteWatcher:
         for name, st in self.routes.items():
             if name in self.models:
                 continue
+            gone = NotFound(f"the model {name!r} does not exist", param="model")
             while st.waiters:
                 fut = st.waiters.popleft()
                 if not fut.done():
-                    fut.set_exception(NotFound(f"the model {name!r} does not exist", param="model"))
+                    fut.set_exception(gone)
+            for queue in st.fair.values():
+                for slot, _ in queue:
+                    if not slot.done():
+                        slot.set_exception(gone)
+                queue.clear()
 
     async def close(self) -> None:
         for t in self._tasks + list(self._side):
@@ -352,7 +358,10 @@ class RouteWatcher:
     # -- picking a replica ----------------------------------------------------------
     def pick(self, model: str, key: str | None = None) -> Replica | None:
         """A ready replica with a free slot: prefix affinity with bounded load."""
-        cap = self.models[model].autoscaling.max_concurrency_per_replica
+        m = self.models.get(model)
+        if m is None:  # removed since the request was admitted: no new replica for it
+            return None
+        cap = m.autoscaling.max_concurrency_per_replica
         free = [r for r in self.routes[model].replicas if r.outstanding < cap]
         return choose(free, key)  # type: ignore[return-value]
 
