@@ -185,7 +185,7 @@ def test_deploy_roll_rollback_and_rm_under_load(fleet: Fleet, s3: S3Endpoint, tm
     # Billed at the prices of the revision that answered each request (kept by the update).
     usage = fleet.thaw("usage", "--format", "json", "--controller", fleet.controller_url)
     assert usage.returncode == 0, usage.stderr
-    bill = json.loads(usage.stdout)["tenants"]["demo"]["chat"]
+    bill = json.loads(usage.stdout)["tenants"]["demo"]["models"]["chat"]
     assert bill["unpriced_requests"] == 0 and bill["cost_usd"] == pytest.approx(
         sum(r["prompt_tokens"] * 100 + r["completion_tokens"] * 400 for r in rows) / 1e6, rel=1e-3)
     described = json.loads(models(fleet, "describe", "chat", "--json").stdout)

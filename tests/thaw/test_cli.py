@@ -207,9 +207,10 @@ def test_usage_command(tmp_path: Path) -> None:
     window = thaw("usage", "--since", "1h", *c).stdout
     assert "no usage in that window" in window and "incomplete: the object store is not available" in window
     answer = json.loads(thaw("usage", "--format", "json", *c).stdout)
-    assert answer["tenants"]["demo"]["demo"]["requests"] == 1 and answer["complete"] is False
+    assert answer["tenants"]["demo"]["requests"] == 1 and answer["complete"] is False
+    assert answer["tenants"]["demo"]["models"]["demo"]["requests"] == 1
     # No controller to ask for prices: no cost, and said so.
-    assert answer["tenants"]["demo"]["demo"]["cost_usd"] is None and "no costs" in answer["prices_note"]
+    assert answer["tenants"]["demo"]["models"]["demo"]["cost_usd"] is None and "no costs" in answer["prices_note"]
     assert answer["records"][0]["activator"] == "a"
     assert thaw("usage", "--since", "yesterday", *c, check=False).returncode == 2
 

@@ -517,9 +517,17 @@ def cmd_usage(args: argparse.Namespace) -> int:
                             "cost_usd": round(c["cost_usd"], 6) if c else None,
                             "unpriced_requests": int(c.get("unpriced", 0)) if c else None}
     if args.format == "json":
+        # Per tenant its totals across models (as before models were priced), and per model.
         tenants: dict[str, dict[str, Any]] = {}
-        for (t, model), v in rows.items():
-            tenants.setdefault(t, {})[model] = v
+        for t in sorted({t for t, _ in rows}):
+            mine = {model: v for (tt, model), v in rows.items() if tt == t}
+            costs_known = [v["cost_usd"] for v in mine.values() if v["cost_usd"] is not None]
+            tenants[t] = {**usage_totals(r for r in records if r["tenant"] == t),
+                          "gpu_seconds": round(sum(v["gpu_seconds"] for v in mine.values()), 3),
+                          "cost_usd": round(sum(costs_known), 6) if costs_known else None,
+                          "unpriced_requests": sum(v["unpriced_requests"] or 0 for v in mine.values())
+                          if costs_known else None,
+                          "models": mine}
         print(json.dumps({"tenants": tenants, "records": records, "shipping": fleet.shipping(),
                           "complete": fleet.complete, "incomplete_reason": fleet.reason, "prices_note": no_prices},
                          indent=2))
