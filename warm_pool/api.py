@@ -239,7 +239,7 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
 
     @app.get("/v1/admin/tenants", response_model=TenantRecords)
     async def list_tenants() -> Response:
-        return Response(tenants.list().model_dump_json(), media_type="application/json")
+        return reply(await tenants.list())
 
     @app.post("/v1/admin/tenants", response_model=TenantRecord, status_code=201,
               responses={409: refusal("A tenant of that name exists"),

@@ -81,7 +81,7 @@ class Applier:
             except (StaleRevision, TenantConflict) as exc:
                 raise RegistryRefused(f"the registry changed while this was checked ({exc}); apply again", 409) \
                     from None
-            reg.reload(version)
+            await reg.reload(version)
             await reg.tenants_changed(tenants, cfg, version)
         for name in batch.tenant_removals:
             await self.tenants.revoke_keys(name, who)

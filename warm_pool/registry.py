@@ -358,9 +358,9 @@ class ModelRegistry:
                 raise RegistryRefused(problem)
         return weights
 
-    def reload(self, version: int) -> None:
+    async def reload(self, version: int) -> None:
         """Take the store's rows again after a change made there directly (``warm_pool.apply``)."""
-        self.records = {r.name: r for r in self.store.records()}
+        self.records = {r.name: r for r in await asyncio.to_thread(self.store.records)}
         self.version = version
 
     async def _commit(self, name: str, candidate: Candidate, change: RevisionChange, who: str, *,

@@ -39,17 +39,24 @@ class TenantAdmin:
         self._clock = clock
         self._on_removed = on_removed
 
-    def list(self) -> TenantRecords:
-        return TenantRecords(version=self.registry.version, tenants=[record_of(r) for r in self.store.tenants()])
+    async def list(self) -> TenantRecords:
+        rows = await asyncio.to_thread(self.store.tenants)
+        return TenantRecords(version=self.registry.version, tenants=[record_of(r) for r in rows])
 
-    def _row(self, name: str) -> TenantRow:
-        row = next((r for r in self.store.tenants() if r.tenant.name == name and r.removed_at is None), None)
-        if row is None:
+    async def _record(self, name: str) -> TenantRecord:
+        """The stored row of tenant ``name`` (read in a thread: the database may be remote)."""
+        rows = await asyncio.to_thread(self.store.tenants)
+        return next(record_of(r) for r in rows if r.tenant.name == name)
+
+    def _tenant(self, name: str) -> Tenant:
+        tenant = next((t for t in self._in_force() if t.name == name), None)
+        if tenant is None:
             raise RegistryRefused(f"no tenant {name!r} (`thaw tenants ls` lists them)", 404)
-        return row
+        return tenant
 
     def _in_force(self) -> list[Tenant]:
-        return [r.tenant for r in self.store.tenants() if r.removed_at is None]
+        """The tenants in force, as the registry holds them (no read of the database)."""
+        return list(self.registry.base.tenants)
 
     async def create(self, body: TenantCreate, who: str) -> TenantRecord:
         tenant = Tenant(name=body.name, allowed_models=list(body.allowed_models), limits=body.limits)
@@ -61,7 +68,7 @@ class TenantAdmin:
 
     async def change(self, name: str, body: TenantChange, who: str) -> TenantRecord:
         async with self.registry.lock:
-            old = self._row(name).tenant
+            old = self._tenant(name)
             update: dict[str, object] = {}
             if body.allowed_models is not None:
                 update["allowed_models"] = list(body.allowed_models)
@@ -79,7 +86,7 @@ class TenantAdmin:
 
     async def remove(self, name: str, who: str) -> TenantRecord:
         async with self.registry.lock:
-            self._row(name)
+            self._tenant(name)
             owned = sorted(m.name for m in self.registry.cfg.models if m.tenant == name)
             if owned:
                 raise RegistryRefused(f"tenant {name!r} owns models {owned}: remove them first", 409)
@@ -97,7 +104,7 @@ class TenantAdmin:
             revoked = await self._on_removed(name, who)
             self.events.record("tenant", "operator", outcome="removed",
                                inputs={"who": who, "tenant": name, "keys_revoked": revoked})
-            return next(record_of(r) for r in self.store.tenants() if r.tenant.name == name)
+            return await self._record(name)
 
     async def revoke_keys(self, name: str, who: str) -> int:
         """Revoke a removed tenant's keys (``thaw apply`` removed it)."""
@@ -124,4 +131,4 @@ class TenantAdmin:
         self.events.record("tenant", "operator", outcome=outcome,
                            inputs={"who": who, "tenant": tenant.name, "allowed_models": tenant.allowed_models,
                                    "limits": tenant.limits.model_dump(exclude_none=True)})
-        return next(record_of(r) for r in self.store.tenants() if r.tenant.name == tenant.name)
+        return await self._record(tenant.name)
