@@ -24,6 +24,7 @@ from activator.errors import NotFound, ServiceUnavailable, TooManyRequests
 from activator.router import choose
 from thaw.auth import bearer
 from thaw.config import Model
+from thaw.controllers import Controllers
 from thaw.log import get_logger
 from thaw.wire import (
     MAX_TTFT_SAMPLES,
@@ -175,7 +176,8 @@ class RouteWatcher:
     ) -> None:
         self.models = {m.name: m for m in models}
         self.ejection_s = ejection_s
-        self.pool_url = pool_url.rstrip("/")
+        # The controllers (``URL[,URL]``): calls go to the leader among them.
+        self.controllers = Controllers(pool_url)
         self.activator_id = activator_id
         self.clock = clock
         self.report_interval_s = report_interval_s
@@ -254,7 +256,7 @@ class RouteWatcher:
                 params: dict[str, Any] = {"since": self.version, "wait_s": 25}
                 if self.epoch is not None:
                     params["epoch"] = self.epoch
-                r = await self._http.get(f"{self.pool_url}/v1/routes", params=params)
+                r = await self.controllers.request(self._http, "GET", "/v1/routes", params=params)
                 r.raise_for_status()
                 self.apply(RouteTable.model_validate_json(r.content))
                 if not self.connected:
@@ -334,7 +336,7 @@ class RouteWatcher:
             await f.wanted.wait()
             f.wanted.clear()
             try:
-                r = await self._http.get(f"{self.pool_url}{f.path}", timeout=5.0)
+                r = await self.controllers.request(self._http, "GET", f.path, timeout=5.0)
                 r.raise_for_status()
                 table = f.parse(r.content)
             except (httpx.HTTPError, ValueError) as exc:
@@ -540,8 +542,8 @@ class RouteWatcher:
 
     async def _post(self, path: str, body: BaseModel) -> None:
         try:
-            r = await self._http.post(f"{self.pool_url}{path}", content=body.model_dump_json(),
-                                      headers={"content-type": "application/json"}, timeout=5.0)
+            r = await self.controllers.request(self._http, "POST", path, content=body.model_dump_json(),
+                                               headers={"content-type": "application/json"}, timeout=5.0)
             if r.status_code >= 400:
                 log.warning("pool_post_refused", path=path, status=r.status_code)
         except httpx.HTTPError as exc:

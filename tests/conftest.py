@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.postgres_server import PostgresServer
 from thaw.embedded_store import EmbeddedStore, free_port
 from thaw.objstore import S3Endpoint
 
@@ -45,3 +46,16 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "demo"
     build_demo_model(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL for the session (tests/postgres_server.py); each test makes its own
+    database in it (``postgres.database(name)``)."""
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        server.remove()

@@ -491,10 +491,23 @@ class ControllerConfig(_Strict):
     port: Annotated[int, Field(ge=1, le=65535)] = 8100
     # How activators and workers reach it; None: http://{host}:{port}.
     url: str | None = None
+    # Several controllers sharing one PostgreSQL (state.backend postgres): each one's
+    # URL. One leads; the others wait and answer with where the leader is, and every
+    # client (activators, workers, `thaw`) follows the leader. Empty: [url].
+    urls: list[Annotated[str, Field(pattern=r"^https?://\S+$")]] = []
+    # The leader's lease: it renews it every lease_s / 6; a follower takes it over
+    # once it has gone unrenewed for lease_s. None: 1.5 heartbeat intervals (so a
+    # takeover starts within two).
+    lease_s: PositiveFloat | None = None
 
     @property
     def resolved_url(self) -> str:
         return (self.url or f"http://{self.host}:{self.port}").rstrip("/")
+
+    @property
+    def resolved_urls(self) -> list[str]:
+        """Every controller's URL, the leader among them (clients try them in order)."""
+        return [u.rstrip("/") for u in self.urls] or [self.resolved_url]
 
 
 class LedgerConfig(_Strict):
@@ -659,6 +672,9 @@ class ThawConfig(_Strict):
 
     @model_validator(mode="after")
     def _references(self) -> ThawConfig:
+        if len(self.controller.urls) > 1 and self.state.backend != "postgres":
+            raise ValueError("controller.urls names several controllers: they share their state and elect a "
+                             "leader in PostgreSQL (state: {backend: postgres, url: ...})")
         shapes = {s.name for s in self.shapes}
         for i, m in enumerate(self.models):
             if m.shape not in shapes:
@@ -682,7 +698,7 @@ class ThawConfig(_Strict):
             if p.pack and p.prebuild:
                 raise ValueError(f"pools[{i}] ({p.shape}): pack and prebuild together are not supported yet "
                                  "(a kept engine's memory is not counted in the fit); choose one")
-            if p.provider == "ec2" and self.controller.url is None:
+            if p.provider == "ec2" and self.controller.url is None and not self.controller.urls:
                 raise ValueError(
                     f"pools[{i}] (ec2): set controller.url to the address its instances reach the "
                     "controller at (their workers register there)"

@@ -81,17 +81,29 @@ LoadSource = Literal["host", "disk", "s3", "local"]
 
 
 class ErrorReply(_Msg):
-    """A refusal: 401 without the cluster token, 422 for a malformed request, and each
-    endpoint's own (404, 409...). ``problems``: a 422's field errors, one a line (the
+    """A refusal: 401 without the cluster token, 422 for a malformed request, 503 from a
+    controller that follows, and each endpoint's own (404, 409...). ``problems``: a 422's field errors, one a line (the
     worker's); ``state``: a worker's state that refused the call (409)."""
 
     error: str
     problems: list[str] | None = None
     state: WorkerState | None = None
+    # A follower's 503: where the leading controller is (also in X-Thaw-Leader).
+    leader: str | None = None
 
 
 # -- controller → worker ---------------------------------------------------------------
 
+
+
+class LeaderView(_Msg):
+    """``GET /v1/leader`` on any controller: which one leads (several share one database)."""
+
+    controller: str            # the one answering
+    url: str                   # where it is reached
+    leading: bool
+    leader_url: str | None     # None: nobody holds the lease now
+    term: int | None           # the leader's term, as this one last read it
 
 class AssignRequest(_Msg):
     assignment_id: Id
@@ -295,6 +307,9 @@ class HeartbeatReply(_Msg):
     controller_epoch: str
     # How often the controller wants heartbeats.
     interval_s: float
+    # The leader's term among several controllers (None: it leads alone): the worker
+    # refuses control calls of older terms (worker/fence.py).
+    term: int | None = None
 
 
 # -- activator → controller ------------------------------------------------------------

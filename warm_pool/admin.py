@@ -1,5 +1,5 @@
 """What operators change at run time through the controller: pool budgets (kept in the
-controller's state directory, so a restart keeps them) and API keys
+state database, so a restart and the next leader keep them) and API keys
 (``warm_pool.keys``). Each change is recorded as an event naming who asked."""
 
 from __future__ import annotations
@@ -45,12 +45,20 @@ class BudgetAdmin:
         self.store = store
         self.events = events
         self._wake = wake
-        self.overrides: dict[str, Any] = store.load_budget()
+        self.overrides: dict[str, Any] = {}
+        self._take(store.load_budget())
+
+    def _take(self, overrides: dict[str, Any]) -> None:
         try:
-            self.cfg = apply_budget(cfg, self.overrides)
+            self.cfg, self.overrides = apply_budget(self.base_cfg, overrides), overrides
         except BudgetRefused as exc:  # e.g. the config file changed under them
             log.warning("budget_overrides_dropped", error=str(exc))
-            self.overrides = {}
+            self.cfg, self.overrides = self.base_cfg, {}
+
+    async def reload(self) -> None:
+        """Take the budgets in the state database again (another controller led)."""
+        self._take(await asyncio.to_thread(self.store.load_budget))
+        self._wake()
 
     def view(self) -> BudgetView:
         return budget_view(self.cfg, self.overrides)
@@ -127,6 +135,10 @@ class KeyAdmin:
                                inputs={"who": who, "count": n, "tenant": tenant, "reason": "tenant removed"})
             await self._changed()
         return n
+
+    async def refresh(self) -> None:
+        """The table's version in the state database (another controller led)."""
+        self.version = await asyncio.to_thread(lambda: self.keys.version)
 
     async def table(self) -> KeyTable:
         return await asyncio.to_thread(self.keys.table)

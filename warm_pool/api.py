@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from thaw.auth import ClusterAuth, document_cluster_auth
+from thaw.controllers import LEADER_HEADER
 from thaw.http_api import refuse_in_api_shape
 from thaw.wire import (
     ActivityReport,
@@ -31,6 +32,7 @@ from thaw.wire import (
     ErrorReply,
     HeartbeatReply,
     KeyTable,
+    LeaderView,
     ModelDeploy,
     ModelRecord,
     ModelRecords,
@@ -74,7 +76,9 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
     # Every refusal is an ErrorReply, a malformed request's (422) too.
     app = FastAPI(title="thaw controller", lifespan=lifespan,
                   responses={400: refusal("The body could not be read (not UTF-8)"),
-                             422: refusal("Malformed request: each field's problem")})
+                             422: refusal("Malformed request: each field's problem"),
+                             503: refusal("This controller follows another (see X-Thaw-Leader and leader), "
+                                          "or the state database is away")})
     app.state.manager = manager
 
     @app.exception_handler(RequestValidationError)
@@ -95,9 +99,32 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         # PostgreSQL is away: nothing was changed; the caller may retry.
         return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "2"})
 
+    @app.middleware("http")
+    async def follow_the_leader(request: Request, call_next: Any) -> Response:
+        # A follower decides nothing and holds nothing a caller needs: it says where the
+        # leader is (thaw.controllers follows it).
+        if manager.leading or request.url.path in FOLLOWER_PATHS:
+            return await call_next(request)  # type: ignore[no-any-return]
+        leader = manager.leader_url
+        headers = {"Retry-After": "1", "X-Thaw-Role": "follower"}
+        if leader:
+            headers[LEADER_HEADER] = leader
+        message = (f"this controller follows; the leader is at {leader}" if leader
+                   else "this controller follows and no controller leads now (a takeover is under way); retry")
+        return JSONResponse(ErrorReply(error=message, leader=leader).model_dump(exclude_none=True),
+                            status_code=503, headers=headers)
+
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:
-        return {"ok": True, "epoch": manager.epoch, "adopted": manager.adopted}
+        return {"ok": True, "epoch": manager.epoch, "adopted": manager.adopted,
+                "role": "leader" if manager.leading else "follower", "leader": manager.leader_url}
+
+    @app.get("/v1/leader", response_model=LeaderView)
+    async def leader() -> LeaderView:
+        lead = manager.leadership.leader if manager.leadership is not None else None
+        return LeaderView(controller=manager.controller_id, url=manager.url, leading=manager.leading,
+                          leader_url=manager.url if manager.leading else manager.leader_url,
+                          term=lead.term if lead is not None else manager.term)
 
     @app.post("/v1/workers/heartbeat", response_model=HeartbeatReply,
               responses={403: refusal("An instance this controller did not launch, or one it is terminating")})
@@ -276,6 +303,10 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         fastapi_openapi = app.openapi
         app.openapi = lambda: app.openapi_schema or document_cluster_auth(fastapi_openapi())  # type: ignore[method-assign]
     return app
+
+
+# What a follower answers itself: liveness, metrics, and where the leader is.
+FOLLOWER_PATHS = frozenset({"/healthz", "/metrics", "/v1/leader"})
 
 
 def refusal(description: str) -> dict[str, Any]:

@@ -3,12 +3,14 @@ HTTP implementation (with the cluster token). Unit tests use an in-memory fake."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import httpx
 from pydantic import BaseModel
 
 from thaw.auth import bearer
+from thaw.controllers import TERM_HEADER
 from thaw.wire import (
     AdapterRequest,
     AdapterUnload,
@@ -44,13 +46,21 @@ class WorkerControl(Protocol):
 class HttpWorkerControl:
     def __init__(self, token: str, *, timeout_s: float = 10.0) -> None:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=2.0), headers=bearer(token))
+        self._term: Callable[[], int | None] = lambda: None
+
+    def fence(self, term: Callable[[], int | None]) -> None:
+        """Send the leader's term with every call (``worker.fence``): a worker that has
+        heard of a newer one refuses it."""
+        self._term = term
 
     def __repr__(self) -> str:
         return "HttpWorkerControl()"
 
     async def _call(self, control_url: str, path: str, body: BaseModel) -> WorkerStatus:
         try:
-            r = await self._http.post(f"{control_url.rstrip('/')}{path}", json=body.model_dump(mode="json"))
+            term = self._term()
+            r = await self._http.post(f"{control_url.rstrip('/')}{path}", json=body.model_dump(mode="json"),
+                                      headers={TERM_HEADER: str(term)} if term is not None else None)
         except httpx.HTTPError as exc:
             raise ControlError(f"{path} to {control_url}: {exc or type(exc).__name__}") from None
         if r.status_code >= 400:

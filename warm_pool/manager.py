@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import time
 import uuid
 from collections import deque
@@ -50,11 +51,12 @@ from warm_pool.admin import BudgetAdmin, KeyAdmin
 from warm_pool.apply import Applier
 from warm_pool.classes import ModelClasses, engine_bytes
 from warm_pool.control import WorkerControl
-from warm_pool.db import Db
+from warm_pool.db import Db, StateUnavailable
 from warm_pool.events import EventLog
 from warm_pool.facts import FleetFacts
 from warm_pool.instances import InstanceWatch
 from warm_pool.keys import KeyStore
+from warm_pool.leader import Leadership, LeaseStore
 from warm_pool.metrics import PoolMetrics, export
 from warm_pool.persist import ControllerStore
 from warm_pool.policy import ModelActivity, ModelState, PolicyState, Snapshot, WorkerView, decide
@@ -87,13 +89,20 @@ class PoolManager:
         model_classes: ModelClasses | None = None,
         store_reader: StoreReader | None = None,
         state_db: Db | None = None,
+        lease: LeaseStore | None = None,
+        controller_id: str | None = None,
+        url: str = "",
+        lease_s: float | None = None,
     ) -> None:
         """``providers`` maps each pool's shape to the provider that runs it.
         ``state_dir``: where what must outlive a restart is kept (None: nowhere).
         ``model_classes``: each model's engine class (placement into pre-built
         engines); None: no model has a known class. ``store_reader``: how the model
         registry checks a deploy's weights in the store (None: deploys are refused).
-        ``state_db``: where the registry is kept (None: ``state_dir/registry.db``)."""
+        ``state_db``: where the registry is kept (None: ``state_dir/registry.db``).
+        ``lease``: the leader's lease, when several controllers share ``state_db``
+        (``warm_pool.leader``; None: this one always leads); ``url``: where the others
+        and clients reach this one; ``lease_s``: None, 1.5 heartbeat intervals."""
         self.providers = providers
         self.control = control
         self.model_classes = model_classes
@@ -102,15 +111,17 @@ class PoolManager:
         # One heartbeat interval and a margin: long enough for every live worker to report.
         self.adopt_grace_s = (cfg.cluster.heartbeat_interval_s * 1.5 + 0.5) if adopt_grace_s is None else adopt_grace_s
         self.epoch = epoch or uuid.uuid4().hex[:8]
+        self.controller_id = controller_id or uuid.uuid4().hex[:12]
+        self.url = url
         self.registry = registry or CollectorRegistry()
         self.metrics = PoolMetrics(self.registry)
-        self.store = ControllerStore(state_dir)
         self._wake = asyncio.Event()
-        self.event_log = EventLog(clock)
         # The config in force (self.cfg): the config as written serving the registry's
-        # models, with the operators' budget changes (both persisted in state_dir, so a
-        # restart keeps them).
+        # models, with the operators' budget changes (both in the state database, so a
+        # restart or another controller keeps them).
         db = state_db or Db.sqlite(state_dir / REGISTRY_FILE if state_dir else None)
+        self.store = ControllerStore(db, state_dir)
+        self.event_log = EventLog(clock, controller=self.controller_id)
         self.model_admin = ModelRegistry(cfg, RegistryStore(db),
                                          store_reader, self.event_log, on_change=self._models_changed,
                                          clock=clock)
@@ -120,23 +131,37 @@ class PoolManager:
         self.tenant_admin = TenantAdmin(self.model_admin, self.event_log, clock=clock,
                                         on_removed=self.key_admin.revoke_tenant)
         self.applier = Applier(self.model_admin, self.tenant_admin, self.event_log, clock=clock)
-        self.state = PolicyState(epoch=self.epoch, models={
-            name: ModelState(idle_histogram=h) for name, h in self.store.load_histograms(self.cfg).items()})
-        self._saved_histograms = {n: ms.idle_histogram for n, ms in self.state.models.items()}
-        budgets = self.budgets
-        self.fleet = FleetFacts(config=lambda: budgets.cfg, clock=clock, epoch=self.epoch, metrics=self.metrics,
-                                wake=self._wake.set)
-        self.instances = InstanceWatch(providers, self.fleet, clock=clock, refresh_interval_s=refresh_interval_s)
-        self.traffic = Traffic(clock=clock, wake=self._wake.set)
-        self.actuator = Actuator(fleet=self.fleet, providers=providers, control=control,
-                                 config=lambda: budgets.cfg, model_classes=model_classes, clock=clock,
-                                 events=self.event_log, metrics=self.metrics, wake=self._wake.set,
-                                 refresh_soon=self.instances.refresh_soon, revision_of=self.model_admin.revision)
-        self.feed = RouteFeed(self.epoch)
-        self.adopt_until: float | None = None
-        self.adopted = False
+        self._refresh_interval_s = refresh_interval_s
+        self._fresh_term(self.epoch)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._loop = True
+        # Several controllers on one database: this one leads while it holds the lease.
+        self.leadership = None if lease is None else Leadership(
+            lease, self.controller_id, url, lease_s or cfg.cluster.heartbeat_interval_s * 1.5,
+            on_lead=self._lead, on_follow=self._follow)
+
+    def _fresh_term(self, epoch: str) -> None:
+        """What a controller learns of the fleet anew each time it starts leading: the
+        facts, the traffic, the policy's state, the calls in flight and the route feed."""
+        self.epoch = epoch
+        self.state = PolicyState(epoch=epoch, models={
+            name: ModelState(idle_histogram=h) for name, h in self.store.load_histograms(self.cfg).items()})
+        self._saved_histograms = {n: ms.idle_histogram for n, ms in self.state.models.items()}
+        budgets, clock = self.budgets, self.clock
+        self.fleet = FleetFacts(config=lambda: budgets.cfg, clock=clock, epoch=epoch, metrics=self.metrics,
+                                wake=self._wake.set)
+        self.instances = InstanceWatch(self.providers, self.fleet, clock=clock,
+                                       refresh_interval_s=self._refresh_interval_s)
+        self.traffic = Traffic(clock=clock, wake=self._wake.set)
+        self.actuator = Actuator(fleet=self.fleet, providers=self.providers, control=self.control,
+                                 config=lambda: budgets.cfg, model_classes=self.model_classes, clock=clock,
+                                 events=self.event_log, metrics=self.metrics, wake=self._wake.set,
+                                 refresh_soon=self.instances.refresh_soon, revision_of=self.model_admin.revision)
+        self.feed = RouteFeed(epoch)
+        self.adopt_until: float | None = None
+        self.adopted = False
+        self.metrics.adopted.set(0)
         self._shortfalls: dict[str, int] = {}
 
     # -- the parts' state, as the API and tests read it -------------------------------
@@ -167,35 +192,86 @@ class PoolManager:
         return self.traffic.cold_starts
 
     # -- lifecycle ------------------------------------------------------------------
+    @property
+    def leading(self) -> bool:
+        """This controller decides (the only one, or the one holding the lease)."""
+        return self.leadership is None or self.leadership.leading
+
+    @property
+    def leader_url(self) -> str | None:
+        """Where the leader is (None: this one leads alone, or nobody leads now)."""
+        return self.leadership.leader_url if self.leadership is not None else None
+
+    @property
+    def term(self) -> int | None:
+        return self.leadership.term if self.leadership is not None else None
+
     async def start(self, *, loop: bool = True) -> None:
+        """Lead at once (the only controller), or once this one holds the lease.
+        ``loop=False``: the caller calls :meth:`step`."""
+        self._loop = loop
+        if self.leadership is None:
+            await self._begin()
+        else:
+            await self.leadership.start()
+
+    async def _begin(self) -> None:
         """List what the providers run, then start the loop (which decides nothing until
-        the adoption grace has passed). ``loop=False``: the caller calls :meth:`step`."""
+        the adoption grace has passed)."""
         now = self.clock()
         for inst in await self.instances.list_instances():
             self.fleet.observe(inst.worker_id, inst.shape, instance=inst, adopted_at=now)
         self.adopt_until = now + self.adopt_grace_s
         log.info("controller_started", epoch=self.epoch, instances=len(self.facts),
-                 adopt_grace_s=self.adopt_grace_s)
-        if loop:
+                 adopt_grace_s=self.adopt_grace_s, term=self.term)
+        if self._loop:
             self._task = asyncio.create_task(self._run(), name="pool-manager")
+
+    async def _lead(self, term: int) -> None:
+        """This controller took the lease: take in what the one before it changed
+        (models, tenants, keys, budgets), then adopt the fleet as a restarted one does."""
+        self.event_log.term = term
+        await self.model_admin.refresh()
+        await self.key_admin.refresh()
+        await self.budgets.reload()
+        if self.adopt_until is not None:  # it led before: start over with a new epoch
+            self._fresh_term(uuid.uuid4().hex[:8])
+        self.event_log.record("leader", "elected", outcome="leading",
+                              inputs={"controller": self.controller_id, "term": term, "epoch": self.epoch})
+        await self._begin()
+
+    async def _follow(self) -> None:
+        """This controller lost the lease: it acts no more (calls in flight are
+        cancelled) and long polls answer now, so their callers find the leader."""
+        await self._stop_loop()
+        await self.actuator.cancel()
+        await self.feed.close()
+        self.adopted = False
+        self.metrics.adopted.set(0)
+
+    async def _stop_loop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
 
     async def stop_deciding(self) -> None:
         """The first step of a shutdown: no more decisions (heartbeats stop arriving as the
         server closes, and silence must not read as dead workers), and long polls answer
         now instead of holding the shutdown up."""
         self._closing = True
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._stop_loop()
         await self.feed.close()
 
     async def close(self) -> None:
-        """Stop deciding. Instances and workers are left as they are: the next controller
-        adopts them."""
+        """Stop deciding and hand the lease on. Instances and workers are left as they
+        are: the next controller adopts them."""
         await self.stop_deciding()
         await self.actuator.cancel()
+        await self._flush_events()
+        if self.leadership is not None:
+            await self.leadership.close()
         await self.instances.close()
         await self.control.close()
         self.keys.close()
@@ -204,12 +280,12 @@ class PoolManager:
     # -- what outlives a restart -----------------------------------------------------
     async def _save_keepalive(self) -> None:
         current = {n: ms.idle_histogram for n, ms in self.state.models.items()}
-        if self.store.state_dir is None or current == self._saved_histograms:
+        if current == self._saved_histograms:
             return
         try:
             await asyncio.to_thread(self.store.save_histograms, self.cfg, current)
             self._saved_histograms = current
-        except OSError as exc:
+        except (OSError, StateUnavailable, sqlite3.Error) as exc:
             log.warning("keepalive_state_not_saved", error=str(exc))
 
     # -- operators: budgets and API keys (warm_pool.admin) -----------------------------
@@ -251,7 +327,8 @@ class PoolManager:
     # -- inputs: workers (warm_pool.facts) and activators (warm_pool.traffic) -----------
     def heartbeat(self, status: WorkerStatus) -> HeartbeatReply:
         """A worker's heartbeat (:meth:`FleetFacts.heartbeat`: raises ``UnknownInstance``)."""
-        return self.fleet.heartbeat(status)
+        reply = self.fleet.heartbeat(status)
+        return reply if self.term is None else reply.model_copy(update={"term": self.term})
 
     def report(self, activator_id: str, models: dict[str, ModelActivity], arrivals: dict[str, int] | None = None,
                ttfts: dict[str, list[float]] | None = None) -> None:
@@ -293,10 +370,25 @@ class PoolManager:
             await self.model_classes.refresh(self.cfg)
         if not self.adopted and self.adopt_until is not None and now >= self.adopt_until:
             self._adopt(now)
+        if not self.leading:
+            return  # its lease ran out by its own count: not one more decision
         if self.adopted:
             self._tick()
             await self._publish_routes()
             await self._save_keepalive()
+        await self._flush_events()
+
+    async def _flush_events(self) -> None:
+        """The events since the last flush into the state database (the decision log
+        outlives this controller)."""
+        batch = self.event_log.take_unsaved()
+        if not batch:
+            return
+        try:
+            await asyncio.to_thread(self.store.save_events, batch)
+        except (OSError, StateUnavailable, sqlite3.Error) as exc:
+            self.event_log.put_back(batch)
+            log.warning("events_not_saved", count=len(batch), error=str(exc))
 
     def _adopt(self, now: float) -> None:
         """The grace has passed: what is loading and serving now is the fleet's."""

@@ -1,14 +1,14 @@
-"""What the controller keeps across restarts, in ``<data_dir>/controller/``: the
-operators' run-time budget changes (``budget.json``) and the models' idle-interval
-histograms (``keepalive.json``). Plus the pure parts of a budget change: merging it,
+"""What the controller keeps across restarts and hands to the next leader, in the state
+database (``warm_pool.db``: SQLite under ``<data_dir>/controller/`` or PostgreSQL): the
+operators' run-time budget changes, the models' idle-interval histograms, the decision
+events and the leader's lease. Plus the pure parts of a budget change: merging it,
 applying it to the config (validated as the config file is), and viewing the result.
-
-Files are written whole and renamed into place, so a crash leaves the old or the new.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,9 @@ from pydantic import ValidationError
 
 from thaw.config import Pool, ThawConfig, format_errors
 from thaw.log import get_logger
-from thaw.wire import BudgetChange, BudgetView, PoolBudget
+from thaw.wire import BudgetChange, BudgetView, PoolBudget, PoolEvent
+from warm_pool.db import Db
+from warm_pool.events import SavedEvent
 from warm_pool.keepalive import IdleHistogram
 
 log = get_logger()
@@ -83,31 +85,77 @@ def budget_view(cfg: ThawConfig, overrides: dict[str, Any]) -> BudgetView:
     )
 
 
-# -- files: blocking (the controller runs writes in a thread) -------------------------
+# -- the state database: blocking (the controller calls it from threads) ---------------
+
+MIGRATIONS = [
+    """
+    CREATE TABLE controller_state (
+        name TEXT PRIMARY KEY,
+        body TEXT NOT NULL,
+        changed_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE controller_events (
+        controller TEXT NOT NULL,
+        term INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        kind TEXT NOT NULL,
+        decision INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (controller, term, seq)
+    );
+    CREATE INDEX controller_events_at ON controller_events (at);
+    CREATE TABLE controller_lease (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        url TEXT NOT NULL,
+        term INTEGER NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL
+    )
+    """,
+]
+# Decision events older than this are deleted as new ones are saved.
+EVENTS_RETAINED_S = 30 * 86400.0
 
 
 class ControllerStore:
-    """The controller's files; ``state_dir`` None keeps nothing (tests)."""
+    """What the controller keeps beside the registry in the state database: the
+    run-time budgets, the keep-alive histograms, the decision events and the leader's
+    lease (``warm_pool.leader``). ``state_dir``: where an older Thaw kept the first two
+    as files, taken in once."""
 
-    def __init__(self, state_dir: Path | None) -> None:
+    def __init__(self, db: Db, state_dir: Path | None = None) -> None:
+        self.db = db
         self.state_dir = state_dir
+        db.migrate("controller", MIGRATIONS)
+        self._pruned_at = 0.0
+        for name in (BUDGET_FILE, KEEPALIVE_FILE):
+            self._import_file(name)
+
+    def _import_file(self, name: str) -> None:
+        path = self.state_dir / name if self.state_dir is not None else None
+        if path is None or not path.exists():
+            return
+        try:
+            body = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("controller_state_unreadable", file=str(path), error=str(exc))
+            return
+        with self.db.write() as tx:
+            tx.execute("INSERT INTO controller_state VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
+                       (name, json.dumps(body), time.time()))
+        path.rename(path.with_suffix(".json.imported"))
+        log.info("controller_state_imported", file=str(path))
 
     def _read(self, name: str) -> Any:
-        if self.state_dir is None or not (self.state_dir / name).exists():
-            return None
-        try:
-            return json.loads((self.state_dir / name).read_text())
-        except (OSError, ValueError) as exc:
-            log.warning("controller_state_unreadable", file=name, error=str(exc))
-            return None
+        with self.db.read() as tx:
+            row = tx.one("SELECT body FROM controller_state WHERE name = ?", (name,))
+        return json.loads(row[0]) if row else None
 
     def _write(self, name: str, body: Any) -> None:
-        if self.state_dir is None:
-            return
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_dir / f"{name}.tmp"
-        tmp.write_text(json.dumps(body))
-        tmp.replace(self.state_dir / name)
+        with self.db.write() as tx:
+            tx.execute("INSERT INTO controller_state VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+                       "body = excluded.body, changed_at = excluded.changed_at", (name, json.dumps(body), time.time()))
 
     def load_budget(self) -> dict[str, Any]:
         data = self._read(BUDGET_FILE)
@@ -137,3 +185,23 @@ class ControllerStore:
         self._write(KEEPALIVE_FILE, {
             m.name: {"bin_s": m.autoscaling.keep_alive_histogram.bin_s, "histogram": histograms[m.name].to_json()}
             for m in cfg.models if m.name in histograms})
+
+    def save_events(self, events: list[SavedEvent]) -> None:
+        """Append events (a batch, in one transaction); drop those past retention."""
+        with self.db.write() as tx:
+            for e in events:
+                tx.execute("INSERT INTO controller_events VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                           (e.controller, e.term, e.seq, e.event.at, e.event.kind, int(e.decision),
+                            e.event.model_dump_json(exclude_none=True)))
+            now = time.time()
+            if now - self._pruned_at > 3600:
+                tx.execute("DELETE FROM controller_events WHERE at < ?", (now - EVENTS_RETAINED_S,))
+                self._pruned_at = now
+
+    def events(self, since: float = 0.0) -> list[SavedEvent]:
+        """The events saved since ``since``, oldest first (every controller's)."""
+        with self.db.read() as tx:
+            rows = tx.query("SELECT controller, term, seq, decision, body FROM controller_events WHERE at >= ? "
+                            "ORDER BY at, controller, term, seq", (since,))
+        return [SavedEvent(str(c), int(t), int(q), PoolEvent.model_validate_json(b), bool(d))
+                for c, t, q, d, b in rows]

@@ -37,7 +37,7 @@ from thaw.wire import (
     RevisionChange,
 )
 from warm_pool.events import EventLog
-from warm_pool.registry_store import RegistryStore, StaleRevision
+from warm_pool.registry_store import RegistryStore, StaleRevision, TenantRow
 
 log = get_logger()
 
@@ -185,13 +185,7 @@ class ModelRegistry:
         seeded = store.seed([ModelRevision(model=m.name, revision=1, spec=config_entry(base, m.name),
                                            created_at=clock(), who="config", change="import")
                              for m in base.models], list(base.tenants), clock())
-        self.records = {r.name: r for r in store.records()}
-        self.version = store.version()
-        # The config as written serving the registry's tenants (and, in cfg, its models).
-        self.base = base.model_copy(update={"tenants": [r.tenant for r in store.tenants() if r.removed_at is None]})
-        self.cfg, problems = compose(self.base, list(self.records.values()))
-        for p in problems:
-            log.error("registry_model_not_in_force", problem=p)
+        self._take(*self._read())
         if seeded:
             log.info("registry_seeded", models=[m.name for m in base.models])
         else:
@@ -200,6 +194,26 @@ class ModelRegistry:
                 log.warning("config_models_not_deployed", models=file_only,
                             hint="the registry, not the config file, says what is served after the first "
                                  "start: deploy them with `thaw models deploy` or `thaw apply -f`")
+
+    def _read(self) -> tuple[list[ModelRecord], int, list[TenantRow]]:
+        """The store's rows (blocking)."""
+        return self.store.records(), self.store.version(), self.store.tenants()
+
+    def _take(self, records: list[ModelRecord], version: int, tenants: list[TenantRow]) -> None:
+        self.records = {r.name: r for r in records}
+        self.version = version
+        # The config as written serving the registry's tenants (and, in cfg, its models).
+        self.base = self.written.model_copy(update={"tenants": [r.tenant for r in tenants if r.removed_at is None]})
+        self.cfg, problems = compose(self.base, list(self.records.values()))
+        for p in problems:
+            log.error("registry_model_not_in_force", problem=p)
+
+    async def refresh(self) -> None:
+        """Take in everything the store holds now (a controller that starts leading: the
+        one before it may have changed models and tenants since this one read them)."""
+        async with self.lock:
+            self._take(*await asyncio.to_thread(self._read))
+            await self._on_change(self.cfg)
 
     # -- reading ----------------------------------------------------------------------
     def list(self) -> ModelRecords:

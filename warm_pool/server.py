@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -20,6 +22,7 @@ from warm_pool.api import create_pool_app
 from warm_pool.classes import ModelClasses
 from warm_pool.control import HttpWorkerControl
 from warm_pool.db import Db
+from warm_pool.leader import LeaseStore
 from warm_pool.manager import PoolManager
 from warm_pool.providers import Provider
 
@@ -123,13 +126,22 @@ def build_store_reader(cfg: ThawConfig) -> S3StoreReader | None:
 
 
 def create_controller_app(cfg: ThawConfig, config_path: Path, controller_url: str, *,
-                          stop_local_workers: bool = False) -> FastAPI:
-    providers = build_providers(cfg, config_path, controller_url)
+                          stop_local_workers: bool = False, controller_urls: list[str] | None = None) -> FastAPI:
+    """``controller_url``: where this controller is reached; ``controller_urls``: every
+    controller's (workers follow the leader among them; None: this one alone)."""
+    providers = build_providers(cfg, config_path, ",".join(controller_urls or [controller_url]))
     token = cluster_token(cfg)
-    state_db = Db.postgres(cfg.state.url) if cfg.state.backend == "postgres" and cfg.state.url else None
-    manager = PoolManager(cfg, providers, HttpWorkerControl(token), state_dir=cfg.data_dir / "controller",
+    shared = cfg.state.backend == "postgres" and cfg.state.url
+    state_db = Db.postgres(cfg.state.url) if shared and cfg.state.url else None
+    # Controllers sharing PostgreSQL elect a leader; the lease has its own connection, so
+    # a renewal never queues behind the registry's reads.
+    lease = LeaseStore(Db.postgres(cfg.state.url)) if shared and cfg.state.url else None
+    control = HttpWorkerControl(token)
+    manager = PoolManager(cfg, providers, control, state_dir=cfg.data_dir / "controller",
                           model_classes=build_model_classes(cfg), store_reader=build_store_reader(cfg),
-                          state_db=state_db)
+                          state_db=state_db, lease=lease, url=controller_url,
+                          controller_id=f"{socket.gethostname()}-{os.getpid()}", lease_s=cfg.controller.lease_s)
+    control.fence(lambda: manager.term)
     app = create_pool_app(manager, token, manage_lifecycle=False)
 
     @asynccontextmanager

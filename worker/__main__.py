@@ -29,8 +29,9 @@ HOST_CACHE_ROOT = Path("/dev/shm/thaw")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--controller", metavar="URL", default=None,
-                   help="the controller's URL (default: controller.url in the config)")
+    p.add_argument("--controller", metavar="URL[,URL]", default=None,
+                   help="the controllers' URLs: heartbeats go to the leader among them "
+                        "(default: controller.urls or controller.url in the config)")
     p.add_argument("--shape", required=True, help="this instance's shape (a name from the config)")
     p.add_argument("--instance-id", default=None,
                    help="the provider's id of this machine (EC2: from instance metadata); "
@@ -69,7 +70,7 @@ def settings_from(args: argparse.Namespace, cfg: ThawConfig) -> AgentSettings:
     return AgentSettings(
         worker_id=worker_id, instance_id=instance_id, shape=args.shape, port=args.port, host=args.host,
         advertise_host=args.advertise_host, log_level=args.log_level or cfg.log_level, data_dir=data_dir,
-        store=worker_endpoint(cfg), controller_url=(args.controller or cfg.controller.resolved_url),
+        store=worker_endpoint(cfg), controller_url=(args.controller or ",".join(cfg.controller.resolved_urls)),
         token=cluster_token(cfg), heartbeat_interval_s=cfg.cluster.heartbeat_interval_s,
         exit_when_orphaned_s=args.exit_when_orphaned_s,
         disk_cache_dir=(cfg.data_dir / disk.dir).resolve() if disk else None,

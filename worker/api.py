@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from thaw.auth import ClusterAuth, document_cluster_auth
+from thaw.controllers import TERM_HEADER
 from thaw.http_api import refuse_in_api_shape
 from thaw.wire import (
     AdapterRequest,
@@ -32,6 +33,7 @@ from thaw.wire import (
 from worker.adapters import AdapterConflict
 from worker.agent import Agent, Conflict, Refused
 from worker.engines import PackedEngines
+from worker.fence import Fence
 from worker.heartbeat import Heartbeat
 from worker.metrics import CONTENT_TYPE
 from worker.settings import AgentSettings
@@ -178,7 +180,7 @@ def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | Non
             beat = Heartbeat(agent.view, settings.controller_url, settings.token,
                              interval_s=settings.heartbeat_interval_s,
                              exit_when_orphaned_s=settings.exit_when_orphaned_s, on_orphaned=on_orphaned,
-                             on_failures=agent.metrics.heartbeats.set)
+                             on_failures=agent.metrics.heartbeats.set, fence=fence)
             agent.on_state_change = beat.kick
         app.state.heartbeat = beat
         await agent.start()
@@ -198,6 +200,21 @@ def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | Non
         422: {"model": ErrorReply, "description": "Malformed request: each field's problem"}})
     app.include_router(router)
     app.include_router(engine_router)
+    fence = app.state.fence = Fence()
+
+    @app.middleware("http")
+    async def fenced(request: Request, call_next: Any) -> Response:
+        # A control call from a controller whose term has passed changes nothing.
+        raw = request.headers.get(TERM_HEADER)
+        if raw is not None and request.method == "POST":
+            try:
+                term = int(raw)
+            except ValueError:
+                return JSONResponse({"error": f"{TERM_HEADER} must be an integer"}, status_code=400)
+            if not fence.admits(term):
+                return JSONResponse({"error": f"a call of the controllers' term {term}, but term {fence.term} "
+                                              "leads now: this controller no longer leads"}, status_code=409)
+        return await call_next(request)  # type: ignore[no-any-return]
 
     @app.exception_handler(Conflict)
     async def conflict(_: Request, exc: Conflict) -> JSONResponse:

@@ -3,7 +3,8 @@ on every state change.
 
 A worker joins the fleet by heartbeating; the controller matches the instance id to its
 provider's instances (403 for one it does not know). While the controller is down the
-worker keeps serving and keeps trying. With ``exit_when_orphaned_s`` (local workers) it
+worker keeps serving and keeps trying. Among several controllers it follows the leader
+(``thaw.controllers``). With ``exit_when_orphaned_s`` (local workers) it
 exits once no heartbeat has been accepted for that long, so a controller killed for good
 leaves no process behind.
 """
@@ -19,8 +20,10 @@ import httpx
 
 from thaw.aio import wait_event
 from thaw.auth import bearer
+from thaw.controllers import Controllers
 from thaw.log import get_logger
 from thaw.wire import HeartbeatReply, WorkerStatus
+from worker.fence import Fence
 
 log = get_logger()
 
@@ -39,14 +42,18 @@ class Heartbeat:
         on_orphaned: Callable[[], None] | None = None,
         on_failures: Callable[[int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        fence: Fence | None = None,
     ) -> None:
         self.status = status
-        self.url = controller_url.rstrip("/") + HEARTBEAT_PATH
+        # ``URL[,URL]``: heartbeats go to the leader among the controllers.
+        self.controllers = Controllers(controller_url)
         self.interval_s = interval_s
         self.exit_when_orphaned_s = exit_when_orphaned_s
         self.on_orphaned = on_orphaned
         self.on_failures = on_failures
         self.clock = clock
+        # Told the leader's term by each reply (control calls of older terms are refused).
+        self.fence = fence
         self.epoch: str | None = None
         self.failures = 0
         self._headers = bearer(token)
@@ -56,7 +63,7 @@ class Heartbeat:
         self._accepted_at = clock()
 
     def __repr__(self) -> str:
-        return f"Heartbeat(url={self.url!r}, failures={self.failures})"
+        return f"Heartbeat(controller={self.controllers.url!r}, failures={self.failures})"
 
     def kick(self) -> None:
         """Send one now (a state change)."""
@@ -76,7 +83,7 @@ class Heartbeat:
         """One heartbeat; True when the controller accepted it."""
         body = self.status().model_dump(mode="json")
         try:
-            r = await self._http.post(self.url, json=body, headers=self._headers)
+            r = await self.controllers.request(self._http, "POST", HEARTBEAT_PATH, json=body, headers=self._headers)
         except httpx.HTTPError as exc:
             self._failed("heartbeat_failed", error=str(exc) or type(exc).__name__)
             return False
@@ -93,6 +100,8 @@ class Heartbeat:
             log.info("controller_joined", epoch=reply.controller_epoch, previous=self.epoch)
             self.epoch = reply.controller_epoch
         self.interval_s = reply.interval_s
+        if self.fence is not None:
+            self.fence.observe(reply.term)
         if self.failures:
             log.info("heartbeat_restored", after_failures=self.failures)
         self.failures = 0

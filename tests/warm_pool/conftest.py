@@ -12,7 +12,6 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tests.postgres_server import PostgresServer
 from tests.warm_pool.fleet import InProcessProvider
 from tests.warm_pool.moto_ec2 import CREDS, REGION, Aws, moto_server
 from thaw.embedded_store import free_port
@@ -46,17 +45,6 @@ def aws(moto_url: str, ami: str) -> Aws:
         LaunchTemplateName=name, LaunchTemplateData={"ImageId": ami, "InstanceType": "t3.micro"},
     )["LaunchTemplate"]["LaunchTemplateId"]
     return Aws(moto_url, ec2, subnets, lt, name, f"test-{n}-{time.time_ns() % 10**9}")
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-        server.remove()
 
 
 # A connection to one state database each call: a second call is a restarted

@@ -36,7 +36,8 @@ def _load(args: argparse.Namespace) -> ThawConfig:
 
 
 def _controller(args: argparse.Namespace, cfg: ThawConfig) -> str:
-    """The controller's URL: --controller, else the running `thaw up`'s, else the config's."""
+    """The controllers' URLs (``URL[,URL]``; calls go to the leader among them):
+    --controller, else the running `thaw up`'s, else the config's."""
     from thaw.cli.up import endpoint_file
 
     if getattr(args, "controller", None):
@@ -45,7 +46,7 @@ def _controller(args: argparse.Namespace, cfg: ThawConfig) -> str:
     try:
         return str(json.loads(with_up.read_text())["control_url"]).rstrip("/")
     except (OSError, ValueError, KeyError):
-        return cfg.controller.resolved_url
+        return ",".join(cfg.controller.resolved_urls)
 
 
 def _get(cfg: ThawConfig, url: str, path: str, **params: float | str) -> dict:  # type: ignore[type-arg]
@@ -60,6 +61,7 @@ def _call(cfg: ThawConfig, method: str, url: str, path: str, *, params: dict | N
     import httpx
 
     from thaw.auth import TokenError, bearer, cluster_token
+    from thaw.controllers import Controllers
 
     try:
         headers = bearer(cluster_token(cfg))
@@ -68,7 +70,12 @@ def _call(cfg: ThawConfig, method: str, url: str, path: str, *, params: dict | N
     # Who is asking, for the controller's audit events.
     headers["X-Thaw-Actor"] = f"{getpass.getuser()}@{socket.gethostname()}"
     try:
-        r = httpx.request(method, f"{url}{path}", headers=headers, params=params, json=body, timeout=10)
+        controllers = Controllers(url)
+    except ValueError as exc:
+        raise CliError(f"--controller: {exc}", EXIT_INVALID) from None
+    try:
+        r = controllers.request_sync(method, path, headers=headers, params=params, json=body, timeout=10)
+        url = controllers.url
     except httpx.HTTPError as exc:
         raise CliError(f"the controller at {url} does not answer ({exc or type(exc).__name__}); is it running "
                        "(`thaw up` or `thaw controller`)?", EXIT_STORE) from None

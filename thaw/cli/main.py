@@ -33,6 +33,7 @@ from thaw.config import (
     hash_api_key,
     load_config,
 )
+from thaw.controllers import parse_urls
 from thaw.log import setup_logging
 
 
@@ -403,8 +404,13 @@ def cmd_controller(args: argparse.Namespace) -> int:
     setup_logging("controller", args.log_level or cfg.log_level)
     host = args.host or cfg.controller.host
     port = args.port or cfg.controller.port
-    url = cfg.controller.url or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    app = create_controller_app(cfg, _config_path(args), url, stop_local_workers=args.stop_local_workers)
+    url = (args.url or (cfg.controller.url if not cfg.controller.urls else None)
+           or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}").rstrip("/")
+    urls = cfg.controller.resolved_urls if cfg.controller.urls else [url]
+    if url not in urls:
+        raise CliError(f"this controller's URL {url} is not among controller.urls {urls} (give --url)", EXIT_INVALID)
+    app = create_controller_app(cfg, _config_path(args), url, stop_local_workers=args.stop_local_workers,
+                                controller_urls=urls)
     return run_server(app, host, port, graceful_s=10, on_exit=app.state.manager.stop_deciding)
 
 
@@ -421,7 +427,10 @@ def cmd_activator(args: argparse.Namespace) -> int:
     cfg = _load(args)
     setup_logging("activator", args.log_level or cfg.log_level)
     port, host = args.port or cfg.server.port, args.host or cfg.server.host
-    controller = (args.controller or cfg.controller.resolved_url).rstrip("/")
+    try:
+        controller = ",".join(parse_urls(args.controller or cfg.controller.resolved_urls))
+    except ValueError as exc:
+        raise CliError(f"--controller: {exc}", EXIT_INVALID) from None
     try:
         activator_id = check_activator_id(args.id) if args.id else default_activator_id(port)
     except ValueError as exc:
@@ -594,8 +603,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-local-workers", action="store_true",
                    help="terminate the local pool's workers on exit (`thaw up`); by default they keep "
                         "serving for the next controller to adopt")
+    p.add_argument("--url", default=None,
+                   help="where the others reach this controller, one of controller.urls when several share "
+                        "one PostgreSQL (default: controller.url, else http://HOST:PORT)")
     p = add(sub, "activator", "Run an activator: the OpenAI-compatible API.", cmd_activator)
-    p.add_argument("--controller", metavar="URL", default=None, help="default: controller.url in the config")
+    p.add_argument("--controller", metavar="URL[,URL]", default=None,
+                   help="the controllers (it follows the leader); default: controller.urls or controller.url")
     p.add_argument("--host", default=None, help="listen address (default: server.host)")
     p.add_argument("--port", type=int, default=None, help="listen port (default: server.port)")
     p.add_argument("--id", default=None,

@@ -1,0 +1,110 @@
+"""Following the leading controller among several (``controller.urls``).
+
+Several controllers may share one PostgreSQL; one of them leads (``warm_pool.leader``).
+A follower answers every call but ``/healthz`` with 503, ``error.type``
+``not_leader`` and the leader's URL in the ``X-Thaw-Leader`` header (when one leads).
+A client keeps the URL that last answered, and on a refused connection or a follower's
+answer moves on: to the leader it was told of, else to the next URL in the list. One
+call tries each URL about twice and then gives the last answer, or raises the last
+connection error, as a single controller would. A leader the list does not name (a
+follower's word) is followed too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+LEADER_HEADER = "X-Thaw-Leader"
+# The leader's term on its control calls to workers (worker/fence.py).
+TERM_HEADER = "X-Thaw-Term"
+NOT_LEADER = "not_leader"
+
+
+def parse_urls(text: str | list[str]) -> list[str]:
+    """``URL[,URL...]`` (or a list) as a list of URLs without trailing slashes."""
+    items = text.split(",") if isinstance(text, str) else text
+    urls = [u.strip().rstrip("/") for u in items if u.strip()]
+    if not urls:
+        raise ValueError("no controller URL given")
+    for u in urls:
+        if not u.startswith(("http://", "https://")):
+            raise ValueError(f"controller URL {u!r} must start with http:// or https://")
+    return urls
+
+
+def is_not_leader(r: httpx.Response) -> bool:
+    """A follower's answer (503 ``not_leader``)."""
+    return r.status_code == 503 and r.headers.get("X-Thaw-Role") == "follower"
+
+
+class Controllers:
+    """The controllers a client may call, and the one it calls now (``url``)."""
+
+    def __init__(self, urls: str | list[str]) -> None:
+        self.urls = parse_urls(urls)
+        self.url = self.urls[0]
+
+    def __repr__(self) -> str:
+        return f"Controllers(url={self.url!r}, urls={self.urls!r})"
+
+    def _next(self, r: httpx.Response | None) -> None:
+        """Move on after a refused connection (``r`` None) or a follower's answer."""
+        told = r.headers.get(LEADER_HEADER, "").rstrip("/") if r is not None else ""
+        if told and told != self.url:
+            if told not in self.urls:
+                # A leader the list does not name (its URL as it advertises itself).
+                self.urls.append(told)
+            self.url = told
+            return
+        self.url = self.urls[(self.urls.index(self.url) + 1) % len(self.urls)]
+
+    def _attempts(self) -> int:
+        return 2 * len(self.urls) + 1
+
+    def _done(self, r: httpx.Response | None) -> bool:
+        """After one try (``r`` None: the connection failed): is this the answer? Else
+        the next try goes where the follower said, or to the next URL."""
+        if r is not None and not is_not_leader(r):
+            return True
+        if len(self.urls) == 1 and (r is None or not r.headers.get(LEADER_HEADER)):
+            return True  # nowhere else to go
+        self._next(r)
+        return False
+
+    async def request(self, http: httpx.AsyncClient, method: str, path: str, **kw: Any) -> httpx.Response:
+        """``method path`` at the leader (see the module's docstring)."""
+        r: httpx.Response | None = None
+        tries = self._attempts()
+        for attempt in range(tries):
+            try:
+                r = await http.request(method, f"{self.url}{path}", **kw)
+            except httpx.TransportError:
+                if attempt + 1 < tries and not self._done(None):
+                    continue
+                if r is None:
+                    raise
+                break  # a follower's answer before it says more than this failure
+            if self._done(r):
+                break
+        assert r is not None
+        return r
+
+    def request_sync(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """The same, blocking (the ``thaw`` commands)."""
+        r: httpx.Response | None = None
+        tries = self._attempts()
+        for attempt in range(tries):
+            try:
+                r = httpx.request(method, f"{self.url}{path}", **kw)
+            except httpx.TransportError:
+                if attempt + 1 < tries and not self._done(None):
+                    continue
+                if r is None:
+                    raise
+                break  # a follower's answer before it says more than this failure
+            if self._done(r):
+                break
+        assert r is not None
+        return r
