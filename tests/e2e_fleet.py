@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ import openai
 import psutil
 
 from tests.redis_server import RedisServer
+from thaw.controllers import Controllers
 
 KEY = "thaw-demo-key"
 
@@ -54,7 +56,8 @@ class Fleet:
         self.start("controller", "controller", "--port", port)
 
     def state(self) -> dict[str, Any]:
-        r = httpx.get(f"{self.controller_url}/v1/state", headers=self.auth(), timeout=5)
+        # ``controller_url`` may name several controllers (URL,URL): this finds the leader.
+        r = Controllers(self.controller_url).request_sync("GET", "/v1/state", headers=self.auth(), timeout=5)
         r.raise_for_status()
         return r.json()  # type: ignore[no-any-return]
 
@@ -112,3 +115,38 @@ def kill_local_workers(data_dir: Path) -> None:
             time.sleep(0.2)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+
+
+def chat(client: openai.OpenAI, model: str, max_tokens: int = 8) -> str:
+    stream = client.chat.completions.create(model=model, stream=True, max_tokens=max_tokens,
+                                            messages=[{"role": "user", "content": "hello"}])
+    return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+class Load:
+    """Streamed chat completions, one after another, through each activator."""
+
+    def __init__(self, fleet: Fleet, model: str) -> None:
+        self.ok = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(fleet.client(n), model), daemon=True)
+                         for n in fleet.activators]
+
+    def _run(self, client: openai.OpenAI, model: str) -> None:
+        while not self._stop.is_set():
+            try:
+                chat(client, model)
+                self.ok += 1
+            except Exception as exc:  # every failure is the test's business
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(180)

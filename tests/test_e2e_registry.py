@@ -1,18 +1,27 @@
-"""Models deployed, rolled, rolled back and removed at run time, end to end: `thaw
-controller`, two `thaw activator`s and local `thaw worker`s with vLLM on the CPU, as
-separate processes, and the store; every change made with `thaw models ...`.
+"""Models deployed, rolled, rolled back and removed at run time, and a leader that dies,
+end to end: two `thaw controller`s on one PostgreSQL (Debian's, started here), two `thaw
+activator`s and local `thaw worker`s with vLLM on the CPU, as separate processes, and
+the store; every change made with `thaw models ...` given both controllers (the
+follower first: every client finds the leader).
 
 A deployed model is listed by both activators (timed) and served; `update` and
 `rollback` under a steady streamed load (the official client, through both activators)
 roll with no failed request, and the ledgers name the revision that answered each;
 `rm` gives new requests 404 while one in flight completes; a tenant's private model is
 another tenant's 404; every refusal says why and leaves the registry as it was.
+
+Last, the leader is SIGKILLed under a steady streamed load: the follower takes the lease
+with the next term, adopts the fleet, and serves a cold request issued during the
+takeover; the hot model's requests all succeed; nothing the dead leader was told (a
+model, a key, a budget) is lost; and the decision log in the database shows one
+controller acting per term, the terms one after another.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import threading
@@ -23,14 +32,17 @@ from typing import Any
 
 import httpx
 import openai
+import psycopg
 import pytest
 import yaml
 
 from loadtests.procs import kill_group
 from tests.conftest import BUCKET
-from tests.e2e_fleet import KEY, Fleet, kill_local_workers
+from tests.e2e_fleet import KEY, Fleet, Load, chat, kill_local_workers
 from tests.e2e_stack import push_demo
+from tests.postgres_server import PostgresServer
 from thaw.config import hash_api_key
+from thaw.controllers import Controllers
 from thaw.embedded_store import EmbeddedStore, free_port
 from thaw.objstore import S3Endpoint
 from weight_streaming.push import push_model
@@ -39,20 +51,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 ROOT = Path(__file__).resolve().parents[1]
 OTHER_KEY = "thaw-other-tenant-key"
+HEARTBEAT_S = 1.0
 
 
 @pytest.fixture(scope="module")
-def fleet(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
+def fleet(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path, postgres: PostgresServer,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("registry")
     uri = f"s3://{BUCKET}/e2e/registry-seed-{os.getpid()}"
     push_model(s3.client(), demo_model_dir, uri)
     cfg = yaml.safe_load((ROOT / "examples" / "thaw.yaml").read_text())
-    controller_port = free_port()
+    controllers = {"a": free_port(), "b": free_port()}
+    urls = [f"http://127.0.0.1:{p}" for p in controllers.values()]
     cfg.update({
         "data_dir": str(tmp / "data"),
-        "controller": {"port": controller_port},
-        "cluster": {"heartbeat_interval_s": 1, "worker_timeout_s": 10},
+        "controller": {"urls": urls},
+        "state": {"backend": "postgres", "url": postgres.database(f"registry_{os.getpid()}_{time.time_ns()}")},
+        "cluster": {"heartbeat_interval_s": HEARTBEAT_S, "worker_timeout_s": 10},
         "object_store": {"kind": "s3", "endpoint_url": s3.endpoint_url, "bucket": BUCKET,
                          "allowed_prefixes": [f"s3://{BUCKET}/e2e/"],
                          "credentials": {"source": "file", "file": str(store.root / "credentials.json")}},
@@ -64,20 +79,45 @@ def fleet(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
     path = tmp / "thaw.yaml"
     path.write_text(yaml.safe_dump(cfg))
     ports = {"a": free_port(), "b": free_port()}
-    f = Fleet(tmp, path, f"http://127.0.0.1:{controller_port}",
-              {n: f"http://127.0.0.1:{p}/v1" for n, p in ports.items()}, None)
+    # Every client is given both controllers, the follower first: each finds the leader.
+    f = Fleet(tmp, path, f"{urls[1]},{urls[0]}", {n: f"http://127.0.0.1:{p}/v1" for n, p in ports.items()}, None)
     try:
-        f.start_controller()
+        for name, port in controllers.items():
+            f.start(f"controller-{name}", "controller", "--port", str(port), "--url", f"http://127.0.0.1:{port}")
+            if name == "a":  # a leads: it asks first
+                wait_role(f, urls[0], "leader")
         for name in ports:
             f.start_activator(name)
         for base in f.activators.values():
             f.wait_healthy(base, timeout_s=120)
         yield f
     finally:
-        for name in [n for n in f.procs if n.startswith("activator")] + ["controller"]:
-            if name in f.procs:
+        for name in [n for n in f.procs if n.startswith("activator")] + ["controller-a", "controller-b"]:
+            if name in f.procs and f.procs[name].poll() is None:
                 kill_group(f.procs[name], 60)
         kill_local_workers(f.data_dir)
+
+
+def health(url: str) -> dict[str, Any] | None:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).json()  # type: ignore[no-any-return]
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def wait_role(f: Fleet, url: str, role: str, timeout_s: float = 60) -> float:
+    """Wait until the controller at ``url`` has ``role`` (a leader: and has adopted the
+    fleet); when it took the role (a leader: the lease, before its adoption grace)."""
+    deadline = time.time() + timeout_s
+    took: float | None = None
+    while (h := health(url)) is None or h["role"] != role or (role == "leader" and not h["adopted"]):
+        if took is None and h is not None and h["role"] == role:
+            took = time.time()
+        assert time.time() < deadline, f"{url} is not {role}: {h}"
+        for name, p in f.procs.items():
+            assert p.poll() is None or name == "controller-a", f"{name} exited:\n{f.log_tail(name)}"
+        time.sleep(0.05)
+    return took or time.time()
 
 
 def models(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
@@ -106,44 +146,10 @@ def ledger_rows(fleet: Fleet, model: str) -> list[dict[str, Any]]:
     return rows
 
 
-def chat(client: openai.OpenAI, model: str, max_tokens: int = 8) -> str:
-    stream = client.chat.completions.create(model=model, stream=True, max_tokens=max_tokens,
-                                            messages=[{"role": "user", "content": "hello"}])
-    return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-
-
-class Load:
-    """Streamed chat completions, one after another, through each activator."""
-
-    def __init__(self, fleet: Fleet, model: str) -> None:
-        self.ok = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(fleet.client(n), model), daemon=True)
-                         for n in fleet.activators]
-
-    def _run(self, client: openai.OpenAI, model: str) -> None:
-        while not self._stop.is_set():
-            try:
-                chat(client, model)
-                self.ok += 1
-            except Exception as exc:  # every failure is the test's business
-                self.failures.append(f"{type(exc).__name__}: {exc}")
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(180)
-
-
 def serving_revision(fleet: Fleet, model: str, revision: int) -> bool:
     """Every ready replica of ``model`` serves ``revision`` (and there is one)."""
-    table = httpx.get(f"{fleet.controller_url}/v1/routes", headers=fleet.auth(), timeout=5).json()
+    table = Controllers(fleet.controller_url).request_sync("GET", "/v1/routes", headers=fleet.auth(),
+                                                           timeout=5).json()
     replicas = table["models"].get(model, {}).get("replicas", [])
     return bool(replicas) and all(r["revision"] == revision for r in replicas)
 
@@ -247,3 +253,64 @@ def test_a_private_model_and_every_refusal(fleet: Fleet, s3: S3Endpoint, tmp_pat
         out = models(fleet, *args)
         assert out.returncode == 2 and says in out.stderr, (args, out.returncode, out.stderr)
     assert registry(fleet) == before
+
+
+def thaw(f: Fleet, *args: str) -> Any:
+    """A `thaw` command given both controllers, the follower first (it finds the leader)."""
+    out = f.thaw(*args, "--controller", f.controller_url)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout) if "--json" in args or "json" in args else out.stdout
+
+
+def test_sigkill_of_the_leader_under_load(fleet: Fleet, s3: S3Endpoint, tmp_path: Path) -> None:
+    """Last in the module: it kills controller a (the leader since the fixture started)."""
+    b_url, a_url = fleet.controller_url.split(",")
+    assert health(b_url)["role"] == "follower" and health(b_url)["leader"] == a_url  # type: ignore[index]
+    # What the leader is told before it dies: a model, a key, a budget.
+    cold_uri = push_demo(s3, tmp_path, "cold", seed=6)
+    thaw(fleet, "models", "deploy", "cold", "--uri", cold_uri, "--shape", "cpu-local")
+    new_key = thaw(fleet, "tenants", "add", "demo", "--label", "before-takeover").splitlines()[0]
+    thaw(fleet, "pool", "budget", "set", "cpu-local", "--standby-max", "3")
+    client = fleet.client("a")
+    assert chat(client, "demo")  # the hot model: served before, during and after
+
+    with Load(fleet, "demo") as load:
+        while load.ok < 3:
+            assert not load.failures, load.failures
+            time.sleep(0.1)
+        os.kill(fleet.procs["controller-a"].pid, signal.SIGKILL)
+        killed_at = time.time()
+        # A cold request during the takeover: it waits for the new leader, then is served.
+        answer: dict[str, Any] = {}
+        cold = threading.Thread(target=lambda: answer.update(text=chat(client, "cold")), daemon=True)
+        cold.start()
+        led_at = wait_role(fleet, b_url, "leader", timeout_s=60)
+        adopted_at = time.time()
+        cold.join(300)
+        before = load.ok
+        while load.ok < before + 3:
+            assert not load.failures, load.failures
+            time.sleep(0.1)
+    print(f"follower led {led_at - killed_at:.2f} s and had adopted the fleet {adopted_at - killed_at:.2f} s "
+          f"after SIGKILL of the leader (heartbeat interval {HEARTBEAT_S} s, lease {HEARTBEAT_S * 1.5} s)")
+    assert answer.get("text"), "the cold request issued during the takeover was not served"
+    assert load.failures == [] and load.ok >= 6
+
+    # Nothing lost: the model and its revision, the key, the budget.
+    models = {m["name"]: m for m in thaw(fleet, "models", "ls", "--json")}
+    assert models["cold"]["revision"] == 1
+    assert chat(fleet.client("a", key=new_key), "demo")
+    budget = thaw(fleet, "pool", "budget", "show", "--json")
+    assert {p["shape"]: p["standby_max"] for p in budget["pools"]}["cpu-local"] == 3
+
+    # One controller acting per term, and the terms one after another.
+    with psycopg.connect(yaml.safe_load(fleet.config.read_text())["state"]["url"]) as conn:
+        rows = conn.execute("SELECT controller, term, at, kind FROM controller_events ORDER BY at").fetchall()
+        lease = conn.execute("SELECT holder, term FROM controller_lease").fetchone()
+    holders: dict[int, set[str]] = {}
+    for controller, term, _, _ in rows:
+        holders.setdefault(term, set()).add(controller)
+    assert sorted(holders) == [1, 2] and all(len(h) == 1 for h in holders.values()), holders
+    assert holders[1] != holders[2] and lease == (next(iter(holders[2])), 2)
+    assert max(at for _, t, at, _ in rows if t == 1) < min(at for _, t, at, _ in rows if t == 2)
+    assert any(kind == "assign" and t == 2 for _, t, _, kind in rows), "the new leader placed the cold model"

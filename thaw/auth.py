@@ -113,10 +113,14 @@ class ClusterAuth:
     """ASGI middleware: 401 for any request without the cluster token, but on
     ``open_paths``. The comparison takes the same time wherever the tokens differ."""
 
-    def __init__(self, app: ASGIApp, token: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
+    def __init__(self, app: ASGIApp, token: str, open_paths: frozenset[str] = OPEN_PATHS, *,
+                 also: Callable[[str, bytes], bool] | None = None) -> None:
+        """``also(path, authorization)``: another credential this path admits (the
+        controller's admin keys on ``/v1/admin/``)."""
         self.app = app
         self._expected = f"Bearer {token}".encode()
         self.open_paths = open_paths
+        self._also = also
 
     def __repr__(self) -> str:
         return f"ClusterAuth(open_paths={sorted(self.open_paths)})"
@@ -130,7 +134,7 @@ class ClusterAuth:
             if name == b"authorization":
                 got = value
                 break
-        if hmac.compare_digest(got, self._expected):
+        if hmac.compare_digest(got, self._expected) or (self._also is not None and self._also(scope["path"], got)):
             await self.app(scope, receive, send)
             return
         body = json.dumps({"error": "this endpoint needs the cluster token "

@@ -566,6 +566,35 @@ class NewKeyReply(_Msg):
     row: ApiKey
 
 
+class AdminKey(_Msg):
+    """A key for the controller's model and tenant API (``/v1/admin/``) in place of the
+    cluster token: its sha256 (hex), never the key."""
+
+    hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    label: str | None = None
+    prefix: str
+    created_at: float
+    revoked_at: float | None = None
+
+
+class AdminKeys(_Msg):
+    """``GET /v1/keys/admin``."""
+
+    keys: list[AdminKey]
+
+
+class NewAdminKey(_Msg):
+    """``POST /v1/keys/admin``."""
+
+    label: str | None = Field(None, max_length=200)
+
+
+class NewAdminKeyReply(_Msg):
+    # The key itself: the only time anyone sees it.
+    key: str
+    row: AdminKey
+
+
 class RevokeKey(_Msg):
     """``POST /v1/keys/revoke``: the key, its sha256 ('sha256:<hex>' or hex), or its
     listed prefix."""

@@ -5,13 +5,23 @@ state database, so a restart and the next leader keep them) and API keys
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from thaw.config import Tenant, ThawConfig
 from thaw.log import get_logger
-from thaw.wire import BudgetChange, BudgetView, KeyTable, NewKeyReply, RevokeReply
+from thaw.wire import (
+    AdminKey,
+    AdminKeys,
+    BudgetChange,
+    BudgetView,
+    KeyTable,
+    NewAdminKeyReply,
+    NewKeyReply,
+    RevokeReply,
+)
 from warm_pool.db import Db
 from warm_pool.events import EventLog
 from warm_pool.keys import KEYS_FILE, KeyStore
@@ -105,6 +115,37 @@ class KeyAdmin:
             if (n := self.keys.import_legacy(legacy)):
                 log.info("keys_imported", count=n, source=str(legacy))
         self.version = self.keys.version
+        # Active admin keys by hash (checked on every /v1/admin/ call, so held here).
+        self.admins = self._active(self.keys.admin_keys())
+
+    @staticmethod
+    def _active(rows: list[AdminKey]) -> dict[str, AdminKey]:
+        return {r.hash: r for r in rows if r.revoked_at is None}
+
+    def admin(self, authorization: bytes) -> AdminKey | None:
+        """The active admin key an ``Authorization: Bearer`` header carries, if any."""
+        if not authorization.startswith(b"Bearer "):
+            return None
+        return self.admins.get(hashlib.sha256(authorization[7:].strip()).hexdigest())
+
+    async def add_admin(self, label: str | None, who: str) -> NewAdminKeyReply:
+        key, row = await asyncio.to_thread(self.keys.add_admin, label)
+        self.admins[row.hash] = row
+        self.events.record("admin_key", "operator", outcome="added",
+                           inputs={"who": who, "prefix": row.prefix, "label": label})
+        return NewAdminKeyReply(key=key, row=row)
+
+    async def revoke_admin(self, key: str, who: str) -> RevokeReply:
+        n = await asyncio.to_thread(self.keys.revoke_admin, key)
+        if n == 0:
+            raise UnknownKey("no such active admin key (give the key, its sha256, or the prefix "
+                             "`thaw admin-keys ls` shows)")
+        self.admins = self._active(await asyncio.to_thread(self.keys.admin_keys))
+        self.events.record("admin_key", "operator", outcome="revoked", inputs={"who": who, "count": n})
+        return RevokeReply(revoked=n, version=self.version)
+
+    async def admin_keys(self) -> AdminKeys:
+        return AdminKeys(keys=await asyncio.to_thread(self.keys.admin_keys))
 
     async def add(self, tenant: str, label: str | None, who: str) -> NewKeyReply:
         """A new key for a tenant of the config; every activator takes it within a second."""
@@ -137,8 +178,10 @@ class KeyAdmin:
         return n
 
     async def refresh(self) -> None:
-        """The table's version in the state database (another controller led)."""
+        """The table's version and the admin keys in the state database (another
+        controller led)."""
         self.version = await asyncio.to_thread(lambda: self.keys.version)
+        self.admins = self._active(await asyncio.to_thread(self.keys.admin_keys))
 
     async def table(self) -> KeyTable:
         return await asyncio.to_thread(self.keys.table)

@@ -22,6 +22,7 @@ from thaw.controllers import LEADER_HEADER
 from thaw.http_api import refuse_in_api_shape
 from thaw.wire import (
     ActivityReport,
+    AdminKeys,
     ApplyReply,
     ApplyRequest,
     BudgetChange,
@@ -38,6 +39,8 @@ from thaw.wire import (
     ModelRecords,
     ModelRollback,
     ModelUpdate,
+    NewAdminKey,
+    NewAdminKeyReply,
     NewKey,
     NewKeyReply,
     PoolEvents,
@@ -99,10 +102,10 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         # PostgreSQL is away: nothing was changed; the caller may retry.
         return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "2"})
 
-    @app.middleware("http")
     async def follow_the_leader(request: Request, call_next: Any) -> Response:
         # A follower decides nothing and holds nothing a caller needs: it says where the
-        # leader is (thaw.controllers follows it).
+        # leader is (thaw.controllers follows it), before any credential is checked (its
+        # own copy of the admin keys may be behind the leader's).
         if manager.leading or request.url.path in FOLLOWER_PATHS:
             return await call_next(request)  # type: ignore[no-any-return]
         leader = manager.leader_url
@@ -193,9 +196,28 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         return Response(view.model_dump_json(), media_type="application/json")
 
     def actor(request: Request) -> str:
-        # Who asked: the operator's name as the CLI sends it, and the address it came from.
+        # Who asked: the operator's name as the CLI sends it, the admin key it used (if
+        # not the cluster token), and the address it came from.
         client = request.client.host if request.client else "?"
-        return f"{request.headers.get('x-thaw-actor') or 'unknown'} ({client})"
+        admin = manager.key_admin.admin(request.headers.get("authorization", "").encode())
+        via = f" with admin key {admin.prefix}…{' (' + admin.label + ')' if admin.label else ''}" if admin else ""
+        return f"{request.headers.get('x-thaw-actor') or 'unknown'}{via} ({client})"
+
+    @app.get("/v1/keys/admin", response_model=AdminKeys)
+    async def admin_keys() -> Response:
+        return reply(await manager.key_admin.admin_keys())
+
+    @app.post("/v1/keys/admin", response_model=NewAdminKeyReply, status_code=201)
+    async def add_admin_key(body: NewAdminKey, request: Request) -> Response:
+        # Under /v1/keys, not /v1/admin: an admin key cannot mint another.
+        return reply(await manager.key_admin.add_admin(body.label, actor(request)), 201)
+
+    @app.post("/v1/keys/admin/revoke", response_model=RevokeReply, responses={404: refusal("No such active key")})
+    async def revoke_admin_key(body: RevokeKey, request: Request) -> Response:
+        try:
+            return reply(await manager.key_admin.revoke_admin(body.key, actor(request)))
+        except UnknownKey as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
 
     @app.get("/v1/keys", response_model=KeyTable)
     async def keys() -> Response:
@@ -298,10 +320,15 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
     async def metrics() -> Response:
         return Response(generate_latest(manager.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def admin_key(path: str, authorization: bytes) -> bool:
+        # The model and tenant API also admits an admin key (`thaw admin-keys add`).
+        return path.startswith("/v1/admin/") and manager.key_admin.admin(authorization) is not None
+
     if token is not None:
-        app.add_middleware(ClusterAuth, token=token)
+        app.add_middleware(ClusterAuth, token=token, also=admin_key)
         fastapi_openapi = app.openapi
         app.openapi = lambda: app.openapi_schema or document_cluster_auth(fastapi_openapi())  # type: ignore[method-assign]
+    app.middleware("http")(follow_the_leader)  # the outermost: added last
     return app
 
 

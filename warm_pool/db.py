@@ -61,6 +61,18 @@ class Tx:
         rows = self.query(sql, params)
         return rows[0] if rows else None
 
+    def version(self, table: str) -> int:
+        """The counter in ``table`` (a one-row table with a ``version`` column, which a
+        store's migration creates): what watchers compare to know a table changed."""
+        row = self.one(f"SELECT version FROM {table}")  # noqa: S608 - a store's own table name
+        assert row is not None, f"{table} has no row"
+        return int(row[0])
+
+    def bump(self, table: str) -> int:
+        """Move the counter in ``table`` on by one; the new version."""
+        self.execute(f"UPDATE {table} SET version = version + 1")  # noqa: S608
+        return self.version(table)
+
 
 class Db:
     def __init__(self, dialect: Dialect, target: str) -> None:

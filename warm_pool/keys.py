@@ -16,11 +16,13 @@ import sqlite3
 import time
 from pathlib import Path
 
-from thaw.wire import ApiKey, KeyTable
+from thaw.wire import AdminKey, ApiKey, KeyTable
 from warm_pool.db import Db, Tx
 
 KEYS_FILE = "keys.db"
 KEY_PREFIX = "thaw-"
+# Admin keys (the controller's /v1/admin/ API, never a model's) look different.
+ADMIN_KEY_PREFIX = "thawadmin-"
 SHOWN_PREFIX_LEN = 9
 
 MIGRATIONS = [
@@ -35,6 +37,15 @@ CREATE TABLE IF NOT EXISTS api_keys (
 );
 CREATE TABLE IF NOT EXISTS key_version ("only" INTEGER PRIMARY KEY CHECK ("only" = 1), version INTEGER NOT NULL);
 INSERT INTO key_version VALUES (1, 0) ON CONFLICT DO NOTHING
+""",
+    """
+CREATE TABLE IF NOT EXISTS admin_keys (
+    hash TEXT PRIMARY KEY,
+    label TEXT,
+    prefix TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    revoked_at DOUBLE PRECISION
+)
 """,
 ]
 # api_keys.hash: the sha256 hex of the key; prefix: its first characters, to recognise it
@@ -64,13 +75,11 @@ class KeyStore:
 
     @staticmethod
     def _version(tx: Tx) -> int:
-        row = tx.one("SELECT version FROM key_version")
-        assert row is not None
-        return int(row[0])
+        return tx.version("key_version")
 
     @staticmethod
     def _bump(tx: Tx) -> None:
-        tx.execute("UPDATE key_version SET version = version + 1")
+        tx.bump("key_version")
 
     def add(self, tenant: str, label: str | None = None, *, now: float | None = None) -> tuple[str, ApiKey]:
         """A new key for ``tenant``: the key itself (shown once, never stored) and its row."""
@@ -123,6 +132,31 @@ class KeyStore:
                             "ORDER BY created_at, hash")
         return KeyTable(version=version, keys=[
             ApiKey(hash=h, tenant=t, label=lb, prefix=p, created_at=c, revoked_at=r) for h, t, lb, p, c, r in rows])
+
+    # -- admin keys: the model and tenant API (/v1/admin/) without the cluster token ------
+    def add_admin(self, label: str | None = None, *, now: float | None = None) -> tuple[str, AdminKey]:
+        key = ADMIN_KEY_PREFIX + secrets.token_urlsafe(24)
+        row = AdminKey(hash=_digest(key), label=label, prefix=key[:len(ADMIN_KEY_PREFIX) + 4],
+                       created_at=time.time() if now is None else now)
+        with self.db.write() as tx:
+            tx.execute("INSERT INTO admin_keys VALUES (?, ?, ?, ?, NULL)",
+                       (row.hash, row.label, row.prefix, row.created_at))
+        return key, row
+
+    def revoke_admin(self, key_or_hash: str, *, now: float | None = None) -> int:
+        """Revoke an admin key by the key, its sha256, or its listed prefix; how many."""
+        now = time.time() if now is None else now
+        h = key_or_hash.removeprefix("sha256:")
+        with self.db.write() as tx:
+            return sum(tx.execute(f"UPDATE admin_keys SET revoked_at = ? WHERE {column} = ? AND revoked_at IS NULL",
+                                  (now, value))
+                       for column, value in (("hash", _digest(key_or_hash)), ("hash", h), ("prefix", key_or_hash)))
+
+    def admin_keys(self) -> list[AdminKey]:
+        with self.db.read() as tx:
+            rows = tx.query("SELECT hash, label, prefix, created_at, revoked_at FROM admin_keys "
+                            "ORDER BY created_at, hash")
+        return [AdminKey(hash=h, label=lb, prefix=p, created_at=c, revoked_at=r) for h, lb, p, c, r in rows]
 
     def import_legacy(self, path: Path) -> int:
         """Take in the keys an older Thaw kept beside its ledger (``<data_dir>/usage.db``),

@@ -104,9 +104,7 @@ class RegistryStore:
 
     @staticmethod
     def _version(tx: Tx) -> int:
-        row = tx.one("SELECT version FROM registry_version")
-        assert row is not None
-        return int(row[0])
+        return tx.version("registry_version")
 
     def records(self) -> list[ModelRecord]:
         """Every model ever deployed (removed ones too), each with all its revisions."""
@@ -219,5 +217,4 @@ class RegistryStore:
             raise TenantConflict(name, False)
 
     def _bump(self, tx: Tx) -> int:
-        tx.execute("UPDATE registry_version SET version = version + 1")
-        return self._version(tx)
+        return tx.bump("registry_version")

@@ -20,8 +20,9 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 THAW = [sys.executable, "-m", "thaw.cli.main"]
 
 
-def thaw(*args: str, cwd: Path | None = None, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "THAW_CONFIG"}
+def thaw(*args: str, cwd: Path | None = None, check: bool = True, timeout: float = 120,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**{k: v for k, v in os.environ.items() if k not in ("THAW_CONFIG", "THAW_ADMIN_KEY")}, **(env or {})}
     proc = subprocess.run([*THAW, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"thaw {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
@@ -176,6 +177,15 @@ def test_tenants_commands_keep_keys_at_the_controller(tmp_path: Path) -> None:
         assert "applied: 2 change(s)" in thaw("apply", "-f", str(declared), *c).stdout
         assert "gamma" in thaw("tenants", "ls", *c).stdout
         assert "nothing to change" in thaw("apply", "-f", str(declared), *c).stdout
+        # An admin key: the tenant and model commands without the cluster token.
+        admin = thaw("admin-keys", "add", "--label", "ci", *c).stdout.strip()
+        assert admin.startswith("thawadmin-") and admin[:14] in thaw("admin-keys", "ls", *c).stdout
+        with_key = {"THAW_ADMIN_KEY": admin}
+        assert "created tenant delta" in thaw("tenants", "create", "delta", *c, env=with_key).stdout
+        refused = thaw("tenants", "add", "delta", *c, env=with_key, check=False)  # keys: the cluster token's
+        assert refused.returncode == 1 and "refused the admin key in THAW_ADMIN_KEY" in refused.stderr
+        assert "revoked 1 admin key" in thaw("admin-keys", "revoke", admin, *c).stdout
+        assert thaw("tenants", "ls", *c, env=with_key, check=False).returncode == 1
     finally:
         proc.terminate()
         proc.wait(30)

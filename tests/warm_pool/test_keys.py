@@ -51,3 +51,21 @@ def test_keys_of_an_older_ledger_are_taken_in_once(tmp_path: Path) -> None:
     assert store.import_legacy(tmp_path / "usage.db") == 1
     assert store.import_legacy(tmp_path / "usage.db") == 0
     assert [k.hash for k in store.table().keys] == ["a" * 64] and store.version == 1
+
+
+def test_admin_keys_are_hashes_apart_from_the_tenants_table(state_db: StateDb) -> None:
+    store = KeyStore(state_db())
+    before = store.version
+    key, row = store.add_admin("ci deploys")
+    assert key.startswith("thawadmin-") and row.hash == hashlib.sha256(key.encode()).hexdigest()
+    assert key.startswith(row.prefix) and len(row.prefix) < len(key)
+    # Not a tenant's key: activators never see it, and the key table did not move.
+    assert store.version == before and row.hash not in {k.hash for k in store.table().keys}
+    other, _ = store.add_admin(None)
+    assert store.revoke_admin("thawadmin-nope") == 0
+    assert store.revoke_admin(row.prefix) == 1
+    assert store.revoke_admin(f"sha256:{hashlib.sha256(other.encode()).hexdigest()}") == 1
+    assert store.revoke_admin(key) == 0  # already revoked
+    assert all(r.revoked_at is not None for r in store.admin_keys())
+    # Another controller on the same database sees them.
+    assert [r.label for r in KeyStore(state_db()).admin_keys()] == ["ci deploys", None]

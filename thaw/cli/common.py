@@ -63,8 +63,10 @@ def _call(cfg: ThawConfig, method: str, url: str, path: str, *, params: dict | N
     from thaw.auth import TokenError, bearer, cluster_token
     from thaw.controllers import Controllers
 
+    admin_key = os.environ.get("THAW_ADMIN_KEY")
     try:
-        headers = bearer(cluster_token(cfg))
+        # An admin key (`thaw admin-keys add`) opens the model and tenant API only.
+        headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else bearer(cluster_token(cfg))
     except TokenError as exc:
         raise CliError(str(exc), EXIT_FAILED) from None
     # Who is asking, for the controller's audit events.
@@ -80,7 +82,9 @@ def _call(cfg: ThawConfig, method: str, url: str, path: str, *, params: dict | N
         raise CliError(f"the controller at {url} does not answer ({exc or type(exc).__name__}); is it running "
                        "(`thaw up` or `thaw controller`)?", EXIT_STORE) from None
     if r.status_code == 401:
-        raise CliError(f"the controller at {url} refused the cluster token (is this its config?)", EXIT_FAILED)
+        what = ("the admin key in THAW_ADMIN_KEY (revoked? it opens /v1/admin/ only)" if admin_key
+                else "the cluster token (is this its config?)")
+        raise CliError(f"the controller at {url} refused {what}", EXIT_FAILED)
     if r.status_code >= 400:
         try:
             message = r.json()["error"]

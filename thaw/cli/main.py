@@ -747,6 +747,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     tenants_cli.add_parsers(sub, add)
 
+    from thaw.cli import admin_keys as admin_keys_cli
+
+    admin_keys_cli.add_parsers(sub, add)
+
     from thaw.cli import models as models_cli
 
     p = add(sub, "apply", "Make the models and tenants served match a file (prints the plan first; "
