@@ -98,15 +98,22 @@ class Applier:
             assert model is not None
             record = reg.records.get(name)
             current = now_cfg.model(name) if record is not None and record.revision is not None else None
-            if current is not None and _resolved(current) == _resolved(model):
-                continue
+            # Every model's weights are checked: the same settings over weights pushed
+            # again to the same URI are a change too (the manifest's hash differs).
             weights = await reg.check_store(model, cfg)
+            fields = differences(_resolved(current) if current else {}, _resolved(model))
+            if current is not None and record is not None:
+                held = next(r.weights_sha256 for r in record.revisions if r.revision == record.revision)
+                # (None: a revision seeded from the config file, never hashed: not known to differ.)
+                if held is not None and held != weights.manifest_sha256:
+                    fields["weights_sha256"] = [held, weights.manifest_sha256]
+                if not fields:
+                    continue
             spec = {k: v for k, v in entry.items() if k != "name"}
             number = max((r.revision for r in record.revisions), default=0) + 1 if record else 1
             action = "deploy" if current is None else "update"
             changes.append(PlannedChange(
-                kind="model", name=name, action=action, revision=None if dry_run else number,
-                fields=differences(_resolved(current) if current else {}, _resolved(model))))
+                kind="model", name=name, action=action, revision=None if dry_run else number, fields=fields))
             batch.revisions.append((ModelRevision(
                 model=name, revision=number, spec=spec, weights_sha256=weights.manifest_sha256,
                 weights_bytes=weights.total_bytes, created_at=batch.at, who=batch.who,

@@ -70,6 +70,28 @@ async def test_apply_plans_deploys_updates_and_removals_and_writes_them_at_once(
     assert [x.name for x in manager(state_db()).catalog().models] == ["demo"]
 
 
+async def test_weights_pushed_again_to_the_same_uri_are_a_change(state_db: StateDb) -> None:
+    reader = FakeStoreReader()
+    m = manager(state_db(), reader)
+    demo = m.cfg.model("demo")
+    assert demo is not None
+    same = {**DEMO, "engine": demo.engine.model_dump(mode="json"),
+            "autoscaling": demo.autoscaling.model_dump(mode="json")}
+    # Seeded from the config file, its weights were never hashed: a first update does.
+    same["autoscaling"]["max_replicas"] = 3
+    assert plan(await m.applier.apply(request([same]), "ops")) == [("model", "demo", "update")]
+    assert (await m.applier.apply(request([same]), "ops")).changes == []
+    held = m.model_admin.records["demo"].revisions[-1].weights_sha256
+    assert held is not None
+    reader.sizes["s3://thaw/models/demo"] = 65 * 2**20  # new weights, same URI: another manifest
+    done = await m.applier.apply(request([same]), "ops")
+    assert plan(done) == [("model", "demo", "update")] and done.changes[0].revision == 3
+    now = m.model_admin.records["demo"].revisions[-1].weights_sha256
+    assert done.changes[0].fields == {"weights_sha256": [held, now]} and now != held
+    assert m.model_admin.outdated() == {"demo": frozenset({1, 2})}  # replicas of earlier revisions roll
+    assert (await m.applier.apply(request([same]), "ops")).changes == []
+
+
 @pytest.mark.parametrize(("models", "tenants", "says"), [
     ([DEMO, {"name": "x", "uri": "s3://thaw/models/x", "shape": "nope"}], None, "shape 'nope' is not declared"),
     ([DEMO, {"name": "x", "uri": "s3://thaw/models/missing", "shape": "cpu-local"}], None, "no manifest"),
