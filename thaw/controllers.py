@@ -12,6 +12,7 @@ follower's word) is followed too.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import httpx
@@ -73,38 +74,49 @@ class Controllers:
         self._next(r)
         return False
 
-    async def request(self, http: httpx.AsyncClient, method: str, path: str, **kw: Any) -> httpx.Response:
-        """``method path`` at the leader (see the module's docstring)."""
-        r: httpx.Response | None = None
+    def _tries(self) -> Generator[str, httpx.Response | httpx.TransportError, httpx.Response]:
+        """The URL of each try, sent the outcome of the one before; returns the answer,
+        or raises the connection error when no controller gave one."""
+        answer: httpx.Response | None = None
         tries = self._attempts()
         for attempt in range(tries):
-            try:
-                r = await http.request(method, f"{self.url}{path}", **kw)
-            except httpx.TransportError:
+            outcome = yield self.url
+            if isinstance(outcome, httpx.TransportError):
                 if attempt + 1 < tries and not self._done(None):
                     continue
-                if r is None:
-                    raise
-                break  # a follower's answer before it says more than this failure
-            if self._done(r):
+                if answer is None:
+                    raise outcome
+                break  # a follower's answer says more than this failure
+            answer = outcome
+            if self._done(answer):
                 break
-        assert r is not None
-        return r
+        assert answer is not None
+        return answer
+
+    async def request(self, http: httpx.AsyncClient, method: str, path: str, **kw: Any) -> httpx.Response:
+        """``method path`` at the leader (see the module's docstring)."""
+        tries = self._tries()
+        url = next(tries)
+        while True:
+            try:
+                outcome: httpx.Response | httpx.TransportError = await http.request(method, f"{url}{path}", **kw)
+            except httpx.TransportError as exc:
+                outcome = exc
+            try:
+                url = tries.send(outcome)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
 
     def request_sync(self, method: str, path: str, **kw: Any) -> httpx.Response:
         """The same, blocking (the ``thaw`` commands)."""
-        r: httpx.Response | None = None
-        tries = self._attempts()
-        for attempt in range(tries):
+        tries = self._tries()
+        url = next(tries)
+        while True:
             try:
-                r = httpx.request(method, f"{self.url}{path}", **kw)
-            except httpx.TransportError:
-                if attempt + 1 < tries and not self._done(None):
-                    continue
-                if r is None:
-                    raise
-                break  # a follower's answer before it says more than this failure
-            if self._done(r):
-                break
-        assert r is not None
-        return r
+                outcome: httpx.Response | httpx.TransportError = httpx.request(method, f"{url}{path}", **kw)
+            except httpx.TransportError as exc:
+                outcome = exc
+            try:
+                url = tries.send(outcome)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
