@@ -3,7 +3,8 @@
 #
 # The ec2 provider (warm_pool/ec2.py) puts the THAW_* assignments in front of this file.
 # The AMI brings the NVIDIA driver, curl and Python 3.11+. The cluster token is not
-# here: the worker reads it from the SSM parameter named below with its instance role.
+# here: the worker reads it from the Secrets Manager secret (or the SSM parameter) named
+# below, with its instance role.
 set -euo pipefail
 
 : "${THAW_CONTROLLER_URL:?must be set: the URL workers reach the controller at}"
@@ -11,7 +12,12 @@ set -euo pipefail
 : "${THAW_SHAPE:?must be set: the instance shape this instance serves}"
 : "${THAW_WORKER_ID:?must be set: the worker id the controller launched this instance for}"
 : "${THAW_WORKER_PORT:?must be set: the port thaw worker listens on}"
-: "${THAW_TOKEN_SSM_PARAMETER:?must be set: the name of the SSM parameter holding the cluster token}"
+THAW_TOKEN_SECRET="${THAW_TOKEN_SECRET:-}"
+THAW_TOKEN_SSM_PARAMETER="${THAW_TOKEN_SSM_PARAMETER:-}"
+if [[ -z "$THAW_TOKEN_SECRET" && -z "$THAW_TOKEN_SSM_PARAMETER" ]]; then
+    echo "THAW_TOKEN_SECRET or THAW_TOKEN_SSM_PARAMETER must be set: where the cluster token is" >&2
+    exit 1
+fi
 THAW_PACKAGE="${THAW_PACKAGE:-thaw-serve[gpu]}"
 # Optional: an s3:// URI of the Thaw config file, fetched with the instance role. Without
 # it the worker reads /etc/thaw/thaw.yaml if the AMI has one.
@@ -98,6 +104,12 @@ if [ -f "$CONFIG" ]; then
 else
     log "no config at $CONFIG: the worker falls back to its default path"
 fi
+# Where the worker reads the cluster token (the secret wins when both are given).
+if [ -n "$THAW_TOKEN_SECRET" ]; then
+    TOKEN_ENV="Environment=$(unit_word "THAW_CLUSTER_TOKEN_SECRET=$THAW_TOKEN_SECRET")"
+else
+    TOKEN_ENV="Environment=$(unit_word "THAW_CLUSTER_TOKEN_SSM_PARAMETER=$THAW_TOKEN_SSM_PARAMETER")"
+fi
 
 # The worker runs as its own user; its state (model cache, snapshots) lives in its home.
 if ! id thaw >/dev/null 2>&1; then
@@ -156,7 +168,7 @@ After=network-online.target
 [Service]
 User=thaw
 WorkingDirectory=$HOME_DIR
-Environment=$(unit_word "THAW_CLUSTER_TOKEN_SSM_PARAMETER=$THAW_TOKEN_SSM_PARAMETER")
+$TOKEN_ENV
 Environment=$(unit_word "THAW_CLUSTER=$THAW_CLUSTER")
 Environment=$(unit_word "AWS_REGION=$REGION")
 Environment=$(unit_word "AWS_DEFAULT_REGION=$REGION")

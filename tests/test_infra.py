@@ -59,11 +59,19 @@ def test_script_never_handles_the_token() -> None:
     # Only the parameter's name passes through; the worker reads the value itself.
     assert not re.search(r"\bTHAW_CLUSTER_TOKEN\s*=", text)
     assert not re.search(r"\$\{?THAW_CLUSTER_TOKEN\b(?!_SSM_PARAMETER)", text)
-    assert "get-parameter" not in text and "with-decryption" not in text
+    assert "get-parameter" not in text and "with-decryption" not in text and "get-secret-value" not in text
     assert re.search(r"Environment=.*THAW_CLUSTER_TOKEN_SSM_PARAMETER=\$THAW_TOKEN_SSM_PARAMETER", text)
+    assert re.search(r"Environment=.*THAW_CLUSTER_TOKEN_SECRET=\$THAW_TOKEN_SECRET", text)
 
 
-@pytest.mark.parametrize("missing", list(VALUES))
+def test_no_token_source_fails_before_doing_anything(tmp_path: Path) -> None:
+    env = {k: v for k, v in VALUES.items() if k != "THAW_TOKEN_SSM_PARAMETER"}
+    r = subprocess.run([BASH, str(SCRIPT)], env={**env, "PATH": str(tmp_path)}, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "THAW_TOKEN_SECRET or THAW_TOKEN_SSM_PARAMETER must be set" in r.stderr
+
+
+@pytest.mark.parametrize("missing", [k for k in VALUES if k != "THAW_TOKEN_SSM_PARAMETER"])
 def test_missing_variable_fails_before_doing_anything(tmp_path: Path, missing: str) -> None:
     env = {k: v for k, v in VALUES.items() if k != missing}
     # No commands on PATH: had the check not stopped it, the next step would fail differently.
@@ -107,15 +115,24 @@ def _unit_words(line: str) -> list[str]:
     return [w.replace("%%", "%").replace("$$", "$") for w in shlex.split(line)]
 
 
-@pytest.mark.parametrize(("package", "config_uri"), [(None, None), ("thaw==0.1.0", "s3://thaw-prod/conf/thaw.yaml")],
-                         ids=["defaults", "package-and-config"])
-def test_writes_and_starts_the_worker_unit(tmp_path: Path, package: str | None, config_uri: str | None) -> None:
+SECRET_ARN = "arn:aws:secretsmanager:eu-west-1:111122223333:secret:thaw/prod/token-AbCdEf"
+
+
+@pytest.mark.parametrize(("package", "config_uri", "secret"),
+                         [(None, None, None), ("thaw==0.1.0", "s3://thaw-prod/conf/thaw.yaml", None),
+                          (None, None, SECRET_ARN)],
+                         ids=["defaults", "package-and-config", "token-secret"])
+def test_writes_and_starts_the_worker_unit(tmp_path: Path, package: str | None, config_uri: str | None,
+                                           secret: str | None) -> None:
     root, calls = tmp_path / "root", tmp_path / "calls"
     _stubs(tmp_path / "bin", calls)
     # A cluster name a shell or systemd would expand if quoted wrongly (config's Name
     # pattern forbids it; the script must not depend on that).
     cluster = "it's $HOME `id` %n \\ \""
     values = {**VALUES, "THAW_CLUSTER": cluster}
+    if secret:  # the token in Secrets Manager (the CloudFormation stack's) instead of SSM
+        del values["THAW_TOKEN_SSM_PARAMETER"]
+        values["THAW_TOKEN_SECRET"] = secret
     if package:
         values["THAW_PACKAGE"] = package
     if config_uri:
@@ -139,7 +156,9 @@ def test_writes_and_starts_the_worker_unit(tmp_path: Path, package: str | None, 
     ]
     env = dict(w.split("=", 1) for line in settings["Environment"] for w in _unit_words(line))
     config = root / "etc/thaw/thaw.yaml"
-    assert env == {"THAW_CLUSTER_TOKEN_SSM_PARAMETER": "/thaw/prod/token", "THAW_CLUSTER": cluster,
+    token_env = {"THAW_CLUSTER_TOKEN_SECRET": secret} if secret else {
+        "THAW_CLUSTER_TOKEN_SSM_PARAMETER": "/thaw/prod/token"}
+    assert env == {**token_env, "THAW_CLUSTER": cluster,
                    "AWS_REGION": "eu-west-1", "AWS_DEFAULT_REGION": "eu-west-1",
                    **({"THAW_CONFIG": str(config)} if config_uri else {})}
     assert settings["Restart"] == ["always"] and settings["User"] == ["thaw"]

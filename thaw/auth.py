@@ -1,9 +1,11 @@
 """The cluster token: every control-plane call between Thaw's services carries it.
 
 Where it comes from, first found wins: ``THAW_CLUSTER_TOKEN`` in the environment,
-``cluster.token`` in the config, the SSM parameter named by ``cluster.token_ssm_parameter``
-(or ``THAW_CLUSTER_TOKEN_SSM_PARAMETER``), else ``<data_dir>/cluster-token``, generated
-on first use (mode 0600) so that services on one machine share it.
+``cluster.token`` in the config, the Secrets Manager secret named by
+``cluster.token_secret`` (or ``THAW_CLUSTER_TOKEN_SECRET``), the SSM parameter named by
+``cluster.token_ssm_parameter`` (or ``THAW_CLUSTER_TOKEN_SSM_PARAMETER``), else
+``<data_dir>/cluster-token``, generated on first use (mode 0600) so that services on one
+machine share it.
 
 Servers check it with :class:`ClusterAuth` (an ASGI middleware: every path but the open
 ones answers 401 without it); clients send it with :func:`bearer`. The token is never
@@ -27,6 +29,7 @@ from thaw.wire import ErrorReply
 
 TOKEN_ENV = "THAW_CLUSTER_TOKEN"
 SSM_ENV = "THAW_CLUSTER_TOKEN_SSM_PARAMETER"
+SECRET_ENV = "THAW_CLUSTER_TOKEN_SECRET"
 TOKEN_FILE = "cluster-token"
 OPEN_PATHS = frozenset({"/healthz"})
 # The security scheme's name in the controller's and the workers' /openapi.json.
@@ -47,13 +50,16 @@ def token_file(cfg: ThawConfig) -> Path:
     return cfg.data_dir / TOKEN_FILE
 
 
-def cluster_token(cfg: ThawConfig, *, ssm_client: Any = None) -> str:
+def cluster_token(cfg: ThawConfig, *, ssm_client: Any = None, secrets_client: Any = None) -> str:
     """The cluster token for this deployment (see the module docstring for the order)."""
     env = os.environ.get(TOKEN_ENV)
     if env:
         return env
     if cfg.cluster.token is not None:
         return cfg.cluster.token.get_secret_value()
+    secret = os.environ.get(SECRET_ENV) or cfg.cluster.token_secret
+    if secret:
+        return _from_secrets_manager(secret, secrets_client)
     param = os.environ.get(SSM_ENV) or cfg.cluster.token_ssm_parameter
     if param:
         return _from_ssm(param, ssm_client)
@@ -72,6 +78,20 @@ def _from_ssm(name: str, client: Any) -> str:
     if not value:
         raise TokenError(f"SSM parameter {name!r} is empty")
     return str(value)
+
+
+def _from_secrets_manager(secret_id: str, client: Any) -> str:
+    import boto3
+    import botocore.exceptions
+
+    try:
+        client = client or boto3.client("secretsmanager")
+        value = client.get_secret_value(SecretId=secret_id).get("SecretString")
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        raise TokenError(f"cannot read the cluster token from secret {secret_id!r}: {exc}") from None
+    if not value or not value.strip():
+        raise TokenError(f"secret {secret_id!r} has no SecretString")
+    return str(value).strip()
 
 
 def _from_file(path: Path) -> str:

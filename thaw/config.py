@@ -472,7 +472,9 @@ class Cluster(_Strict):
     # below, else generated on first start into <data_dir>/cluster-token (mode 0600), so
     # services on one machine share it.
     token: SecretStr | None = None
-    # Name of an SSM SecureString parameter holding the token (AWS deployments).
+    # Name or ARN of a Secrets Manager secret holding the token (AWS deployments; the
+    # CloudFormation stack generates it), or the name of an SSM SecureString parameter.
+    token_secret: str | None = None
     token_ssm_parameter: str | None = None
     # Workers report their state this often (and at once on every change).
     heartbeat_interval_s: PositiveFloat = 2.0
@@ -482,6 +484,12 @@ class Cluster(_Strict):
     # boot with the instance role), and the pip requirement that installs Thaw there.
     worker_config_uri: S3Uri | None = None
     worker_package: str | None = None
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> Cluster:
+        if self.token_secret and self.token_ssm_parameter:
+            raise ValueError("give token_secret (Secrets Manager) or token_ssm_parameter (SSM), not both")
+        return self
 
 
 class ControllerConfig(_Strict):

@@ -86,6 +86,7 @@ class Ec2Provider:
         pools: Mapping[str, Ec2Pool],
         controller_url: str,
         token_ssm_parameter: str | None,
+        token_secret: str | None = None,
         session: aioboto3.Session | None = None,
         clock: Callable[[], float] = time.time,
         bootstrap_script: str | None = None,
@@ -94,7 +95,8 @@ class Ec2Provider:
         page_size: int | None = None,
         on_client: Callable[[Client], None] | None = None,
     ) -> None:
-        """``token_ssm_parameter`` is the parameter's name; workers read the token there.
+        """``token_secret`` (a Secrets Manager secret's name or ARN) or
+        ``token_ssm_parameter`` (an SSM parameter's name): where workers read the token.
         ``bootstrap_script`` defaults to ``infra/worker-bootstrap.sh`` in the source
         tree (pass it when the package is installed without it). ``package`` is the
         pip spec workers install (the script's default: ``thaw-serve[gpu]``); ``config_uri`` the
@@ -102,9 +104,10 @@ class Ec2Provider:
         sets DescribeInstances' MaxResults. ``on_client`` sees each new EC2 client
         before its first call: a hook for tests to register botocore event handlers.
         """
-        if not token_ssm_parameter:
-            raise ValueError("the ec2 provider needs cluster.token_ssm_parameter: workers read the "
-                             "cluster token from SSM, it is never put in user data")
+        if not (token_secret or token_ssm_parameter):
+            raise ValueError("the ec2 provider needs cluster.token_secret (Secrets Manager) or "
+                             "cluster.token_ssm_parameter (SSM): workers read the cluster token there, it is "
+                             "never put in user data")
         if bootstrap_script is None:
             try:
                 bootstrap_script = BOOTSTRAP_SCRIPT.read_text()
@@ -115,6 +118,7 @@ class Ec2Provider:
         self.pools = dict(pools)
         self.controller_url = controller_url
         self.token_ssm_parameter = token_ssm_parameter
+        self.token_secret = token_secret
         self.bootstrap_script = bootstrap_script
         self.package = package
         self.config_uri = config_uri
@@ -286,8 +290,11 @@ class Ec2Provider:
             "THAW_SHAPE": shape,
             "THAW_WORKER_ID": worker_id,
             "THAW_WORKER_PORT": str(pool.worker_port),
-            "THAW_TOKEN_SSM_PARAMETER": self.token_ssm_parameter,
         }
+        if self.token_secret:
+            values["THAW_TOKEN_SECRET"] = self.token_secret
+        else:
+            values["THAW_TOKEN_SSM_PARAMETER"] = self.token_ssm_parameter or ""
         if self.package:
             values["THAW_PACKAGE"] = self.package
         if self.config_uri:

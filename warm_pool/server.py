@@ -39,7 +39,7 @@ def build_providers(cfg: ThawConfig, config_path: Path, controller_url: str) -> 
 
         # One provider for every ec2 pool: one DescribeInstances per region lists them all.
         ec2 = Ec2Provider(cluster=cfg.cluster.name, pools=ec2_pools, controller_url=controller_url,
-                          token_ssm_parameter=cfg.cluster.token_ssm_parameter,
+                          token_ssm_parameter=cfg.cluster.token_ssm_parameter, token_secret=cfg.cluster.token_secret,
                           config_uri=cfg.cluster.worker_config_uri, package=cfg.cluster.worker_package)
         out.update({shape: ec2 for shape in ec2_pools})
     for p in cfg.pools:

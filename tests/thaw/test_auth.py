@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 
 from thaw.auth import ClusterAuth, TokenError, cluster_token, local_token, token_file
-from thaw.config import ThawConfig, parse_config
+from thaw.config import ConfigError, ThawConfig, parse_config
 
 SHAPES = [{"name": "cpu", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8, "price_per_hour_usd": 0}]
 
@@ -47,6 +47,28 @@ def test_from_ssm_by_parameter_name(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             return {"Parameter": {"Value": "from-ssm"}}
 
     assert cluster_token(cfg(tmp_path, token_ssm_parameter="/thaw/prod/token"), ssm_client=Ssm()) == "from-ssm"
+
+
+def test_from_secrets_manager_before_ssm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("THAW_CLUSTER_TOKEN", raising=False)
+    monkeypatch.delenv("THAW_CLUSTER_TOKEN_SECRET", raising=False)
+
+    class Secrets:
+        def get_secret_value(self, SecretId: str) -> dict[str, str]:  # noqa: N803
+            assert SecretId == "thaw/prod/token"
+            return {"SecretString": "from-secret\n"}
+
+    c = cfg(tmp_path, token_secret="thaw/prod/token")
+    assert cluster_token(c, secrets_client=Secrets()) == "from-secret"
+    with pytest.raises(ConfigError, match="not both"):
+        cfg(tmp_path, token_secret="a", token_ssm_parameter="b")
+
+    class Empty:
+        def get_secret_value(self, SecretId: str) -> dict[str, str]:  # noqa: N803
+            return {"SecretBinary": "x"}
+
+    with pytest.raises(TokenError, match="has no SecretString"):
+        cluster_token(c, secrets_client=Empty())
 
 
 def test_an_unreadable_token_file_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

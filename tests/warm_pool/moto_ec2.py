@@ -77,8 +77,8 @@ class Aws:
     def provider(self, pool: Ec2Pool | None = None, **kwargs: Any) -> Ec2Provider:
         return Ec2Provider(
             cluster=self.cluster, pools={"gpu": pool or self.pool()},
-            controller_url="http://controller.internal:8100", token_ssm_parameter=TOKEN_PARAM,
-            session=aioboto3.Session(region_name=REGION, **CREDS), **kwargs,
+            controller_url="http://controller.internal:8100",
+            session=aioboto3.Session(region_name=REGION, **CREDS), **{"token_ssm_parameter": TOKEN_PARAM, **kwargs},
         )
 
     def described(self, worker_id: str | None = None) -> list[dict[str, Any]]:

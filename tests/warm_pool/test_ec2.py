@@ -253,5 +253,18 @@ async def test_close_terminates_nothing(aws: Aws) -> None:
 
 def test_needs_token_parameter_name() -> None:
     pool = Ec2Pool(region=REGION, launch_template="lt-0", subnets=["s"], instance_types=["t"])
-    with pytest.raises(ValueError, match="token_ssm_parameter"):
+    with pytest.raises(ValueError, match="token_secret .* or cluster.token_ssm_parameter"):
         Ec2Provider(cluster="c", pools={"gpu": pool}, controller_url="http://c", token_ssm_parameter=None)
+
+
+async def test_workers_are_told_the_token_secret_when_the_token_is_in_secrets_manager(aws: Aws) -> None:
+    secret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:thaw/token-AbCdEf"
+    provider = aws.provider(token_ssm_parameter=None, token_secret=secret)
+    try:
+        inst = await provider.launch("gpu", "w-s")
+    finally:
+        await provider.close()
+    attr = aws.ec2.describe_instance_attribute(InstanceId=inst.instance_id, Attribute="userData")
+    user_data = base64.b64decode(attr["UserData"]["Value"]).decode()
+    values = user_data.removesuffix(BOOTSTRAP_SCRIPT.read_text())
+    assert f"\nTHAW_TOKEN_SECRET={secret}\n" in values and "THAW_TOKEN_SSM_PARAMETER" not in values
