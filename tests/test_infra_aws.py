@@ -25,6 +25,7 @@ import yaml
 from moto.cloudformation.parsing import get_model_map
 
 from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
+from thaw.aws_stack import token_secret_name
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "infra" / "aws"
 TEMPLATE = TEMPLATES / "thaw.yaml"
@@ -309,3 +310,46 @@ def test_launch_templates_groups_balancers_database_and_logs(stack: dict[str, An
     logs = client(stack, "logs").describe_log_groups(logGroupNamePrefix="/thaw/prod/")["logGroups"]
     assert {(g["logGroupName"], g.get("retentionInDays")) for g in logs} == {
         (f"/thaw/prod/{s}", 30) for s in ("controller", "activator", "worker")}
+
+
+def thaw_cli(stack: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    """A `thaw` command talking to the moto server as it would to AWS."""
+    env = {"PATH": str(Path(sys.executable).parent), "AWS_ENDPOINT_URL": stack["kw"]["endpoint_url"],
+           "AWS_ACCESS_KEY_ID": CREDS["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": CREDS["aws_secret_access_key"],
+           "AWS_DEFAULT_REGION": REGION, "HOME": "/nonexistent"}
+    return subprocess.run([sys.executable, "-m", "thaw.cli.main", *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_thaw_aws_config_writes_a_config_that_checks(stack: dict[str, Any], tmp_path: Path) -> None:
+    # moto cannot make the ElastiCache group, so the stack has no output naming it:
+    # the command says so, and takes the Redis URL given instead.
+    refused = thaw_cli(stack, "aws", "config", "--stack", "thaw-test")
+    assert refused.returncode == 2 and "no output RedisReplicationGroup; give --redis-url" in refused.stderr
+    out = tmp_path / "thaw.yaml"
+    made = thaw_cli(stack, "aws", "config", "--stack", "thaw-test", "--redis-url", "rediss://limits.internal:6379/0",
+                    "-o", str(out))
+    assert made.returncode == 0, made.stderr
+    checked = thaw_cli(stack, "config", "check", str(out))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    cfg = yaml.safe_load(out.read_text())
+    o, r = stack["outputs"], stack["resources"]
+    assert cfg["cluster"]["name"] == "prod" and cfg["controller"]["urls"] == [o["ControllerUrl"]]
+    assert cfg["state"] == {"backend": "postgres", "url": f"postgresql://thaw@{o['DatabaseEndpoint']}:5432/thaw"}
+    assert cfg["limits"]["url"] == "rediss://limits.internal:6379/0"
+    assert cfg["object_store"]["bucket"] == o["BucketName"] and cfg["object_store"]["credentials"] == {
+        "source": "role"}
+    assert cfg["object_store"]["allowed_prefixes"] == [f"s3://{o['BucketName']}/models/"]
+    # A shape and an ec2 pool per launch template, as EC2 describes the instance type.
+    assert [(s["name"], s["gpu_type"], s["gpu_count"], s["host_memory_gib"]) for s in cfg["shapes"]] == [
+        ("g6e-xlarge", "l40s-45gb", 1, 32.0), ("p5-48xlarge", "h100-80gb", 8, 2048.0)]
+    assert [(p["ec2"]["launch_template"], p["ec2"]["instance_types"]) for p in cfg["pools"]] == [
+        (r["Shape1LaunchTemplate"], ["g6e.xlarge"]), (r["Shape2LaunchTemplate"], ["p5.48xlarge"])]
+    assert all(p["ec2"]["subnets"] == stack["params"]["PrivateSubnetIds"].split(",") for p in cfg["pools"])
+    # Names and addresses only: no secret value in it (the token is read by each service),
+    # the secret named as the template names it.
+    assert "token" not in cfg["cluster"] and cfg["cluster"]["token_secret"] == token_secret_name("prod")
+    assert template()["Resources"]["ClusterToken"]["Properties"]["Name"] == {
+        "Fn::Sub": token_secret_name("${ClusterName}")}
+    missing = thaw_cli(stack, "aws", "config", "--stack", "nope", "--redis-url", "rediss://x:6379/0")
+    assert missing.returncode == 1 and "cannot read stack 'nope'" in missing.stderr

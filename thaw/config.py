@@ -50,13 +50,15 @@ class _Strict(BaseModel):
 
 
 class Credentials(_Strict):
-    """Where the S3 access key comes from: the environment, a file, or generated.
+    """Where the S3 access key comes from: the environment, a file, generated, or the
+    AWS default chain.
 
     ``generated`` is for the embedded store: `thaw store up` creates a key pair once
-    and keeps it under the data directory.
+    and keeps it under the data directory. ``role``: boto3's default chain (on EC2, the
+    instance profile's role; what the CloudFormation stack's services use).
     """
 
-    source: Literal["env", "file", "generated"] = "generated"
+    source: Literal["env", "file", "generated", "role"] = "generated"
     access_key_env: str = "AWS_ACCESS_KEY_ID"
     secret_key_env: str = "AWS_SECRET_ACCESS_KEY"
     # JSON file with {"access_key": ..., "secret_key": ...}; relative to the data dir.

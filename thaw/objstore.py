@@ -86,7 +86,8 @@ def resolve_endpoint(cfg: ThawConfig) -> S3Endpoint:
     """Endpoint and credentials for ``cfg.object_store``.
 
     For the embedded store the credentials are the generated ones kept under the data
-    dir (created by `thaw store up`); for S3 they come from the environment or a file.
+    dir (created by `thaw store up`); for S3 they come from the environment, a file, or
+    (``role``) boto3's default chain.
     """
     store = cfg.object_store
     creds = store.credentials
@@ -96,6 +97,8 @@ def resolve_endpoint(cfg: ThawConfig) -> S3Endpoint:
             raise StoreConfigError(f"no credentials at {path}: start the store first (`thaw store up`)")
         data = json.loads(path.read_text())
         access, secret = data["access_key"], data["secret_key"]
+    elif creds.source == "role":
+        return S3Endpoint(store.resolved_endpoint_url, None, None, store.region)
     elif creds.source == "file":
         assert creds.file is not None
         path = creds.file if creds.file.is_absolute() else cfg.data_dir / creds.file

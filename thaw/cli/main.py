@@ -751,6 +751,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     admin_keys_cli.add_parsers(sub, add)
 
+    from thaw.cli import aws as aws_cli
+
+    aws_cli.add_parsers(sub, add)
+
     from thaw.cli import models as models_cli
 
     p = add(sub, "apply", "Make the models and tenants served match a file (prints the plan first; "

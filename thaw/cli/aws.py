@@ -1,0 +1,98 @@
+"""`thaw aws config --stack NAME`: the config a cluster made by infra/aws/thaw.yaml runs
+with, from the stack's outputs and parameters, EC2's description of each GPU shape's
+instance type and ElastiCache's of the Redis group (thaw.aws_stack composes it). The
+result is checked as `thaw config check` would before it is written; it holds names and
+addresses only, never a secret. Upload it to the bucket at config/thaw.yaml, where the
+stack's controllers, activators and workers read it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from thaw.cli.common import EXIT_FAILED, EXIT_INVALID, CliError
+
+
+def _aws(service: str, region: str | None) -> Any:
+    import boto3
+
+    return boto3.client(service, region_name=region)
+
+
+def _redis_url(outputs: dict[str, str], region: str | None) -> str:
+    import botocore.exceptions
+
+    group = outputs.get("RedisReplicationGroup")
+    if not group:
+        raise CliError("the stack has no output RedisReplicationGroup; give --redis-url", EXIT_INVALID)
+    try:
+        found = _aws("elasticache", region).describe_replication_groups(ReplicationGroupId=group)
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        raise CliError(f"cannot describe the Redis group {group!r}: {exc}", EXIT_FAILED) from None
+    primary = found["ReplicationGroups"][0]["NodeGroups"][0]["PrimaryEndpoint"]
+    return f"rediss://{primary['Address']}:{primary['Port']}/0"
+
+
+def stack_config(stack: str, region: str | None, redis_url: str | None) -> dict[str, Any]:
+    import botocore.exceptions
+
+    from thaw.aws_stack import InstanceType, StackProblem, config_from_stack
+
+    try:
+        cfn = _aws("cloudformation", region)
+        found = cfn.describe_stacks(StackName=stack)["Stacks"][0]
+        region = cfn.meta.region_name
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in found.get("Outputs", [])}
+        params = {p["ParameterKey"]: p.get("ResolvedValue") or p["ParameterValue"] for p in found["Parameters"]}
+        wanted = [t for t in (params.get("Shape1InstanceType"), params.get("Shape2InstanceType")) if t]
+        described = _aws("ec2", region).describe_instance_types(InstanceTypes=wanted)["InstanceTypes"] \
+            if wanted else []
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        raise CliError(f"cannot read stack {stack!r}: {exc}", EXIT_FAILED) from None
+    types = {}
+    for t in described:
+        gpus = t.get("GpuInfo", {}).get("Gpus", [])
+        types[t["InstanceType"]] = InstanceType(
+            name=t["InstanceType"], memory_mib=t["MemoryInfo"]["SizeInMiB"],
+            gpu_name=gpus[0]["Name"] if gpus else "", gpu_count=sum(g["Count"] for g in gpus),
+            gpu_memory_mib=gpus[0]["MemoryInfo"]["SizeInMiB"] if gpus else 0,
+            instance_storage_gb=t.get("InstanceStorageInfo", {}).get("TotalSizeInGB", 0))
+    try:
+        return config_from_stack(outputs, params, str(region), types, redis_url or _redis_url(outputs, region))
+    except StackProblem as exc:
+        raise CliError(str(exc), EXIT_INVALID) from None
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from thaw.config import ConfigError, parse_config
+
+    data = stack_config(args.stack, args.region, args.redis_url)
+    try:
+        parse_config(data)
+    except ConfigError as exc:  # a stack this code does not understand: say so, write nothing
+        raise CliError(f"the config made from stack {args.stack!r} does not check: {exc}", EXIT_FAILED) from None
+    text = ("# Made by `thaw aws config --stack " + args.stack + "`; add models and tenants with `thaw models` "
+            "and `thaw tenants`.\n" + yaml.safe_dump(data, sort_keys=False))
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}; upload it to s3://{data['object_store']['bucket']}/config/thaw.yaml",
+              file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction, add: Any) -> None:  # type: ignore[type-arg]
+    aws = sub.add_parser("aws", help="A cluster made by the CloudFormation stack (infra/aws/thaw.yaml).")
+    a_sub = aws.add_subparsers(dest="aws_command", metavar="SUBCOMMAND", required=True)
+    p = add(a_sub, "config", "Write the config the stack's services run with, from its outputs.", cmd_config,
+            with_common=False)
+    p.add_argument("--stack", required=True, metavar="NAME")
+    p.add_argument("--region", default=None, help="default: the AWS default chain's")
+    p.add_argument("--redis-url", default=None,
+                   help="limits.url, in place of the stack's ElastiCache group (rediss://HOST:PORT/DB)")
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="default: standard output")
