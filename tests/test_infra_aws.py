@@ -353,3 +353,19 @@ def test_thaw_aws_config_writes_a_config_that_checks(stack: dict[str, Any], tmp_
         "Fn::Sub": token_secret_name("${ClusterName}")}
     missing = thaw_cli(stack, "aws", "config", "--stack", "nope", "--redis-url", "rediss://x:6379/0")
     assert missing.returncode == 1 and "cannot read stack 'nope'" in missing.stderr
+
+
+def test_thaw_aws_check_says_what_is_missing(stack: dict[str, Any], tmp_path: Path) -> None:
+    first = thaw_cli(stack, "aws", "check", "--stack", "thaw-test")
+    assert first.returncode == 1
+    # moto cannot make the secret, and the config is not uploaded yet.
+    assert first.stdout.splitlines() == [
+        "- the cluster token's secret does not exist",
+        "- no config at config/thaw.yaml in the bucket: write it with `thaw aws config` and upload it"]
+    secret = client(stack, "secretsmanager").create_secret(Name=token_secret_name("prod"), SecretString="t")["ARN"]
+    client(stack, "s3").put_object(Bucket=stack["outputs"]["BucketName"], Key="config/thaw.yaml", Body=b"x")
+    second = thaw_cli(stack, "aws", "check", "--stack", "thaw-test")
+    # Made outside the stack, the secret is not the one its roles name (moto drops a Ref to
+    # a resource it cannot make): the check reads the roles as they are and says so.
+    assert second.returncode == 1 and second.stdout.splitlines() == [
+        f"- the {role} role cannot read the cluster token ({secret})" for role in ("activator", "controller", "worker")]

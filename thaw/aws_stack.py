@@ -4,6 +4,7 @@ and what EC2 says of each GPU shape's instance type. ``thaw aws config`` does th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,3 +106,53 @@ def config_from_stack(outputs: dict[str, str], parameters: dict[str, str], regio
         "models": [],
         "tenants": [],
     }
+
+
+# -- `thaw aws check`: what the stack lacks, from what AWS says of it (pure) --------------
+
+
+@dataclass(frozen=True)
+class StackFacts:
+    """What ``thaw aws check`` reads of a stack (the CLI gathers it)."""
+
+    status: str
+    # instance type -> the zones it is offered in; subnet -> its zone
+    offered: dict[str, frozenset[str]]
+    subnet_zones: dict[str, str]
+    # launch template id -> the instance profile ARN it names (None: none)
+    template_profiles: dict[str, str | None]
+    worker_profile_arn: str
+    # the token secret's ARN (None: it does not exist)
+    token_secret_arn: str | None
+    # role -> the resources its policies allow secretsmanager:GetSecretValue on
+    secret_readers: dict[str, list[str]]
+    config_uploaded: bool
+
+
+def _covers(pattern: str, arn: str) -> bool:
+    return re.fullmatch(re.escape(pattern).replace(r"\*", ".*"), arn) is not None
+
+
+def check_problems(f: StackFacts) -> list[str]:
+    """Each thing that keeps the stack's cluster from working, in words an operator acts on."""
+    out = []
+    if f.status not in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
+        out.append(f"the stack is {f.status}, not complete")
+    for itype, zones in sorted(f.offered.items()):
+        for subnet, zone in sorted(f.subnet_zones.items()):
+            if zone not in zones:
+                out.append(f"{itype} is not offered in {zone} ({subnet}): launches there fail; drop the subnet or "
+                           "the instance type")
+    for template, profile in sorted(f.template_profiles.items()):
+        if profile != f.worker_profile_arn:
+            out.append(f"launch template {template} names {profile or 'no instance profile'}, not the worker "
+                       f"profile {f.worker_profile_arn}: its workers cannot read weights or the token")
+    if f.token_secret_arn is None:
+        out.append("the cluster token's secret does not exist")
+    else:
+        for role, resources in sorted(f.secret_readers.items()):
+            if not any(_covers(r, f.token_secret_arn) for r in resources):
+                out.append(f"the {role} role cannot read the cluster token ({f.token_secret_arn})")
+    if not f.config_uploaded:
+        out.append("no config at config/thaw.yaml in the bucket: write it with `thaw aws config` and upload it")
+    return out

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from thaw.aws_stack import InstanceType, StackProblem, config_from_stack, shape
+from thaw.aws_stack import (
+    InstanceType,
+    StackFacts,
+    StackProblem,
+    check_problems,
+    config_from_stack,
+    shape,
+)
 from thaw.config import parse_config
 
 OUTPUTS = {"ClusterName": "prod", "ControllerUrl": "http://ctl.internal:8100", "BucketName": "thaw-prod",
@@ -34,3 +41,29 @@ def test_what_the_stack_cannot_give_is_named() -> None:
         shape(InstanceType("c7i.large", 4096, "", 0, 0))
     # Not in the planner's catalog: priced 0 (budgets see it free until the operator sets it).
     assert shape(InstanceType("g7.xlarge", 65536, "X1", 1, 98304))["price_per_hour_usd"] == 0.0
+
+
+def facts(**changes: object) -> StackFacts:
+    base = {"status": "CREATE_COMPLETE", "offered": {"g6e.xlarge": frozenset({"eu-west-1a", "eu-west-1b"})},
+            "subnet_zones": {"subnet-a": "eu-west-1a", "subnet-b": "eu-west-1b"},
+            "template_profiles": {"lt-1": "arn:aws:iam::1:instance-profile/worker"},
+            "worker_profile_arn": "arn:aws:iam::1:instance-profile/worker",
+            "token_secret_arn": "arn:aws:secretsmanager:eu-west-1:1:secret:thaw/prod/cluster-token-AbCd",
+            "secret_readers": {"worker": ["arn:aws:secretsmanager:eu-west-1:1:secret:thaw/prod/cluster-token-AbCd"],
+                               "activator": ["arn:aws:secretsmanager:eu-west-1:1:secret:thaw/prod/cluster-token-*"]},
+            "config_uploaded": True}
+    return StackFacts(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_a_working_stack_has_no_problem_and_each_fault_is_named() -> None:
+    assert check_problems(facts()) == []
+    assert check_problems(facts(status="ROLLBACK_COMPLETE")) == ["the stack is ROLLBACK_COMPLETE, not complete"]
+    assert check_problems(facts(subnet_zones={"subnet-a": "eu-west-1a", "subnet-c": "eu-west-1c"})) == [
+        "g6e.xlarge is not offered in eu-west-1c (subnet-c): launches there fail; drop the subnet or the instance type"]
+    assert check_problems(facts(template_profiles={"lt-1": None}))[0].startswith(
+        "launch template lt-1 names no instance profile, not the worker profile")
+    assert check_problems(facts(secret_readers={"controller": ["arn:aws:secretsmanager:eu-west-1:1:secret:other"]})) \
+        == ["the controller role cannot read the cluster token "
+            "(arn:aws:secretsmanager:eu-west-1:1:secret:thaw/prod/cluster-token-AbCd)"]
+    assert check_problems(facts(token_secret_arn=None)) == ["the cluster token's secret does not exist"]
+    assert check_problems(facts(config_uploaded=False))[0].startswith("no config at config/thaw.yaml")

@@ -1,13 +1,16 @@
-"""`thaw aws config --stack NAME`: the config a cluster made by infra/aws/thaw.yaml runs
+"""`thaw aws config|check --stack NAME`. config: the config a cluster made by infra/aws/thaw.yaml runs
 with, from the stack's outputs and parameters, EC2's description of each GPU shape's
 instance type and ElastiCache's of the Redis group (thaw.aws_stack composes it). The
 result is checked as `thaw config check` would before it is written; it holds names and
 addresses only, never a secret. Upload it to the bucket at config/thaw.yaml, where the
-stack's controllers, activators and workers read it."""
+stack's controllers, activators and workers read it. check: what keeps the stack's
+cluster from working (thaw.aws_stack.check_problems says it from what AWS reports)."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -86,6 +89,90 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _secret_readers(iam: Any, role: str) -> list[str]:
+    """The resources a role's inline policies allow secretsmanager:GetSecretValue on."""
+    out: list[str] = []
+    for name in iam.list_role_policies(RoleName=role)["PolicyNames"]:
+        doc = iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
+        if isinstance(doc, str):
+            try:
+                doc = json.loads(doc)
+            except ValueError:  # moto keeps a CloudFormation-made inline policy as a Python literal
+                doc = ast.literal_eval(doc)
+        for st in doc.get("Statement", []):
+            actions = st.get("Action", [])
+            actions = [actions] if isinstance(actions, str) else actions
+            if st.get("Effect") == "Allow" and any(a in ("secretsmanager:GetSecretValue", "secretsmanager:*", "*")
+                                                   for a in actions):
+                res = st.get("Resource") or []
+                out += [r for r in ([res] if isinstance(res, str) else res) if isinstance(r, str)]
+    return out
+
+
+def stack_facts(stack: str, region: str | None) -> Any:
+    import botocore.exceptions
+
+    from thaw.aws_stack import StackFacts, token_secret_name
+
+    try:
+        cfn = _aws("cloudformation", region)
+        region = cfn.meta.region_name
+        found = cfn.describe_stacks(StackName=stack)["Stacks"][0]
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in found.get("Outputs", [])}
+        params = {p["ParameterKey"]: p.get("ResolvedValue") or p["ParameterValue"] for p in found["Parameters"]}
+        resources = {r["LogicalResourceId"]: r.get("PhysicalResourceId")
+                     for r in cfn.describe_stack_resources(StackName=stack)["StackResources"]
+                     if r.get("LogicalResourceId")}
+        ec2, iam = _aws("ec2", region), _aws("iam", region)
+        itypes = [t for t in (params.get("Shape1InstanceType"), params.get("Shape2InstanceType")) if t]
+        offered: dict[str, set[str]] = {t: set() for t in itypes}
+        if itypes:
+            pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+                LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": itypes}])
+            for page in pages:
+                for o in page["InstanceTypeOfferings"]:
+                    offered[o["InstanceType"]].add(o["Location"])
+        subnets = [s for s in outputs.get("PrivateSubnetIds", "").split(",") if s]
+        zones = {s["SubnetId"]: s["AvailabilityZone"]
+                 for s in ec2.describe_subnets(SubnetIds=subnets)["Subnets"]} if subnets else {}
+        templates = {}
+        for name in ("Shape1LaunchTemplate", "Shape2LaunchTemplate"):
+            if resources.get(name):
+                data = ec2.describe_launch_template_versions(LaunchTemplateId=resources[name], Versions=["$Latest"])[
+                    "LaunchTemplateVersions"][0]["LaunchTemplateData"]
+                templates[resources[name]] = data.get("IamInstanceProfile", {}).get("Arn")
+        profile = iam.get_instance_profile(InstanceProfileName=resources["WorkerInstanceProfile"])[
+            "InstanceProfile"]["Arn"]
+        try:
+            secret = _aws("secretsmanager", region).describe_secret(
+                SecretId=outputs.get("ClusterTokenSecret") or token_secret_name(params["ClusterName"]))["ARN"]
+        except botocore.exceptions.ClientError:
+            secret = None
+        readers = {role.removesuffix("Role").lower(): _secret_readers(iam, resources[role])
+                   for role in ("WorkerRole", "ControllerRole", "ActivatorRole")}
+        try:
+            _aws("s3", region).head_object(Bucket=outputs["BucketName"], Key="config/thaw.yaml")
+            uploaded = True
+        except botocore.exceptions.ClientError:
+            uploaded = False
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, KeyError) as exc:
+        raise CliError(f"cannot read stack {stack!r}: {exc}", EXIT_FAILED) from None
+    return StackFacts(status=found["StackStatus"], offered={t: frozenset(z) for t, z in offered.items()},
+                      subnet_zones=zones, template_profiles=templates, worker_profile_arn=profile,
+                      token_secret_arn=secret, secret_readers=readers, config_uploaded=uploaded)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from thaw.aws_stack import check_problems
+
+    problems = check_problems(stack_facts(args.stack, args.region))
+    for p in problems:
+        print(f"- {p}")
+    if not problems:
+        print(f"stack {args.stack}: nothing missing or wrong")
+    return EXIT_FAILED if problems else 0
+
+
 def add_parsers(sub: argparse._SubParsersAction, add: Any) -> None:  # type: ignore[type-arg]
     aws = sub.add_parser("aws", help="A cluster made by the CloudFormation stack (infra/aws/thaw.yaml).")
     a_sub = aws.add_subparsers(dest="aws_command", metavar="SUBCOMMAND", required=True)
@@ -96,3 +183,8 @@ def add_parsers(sub: argparse._SubParsersAction, add: Any) -> None:  # type: ign
     p.add_argument("--redis-url", default=None,
                    help="limits.url, in place of the stack's ElastiCache group (rediss://HOST:PORT/DB)")
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="default: standard output")
+    p = add(a_sub, "check", "Say what keeps the stack's cluster from working: zones without a shape's instance "
+            "type, launch templates without the worker profile, a token secret a role cannot read, no config.",
+            cmd_check, with_common=False)
+    p.add_argument("--stack", required=True, metavar="NAME")
+    p.add_argument("--region", default=None, help="default: the AWS default chain's")
