@@ -494,6 +494,10 @@ class PoolEvent(_Msg):
     shape: str | None = None
     outcome: str = "started"
     inputs: dict[str, Any] = {}
+    # The decision log (``/v1/events?history=true``): which controller, in which leader
+    # term, recorded it (None in the answering controller's own recent events).
+    controller: str | None = None
+    term: int | None = None
 
 
 class PoolEvents(_Msg):

@@ -178,9 +178,11 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         return Response(manager.status().model_dump_json(), media_type="application/json")
 
     @app.get("/v1/events", response_model=PoolEvents)
-    async def events(since: float = Query(0.0)) -> Response:
-        body = PoolEvents(events=[e for e in manager.events if e.at >= since])
-        return Response(body.model_dump_json(), media_type="application/json")
+    async def events(since: float = Query(0.0), history: bool = Query(False)) -> Response:
+        # history: the decision log in the state database, every leader's (each event
+        # names its controller and term); else this controller's recent events.
+        found = await manager.event_history(since) if history else [e for e in manager.events if e.at >= since]
+        return Response(PoolEvents(events=found).model_dump_json(), media_type="application/json")
 
     @app.get("/v1/pool/budget", response_model=BudgetView)
     async def budget() -> Response:

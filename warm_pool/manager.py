@@ -378,6 +378,13 @@ class PoolManager:
             await self._save_keepalive()
         await self._flush_events()
 
+    async def event_history(self, since: float) -> list[PoolEvent]:
+        """The decision log since ``since``: every controller's events, each naming its
+        controller and term (this one's not saved yet are saved first)."""
+        await self._flush_events()
+        saved = await asyncio.to_thread(self.store.events, since)
+        return [e.event.model_copy(update={"controller": e.controller, "term": e.term}) for e in saved]
+
     async def _flush_events(self) -> None:
         """The events since the last flush into the state database (the decision log
         outlives this controller)."""

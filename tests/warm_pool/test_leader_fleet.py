@@ -131,6 +131,12 @@ async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
         first_b = min(e.event.at for e in events if e.term == 2)
         assert last_a < first_b
         assert any(e.decision and e.term == 2 and e.event.model == "second" for e in events)
+        # The same log over the API, from the new leader: the dead one's events too.
+        async with httpx.AsyncClient(headers=auth, timeout=5) as http:
+            log = (await http.get(f"{urls[1]}/v1/events", params={"history": "true"})).json()["events"]
+            recent = (await http.get(f"{urls[1]}/v1/events")).json()["events"]
+        assert {(e["controller"], e["term"]) for e in log} >= {("a", 1), ("b", 2)}
+        assert all(e["term"] is None for e in recent) and len(recent) < len(log)
     finally:
         await watcher.close()
         await stack.aclose()

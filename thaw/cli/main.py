@@ -361,7 +361,10 @@ def cmd_pool_events(args: argparse.Namespace) -> int:
         since = parse_time(args.since, "since") or 0.0
     except ApiError as exc:
         raise CliError(exc.message, EXIT_INVALID) from None
-    body = _get(cfg, _controller(args, cfg), "/v1/events", since=since)
+    params: dict[str, float | str] = {"since": since}
+    if args.history:
+        params["history"] = "true"
+    body = _get(cfg, _controller(args, cfg), "/v1/events", **params)
     return _emit(args, body, lambda b: render_events(b["events"], now=time.time()))
 
 
@@ -633,6 +636,9 @@ def build_parser() -> argparse.ArgumentParser:
             cmd_pool_events)
     p.add_argument("--controller", metavar="URL", default=None)
     p.add_argument("--since", default="1h", help="epoch seconds, ISO time, or a duration back (default 1h)")
+    p.add_argument("--history", action="store_true",
+                   help="the decision log in the state database: every leader's events, each with its "
+                        "controller and term (default: this controller's recent events)")
     p.add_argument("--json", action="store_true")
     from thaw.cli import simulate as simulate_cli
 

@@ -125,7 +125,7 @@ def render_events(events: list[dict[str, Any]], now: float) -> str:
     out = []
     for e in events:
         when = datetime.fromtimestamp(e["at"], UTC).strftime("%H:%M:%S")
-        who = " ".join(f"{k}={e[k]}" for k in ("shape", "model", "worker_id") if e.get(k))
+        who = " ".join(f"{k}={e[k]}" for k in ("term", "controller", "shape", "model", "worker_id") if e.get(k))
         out.append(f"{when} ({_ago(e['at'], now):>8}) {e['kind']:10} {e['reason']:15} {e['outcome']:8} {who}  "
                    f"{json.dumps(e['inputs'], separators=(',', ':'))}")
     return "\n".join(out)
