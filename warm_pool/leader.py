@@ -161,7 +161,13 @@ class Leadership:
             if self.term is None:
                 self.term = lease.term
                 log.info("leader_elected", controller=self.me, term=lease.term, url=self.url)
-                await self._on_lead(lease.term)
+                try:
+                    await self._on_lead(lease.term)
+                except BaseException:
+                    # It could not take over (the database went away mid-way): it does not
+                    # lead, and the next step, still holding the lease, tries again.
+                    self.term = None
+                    raise
         elif self.term is not None:
             await self._lose(f"{lease.holder if lease else 'another controller'} holds the lease")
 

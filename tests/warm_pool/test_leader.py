@@ -146,3 +146,23 @@ async def test_a_clean_shutdown_hands_the_lease_on_at_once(state_db: StateDb) ->
     await a.close()
     await b.step()
     assert b.leading and b.term == 2
+
+
+async def test_a_takeover_that_fails_midway_is_tried_again(state_db: StateDb) -> None:
+    ControllerStore(state_db())
+    clock, log, fail = Clock(), [], [False, True]  # popped from the end: fails once
+
+    async def on_lead(term: int) -> None:
+        if fail.pop():
+            raise RuntimeError("the database went away while the registry was read")
+        log.append(f"leads {term}")
+
+    async def on_follow() -> None:
+        log.append("follows")
+
+    a = Leadership(LeaseStore(state_db()), "a", "http://a", 30.0, on_lead=on_lead, on_follow=on_follow, clock=clock)
+    with pytest.raises(RuntimeError):
+        await a.step()
+    assert not a.leading and a.term is None
+    await a.step()  # still its lease: it takes over now
+    assert a.leading and log == ["leads 1"]
