@@ -7,6 +7,7 @@ applying it to the config (validated as the config file is), and viewing the res
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -144,7 +145,8 @@ class ControllerStore:
         with self.db.write() as tx:
             tx.execute("INSERT INTO controller_state VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
                        (name, json.dumps(body), time.time()))
-        path.rename(path.with_suffix(".json.imported"))
+        with contextlib.suppress(FileNotFoundError):  # another controller on this machine took it in
+            path.rename(path.with_suffix(".json.imported"))
         log.info("controller_state_imported", file=str(path))
 
     def _read(self, name: str) -> Any:
