@@ -136,8 +136,11 @@ class Leadership:
 
     async def start(self) -> None:
         """Ask once now (a controller that finds the lease free leads before it serves),
-        then keep asking."""
-        await self.step()
+        then keep asking (a first ask that failed is asked again, as any other)."""
+        try:
+            await self.step()
+        except Exception:
+            log.exception("leadership_step_failed")
         self._task = asyncio.create_task(self._run(), name="leadership")
 
     async def step(self) -> None:
