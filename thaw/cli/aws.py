@@ -26,6 +26,15 @@ def _aws(service: str, region: str | None) -> Any:
     return boto3.client(service, region_name=region)
 
 
+def _stack(cfn: Any, name: str) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """The stack as CloudFormation describes it, its outputs and its parameters (an SSM
+    parameter's resolved value)."""
+    found = cfn.describe_stacks(StackName=name)["Stacks"][0]
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in found.get("Outputs", [])}
+    params = {p["ParameterKey"]: p.get("ResolvedValue") or p["ParameterValue"] for p in found["Parameters"]}
+    return found, outputs, params
+
+
 def _redis_url(outputs: dict[str, str], region: str | None) -> str:
     import botocore.exceptions
 
@@ -47,10 +56,8 @@ def stack_config(stack: str, region: str | None, redis_url: str | None) -> dict[
 
     try:
         cfn = _aws("cloudformation", region)
-        found = cfn.describe_stacks(StackName=stack)["Stacks"][0]
+        found, outputs, params = _stack(cfn, stack)
         region = cfn.meta.region_name
-        outputs = {o["OutputKey"]: o["OutputValue"] for o in found.get("Outputs", [])}
-        params = {p["ParameterKey"]: p.get("ResolvedValue") or p["ParameterValue"] for p in found["Parameters"]}
         wanted = [t for t in (params.get("Shape1InstanceType"), params.get("Shape2InstanceType")) if t]
         described = _aws("ec2", region).describe_instance_types(InstanceTypes=wanted)["InstanceTypes"] \
             if wanted else []
@@ -117,9 +124,7 @@ def stack_facts(stack: str, region: str | None) -> Any:
     try:
         cfn = _aws("cloudformation", region)
         region = cfn.meta.region_name
-        found = cfn.describe_stacks(StackName=stack)["Stacks"][0]
-        outputs = {o["OutputKey"]: o["OutputValue"] for o in found.get("Outputs", [])}
-        params = {p["ParameterKey"]: p.get("ResolvedValue") or p["ParameterValue"] for p in found["Parameters"]}
+        found, outputs, params = _stack(cfn, stack)
         resources = {r["LogicalResourceId"]: r.get("PhysicalResourceId")
                      for r in cfn.describe_stack_resources(StackName=stack)["StackResources"]
                      if r.get("LogicalResourceId")}
