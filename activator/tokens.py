@@ -229,12 +229,21 @@ class TokenCounter:
 
 
 def s3_fetcher(client: Any) -> FileFetcher:
-    """A FileFetcher over a boto3 S3 client."""
+    """A FileFetcher over a boto3 S3 client. A file the model's manifest does not list is
+    absent without a request: S3 answers a GET of a missing key with 403, not 404, to a
+    role that may not list the bucket (an activator's), and a model has few of the
+    optional files. A model without a manifest is read file by file."""
     import botocore.exceptions
 
+    from thaw.objstore import MANIFEST_NAME, read_json_object
     from thaw.s3uri import join_key, parse_s3_uri
 
     def fetch(uri: str, name: str) -> bytes | None:
+        # Read each time (a few KiB; a tokenizer is loaded once per model): a model pushed
+        # again may list other files.
+        manifest = read_json_object(client, uri, MANIFEST_NAME)
+        if manifest is not None and name not in {f["path"] for f in manifest.get("files", [])}:
+            return None
         bucket, prefix = parse_s3_uri(uri)
         try:
             return client.get_object(Bucket=bucket, Key=join_key(prefix, name))["Body"].read()  # type: ignore[no-any-return]

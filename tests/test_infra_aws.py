@@ -10,8 +10,6 @@ launch templates and the worker role."""
 
 from __future__ import annotations
 
-import ast
-import json
 import re
 import subprocess
 import sys
@@ -19,20 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import yaml
 from moto.cloudformation.parsing import get_model_map
 
+from tests.moto_stack import TEMPLATE, TEMPLATES, as_list, client, deploy, statements
 from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
 from thaw.aws_stack import token_secret_name
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "infra" / "aws"
-TEMPLATE = TEMPLATES / "thaw.yaml"
-# moto's SSM holds no Deep Learning AMI parameter (and, as AWS, refuses to make one
-# under /aws/): the test points the workers' default at one it holds.
-DLAMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
-AL2023 = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 # What moto's CloudFormation cannot make (checked from the template below); when moto
 # learns one, this test says so and the resource is checked as made.
 NOT_IN_MOTO = {"AWS::S3::BucketPolicy", "AWS::SecretsManager::Secret", "AWS::ElastiCache::SubnetGroup",
@@ -90,53 +82,7 @@ def test_nothing_of_one_account_is_baked_in() -> None:
 def stack() -> Iterator[dict[str, Any]]:
     """The stack deployed into moto with a second GPU shape; its clients and outputs."""
     with moto_server() as url:
-        kw = {"region_name": REGION, "endpoint_url": url, **CREDS}
-        ec2, cfn = boto3.client("ec2", **kw), boto3.client("cloudformation", **kw)
-        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-        zones = [z["ZoneName"] for z in ec2.describe_availability_zones()["AvailabilityZones"]][:2]
-        subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{i}.0/24", AvailabilityZone=zones[i % 2])
-                   ["Subnet"]["SubnetId"] for i in range(4)]
-        cert = boto3.client("acm", **kw).request_certificate(DomainName="api.example.com")["CertificateArn"]
-        params = {"ClusterName": "prod", "VpcId": vpc, "PrivateSubnetIds": ",".join(subnets[:2]),
-                  "PublicSubnetIds": ",".join(subnets[2:]), "CertificateArn": cert, "ClientCidr": "203.0.113.0/24",
-                  "Shape2InstanceType": "p5.48xlarge", "LongestStreamSeconds": "1200", "ActivatorMinSize": "3"}
-        cfn.create_stack(StackName="thaw-test", TemplateBody=TEMPLATE.read_text().replace(DLAMI, AL2023),
-                         Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in params.items()],
-                         Capabilities=["CAPABILITY_IAM"])
-        described = cfn.describe_stacks(StackName="thaw-test")["Stacks"][0]
-        resources = {r["LogicalResourceId"]: r.get("PhysicalResourceId")
-                     for r in cfn.describe_stack_resources(StackName="thaw-test")["StackResources"]
-                     if r.get("LogicalResourceId")}
-        yield {"kw": kw, "status": described["StackStatus"], "params": params, "resources": resources,
-               "outputs": {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}}
-
-
-def client(stack: dict[str, Any], service: str) -> Any:
-    return boto3.client(service, **stack["kw"])
-
-
-def policy(doc: Any) -> dict[str, Any]:
-    """A policy document as moto returns it (a dict, JSON, or a Python literal)."""
-    if isinstance(doc, dict):
-        return doc
-    try:
-        return json.loads(doc)  # type: ignore[no-any-return]
-    except ValueError:
-        return ast.literal_eval(doc)  # type: ignore[no-any-return]
-
-
-def statements(stack: dict[str, Any], role: str) -> dict[str, dict[str, Any]]:
-    """A role's inline policies' statements by Sid."""
-    iam, name = client(stack, "iam"), stack["resources"][role]
-    out = {}
-    for pn in iam.list_role_policies(RoleName=name)["PolicyNames"]:
-        for st in policy(iam.get_role_policy(RoleName=name, PolicyName=pn)["PolicyDocument"])["Statement"]:
-            out[st["Sid"]] = st
-    return out
-
-
-def as_list(v: Any) -> list[Any]:
-    return v if isinstance(v, list) else [v]
+        yield deploy(url)
 
 
 def test_the_stack_is_made_and_says_what_thaw_needs(stack: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -26,13 +27,15 @@ TOKEN_PARAM = "/thaw/test/token"
 
 
 @contextmanager
-def moto_server() -> Iterator[str]:
-    """A moto server on loopback, stopped on the way out (it starts in about a second)."""
+def moto_server(*, enforce_iam: bool = False) -> Iterator[str]:
+    """A moto server on loopback, stopped on the way out (it starts in about a second).
+    ``enforce_iam``: every caller but the account's own keys (:data:`CREDS`) is held to its
+    IAM user's policies (``tests.aws_iam``)."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    argv = ["-m", "tests.aws_iam", str(port)] if enforce_iam else ["-m", "moto.server", "-H", "127.0.0.1",
+                                                                    "-p", str(port)]
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.DEVNULL, stderr=None if enforce_iam else subprocess.DEVNULL,
+                            cwd=Path(__file__).resolve().parents[2])
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

@@ -1,0 +1,236 @@
+"""The stack's IAM, enforced: each service runs its own code with its own role's policies
+against a moto server that holds every call to them (``tests.aws_iam``), and does its
+job; each is refused a call outside its role, so this test fails if a policy is widened.
+
+- the controller (the ec2 provider, configured by `thaw aws config`) launches a worker
+  from the stack's launch template, stops, starts and terminates it; it cannot terminate
+  another cluster's instance nor launch from a launch template outside the stack;
+- the worker reads its model (manifest, files and the weights, streamed and verified),
+  writes a snapshot and reads the cluster token; it cannot write under the models prefix;
+- the activator reads the model's tokenizer and ships a usage segment; it cannot read
+  the weights.
+
+moto's STS cannot assume a role whose trust names the EC2 service, so each service runs
+as an IAM user that holds exactly its role's inline policies as the stack made them.
+moto cannot make the Secrets Manager secrets either: the test creates the cluster token
+under the template's name and puts its ARN where the policies ``Ref`` it (moto drops a
+``Ref`` to a resource it cannot make; test_infra_aws checks the template names it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aioboto3
+import boto3
+import botocore.exceptions
+import pytest
+import yaml
+
+from activator.ledger import Ledger, UsageRecord
+from activator.shipping import UsageShipper
+from activator.tokens import TokenCounter, s3_fetcher
+from snapshotter.archive import create_archive
+from snapshotter.store import SnapshotLocation, read_snapshot_manifest, upload_snapshot
+from tests.moto_stack import STACK_NAME, as_list, client, deploy, role_policies
+from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
+from thaw.aws_stack import token_secret_name
+from thaw.config import parse_config
+from warm_pool.ec2 import Ec2Provider
+from weight_streaming.fetch import fetch_model_files
+from weight_streaming.push import push_model, read_manifest
+from weight_streaming.s3_loader import load_s3, manifest_sha256
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "token-from-secrets-manager"
+
+
+@pytest.fixture(scope="module")
+def aws(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The stack in a moto server that enforces IAM, the demo model pushed, the cluster
+    token stored, and one IAM user per service role holding that role's policies."""
+    with moto_server(enforce_iam=True) as url:
+        stack = deploy(url)
+        assert stack["status"] == "CREATE_COMPLETE"
+        bucket = stack["outputs"]["BucketName"]
+        secret = client(stack, "secretsmanager").create_secret(
+            Name=token_secret_name("prod"), SecretString=TOKEN)["ARN"]
+        push_model(client(stack, "s3"), demo_model_dir, f"s3://{bucket}/models/demo")
+        iam = client(stack, "iam")
+        keys = {}
+        for role in ("ControllerRole", "WorkerRole", "ActivatorRole"):
+            user = f"thaw-{role.lower()}"
+            iam.create_user(UserName=user)
+            for n, doc in enumerate(role_policies(stack, role)):
+                for st in doc["Statement"]:
+                    if "secretsmanager:GetSecretValue" in as_list(st["Action"]):
+                        st["Resource"] = secret
+                iam.put_user_policy(UserName=user, PolicyName=f"p{n}", PolicyDocument=json.dumps(doc))
+            key = iam.create_access_key(UserName=user)["AccessKey"]
+            keys[role] = {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
+        cfg = _config(stack, tmp_path_factory.mktemp("aws-iam"))
+        yield {**stack, "bucket": bucket, "keys": keys, "secret": secret, "config": cfg, "url": url}
+
+
+def _config(stack: dict[str, Any], tmp: Path) -> Any:
+    """`thaw aws config` for the stack, pointed at the moto server."""
+    env = {"PATH": str(Path(sys.executable).parent), "AWS_ENDPOINT_URL": stack["kw"]["endpoint_url"],
+           "AWS_ACCESS_KEY_ID": CREDS["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": CREDS["aws_secret_access_key"],
+           "AWS_DEFAULT_REGION": REGION, "HOME": "/nonexistent"}
+    out = tmp / "thaw.yaml"
+    made = subprocess.run([sys.executable, "-m", "thaw.cli.main", "aws", "config", "--stack", STACK_NAME,
+                           "--redis-url", "redis://127.0.0.1:6379/0", "-o", str(out)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert made.returncode == 0, made.stderr
+    data = yaml.safe_load(out.read_text())
+    for pool in data["pools"]:
+        pool["ec2"]["endpoint_url"] = stack["kw"]["endpoint_url"]
+    return parse_config(data)
+
+
+def as_role(aws: dict[str, Any], role: str, service: str) -> Any:
+    return boto3.client(service, region_name=REGION, endpoint_url=aws["url"], **aws["keys"][role])
+
+
+def denied(exc: pytest.ExceptionInfo[botocore.exceptions.ClientError]) -> bool:
+    return exc.value.response["Error"]["Code"] in ("AccessDenied", "UnauthorizedOperation",
+                                                     "AccessDeniedException")
+
+
+# -- the controller --------------------------------------------------------------------------
+
+
+def controller(aws: dict[str, Any]) -> Ec2Provider:
+    cfg = aws["config"]
+    keys = aws["keys"]["ControllerRole"]
+    return Ec2Provider(
+        cluster=cfg.cluster.name, pools={p.shape: p.ec2 for p in cfg.pools if p.ec2 is not None},
+        controller_url=cfg.controller.resolved_urls[0], token_ssm_parameter=None,
+        token_secret=cfg.cluster.token_secret,
+        session=aioboto3.Session(aws_access_key_id=keys["aws_access_key_id"],
+                                 aws_secret_access_key=keys["aws_secret_access_key"], region_name=REGION))
+
+
+def test_the_controller_runs_only_this_clusters_workers(aws: dict[str, Any]) -> None:
+    cfg = aws["config"]
+    shape = cfg.pools[0].shape
+    ec2 = client(aws, "ec2")
+
+    async def lifecycle() -> str:
+        provider = controller(aws)
+        try:
+            launched = await provider.launch(shape, "w-iam-1")
+            assert [i.instance_id for i in await provider.instances()] == [launched.instance_id]
+            await provider.stop(launched.instance_id)
+            await provider.start(launched.instance_id)
+            await provider.terminate(launched.instance_id)
+            return launched.instance_id
+        finally:
+            await provider.close()
+
+    instance_id = asyncio.run(lifecycle())
+    [made] = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"]
+    tags = {t["Key"]: t["Value"] for t in made["Tags"]}
+    assert tags["thaw:cluster"] == "prod" and tags["thaw:worker-id"] == "w-iam-1"
+    assert made["State"]["Name"] == "terminated"
+
+    mine = as_role(aws, "ControllerRole", "ec2")
+    # Another cluster's instance: refused, and it keeps running.
+    other = ec2.run_instances(ImageId=made["ImageId"], MinCount=1, MaxCount=1, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": "thaw:cluster", "Value": "staging"}]}])["Instances"][0]
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        mine.terminate_instances(InstanceIds=[other["InstanceId"]])
+    assert denied(info), info.value
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        mine.stop_instances(InstanceIds=[other["InstanceId"]])
+    assert denied(info), info.value
+    assert ec2.describe_instances(InstanceIds=[other["InstanceId"]])["Reservations"][0]["Instances"][0][
+        "State"]["Name"] == "running"
+    # A launch template outside the stack, though tagged as the cluster's: refused.
+    foreign = ec2.create_launch_template(LaunchTemplateName="not-the-stacks", LaunchTemplateData={
+        "ImageId": made["ImageId"], "InstanceType": "g6e.xlarge"})["LaunchTemplate"]["LaunchTemplateId"]
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        mine.run_instances(LaunchTemplate={"LaunchTemplateId": foreign}, MinCount=1, MaxCount=1,
+                           SubnetId=cfg.pools[0].ec2.subnets[0], TagSpecifications=[
+                               {"ResourceType": "instance", "Tags": [{"Key": "thaw:cluster", "Value": "prod"}]}])
+    assert denied(info), info.value
+    # The stack's template without the cluster's tag: refused.
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        mine.run_instances(LaunchTemplate={"LaunchTemplateId": cfg.pools[0].ec2.launch_template}, MinCount=1,
+                           MaxCount=1, SubnetId=cfg.pools[0].ec2.subnets[0])
+    assert denied(info), info.value
+
+
+# -- the worker --------------------------------------------------------------------------------
+
+
+def test_the_worker_reads_its_model_and_writes_a_snapshot_only(aws: dict[str, Any], tmp_path: Path) -> None:
+    s3, bucket = as_role(aws, "WorkerRole", "s3"), aws["bucket"]
+    uri = f"s3://{bucket}/models/demo"
+    manifest = read_manifest(s3, uri)
+    assert manifest is not None
+    files = fetch_model_files(s3, uri, tmp_path / "files")
+    assert (files / "config.json").exists()
+    loaded = load_s3(s3, uri, verify_sha256=manifest_sha256(manifest))
+    assert loaded.tensors
+
+    cache = tmp_path / "cache"
+    (cache / "torchinductor").mkdir(parents=True)
+    (cache / "torchinductor" / "kernel.so").write_bytes(b"\0" * 4096)
+    info = create_archive(cache, tmp_path / "snap.tar.gz")
+    loc = SnapshotLocation.for_model(uri, "demo", "f" * 16)
+    upload_snapshot(s3, loc, info, {"model": "demo"}, created_by="w-iam")
+    assert read_snapshot_manifest(s3, loc) is not None
+
+    token = as_role(aws, "WorkerRole", "secretsmanager").get_secret_value(SecretId=token_secret_name("prod"))
+    assert token["SecretString"] == TOKEN
+
+    with pytest.raises(botocore.exceptions.ClientError) as info_:
+        s3.put_object(Bucket=bucket, Key="models/demo/model.safetensors", Body=b"overwritten")
+    assert denied(info_), info_.value
+    with pytest.raises(botocore.exceptions.ClientError) as info_:
+        s3.put_object(Bucket=bucket, Key="usage/forged/segment.ndjson", Body=b"{}")
+    assert denied(info_), info_.value
+
+
+# -- the activator -----------------------------------------------------------------------------
+
+
+def test_the_activator_reads_tokenizers_and_ships_usage_only(aws: dict[str, Any], tmp_path: Path) -> None:
+    s3, bucket = as_role(aws, "ActivatorRole", "s3"), aws["bucket"]
+    uri = f"s3://{bucket}/models/demo"
+    tokenizer = asyncio.run(TokenCounter(s3_fetcher(s3)).get(uri))
+    assert tokenizer is not None
+
+    ledger_path = tmp_path / "ledger.db"
+
+    async def write() -> None:
+        ledger = Ledger(ledger_path)
+        try:
+            await ledger.append(UsageRecord(
+                request_id="r1", tenant="t", model="demo", status=200, error_code=None, prompt_tokens=3,
+                completion_tokens=4, cached_tokens=0, usage_source="engine", queue_ms=0.0, ttft_ms=1.0,
+                duration_ms=2.0, cold_start=False, cancelled=False, stream=True, replica="demo-1",
+                started_at=1.0, finished_at=2.0))
+        finally:
+            ledger.close()
+
+    asyncio.run(write())
+    shipper = UsageShipper(ledger_path, "a-iam", s3, bucket, prefix="usage/")
+    assert shipper.ship_blocking() == 1
+    shipped = client(aws, "s3").list_objects_v2(Bucket=bucket, Prefix="usage/a-iam/")["Contents"]
+    assert shipped
+
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        s3.get_object(Bucket=bucket, Key="models/demo/model.safetensors")
+    assert denied(info), info.value
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        s3.put_object(Bucket=bucket, Key="snapshots/demo/x/manifest.json", Body=b"{}")
+    assert denied(info), info.value
