@@ -8,7 +8,12 @@ job; each is refused a call outside its role, so this test fails if a policy is 
 - the worker reads its model (manifest, files and the weights, streamed and verified),
   writes a snapshot and reads the cluster token; it cannot write under the models prefix;
 - the activator reads the model's tokenizer and ships a usage segment; it cannot read
-  the weights.
+  the weights;
+- and as a fleet: `thaw controller` runs with the config `thaw aws config` wrote (with
+  the loopback's addresses and a CPU shape put in) and the controller's keys: it reads
+  the cluster token from Secrets Manager, launches its standby from the stack's launch
+  template, and a `thaw worker` with the worker's keys, standing in for that instance,
+  reads the token and registers.
 
 moto's STS cannot assume a role whose trust names the EC2 service, so each service runs
 as an IAM user that holds exactly its role's inline policies as the stack made them.
@@ -21,27 +26,34 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import aioboto3
 import boto3
 import botocore.exceptions
+import httpx
 import pytest
 import yaml
 
 from activator.ledger import Ledger, UsageRecord
 from activator.shipping import UsageShipper
 from activator.tokens import TokenCounter, s3_fetcher
+from loadtests.procs import kill_group
 from snapshotter.archive import create_archive
 from snapshotter.store import SnapshotLocation, read_snapshot_manifest, upload_snapshot
 from tests.moto_stack import STACK_NAME, as_list, client, deploy, role_policies
+from tests.postgres_server import PostgresServer
 from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
 from thaw.aws_stack import token_secret_name
 from thaw.config import parse_config
+from thaw.embedded_store import free_port
 from warm_pool.ec2 import Ec2Provider
 from weight_streaming.fetch import fetch_model_files
 from weight_streaming.push import push_model, read_manifest
@@ -75,11 +87,12 @@ def aws(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 iam.put_user_policy(UserName=user, PolicyName=f"p{n}", PolicyDocument=json.dumps(doc))
             key = iam.create_access_key(UserName=user)["AccessKey"]
             keys[role] = {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
-        cfg = _config(stack, tmp_path_factory.mktemp("aws-iam"))
-        yield {**stack, "bucket": bucket, "keys": keys, "secret": secret, "config": cfg, "url": url}
+        raw = _config(stack, tmp_path_factory.mktemp("aws-iam"))
+        yield {**stack, "bucket": bucket, "keys": keys, "secret": secret, "raw": raw, "config": parse_config(raw),
+               "url": url}
 
 
-def _config(stack: dict[str, Any], tmp: Path) -> Any:
+def _config(stack: dict[str, Any], tmp: Path) -> dict[str, Any]:
     """`thaw aws config` for the stack, pointed at the moto server."""
     env = {"PATH": str(Path(sys.executable).parent), "AWS_ENDPOINT_URL": stack["kw"]["endpoint_url"],
            "AWS_ACCESS_KEY_ID": CREDS["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": CREDS["aws_secret_access_key"],
@@ -92,7 +105,7 @@ def _config(stack: dict[str, Any], tmp: Path) -> Any:
     data = yaml.safe_load(out.read_text())
     for pool in data["pools"]:
         pool["ec2"]["endpoint_url"] = stack["kw"]["endpoint_url"]
-    return parse_config(data)
+    return data  # type: ignore[no-any-return]
 
 
 def as_role(aws: dict[str, Any], role: str, service: str) -> Any:
@@ -234,3 +247,93 @@ def test_the_activator_reads_tokenizers_and_ships_usage_only(aws: dict[str, Any]
     with pytest.raises(botocore.exceptions.ClientError) as info:
         s3.put_object(Bucket=bucket, Key="snapshots/demo/x/manifest.json", Body=b"{}")
     assert denied(info), info.value
+
+
+# -- the fleet, with the config `thaw aws config` wrote ------------------------------------
+
+
+def role_env(aws: dict[str, Any], role: str) -> dict[str, str]:
+    keys = aws["keys"][role]
+    return {**os.environ, "AWS_ENDPOINT_URL": aws["url"], "AWS_DEFAULT_REGION": REGION,
+            "AWS_ACCESS_KEY_ID": keys["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": keys["aws_secret_access_key"]}
+
+
+@contextmanager
+def thaw_process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "thaw.cli.main", *argv], stdout=f, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        kill_group(proc, 30)
+
+
+def wait_for(what: str, pred: Any, procs: list[tuple[subprocess.Popen[bytes], Path]], timeout_s: float = 90) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for proc, log in procs:
+            if proc.poll() is not None:
+                raise AssertionError(f"{proc.args[3]} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        found = pred()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            logs = "\n".join(log.read_text()[-2000:] for _, log in procs)
+            raise AssertionError(f"timed out waiting for {what}:\n{logs}")
+        time.sleep(0.2)
+
+
+def test_the_fleet_runs_with_the_generated_config(aws: dict[str, Any], postgres: PostgresServer,
+                                                   tmp_path: Path) -> None:
+    raw = json.loads(json.dumps(aws["raw"]))
+    port = free_port()
+    shape = raw["shapes"][0]
+    # The loopback's addresses, and the first GPU shape made a CPU one so that a worker
+    # process can stand in for its instance; the rest is as `thaw aws config` wrote it.
+    raw["data_dir"] = str(tmp_path)
+    raw["controller"].update({"host": "127.0.0.1", "port": port, "urls": [f"http://127.0.0.1:{port}"]})
+    raw["state"]["url"] = postgres.database("thaw_aws_fleet")
+    shape.pop("gpu_memory_gib")
+    shape.update({"gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8,
+                  "cache": {"dir": str(tmp_path / "cache"), "max_gib": 1}})
+    raw["pools"][0].update({"standby_min": 1, "standby_max": 1})
+    raw["cluster"].update({"heartbeat_interval_s": 0.5, "worker_timeout_s": 30})
+    cfg_path = tmp_path / "thaw.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    assert parse_config(raw).cluster.token_secret == token_secret_name("prod")
+    ec2 = client(aws, "ec2")
+    template = aws["outputs"]["Shape1LaunchTemplate"]
+
+    def standby() -> list[dict[str, Any]]:
+        found = ec2.describe_instances(Filters=[{"Name": "tag:thaw:cluster", "Values": ["prod"]},
+                                                {"Name": "tag:thaw:shape", "Values": [shape["name"]]},
+                                                {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+        return [i for r in found["Reservations"] for i in r["Instances"]]
+
+    ctl_log, worker_log = tmp_path / "controller.log", tmp_path / "worker.log"
+    with thaw_process(["controller", "--config", str(cfg_path)], role_env(aws, "ControllerRole"), ctl_log) as ctl:
+        procs = [(ctl, ctl_log)]
+        [inst] = wait_for("the standby launched from the stack's template", standby, procs)
+        tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+        # EC2 (and moto) tag an instance with the launch template it came from.
+        assert tags["aws:ec2launchtemplate:id"] == template
+        worker_id = tags["thaw:worker-id"]
+        argv = ["worker", "--config", str(cfg_path), "--shape", shape["name"], "--instance-id", inst["InstanceId"],
+                "--worker-id", worker_id, "--port", str(free_port()), "--data-dir", str(tmp_path / "worker")]
+        with thaw_process(argv, role_env(aws, "WorkerRole"), worker_log) as worker:
+            procs.append((worker, worker_log))
+            token = {"Authorization": f"Bearer {TOKEN}"}
+
+            def registered() -> list[dict[str, Any]]:
+                try:
+                    state = httpx.get(f"http://127.0.0.1:{port}/v1/state", headers=token, timeout=5).json()
+                except httpx.HTTPError:
+                    return []
+                return [w for w in state.get("workers", []) if w["id"] == worker_id and w["state"] == "standby"]
+
+            [row] = wait_for("the worker registered, standing by", registered, procs, timeout_s=120)
+            assert row["instance_id"] == inst["InstanceId"]
+    # Nothing was refused on the way.
+    for log in (ctl_log, worker_log):
+        assert "AccessDenied" not in log.read_text(), log.read_text()[-2000:]
