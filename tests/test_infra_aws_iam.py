@@ -274,7 +274,7 @@ def wait_for(what: str, pred: Any, procs: list[tuple[subprocess.Popen[bytes], Pa
     while True:
         for proc, log in procs:
             if proc.poll() is not None:
-                raise AssertionError(f"{proc.args[3]} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+                raise AssertionError(f"{log.stem} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
         found = pred()
         if found:
             return found
