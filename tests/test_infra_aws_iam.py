@@ -13,7 +13,8 @@ job; each is refused a call outside its role, so this test fails if a policy is 
   the loopback's addresses and a CPU shape put in) and the controller's keys: it reads
   the cluster token from Secrets Manager, launches its standby from the stack's launch
   template, and a `thaw worker` with the worker's keys, standing in for that instance,
-  reads the token and registers.
+  reads the token and registers; the first model is deployed (the controller checks its
+  files in the store with its role).
 
 moto's STS cannot assume a role whose trust names the EC2 service, so each service runs
 as an IAM user that holds exactly its role's inline policies as the stack made them.
@@ -334,6 +335,15 @@ def test_the_fleet_runs_with_the_generated_config(aws: dict[str, Any], postgres:
 
             [row] = wait_for("the worker registered, standing by", registered, procs, timeout_s=120)
             assert row["instance_id"] == inst["InstanceId"]
+            # The first model: the controller reads its manifest and config.json and checks
+            # each weight file is there, with its role.
+            deploy = subprocess.run(
+                [sys.executable, "-m", "thaw.cli.main", "models", "deploy", "demo", "--uri",
+                 f"s3://{aws['bucket']}/models/demo", "--shape", shape["name"], "--config", str(cfg_path)],
+                capture_output=True, text=True, timeout=60, env={**os.environ, "THAW_CLUSTER_TOKEN": TOKEN})
+            assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+            state = httpx.get(f"http://127.0.0.1:{port}/v1/state", headers=token, timeout=5).json()
+            assert [m["name"] for m in state["models"]] == ["demo"]
     # Nothing was refused on the way.
     for log in (ctl_log, worker_log):
         assert "AccessDenied" not in log.read_text(), log.read_text()[-2000:]
