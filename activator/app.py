@@ -12,11 +12,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -34,6 +35,7 @@ from activator.errors import (
     error_response,
     internal_error_response,
 )
+from activator.files import FilesApi, file_object
 from activator.keys import KeyCache
 from activator.keys import split as split_keys
 from activator.ledger import Ledger, parse_time, usage_totals
@@ -55,13 +57,14 @@ log = get_logger()
 
 def create_app(
     cfg: ThawConfig, pool_url: str, *, activator_id: str | None = None, store_fetcher: FileFetcher | None = None,
-    token: str | None = None, usage_client: S3Client | None = None, processes: int = 1,
+    token: str | None = None, usage_client: S3Client | None = None, files_client: Any = None, processes: int = 1,
 ) -> FastAPI:
     """The activator. ``store_fetcher`` reads a model's tokenizer files from the store
     (for prompt lengths); without it, prompt lengths are estimated and not checked.
     ``token``: the cluster token its calls to the controller carry. ``usage_client``:
     the store that its ledger is shipped to and fleet usage read from (none: /v1/usage
-    answers from this activator's ledger alone). ``processes``: how many worker
+    answers from this activator's ledger alone). ``files_client``: the store the Files
+    API keeps uploads in (none: it answers 503). ``processes``: how many worker
     processes of one `thaw activator --workers N` this is one of."""
     registry = CollectorRegistry()
     metrics = ActivatorMetrics(registry)
@@ -129,6 +132,7 @@ def create_app(
                             metrics=metrics)
                if usage_client is not None and cfg.ledger.ship else None)
     usage_reader = UsageReader(usage_client, bucket, prefix) if usage_client is not None else None
+    files = FilesApi(cfg.batch, bucket, files_client, pool_url, token)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -149,6 +153,7 @@ def create_app(
                 prefetch.cancel()
                 await asyncio.gather(prefetch, return_exceptions=True)
             await routes.close()
+            await files.close()
             await service.close()
             await limiter.close()
             ledger.close()
@@ -229,7 +234,8 @@ def create_app(
     app.add_middleware(CompletionEdge, handler=completion)
     # In front of both (added last: outermost of the two): header bounds, body deadline.
     app.add_middleware(RequestGuard, bounds=RequestBounds.from_server(cfg.server),
-                       body_timeout_s=cfg.server.body_timeout_s)
+                       body_timeout_s=cfg.server.body_timeout_s,
+                       slow_bodies={("POST", "/v1/files"): cfg.batch.upload_timeout_s})
 
     @app.post("/v1/chat/completions", openapi_extra=request_body("chat", model_in_path=False),
               responses=ERROR_RESPONSES)
@@ -315,6 +321,56 @@ def create_app(
         return JSONResponse({"object": "list", "tenant": principal.tenant, "totals": usage_totals(fleet.records),
                              "data": data, "shipping": {"lag_s": fleet.shipping()["lag_s"]},
                              "complete": fleet.complete, "incomplete_reason": reason}, headers={"x-request-id": rid})
+
+    # -- the Files API (activator.files) ------------------------------------------------
+
+    async def tenant_call(request: Request, call: Any) -> Response:
+        rid = request_id_from(request)
+        with bind_request(rid, kind="files"):
+            try:
+                principal = service.principal(request)
+                out = await call(principal.tenant)
+            except ApiError as exc:
+                return error_response(exc, {"x-request-id": rid})
+            except Exception:
+                log.exception("files_request_failed")
+                return internal_error_response(rid, {"x-request-id": rid})
+        if isinstance(out, Response):
+            out.headers["x-request-id"] = rid
+            return out
+        return JSONResponse(out, headers={"x-request-id": rid})
+
+    @app.post("/v1/files", responses=ERROR_RESPONSES)
+    async def upload_file(request: Request) -> Response:
+        return await tenant_call(request, lambda tenant: files.upload(tenant, request))
+
+    @app.get("/v1/files", responses=ERROR_RESPONSES)
+    async def list_files(request: Request, purpose: str | None = None, after: str | None = None,
+                         limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+                         order: Literal["asc", "desc"] = "desc") -> Response:
+        return await tenant_call(request, lambda tenant: files.list(tenant, purpose=purpose, after=after,
+                                                                     limit=limit, order=order))
+
+    @app.get("/v1/files/{file_id}", responses=ERROR_RESPONSES)
+    async def get_file(file_id: str, request: Request) -> Response:
+        async def call(tenant: str) -> dict[str, Any]:
+            return file_object(await files.record(tenant, file_id))
+
+        return await tenant_call(request, call)
+
+    @app.get("/v1/files/{file_id}/content", responses=ERROR_RESPONSES)
+    async def file_content(file_id: str, request: Request) -> Response:
+        async def call(tenant: str) -> Response:
+            record, chunks = await files.content(tenant, file_id)
+            return StreamingResponse(chunks, media_type="application/octet-stream", headers={
+                "content-length": str(record.bytes),
+                "content-disposition": f'attachment; filename="{quote(record.filename)}"'})
+
+        return await tenant_call(request, call)
+
+    @app.delete("/v1/files/{file_id}", responses=ERROR_RESPONSES)
+    async def delete_file(file_id: str, request: Request) -> Response:
+        return await tenant_call(request, lambda tenant: files.delete(tenant, file_id))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

@@ -178,10 +178,13 @@ class RequestGuard:
     however slowly, holds nothing. (The headers' own deadline, and their bound on the
     wire, are the connection's business: ``thaw.serve``.)"""
 
-    def __init__(self, app: ASGIApp, bounds: RequestBounds, body_timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, bounds: RequestBounds, body_timeout_s: float,
+                 slow_bodies: dict[tuple[str, str], float] | None = None) -> None:
+        """``slow_bodies``: (method, path) -> its own body timeout (a file upload's)."""
         self.app = app
         self.bounds = bounds
         self.body_timeout_s = body_timeout_s
+        self.slow_bodies = slow_bodies or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -193,7 +196,8 @@ class RequestGuard:
             rid = request_id_from(RawRequest(scope, receive))
             await error_response(exc, {"x-request-id": rid, "connection": "close"})(scope, receive, send)
             return
-        deadline = asyncio.get_running_loop().time() + self.body_timeout_s
+        timeout_s = self.slow_bodies.get((scope["method"], scope["path"]), self.body_timeout_s)
+        deadline = asyncio.get_running_loop().time() + timeout_s
         body_read = not _has_body(scope["headers"])
         started = False
 
@@ -205,7 +209,7 @@ class RequestGuard:
                 async with asyncio.timeout_at(deadline):
                     message = await receive()
             except TimeoutError:
-                raise RequestTimeout(f"the request body did not arrive within {self.body_timeout_s:g} s") from None
+                raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
             if message["type"] != "http.request" or not message.get("more_body", False):
                 body_read = True
             return message

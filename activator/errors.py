@@ -49,6 +49,13 @@ class NotFound(ApiError):
     status, type, code = 404, "invalid_request_error", "model_not_found"
 
 
+class ObjectNotFound(ApiError):
+    """A file or batch that is not the caller's (or not at all): OpenAI's "No such ...
+    object", with no code."""
+
+    status, type, code = 404, "invalid_request_error", None
+
+
 class RequestTimeout(ApiError):
     status, type, code = 408, "invalid_request_error", "request_timeout"
 

@@ -43,17 +43,19 @@ def create_activator_app(cfg: ThawConfig, controller_url: str, activator_id: str
     from activator.tokens import s3_fetcher
     from thaw.objstore import StoreConfigError, resolve_endpoint
 
-    fetcher = usage_client = None
+    fetcher = usage_client = files_client = None
     try:
         endpoint = resolve_endpoint(cfg)
         fetcher = s3_fetcher(endpoint.client())
         usage_client = endpoint.client(**CLIENT_CONFIG)
+        files_client = endpoint.client()
     except StoreConfigError as exc:
         # Prompt lengths are then estimated, not checked against the context; usage is
         # neither shipped nor read from the store (/v1/usage: this activator's ledger).
         log.warning("store_unavailable", error=str(exc))
     return create_app(cfg, controller_url, activator_id=activator_id, store_fetcher=fetcher,
-                      token=cluster_token(cfg), usage_client=usage_client, processes=processes)
+                      token=cluster_token(cfg), usage_client=usage_client, files_client=files_client,
+                      processes=processes)
 
 
 def supervise(commands: list[list[str]], *, quick_exit_s: float = 5.0, max_quick_exits: int = 5) -> int:

@@ -201,8 +201,9 @@ def test_roles_are_least_privilege(stack: dict[str, Any]) -> None:
     assert not any(a.startswith("s3:Put") for st in ctl.values() for a in as_list(st["Action"]))
 
     act = roles["ActivatorRole"]
-    writes = {a: st["Resource"] for st in act.values() for a in as_list(st["Action"]) if a == "s3:PutObject"}
-    assert writes == {"s3:PutObject": f"{bucket}/usage/*"}
+    writes = {r for st in act.values() for r in as_list(st.get("Resource", []))
+              if {"s3:PutObject", "s3:DeleteObject"} & set(as_list(st["Action"]))}
+    assert writes == {f"{bucket}/usage/*", f"{bucket}/files/*"}  # usage segments; tenants' uploaded files
     assert all("/models/*/" in r or r.endswith("/config/*")
                for r in act["ReadTokenizerFiles"]["Resource"]), "activators read tokenizer files, not weights"
     assert not any(r.endswith("/models/*") for st in act.values() for r in as_list(st.get("Resource", [])))

@@ -7,8 +7,8 @@ job; each is refused a call outside its role, so this test fails if a policy is 
   another cluster's instance nor launch from a launch template outside the stack;
 - the worker reads its model (manifest, files and the weights, streamed and verified),
   writes a snapshot and reads the cluster token; it cannot write under the models prefix;
-- the activator reads the model's tokenizer and ships a usage segment; it cannot read
-  the weights;
+- the activator reads the model's tokenizer, ships a usage segment and keeps a tenant's
+  uploaded file (the Files API); it cannot read the weights;
 - and as a fleet: `thaw controller` runs with the config `thaw aws config` wrote (with
   the loopback's addresses and a CPU shape put in) and the controller's keys: it reads
   the cluster token from Secrets Manager, launches its standby from the stack's launch
@@ -26,6 +26,7 @@ under the template's name and puts its ARN where the policies ``Ref`` it (moto d
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import subprocess
@@ -43,6 +44,7 @@ import httpx
 import pytest
 import yaml
 
+from activator.files import store_upload
 from activator.ledger import Ledger, UsageRecord
 from activator.shipping import UsageShipper
 from activator.tokens import TokenCounter, s3_fetcher
@@ -53,7 +55,7 @@ from tests.moto_stack import STACK_NAME, as_list, client, deploy, role_policies
 from tests.postgres_server import PostgresServer
 from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
 from thaw.aws_stack import token_secret_name
-from thaw.config import parse_config
+from thaw.config import BatchConfig, parse_config
 from thaw.embedded_store import free_port
 from warm_pool.ec2 import Ec2Provider
 from weight_streaming.fetch import fetch_model_files
@@ -242,11 +244,20 @@ def test_the_activator_reads_tokenizers_and_ships_usage_only(aws: dict[str, Any]
     shipped = client(aws, "s3").list_objects_v2(Bucket=bucket, Prefix="usage/a-iam/")["Contents"]
     assert shipped
 
+    # The Files API's store calls: an upload kept, read back and deleted.
+    key = "files/acme/file-0123456789abcdef"
+    assert store_upload(s3, bucket, key, io.BytesIO(b'{"custom_id": "a"}\n'), BatchConfig()) == (19, 1)
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b'{"custom_id": "a"}\n'
+    s3.delete_object(Bucket=bucket, Key=key)
+
     with pytest.raises(botocore.exceptions.ClientError) as info:
         s3.get_object(Bucket=bucket, Key="models/demo/model.safetensors")
     assert denied(info), info.value
     with pytest.raises(botocore.exceptions.ClientError) as info:
         s3.put_object(Bucket=bucket, Key="snapshots/demo/x/manifest.json", Body=b"{}")
+    assert denied(info), info.value
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        store_upload(s3, bucket, "models/demo/forged.jsonl", io.BytesIO(b"{}\n"), BatchConfig())
     assert denied(info), info.value
 
 

@@ -535,6 +535,19 @@ class LedgerConfig(_Strict):
     ship_prefix: Annotated[str, Field(pattern=r"^([A-Za-z0-9._-]+/)+$")] = "usage/"
 
 
+class BatchConfig(_Strict):
+    """OpenAI's Files and Batches API on the activators (``/v1/files``, ``/v1/batches``)."""
+
+    # Uploaded files go to <files_prefix><tenant>/<file id> in object_store.bucket; the
+    # controller keeps what each holds (its owner, name, size) in the state database.
+    files_prefix: Annotated[str, Field(pattern=r"^([A-Za-z0-9._-]+/)+$")] = "files/"
+    # OpenAI's bounds for a batch input file.
+    max_file_bytes: PositiveInt = 200 * 1024 * 1024
+    max_file_lines: PositiveInt = 50_000
+    # How long an upload's body may take (server.body_timeout_s bounds every other body).
+    upload_timeout_s: PositiveFloat = 600.0
+
+
 class LimitsConfig(_Strict):
     """Where tenants' rate limits are counted: in each activator (``local``: limits are
     per activator), or in Redis, shared by every activator of the cluster."""
@@ -598,6 +611,7 @@ class ThawConfig(_Strict):
     cluster: Cluster = Cluster()
     controller: ControllerConfig = ControllerConfig()
     ledger: LedgerConfig = LedgerConfig()
+    batch: BatchConfig = BatchConfig()
     limits: LimitsConfig = LimitsConfig()
     state: StateConfig = StateConfig()
     object_store: ObjectStore = ObjectStore()

@@ -778,3 +778,34 @@ class Catalog(_Msg):
     version: NonNegativeInt
     models: list[Model]
     tenants: list[Tenant]
+
+
+# -- the Files API's index (activators -> the controller) --------------------------------
+
+# OpenAI's purposes for files Thaw keeps: tenants upload batch input; batch output and
+# error files are written by the batch runner.
+FilePurpose = Literal["batch", "batch_output"]
+# A file id, as the activators make them ("file-" and a uuid4's hex).
+FILE_ID = r"file-[A-Za-z0-9]{8,64}"
+
+
+class NewFile(_Msg):
+    """``POST /v1/files`` (controller): an activator stored a tenant's upload at ``key``
+    (in the object store's bucket) and asks the controller to index it."""
+
+    id: Annotated[str, Field(pattern=f"^{FILE_ID}$")]
+    tenant: Name
+    filename: Annotated[str, Field(min_length=1, max_length=512)]
+    purpose: FilePurpose
+    bytes: NonNegativeInt
+    lines: NonNegativeInt
+    key: Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class FileRecord(NewFile):
+    created_at: float
+
+
+class FileList(_Msg):
+    data: list[FileRecord]
+    has_more: bool

@@ -57,6 +57,7 @@ from thaw.wire import (
 from warm_pool.admin import UnknownKey, UnknownTenant
 from warm_pool.db import StateUnavailable
 from warm_pool.facts import UnknownInstance
+from warm_pool.files_api import files_router
 from warm_pool.manager import PoolManager
 from warm_pool.persist import BudgetRefused
 from warm_pool.policy import ModelActivity
@@ -317,6 +318,8 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
     @app.get("/v1/catalog", response_model=Catalog)
     async def catalog() -> Response:
         return Response(manager.catalog().model_dump_json(), media_type="application/json")
+
+    app.include_router(files_router(manager.files, manager.clock))
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

@@ -54,6 +54,7 @@ from warm_pool.control import WorkerControl
 from warm_pool.db import Db, StateUnavailable
 from warm_pool.events import EventLog
 from warm_pool.facts import FleetFacts
+from warm_pool.files import FileIndex
 from warm_pool.instances import InstanceWatch
 from warm_pool.keys import KeyStore
 from warm_pool.leader import Leadership, LeaseStore
@@ -121,6 +122,7 @@ class PoolManager:
         # restart or another controller keeps them).
         db = state_db or Db.sqlite(state_dir / REGISTRY_FILE if state_dir else None)
         self.store = ControllerStore(db, state_dir)
+        self.files = FileIndex(db)
         self.event_log = EventLog(clock, controller=self.controller_id)
         self.model_admin = ModelRegistry(cfg, RegistryStore(db),
                                          store_reader, self.event_log, on_change=self._models_changed,
