@@ -809,3 +809,78 @@ class FileRecord(NewFile):
 class FileList(_Msg):
     data: list[FileRecord]
     has_more: bool
+
+
+# -- the Batches API (activators -> the controller) --------------------------------------
+
+BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
+                      "cancelled"]
+BatchEndpoint = Literal["/v1/chat/completions", "/v1/completions"]
+
+
+class NewBatch(_Msg):
+    """``POST /v1/batches`` (controller): a tenant's batch over one of its files."""
+
+    tenant: Name
+    input_file_id: Annotated[str, Field(pattern=f"^{FILE_ID}$")]
+    endpoint: BatchEndpoint
+    completion_window: Literal["24h"] = "24h"
+    # OpenAI's bounds: 16 pairs, keys up to 64 characters, values up to 512.
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=16)
+
+
+class BatchLineError(_Msg):
+    """A line of the input that did not run, or the reason a whole batch failed."""
+
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None
+
+
+class BatchCounts(_Msg):
+    total: NonNegativeInt = 0
+    completed: NonNegativeInt = 0
+    failed: NonNegativeInt = 0
+
+
+class BatchRecord(_Msg):
+    id: str
+    tenant: Name
+    input_file_id: str
+    endpoint: BatchEndpoint
+    completion_window: str
+    metadata: dict[str, str] | None = None
+    status: BatchStatus
+    created_at: float
+    expires_at: float
+    in_progress_at: float | None = None
+    finalizing_at: float | None = None
+    completed_at: float | None = None
+    failed_at: float | None = None
+    expired_at: float | None = None
+    cancelling_at: float | None = None
+    cancelled_at: float | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    # Why the whole batch failed (validating found no JSONL, the input file is gone).
+    errors: list[BatchLineError] = []
+    request_counts: BatchCounts = BatchCounts()
+
+
+class BatchList(_Msg):
+    data: list[BatchRecord]
+    has_more: bool
+
+
+class LeasedLine(_Msg):
+    """A batch request handed to an activator to run (until ``lease_until``)."""
+
+    batch_id: str
+    line: PositiveInt
+    custom_id: str
+    model: Name
+    endpoint: BatchEndpoint
+    body: dict[str, Any]
+    lease_until: float

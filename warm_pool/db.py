@@ -53,6 +53,11 @@ class Tx:
         cur = self._db._raw.execute(self._db.sql(sql), tuple(params))
         return int(cur.rowcount or 0)
 
+    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """One statement for each of ``rows`` (a batch's lines), in one call."""
+        if rows:
+            self._db._raw.cursor().executemany(self._db.sql(sql), [tuple(r) for r in rows])
+
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         cur = self._db._raw.execute(self._db.sql(sql), tuple(params))
         return [tuple(r) for r in cur.fetchall()]
