@@ -4,7 +4,8 @@ job; each is refused a call outside its role, so this test fails if a policy is 
 
 - the controller (the ec2 provider, configured by `thaw aws config`) launches a worker
   from the stack's launch template, stops, starts and terminates it; it cannot terminate
-  another cluster's instance nor launch from a launch template outside the stack;
+  another cluster's instance nor launch from a launch template outside the stack; its
+  batch runner reads a batch's input file and writes the output file, and nothing else;
 - the worker reads its model (manifest, files and the weights, streamed and verified),
   writes a snapshot and reads the cluster token; it cannot write under the models prefix;
 - the activator reads the model's tokenizer, ships a usage segment and keeps a tenant's
@@ -57,7 +58,12 @@ from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
 from thaw.aws_stack import token_secret_name
 from thaw.config import BatchConfig, parse_config
 from thaw.embedded_store import free_port
+from thaw.wire import NewBatch, NewFile
+from warm_pool.batch_runner import BatchRunner
+from warm_pool.batches import BatchStore
+from warm_pool.db import Db
 from warm_pool.ec2 import Ec2Provider
+from warm_pool.files import FileIndex
 from weight_streaming.fetch import fetch_model_files
 from weight_streaming.push import push_model, read_manifest
 from weight_streaming.s3_loader import load_s3, manifest_sha256
@@ -181,6 +187,34 @@ def test_the_controller_runs_only_this_clusters_workers(aws: dict[str, Any]) -> 
     with pytest.raises(botocore.exceptions.ClientError) as info:
         mine.run_instances(LaunchTemplate={"LaunchTemplateId": cfg.pools[0].ec2.launch_template}, MinCount=1,
                            MaxCount=1, SubnetId=cfg.pools[0].ec2.subnets[0])
+    assert denied(info), info.value
+
+
+async def test_the_controller_runs_a_batch_over_the_tenants_files(aws: dict[str, Any]) -> None:
+    """The batch runner with the controller's role: reads an input file an activator
+    stored, writes the output file; it may not write anywhere else."""
+    bucket, db = aws["bucket"], Db.sqlite(None)
+    files, store = FileIndex(db), BatchStore(db)
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": "demo", "messages": []}}).encode() + b"\n"
+    key = "files/acme/file-input0001"
+    store_upload(as_role(aws, "ActivatorRole", "s3"), bucket, key, io.BytesIO(line), BatchConfig())
+    files.add(NewFile(id="file-input0001", tenant="acme", filename="in.jsonl", purpose="batch", bytes=len(line),
+                      lines=1, key=key), 1.0)
+    runner = BatchRunner(store, files, lambda: as_role(aws, "ControllerRole", "s3"), bucket, "files/",
+                         resolver=lambda tenant: {"demo": "demo"}.get, clock=time.time)
+    batch = store.create(NewBatch(tenant="acme", input_file_id="file-input0001", endpoint="/v1/chat/completions"),
+                         "batch_iam", time.time())
+    await runner.tick()
+    [leased] = store.lease("act", ["demo"], 1, time.time(), 60)
+    store.finish(batch.id, leased.line, response={"status_code": 200, "request_id": "r", "body": {}}, at=time.time())
+    await runner.tick()
+    done = store.get("acme", batch.id)
+    assert done is not None and done.status == "completed" and done.output_file_id is not None
+    written = files.get("acme", done.output_file_id)
+    assert written is not None and client(aws, "s3").head_object(Bucket=bucket, Key=written.key)
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        as_role(aws, "ControllerRole", "s3").put_object(Bucket=bucket, Key="models/demo/x.json", Body=b"{}")
     assert denied(info), info.value
 
 

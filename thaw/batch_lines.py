@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from thaw.config import ThawConfig
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_CUSTOM_ID = 512
@@ -111,3 +114,20 @@ def _check(item: Any, endpoint: str, resolve: Callable[[str], str | None],
     if name is None:
         return LineError(0, custom_id, "model_not_found", f"the model {model!r} does not exist", "body.model")
     return custom_id, name
+
+
+def tenant_models(cfg: ThawConfig, tenant: str) -> Callable[[str], str | None]:
+    """For :func:`check_lines`: the registry's name of the model ``requested`` names (its
+    name or served name) if ``tenant`` may use it, as the activators decide it: a model
+    private to a tenant is that tenant's only; any other, per ``allowed_models``."""
+    t = next((x for x in cfg.tenants if x.name == tenant), None)
+
+    def resolve(requested: str) -> str | None:
+        m = cfg.model(requested)
+        if m is None or t is None:
+            return None
+        if m.tenant is not None:
+            return m.name if m.tenant == tenant else None
+        return m.name if "*" in t.allowed_models or m.name in t.allowed_models else None
+
+    return resolve

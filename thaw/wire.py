@@ -826,8 +826,8 @@ class NewBatch(_Msg):
     endpoint: BatchEndpoint
     completion_window: Literal["24h"] = "24h"
     # OpenAI's bounds: 16 pairs, keys up to 64 characters, values up to 512.
-    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
-        None, max_length=16)
+    metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None,
+                        Field(max_length=16)] = None
 
 
 class BatchLineError(_Msg):
@@ -884,3 +884,34 @@ class LeasedLine(_Msg):
     endpoint: BatchEndpoint
     body: dict[str, Any]
     lease_until: float
+
+
+class LeaseLines(_Msg):
+    """``POST /v1/batch-lines/lease``: an activator asks for up to ``n`` batch requests for
+    ``models`` (those it has room on), to answer within ``lease_s``."""
+
+    owner: Annotated[str, Field(min_length=1, max_length=200)]
+    models: list[Name]
+    n: Annotated[int, Field(ge=1, le=1000)]
+    lease_s: Annotated[float, Field(gt=0, le=3600)] = 300.0
+
+
+class LeasedLines(_Msg):
+    lines: list[LeasedLine]
+
+
+class LineResult(_Msg):
+    """A batch request's answer (``response``: ``status_code``, ``request_id``, ``body``)
+    or why it had none (``error``: ``code``, ``message``)."""
+
+    response: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class LineResultReply(_Msg):
+    # False: the line had its result already (run twice); this one was not kept.
+    kept: bool
+
+
+class ReleaseLine(_Msg):
+    owner: Annotated[str, Field(min_length=1, max_length=200)]

@@ -55,6 +55,7 @@ from thaw.wire import (
     WorkerStatus,
 )
 from warm_pool.admin import UnknownKey, UnknownTenant
+from warm_pool.batch_api import batch_router
 from warm_pool.db import StateUnavailable
 from warm_pool.facts import UnknownInstance
 from warm_pool.files_api import files_router
@@ -320,6 +321,7 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         return Response(manager.catalog().model_dump_json(), media_type="application/json")
 
     app.include_router(files_router(manager.files, manager.clock))
+    app.include_router(batch_router(manager.batches, manager.files, manager.batch_runner, manager.clock))
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

@@ -218,6 +218,13 @@ class BatchStore:
         for line, cid, state, result in rows:
             yield line, cid, state, json.loads(result) if result else None
 
+    def unanswered(self, batch_id: str) -> list[tuple[int, str | None]]:
+        """(line, custom_id) of each line without a result, in input order."""
+        with self.db.read() as tx:
+            rows = tx.query("SELECT line, custom_id FROM batch_lines WHERE batch_id = ? "
+                            "AND state IN ('pending', 'leased') ORDER BY line", (batch_id,))
+        return [(int(line), cid) for line, cid in rows]
+
     def pending_models(self) -> dict[str, int]:
         """Lines not yet answered per model, over running batches (what batch asks of
         the pool)."""

@@ -24,10 +24,12 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from thaw.aio import wait_event
+from thaw.batch_lines import tenant_models
 from thaw.config import ThawConfig
 from thaw.log import get_logger
 from thaw.wire import (
@@ -49,6 +51,8 @@ from thaw.wire import (
 from warm_pool.actuator import Actuator
 from warm_pool.admin import BudgetAdmin, KeyAdmin
 from warm_pool.apply import Applier
+from warm_pool.batch_runner import BatchRunner
+from warm_pool.batches import BatchStore
 from warm_pool.classes import ModelClasses, engine_bytes
 from warm_pool.control import WorkerControl
 from warm_pool.db import Db, StateUnavailable
@@ -89,6 +93,7 @@ class PoolManager:
         state_dir: Path | None = None,
         model_classes: ModelClasses | None = None,
         store_reader: StoreReader | None = None,
+        store_client: Callable[[], Any] | None = None,
         state_db: Db | None = None,
         lease: LeaseStore | None = None,
         controller_id: str | None = None,
@@ -100,6 +105,8 @@ class PoolManager:
         ``model_classes``: each model's engine class (placement into pre-built
         engines); None: no model has a known class. ``store_reader``: how the model
         registry checks a deploy's weights in the store (None: deploys are refused).
+        ``store_client``: a boto3 S3 client of the object store, for batches' files
+        (None: batches fail their validation).
         ``state_db``: where the registry is kept (None: ``state_dir/registry.db``).
         ``lease``: the leader's lease, when several controllers share ``state_db``
         (``warm_pool.leader``; None: this one always leads); ``url``: where the others
@@ -123,6 +130,11 @@ class PoolManager:
         db = state_db or Db.sqlite(state_dir / REGISTRY_FILE if state_dir else None)
         self.store = ControllerStore(db, state_dir)
         self.files = FileIndex(db)
+        self.batches = BatchStore(db)
+        self.batch_runner = BatchRunner(
+            self.batches, self.files, store_client, cfg.object_store.bucket, cfg.batch.files_prefix,
+            resolver=lambda tenant: tenant_models(self.model_admin.cfg, tenant), clock=clock,
+            leading=lambda: self.leading)
         self.event_log = EventLog(clock, controller=self.controller_id)
         self.model_admin = ModelRegistry(cfg, RegistryStore(db),
                                          store_reader, self.event_log, on_change=self._models_changed,
@@ -212,6 +224,7 @@ class PoolManager:
         """Lead at once (the only controller), or once this one holds the lease.
         ``loop=False``: the caller calls :meth:`step`."""
         self._loop = loop
+        await self.batch_runner.start()
         if self.leadership is None:
             await self._begin()
         else:
@@ -263,6 +276,7 @@ class PoolManager:
         server closes, and silence must not read as dead workers), and long polls answer
         now instead of holding the shutdown up."""
         self._closing = True
+        await self.batch_runner.close()
         await self._stop_loop()
         await self.feed.close()
 

@@ -97,7 +97,7 @@ class S3StoreReader:
         self._client: Any = None
         self._lock = threading.Lock()
 
-    def _s3(self) -> Any:
+    def client(self) -> Any:
         with self._lock:
             if self._client is None:
                 self._client = self._endpoint.client()
@@ -106,12 +106,12 @@ class S3StoreReader:
     def check_weights(self, uri: str) -> WeightsCheck:
         from thaw.objstore import check_weights
 
-        return check_weights(self._s3(), uri)
+        return check_weights(self.client(), uri)
 
     def read_config(self, uri: str) -> dict[str, Any] | None:
         from thaw.objstore import read_model_config
 
-        return read_model_config(self._s3(), uri)
+        return read_model_config(self.client(), uri)
 
 
 def build_store_reader(cfg: ThawConfig) -> S3StoreReader | None:
@@ -137,8 +137,10 @@ def create_controller_app(cfg: ThawConfig, config_path: Path, controller_url: st
     # a renewal never queues behind the registry's reads.
     lease = LeaseStore(Db.postgres(cfg.state.url)) if shared and cfg.state.url else None
     control = HttpWorkerControl(token)
+    reader = build_store_reader(cfg)
     manager = PoolManager(cfg, providers, control, state_dir=cfg.data_dir / "controller",
-                          model_classes=build_model_classes(cfg), store_reader=build_store_reader(cfg),
+                          model_classes=build_model_classes(cfg), store_reader=reader,
+                          store_client=reader.client if reader is not None else None,
                           state_db=state_db, lease=lease, url=controller_url,
                           controller_id=f"{socket.gethostname()}-{os.getpid()}", lease_s=cfg.controller.lease_s)
     control.fence(lambda: manager.term)

@@ -12,11 +12,11 @@ import pytest
 
 from tests.postgres_server import PostgresServer
 from thaw.batch_lines import check_lines
-from thaw.wire import NewBatch
+from thaw.wire import BatchEndpoint, NewBatch
 from warm_pool.batches import BatchStore
 from warm_pool.db import Db
 
-CHAT = "/v1/chat/completions"
+CHAT: BatchEndpoint = "/v1/chat/completions"
 FILE = "file-0123456789abcdef"
 
 
@@ -56,7 +56,7 @@ def test_validated_lines_run_and_refused_ones_are_failed(store: BatchStore) -> N
     assert b is not None and b.status == "in_progress" and b.in_progress_at == 101.0
     assert b.metadata == {"job": "eval"}
     assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == (4, 0, 1)
-    assert [(line, state, r["code"]) for line, _, state, r in store.results("batch_1")] == [
+    assert [(line, state, r and r["code"]) for line, _, state, r in store.results("batch_1")] == [
         (4, "failed", "invalid_json_line")]
     assert store.get("other", "batch_1") is None and store.cancel("other", "batch_1", 102.0) is None
     assert store.pending_models() == {"demo": 3}
@@ -64,7 +64,7 @@ def test_validated_lines_run_and_refused_ones_are_failed(store: BatchStore) -> N
 
 def test_a_file_that_is_not_jsonl_fails_the_batch(store: BatchStore) -> None:
     store.create(NewBatch(tenant="acme", input_file_id=FILE, endpoint=CHAT), "batch_1", 100.0)
-    b = store.validated("batch_1", check_lines([b"nope", b"nope"], CHAT, {}.get), 101.0)
+    b = store.validated("batch_1", check_lines([b"nope", b"nope"], CHAT, lambda name: None), 101.0)
     assert b.status == "failed" and b.failed_at == 101.0
     assert b.errors[0].code == "invalid_file" and "not JSONL" in b.errors[0].message
     assert store.lease("a1", ["demo"], 10, 102.0, 30) == []

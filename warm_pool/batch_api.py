@@ -1,0 +1,94 @@
+"""The controller's side of the Batches API (``warm_pool.batches``, run by
+``warm_pool.batch_runner``). Callers are activators, with the cluster token: they create,
+read and cancel batches for the tenant they authenticated (another tenant's batch is a
+404), lease batch requests to run and send their answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response
+
+from thaw.config import Name
+from thaw.wire import (
+    BatchList,
+    BatchRecord,
+    ErrorReply,
+    LeasedLines,
+    LeaseLines,
+    LineResult,
+    LineResultReply,
+    NewBatch,
+    ReleaseLine,
+)
+from warm_pool.batch_runner import BatchRunner
+from warm_pool.batches import MAX_PAGE, BatchStore, new_batch_id
+from warm_pool.files import FileIndex
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "description": "The tenant has no such batch"}}
+
+
+def _json(model: Any, status: int = 200) -> Response:
+    return Response(model.model_dump_json(), status_code=status, media_type="application/json")
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse(ErrorReply(error=message).model_dump(exclude_none=True), status_code=status)
+
+
+def batch_router(store: BatchStore, files: FileIndex, runner: BatchRunner, clock: Callable[[], float]) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/batches", response_model=BatchRecord, status_code=201,
+                 responses={400: {"model": ErrorReply, "description": "The input file is not the tenant's batch input"}})
+    async def create(body: NewBatch) -> Response:
+        found = await asyncio.to_thread(files.get, body.tenant, body.input_file_id)
+        if found is None:
+            return _error(f"No such File object: {body.input_file_id}", 400)
+        if found.purpose != "batch":
+            return _error(f"file {body.input_file_id} has purpose {found.purpose!r}, not 'batch'", 400)
+        record = await asyncio.to_thread(store.create, body, new_batch_id(), clock())
+        runner.kick()
+        return _json(record, 201)
+
+    @router.get("/v1/batches", response_model=BatchList)
+    async def list_batches(tenant: Name, after: str | None = None,
+                           limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 20) -> Response:
+        return _json(await asyncio.to_thread(store.page, tenant, after=after, limit=limit))
+
+    @router.get("/v1/batches/{batch_id}", response_model=BatchRecord, responses=NOT_FOUND)
+    async def get(batch_id: str, tenant: Name) -> Response:
+        record = await asyncio.to_thread(store.get, tenant, batch_id)
+        return _error(f"No such Batch object: {batch_id}", 404) if record is None else _json(record)
+
+    @router.post("/v1/batches/{batch_id}/cancel", response_model=BatchRecord, responses=NOT_FOUND)
+    async def cancel(batch_id: str, tenant: Name) -> Response:
+        record = await asyncio.to_thread(store.cancel, tenant, batch_id, clock())
+        if record is None:
+            return _error(f"No such Batch object: {batch_id}", 404)
+        runner.kick()
+        return _json(record)
+
+    @router.post("/v1/batch-lines/lease", response_model=LeasedLines)
+    async def lease(body: LeaseLines) -> Response:
+        lines = await asyncio.to_thread(store.lease, body.owner, body.models, body.n, clock(), body.lease_s)
+        return _json(LeasedLines(lines=lines))
+
+    @router.post("/v1/batch-lines/{batch_id}/{line}/result", response_model=LineResultReply)
+    async def result(batch_id: str, line: int, body: LineResult) -> Response:
+        if (body.response is None) == (body.error is None):
+            return _error("give exactly one of response and error", 422)
+        kept = await asyncio.to_thread(store.finish, batch_id, line, response=body.response, error=body.error,
+                                       at=clock())
+        runner.kick()
+        return _json(LineResultReply(kept=kept))
+
+    @router.post("/v1/batch-lines/{batch_id}/{line}/release", status_code=204)
+    async def release(batch_id: str, line: int, body: ReleaseLine) -> Response:
+        await asyncio.to_thread(store.release, batch_id, line, body.owner)
+        return Response(status_code=204)
+
+    return router
