@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import hmac
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,6 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activator.auth import Authenticator
+from activator.batch_worker import BatchWorker
+from activator.batches import BatchesApi
 from activator.bounds import RequestBounds
 from activator.catalog import CatalogCache, apply_catalog
 from activator.edge import CompletionEdge, IncomingRequest, RequestGuard, request_id_from
@@ -133,11 +136,14 @@ def create_app(
                if usage_client is not None and cfg.ledger.ship else None)
     usage_reader = UsageReader(usage_client, bucket, prefix) if usage_client is not None else None
     files = FilesApi(cfg.batch, bucket, files_client, pool_url, token)
+    batches = BatchesApi(pool_url, token)
+    batch_worker = BatchWorker(service, routes, pool_url, token, activator_id, cfg.batch)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await routes.start()
         await limiter.start()
+        await batch_worker.start()
         if shipper is not None:
             await shipper.start()
         prefetch = (asyncio.create_task(tokens.prefetch(cfg.engine_model(m).uri for m in cfg.models), name="tokenizer_prefetch")
@@ -152,8 +158,10 @@ def create_app(
             if prefetch is not None:
                 prefetch.cancel()
                 await asyncio.gather(prefetch, return_exceptions=True)
+            await batch_worker.close()
             await routes.close()
             await files.close()
+            await batches.close()
             await service.close()
             await limiter.close()
             ledger.close()
@@ -371,6 +379,32 @@ def create_app(
     @app.delete("/v1/files/{file_id}", responses=ERROR_RESPONSES)
     async def delete_file(file_id: str, request: Request) -> Response:
         return await tenant_call(request, lambda tenant: files.delete(tenant, file_id))
+
+    # -- the Batches API (activator.batches; lines run by activator.batch_worker) --------
+
+    @app.post("/v1/batches", responses=ERROR_RESPONSES)
+    async def create_batch(request: Request) -> Response:
+        async def call(tenant: str) -> dict[str, Any]:
+            try:
+                body = json.loads(await request.body())
+            except ValueError:
+                raise BadRequest("the body is not JSON") from None
+            return await batches.create(tenant, body)
+
+        return await tenant_call(request, call)
+
+    @app.get("/v1/batches", responses=ERROR_RESPONSES)
+    async def list_batches(request: Request, after: str | None = None,
+                           limit: Annotated[int, Query(ge=1, le=100)] = 20) -> Response:
+        return await tenant_call(request, lambda tenant: batches.list(tenant, after=after, limit=limit))
+
+    @app.get("/v1/batches/{batch_id}", responses=ERROR_RESPONSES)
+    async def get_batch(batch_id: str, request: Request) -> Response:
+        return await tenant_call(request, lambda tenant: batches.get(tenant, batch_id))
+
+    @app.post("/v1/batches/{batch_id}/cancel", responses=ERROR_RESPONSES)
+    async def cancel_batch(batch_id: str, request: Request) -> Response:
+        return await tenant_call(request, lambda tenant: batches.cancel(tenant, batch_id))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

@@ -51,7 +51,8 @@ CREATE TABLE IF NOT EXISTS usage (
     replica TEXT,
     started_at REAL NOT NULL,
     finished_at REAL NOT NULL,
-    revision INTEGER
+    revision INTEGER,
+    service_tier TEXT
 );
 CREATE INDEX IF NOT EXISTS usage_tenant_time ON usage (tenant, started_at);
 CREATE TABLE IF NOT EXISTS replica_intervals (
@@ -64,7 +65,7 @@ CREATE TABLE IF NOT EXISTS replica_intervals (
 """
 
 
-MIGRATED_COLUMNS = (("revision", "INTEGER"),)
+MIGRATED_COLUMNS = (("revision", "INTEGER"), ("service_tier", "TEXT"))
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ class UsageRecord:
     finished_at: float
     # The model's registry revision that answered (None: not known).
     revision: int | None = None
+    # OpenAI's service tier: "batch" for a line of a batch (priced at
+    # batch.price_factor); None for an online request.
+    service_tier: str | None = None
 
 
 _COLUMNS = [f.name for f in fields(UsageRecord)]

@@ -195,6 +195,9 @@ class RouteWatcher:
             self.followed["catalog"] = Followed("/v1/catalog", Catalog.model_validate_json, on_catalog,
                                                 catalog_version or 0)
         self.routes: dict[str, ModelRoutes] = {m.name: ModelRoutes() for m in models}
+        # Set by the batch worker: cut one of its requests on a model, for an online
+        # request that found every slot taken.
+        self.yield_batch: Callable[[str], None] | None = None
         self.version = -1
         # Activators the controller hears from (this one included): each one's share of
         # a limit when the shared limits store cannot be reached.
@@ -441,6 +444,29 @@ class RouteWatcher:
             return "failed"
         return "cold"
 
+    # -- batch: room online traffic leaves, given back the moment it wants it --------
+    def batch_room(self, model: str, share: float, running: int) -> int:
+        """How many more batch requests ``model`` takes now, ``running`` being run: none
+        while an online request waits for it; else up to ``share`` of its replicas'
+        slots in all, within the free ones."""
+        st, m = self.routes.get(model), self.models.get(model)
+        if st is None or m is None or not st.replicas or st.waiters or self.fair_depth(model):
+            return 0
+        cap = m.autoscaling.max_concurrency_per_replica
+        free = sum(max(cap - r.outstanding, 0) for r in st.replicas)
+        return max(0, min(int(cap * len(st.replicas) * share) - running, free))
+
+    def take_batch_slot(self, model: str) -> Replica | None:
+        """A free slot for a batch request (``release`` frees it), if no online request
+        waits for one."""
+        st = self.routes.get(model)
+        if st is None or st.waiters or self.fair_depth(model):
+            return None
+        rep = self.pick(model)
+        if rep is not None:
+            rep.outstanding += 1
+        return rep
+
     async def acquire(self, model: Model, arrival: float, key: str | None = None,
                       tenant: str = "") -> Acquired:
         """A replica slot for ``model`` (reserved: ``release`` frees it).
@@ -472,6 +498,10 @@ class RouteWatcher:
         st.fair.setdefault(tenant, deque()).append((fut, key))
         if tenant not in st.fair_order:
             st.fair_order.append(tenant)
+        if self.yield_batch is not None:
+            # A batch request on this model gives its slot to this one (handed on as
+            # the cut request releases it).
+            self.yield_batch(model.name)
         self.signal_demand(model.name)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), max(arrival + a.activation_timeout_s - self.clock(), 0.0))

@@ -74,6 +74,8 @@ class RequestContext:
     recorded: bool = False
     admission: Admission | None = None
     rate_headers: dict[str, str] = field(default_factory=dict)
+    # "batch" for a batch's line (activator.batch_worker); None online.
+    service_tier: str | None = None
 
     def response_headers(self) -> dict[str, str]:
         h = {**self.rate_headers, "x-request-id": self.request_id,
@@ -248,6 +250,24 @@ class CompletionService:
     async def admit(self, tenant: str, principal: Principal, model: Model, kind: Kind, body: dict[str, Any],
                     ctx: RequestContext) -> None:
         """Context length with the model's tokenizer, then the tenant's rate limits."""
+        lengths = await self.check_context(model, kind, body)
+        prompt_tokens = max(lengths) if lengths else None
+        max_new = body.get("max_completion_tokens") or body.get("max_tokens")
+        n = body.get("n") or 1
+        estimate = sum(lengths) if lengths else len(json.dumps(body)) // 4
+        sequences = n * (len(lengths) if lengths else 1)
+        # Without max_tokens the engine generates up to the context (chat) or its
+        # completions default: reserve that.
+        default_new = (max(model.max_context_tokens - (prompt_tokens or estimate), 0) if kind == "chat"
+                       else COMPLETIONS_DEFAULT_MAX_TOKENS)
+        reserve = estimate + sequences * (max_new or default_new)
+        ctx.admission = await self.limiter.admit(tenant, model.name, principal.limits, reserve, self.clock())
+        ctx.rate_headers = ctx.admission.headers
+
+    async def check_context(self, model: Model, kind: Kind, body: dict[str, Any]) -> list[int] | None:
+        """Each prompt's tokens, counted with the model's tokenizer (None: no tokenizer);
+        BadRequest when the longest and what it may generate exceed the context, or the
+        chat template refuses the messages."""
         # An adapter's prompts are its base's tokens (the adapter ships no tokenizer).
         counter = await self.tokens.get(self.cfg.engine_model(model).uri) if self.tokens else None
         lengths: list[int] | None = None
@@ -262,7 +282,6 @@ class CompletionService:
         # Each prompt of a batch is its own sequence in the engine: the longest must fit.
         prompt_tokens = max(lengths) if lengths else None
         max_new = body.get("max_completion_tokens") or body.get("max_tokens")
-        n = body.get("n") or 1
         if prompt_tokens is not None:
             limit = model.max_context_tokens
             if prompt_tokens + (max_new or 0) > limit:
@@ -273,15 +292,38 @@ class CompletionService:
                     ("messages" if kind == "chat" else "prompt"),
                     code="context_length_exceeded",
                 )
-        estimate = sum(lengths) if lengths else len(json.dumps(body)) // 4
-        sequences = n * (len(lengths) if lengths else 1)
-        # Without max_tokens the engine generates up to the context (chat) or its
-        # completions default: reserve that.
-        default_new = (max(model.max_context_tokens - (prompt_tokens or estimate), 0) if kind == "chat"
-                       else COMPLETIONS_DEFAULT_MAX_TOKENS)
-        reserve = estimate + sequences * (max_new or default_new)
-        ctx.admission = await self.limiter.admit(tenant, model.name, principal.limits, reserve, self.clock())
-        ctx.rate_headers = ctx.admission.headers
+        return lengths
+
+    async def run_batch_line(self, tenant: str, model: Model, kind: Kind, body: dict[str, Any], replica: Replica,
+                             ctx: RequestContext) -> tuple[int, bytes]:
+        """One line of a batch on ``replica`` (a slot the batch worker holds and frees),
+        answered whole: the status and body a client would have had (an error in
+        OpenAI's shape). Checked as an online request is, but for rate limits (a batch
+        runs on room online traffic leaves); recorded with ``service_tier`` batch.
+        Raises what the upstream raises (the worker gives the line back)."""
+        ctx.tenant, ctx.model, ctx.service_tier = tenant, model, "batch"
+        try:
+            req = parse_request(kind, body)
+            await self.check_context(model, kind, body)
+        except ApiError as exc:
+            ctx.status = exc.status
+            await self.record(ctx, exc.code)
+            return exc.status, json.dumps(error_body(exc.status, exc.message, exc.type, exc.param,
+                                                     exc.code)).encode()
+        payload = {**body, "stream": False, "model": replica.served_model_name,
+                   "cache_salt": tenant_cache_salt(tenant, req.cache_salt)}
+        upstream = await self._http.post(replica.url + UPSTREAM_PATH[kind], json.dumps(payload).encode(), {
+            "x-request-id": ctx.request_id, "content-type": "application/json"})
+        try:
+            content = await upstream.read()
+        finally:
+            upstream.release()
+        ctx.first_byte_at = self.clock()
+        ctx.status, ctx.revision = upstream.status, replica.revision
+        ctx.replica = replica.assignment_id or replica.worker_id
+        usage_from_body(content, ctx.usage)
+        await self.record(ctx)
+        return upstream.status, upstream_error_body(upstream.status, content) if upstream.status >= 400 else content
 
     async def _send(
         self, model: Model, kind: Kind, body: dict[str, Any], acquired: Acquired, ctx: RequestContext,
@@ -442,7 +484,7 @@ class CompletionService:
                 ttft_ms=round((ctx.first_byte_at - ctx.arrival) * 1000, 3) if ctx.first_byte_at else None,
                 duration_ms=round((now - ctx.arrival) * 1000, 3), cold_start=ctx.cold, cancelled=ctx.cancelled,
                 stream=ctx.stream, replica=ctx.replica, started_at=ctx.arrival, finished_at=now,
-                revision=ctx.revision,
+                revision=ctx.revision, service_tier=ctx.service_tier,
             ))
         finally:
             if ctx.admission is not None:

@@ -546,6 +546,14 @@ class BatchConfig(_Strict):
     max_file_lines: PositiveInt = 50_000
     # How long an upload's body may take (server.body_timeout_s bounds every other body).
     upload_timeout_s: PositiveFloat = 600.0
+    # Batch requests take at most this share of a model's replica slots (on one
+    # activator), and only slots no online request waits for; an online request that
+    # finds every slot taken cuts one at once.
+    max_share: Annotated[float, Field(ge=0, le=1)] = 0.5
+    # How often an activator looks for room and leases lines, and how long a lease lasts
+    # (a line not answered within it runs again).
+    poll_interval_s: PositiveFloat = 1.0
+    lease_s: PositiveFloat = 300.0
 
 
 class LimitsConfig(_Strict):

@@ -878,6 +878,7 @@ class LeasedLine(_Msg):
     """A batch request handed to an activator to run (until ``lease_until``)."""
 
     batch_id: str
+    tenant: Name
     line: PositiveInt
     custom_id: str
     model: Name

@@ -167,6 +167,9 @@ class BatchStore:
         if not models or n <= 0:
             return []
         marks = ", ".join("?" for _ in models)
+        with self.db.read() as tx:  # most asks find nothing: no write lock for them
+            if tx.one("SELECT 1 FROM batches WHERE status = 'in_progress' LIMIT 1") is None:
+                return []
         with self.db.write() as tx:
             rows = tx.query(
                 "SELECT l.batch_id, l.line, l.custom_id, l.model, l.body, b.body FROM batch_lines l "
@@ -177,9 +180,12 @@ class BatchStore:
             until = at + lease_s
             tx.execute_many("UPDATE batch_lines SET state = 'leased', lease_owner = ?, lease_until = ? "
                             "WHERE batch_id = ? AND line = ?", [(owner, until, r[0], r[1]) for r in rows])
-        return [LeasedLine(batch_id=b, line=line, custom_id=cid, model=model, body=json.loads(body),
-                           endpoint=BatchRecord.model_validate_json(batch).endpoint, lease_until=until)
-                for b, line, cid, model, body, batch in rows]
+        out = []
+        for b, line, cid, model, body, batch in rows:
+            record = BatchRecord.model_validate_json(batch)
+            out.append(LeasedLine(batch_id=b, tenant=record.tenant, line=line, custom_id=cid, model=model,
+                                  body=json.loads(body), endpoint=record.endpoint, lease_until=until))
+        return out
 
     def finish(self, batch_id: str, line: int, *, response: dict[str, Any] | None = None,
                error: dict[str, Any] | None = None, at: float) -> bool:

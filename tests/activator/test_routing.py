@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -169,3 +170,41 @@ async def test_an_ejected_replica_comes_back_after_its_ejection_and_wakes_the_wa
 ])
 def test_a_failed_load_is_told_to_callers_by_its_kind_never_its_details(kind: str | None, reason: str) -> None:
     assert public_failure(kind) == reason
+
+
+async def test_batch_takes_only_room_online_traffic_leaves_and_yields_it_at_once() -> None:
+    from thaw.wire import ModelRoute, ReplicaRoute, RouteTable
+
+    w = RouteWatcher(CFG.models, "http://127.0.0.1:9", "a1")
+    cut: list[str] = []
+    try:
+        routes = [ReplicaRoute(worker_id=f"w{i}", url=f"http://127.0.0.1:{i}", served_model_name="demo",
+                               assignment_id=f"a-{i}") for i in (1, 2)]
+        w.apply(RouteTable(epoch="e", version=1, models={"demo": ModelRoute(served_name="demo", replicas=routes)}))
+        model = CFG.models[0]
+        cap = model.autoscaling.max_concurrency_per_replica
+        # Half the slots of both replicas, less what batch runs already.
+        assert w.batch_room("demo", 0.5, running=0) == cap
+        assert w.batch_room("demo", 0.5, running=cap - 1) == 1
+        assert w.batch_room("demo", 0.0, running=0) == 0
+        batch = [w.take_batch_slot("demo") for _ in range(cap)]
+        assert all(r is not None for r in batch)
+        # Online takes the rest; then one more online request must wait: batch is cut.
+        online = [await w.acquire(model, w.clock(), tenant="t") for _ in range(cap)]
+
+        def yield_batch(name: str) -> None:
+            cut.append(name)
+            rep = batch.pop()
+            assert rep is not None
+            w.release(name, rep)  # what the cut batch request does
+
+        w.yield_batch = yield_batch
+        waiting = await asyncio.wait_for(w.acquire(model, w.clock(), tenant="t"), 2)
+        assert cut == ["demo"] and waiting.replica is not None
+        # While an online request waits, batch gets no room and no slot.
+        w.routes["demo"].fair["t"] = deque([(asyncio.get_running_loop().create_future(), None)])
+        assert w.batch_room("demo", 1.0, running=0) == 0 and w.take_batch_slot("demo") is None
+        assert len(online) == cap
+    finally:
+        w.routes["demo"].fair.clear()
+        await w.close()

@@ -1,0 +1,181 @@
+"""Batch lines run on room online traffic leaves (OpenAI's Batches API).
+
+Each tick the worker asks, for each model with ready replicas here, how many batch
+requests it takes now (``RouteWatcher.batch_room``: none while an online request waits
+for the model; else up to ``batch.max_share`` of its slots, within the free ones),
+leases that many lines from the controller and runs each on a slot of its own, answered
+whole (``CompletionService.run_batch_line``), then sends the answer. An online request
+that finds every slot taken cuts one batch request of its model at once
+(``RouteWatcher.yield_batch``): the slot is handed to it, and the cut line is given back
+to the controller to run later. A line whose run fails (a replica gone) is given back
+too; a line whose answer cannot be sent runs again when its lease ends, and the
+controller keeps only the first answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from activator.protocol import Kind
+from activator.routing import RouteWatcher
+from activator.service import CompletionService, RequestContext
+from thaw.auth import bearer
+from thaw.config import BatchConfig
+from thaw.controllers import Controllers
+from thaw.log import get_logger
+from thaw.wire import LeasedLine, LeasedLines, LeaseLines, LineResult, ReleaseLine
+
+log = get_logger()
+
+KINDS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+class BatchWorker:
+    def __init__(self, service: CompletionService, routes: RouteWatcher, pool_url: str, token: str | None,
+                 owner: str, cfg: BatchConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.service = service
+        self.routes = routes
+        self.owner = owner
+        self.cfg = cfg
+        self.clock = clock
+        self.controllers = Controllers(pool_url)
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0),
+                                       headers=bearer(token) if token else None)
+        # model -> (batch id, line) -> the task running it.
+        self.running: dict[str, dict[tuple[str, int], asyncio.Task[None]]] = {}
+        # model -> the tasks holding a slot now, in the order they took it.
+        self.holding: dict[str, list[asyncio.Task[None]]] = {}
+        self._cut: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self.answered = 0
+        self.yielded = 0
+        routes.yield_batch = self.yield_to_online
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="batch_worker")
+
+    async def close(self) -> None:
+        tasks = [t for lines in self.running.values() for t in lines.values()]
+        for t in [self._task, *tasks]:
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(*(t for t in [self._task, *tasks] if t is not None), return_exceptions=True)
+        await self._http.aclose()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.step()
+            except Exception:
+                log.exception("batch_step_failed")
+            await asyncio.sleep(self.cfg.poll_interval_s)
+
+    def room(self) -> dict[str, int]:
+        """Per model, the batch requests it takes now."""
+        out = {}
+        for name in self.routes.routes:
+            n = self.routes.batch_room(name, self.cfg.max_share, len(self.running.get(name, {})))
+            if n > 0:
+                out[name] = n
+        return out
+
+    async def step(self) -> None:
+        room = self.room()
+        if not room:
+            return
+        ask = LeaseLines(owner=self.owner, models=sorted(room), n=min(sum(room.values()), 1000),
+                         lease_s=self.cfg.lease_s)
+        r = await self._post("/v1/batch-lines/lease", ask.model_dump_json())
+        if r is None or r.status_code != 200:
+            return
+        for line in LeasedLines.model_validate_json(r.content).lines:
+            task = asyncio.create_task(self._run(line), name="batch_line")
+            self.running.setdefault(line.model, {})[(line.batch_id, line.line)] = task
+
+    def yield_to_online(self, model: str) -> None:
+        """Cut the batch request of ``model`` that took its slot last (the least work
+        lost)."""
+        holding = [t for t in self.holding.get(model, []) if t not in self._cut and not t.done()]
+        if holding:
+            task = holding[-1]
+            self._cut.add(task)
+            task.cancel()
+            self.yielded += 1
+
+    async def _run(self, line: LeasedLine) -> None:
+        key = (line.batch_id, line.line)
+        task = asyncio.current_task()
+        try:
+            model = self.service.cfg.model(line.model)
+            if model is None:  # removed since the batch was validated
+                await self._answer(line, LineResult(error={"code": "model_not_found",
+                                                           "message": f"the model {line.model!r} was removed"}))
+                return
+            replica = self.routes.take_batch_slot(line.model)
+            if replica is None:  # online traffic took the room meanwhile
+                await self._give_back(line)
+                return
+            ctx = RequestContext(request_id=f"batch-{uuid.uuid4().hex}", arrival=self.clock())
+            assert task is not None
+            holders = self.holding.setdefault(line.model, [])
+            holders.append(task)
+
+            def free() -> None:
+                if task in holders:
+                    holders.remove(task)
+                    self.routes.release(line.model, replica)
+
+            try:
+                status, content = await self.service.run_batch_line(line.tenant, model, KINDS[line.endpoint],
+                                                                    line.body, replica, ctx)
+            except asyncio.CancelledError:
+                # Cut for an online request: its slot first, then the line goes back.
+                free()
+                if task in self._cut:
+                    await self._give_back(line)
+                    return
+                raise
+            except Exception as exc:
+                free()
+                log.warning("batch_line_failed", batch_id=line.batch_id, line=line.line, error=repr(exc))
+                await self._give_back(line)
+                return
+            finally:
+                free()
+            try:
+                body: Any = json.loads(content)
+            except ValueError:
+                body = {"error": {"message": content.decode("utf-8", "replace")[:2000]}}
+            await self._answer(line, LineResult(response={"status_code": status, "request_id": ctx.request_id,
+                                                          "body": body}))
+        finally:
+            self.running.get(line.model, {}).pop(key, None)
+            if task is not None:
+                self._cut.discard(task)
+
+    async def _answer(self, line: LeasedLine, result: LineResult) -> None:
+        r = await self._post(f"/v1/batch-lines/{line.batch_id}/{line.line}/result", result.model_dump_json())
+        if r is not None and r.status_code == 200:
+            self.answered += 1
+        else:  # the lease ends, the line runs again, and the controller keeps one answer
+            log.warning("batch_answer_not_sent", batch_id=line.batch_id, line=line.line,
+                        status=r.status_code if r is not None else None)
+
+    async def _give_back(self, line: LeasedLine) -> None:
+        await self._post(f"/v1/batch-lines/{line.batch_id}/{line.line}/release",
+                         ReleaseLine(owner=self.owner).model_dump_json())
+
+    async def _post(self, path: str, body: str) -> httpx.Response | None:
+        try:
+            return await self.controllers.request(self._http, "POST", path, content=body,
+                                                  headers={"content-type": "application/json"})
+        except httpx.TransportError as exc:
+            log.warning("batch_controller_unreachable", path=path, error=repr(exc))
+            return None
