@@ -51,6 +51,7 @@ from activator.shipping import S3Client, UsageShipper
 from activator.tokens import FileFetcher, TokenCounter
 from activator.usage_store import UsageReader, read_usage
 from thaw.config import ThawConfig
+from thaw.controllers import ControllerClient
 from thaw.http_api import allowed_methods
 from thaw.log import bind_request, get_logger
 from thaw.wire import Catalog, KeyTable
@@ -135,9 +136,10 @@ def create_app(
                             metrics=metrics)
                if usage_client is not None and cfg.ledger.ship else None)
     usage_reader = UsageReader(usage_client, bucket, prefix) if usage_client is not None else None
-    files = FilesApi(cfg.batch, bucket, files_client, pool_url, token)
-    batches = BatchesApi(pool_url, token)
-    batch_worker = BatchWorker(service, routes, pool_url, token, activator_id, cfg.batch)
+    controller = ControllerClient(pool_url, token)  # the Files and Batches APIs' calls
+    files = FilesApi(cfg.batch, bucket, files_client, controller)
+    batches = BatchesApi(controller)
+    batch_worker = BatchWorker(service, routes, controller, activator_id, cfg.batch)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -160,8 +162,7 @@ def create_app(
                 await asyncio.gather(prefetch, return_exceptions=True)
             await batch_worker.close()
             await routes.close()
-            await files.close()
-            await batches.close()
+            await controller.aclose()
             await service.close()
             await limiter.close()
             ledger.close()

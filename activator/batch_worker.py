@@ -15,6 +15,7 @@ controller keeps only the first answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -26,9 +27,8 @@ import httpx
 from activator.protocol import Kind
 from activator.routing import RouteWatcher
 from activator.service import CompletionService, RequestContext
-from thaw.auth import bearer
 from thaw.config import BatchConfig
-from thaw.controllers import Controllers
+from thaw.controllers import ControllerClient
 from thaw.log import get_logger
 from thaw.wire import LeasedLine, LeasedLines, LeaseLines, LineResult, ReleaseLine
 
@@ -38,16 +38,14 @@ KINDS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "co
 
 
 class BatchWorker:
-    def __init__(self, service: CompletionService, routes: RouteWatcher, pool_url: str, token: str | None,
-                 owner: str, cfg: BatchConfig, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, service: CompletionService, routes: RouteWatcher, controller: ControllerClient, owner: str,
+                 cfg: BatchConfig, *, clock: Callable[[], float] = time.time) -> None:
         self.service = service
         self.routes = routes
         self.owner = owner
         self.cfg = cfg
         self.clock = clock
-        self.controllers = Controllers(pool_url)
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0),
-                                       headers=bearer(token) if token else None)
+        self.controller = controller
         # model -> (batch id, line) -> the task running it.
         self.running: dict[str, dict[tuple[str, int], asyncio.Task[None]]] = {}
         # model -> the tasks holding a slot now, in the order they took it.
@@ -67,7 +65,6 @@ class BatchWorker:
             if t is not None:
                 t.cancel()
         await asyncio.gather(*(t for t in [self._task, *tasks] if t is not None), return_exceptions=True)
-        await self._http.aclose()
 
     async def _loop(self) -> None:
         while True:
@@ -136,10 +133,12 @@ class BatchWorker:
                 status, content = await self.service.run_batch_line(line.tenant, model, KINDS[line.endpoint],
                                                                     line.body, replica, ctx)
             except asyncio.CancelledError:
-                # Cut for an online request: its slot first, then the line goes back.
+                # Cut for an online request (or this activator stopping): the slot
+                # first, then the line goes back to run elsewhere or later.
                 free()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._give_back(line), 5)
                 if task in self._cut:
-                    await self._give_back(line)
                     return
                 raise
             except Exception as exc:
@@ -174,8 +173,7 @@ class BatchWorker:
 
     async def _post(self, path: str, body: str) -> httpx.Response | None:
         try:
-            return await self.controllers.request(self._http, "POST", path, content=body,
-                                                  headers={"content-type": "application/json"})
+            return await self.controller.post_json(path, body)
         except httpx.TransportError as exc:
             log.warning("batch_controller_unreachable", path=path, error=repr(exc))
             return None

@@ -16,8 +16,7 @@ import httpx
 from pydantic import ValidationError
 
 from activator.errors import BadRequest, ObjectNotFound, ServiceUnavailable
-from thaw.auth import bearer
-from thaw.controllers import Controllers
+from thaw.controllers import ControllerClient
 from thaw.log import get_logger
 from thaw.wire import BatchList, BatchRecord, NewBatch
 
@@ -43,17 +42,12 @@ def batch_object(b: BatchRecord) -> dict[str, Any]:
 
 
 class BatchesApi:
-    def __init__(self, pool_url: str, token: str | None) -> None:
-        self.controllers = Controllers(pool_url)
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0),
-                                       headers=bearer(token) if token else None)
-
-    async def close(self) -> None:
-        await self._http.aclose()
+    def __init__(self, controller: ControllerClient) -> None:
+        self.controller = controller
 
     async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
-            r = await self.controllers.request(self._http, method, path, **kw)
+            r = await self.controller.request(method, path, **kw)
         except httpx.TransportError as exc:
             log.warning("batches_controller_unreachable", error=repr(exc), path=path)
             r = None

@@ -34,9 +34,8 @@ from activator.errors import (
     PayloadTooLarge,
     ServiceUnavailable,
 )
-from thaw.auth import bearer
 from thaw.config import BatchConfig
-from thaw.controllers import Controllers
+from thaw.controllers import ControllerClient
 from thaw.log import get_logger
 from thaw.wire import FILE_ID, FileList, FileRecord, NewFile
 
@@ -88,18 +87,13 @@ def store_upload(client: Any, bucket: str, key: str, f: IO[bytes], cfg: BatchCon
 
 class FilesApi:
     """The routes' work: ``client`` is a boto3 S3 client of the object store (None: no
-    store is configured, and every call answers 503); ``pool_url``: the controllers."""
+    store is configured, and every call answers 503); ``controller``: the index's."""
 
-    def __init__(self, cfg: BatchConfig, bucket: str, client: Any, pool_url: str, token: str | None) -> None:
+    def __init__(self, cfg: BatchConfig, bucket: str, client: Any, controller: ControllerClient) -> None:
         self.cfg = cfg
         self.bucket = bucket
         self.client = client
-        self.controllers = Controllers(pool_url)
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0),
-                                       headers=bearer(token) if token else None)
-
-    async def close(self) -> None:
-        await self._http.aclose()
+        self.controller = controller
 
     def _store(self) -> Any:
         if self.client is None:
@@ -107,21 +101,18 @@ class FilesApi:
                                      code="files_unavailable")
         return self.client
 
-    async def _controller(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        r = await self.controllers.request(self._http, method, path, **kw)
-        if r.status_code >= 500:
-            log.warning("files_controller_refused", status=r.status_code, body=r.text[:500], path=path)
+    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            r = await self.controller.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            log.warning("files_controller_unreachable", error=repr(exc), path=path)
+            r = None
+        if r is None or r.status_code >= 500:
+            if r is not None:
+                log.warning("files_controller_refused", status=r.status_code, body=r.text[:500], path=path)
             raise ServiceUnavailable("the file index (the controller) cannot be reached now; retry",
                                      code="files_unavailable", retry_after_s=2)
         return r
-
-    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            return await self._controller(method, path, **kw)
-        except httpx.TransportError as exc:
-            log.warning("files_controller_unreachable", error=repr(exc), path=path)
-            raise ServiceUnavailable("the file index (the controller) cannot be reached now; retry",
-                                     code="files_unavailable", retry_after_s=2) from None
 
     @staticmethod
     def _check_id(file_id: str) -> None:

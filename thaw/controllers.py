@@ -120,3 +120,26 @@ class Controllers:
                 url = tries.send(outcome)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
+
+
+class ControllerClient:
+    """Calls to the leading controller with the cluster token, on one connection pool
+    (the activator's Files and Batches APIs and its batch worker share one)."""
+
+    def __init__(self, urls: str | list[str], token: str | None, *, timeout_s: float = 10.0) -> None:
+        from thaw.auth import bearer
+
+        self.controllers = Controllers(urls)
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=2.0),
+                                       headers=bearer(token) if token else None)
+
+    async def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """``method path`` at the leader; raises ``httpx.TransportError`` when no
+        controller could be reached."""
+        return await self.controllers.request(self._http, method, path, **kw)
+
+    async def post_json(self, path: str, body: str, **kw: Any) -> httpx.Response:
+        return await self.request("POST", path, content=body, headers={"content-type": "application/json"}, **kw)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
