@@ -11,6 +11,8 @@ for a batch yet)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,6 +128,12 @@ def test_a_batch_answers_as_online_and_names_its_bad_lines(stack: Stack) -> None
     usage = httpx.get(f"{stack.base_url}/usage", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).json()
     tiers = [r.get("service_tier") for r in usage["data"]]
     assert tiers.count("batch") == 37 and tiers.count(None) >= 37
+    # `thaw usage` shows them apart (priced at batch.price_factor where the model has prices).
+    out = subprocess.run([sys.executable, "-m", "thaw.cli.main", "usage", "--config", str(stack.config),
+                          "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout)["tenants"]["demo"]["models"]["demo"]
+    assert row["batch"]["requests"] == 37 and row["requests"] >= 74
 
 
 def test_a_cancelled_batch_ends_with_what_it_answered(stack: Stack) -> None:

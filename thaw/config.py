@@ -554,6 +554,8 @@ class BatchConfig(_Strict):
     # (a line not answered within it runs again).
     poll_interval_s: PositiveFloat = 1.0
     lease_s: PositiveFloat = 300.0
+    # What a batch line costs, as a share of the model's prices (OpenAI's: half).
+    price_factor: Annotated[float, Field(ge=0)] = 0.5
 
 
 class LimitsConfig(_Strict):

@@ -40,3 +40,20 @@ def test_each_request_is_billed_at_the_revision_that_answered_it() -> None:
     assert a["tokens_usd"] == pytest.approx(1.0 + 2.0) and a["unpriced"] == 2
     assert a["gpu_usd"] == pytest.approx(30 * 0.001) and b["gpu_usd"] == pytest.approx(30 * 0.001)
     assert b["cost_usd"] == pytest.approx(8.0 + 0.03) and b["unpriced"] == 0
+
+
+def test_a_batch_line_costs_the_batch_share_of_the_prices() -> None:
+    price_of = prices_from_registry(PRICES)
+    online = asdict(record(1, "a", prompt_tokens=1_000_000, completion_tokens=0, revision=2, replica="demo-2",
+                           started_at=1000.0))
+    batch = {**asdict(record(2, "a", prompt_tokens=1_000_000, completion_tokens=0, revision=2, replica="demo-2",
+                             started_at=1000.0)), "service_tier": "batch"}
+    assert token_cost(batch, Pricing(prompt_usd_per_mtok=2, completion_usd_per_mtok=8), 0.5) == pytest.approx(1.0)
+    assert token_cost(online, Pricing(prompt_usd_per_mtok=2, completion_usd_per_mtok=8), 0.5) == pytest.approx(2.0)
+    # The replica's 60 s split evenly between the two requests; the batch's half at half price.
+    intervals = [{"replica": "demo-2", "model": "demo", "gpus": 1, "started_at": 960.0, "ended_at": 1020.0}]
+    bill = costs([online, batch], intervals, price_of, now=2000.0, batch_factor=0.5)[("a", "demo")]
+    assert bill["tokens_usd"] == pytest.approx(2.0 + 1.0)
+    assert bill["gpu_usd"] == pytest.approx(30 * 0.001 + 30 * 0.001 * 0.5)
+    assert bill["batch_usd"] == pytest.approx(1.0 + 30 * 0.001 * 0.5)
+    assert bill["cost_usd"] == pytest.approx(bill["tokens_usd"] + bill["gpu_usd"])

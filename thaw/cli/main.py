@@ -510,15 +510,17 @@ def cmd_usage(args: argparse.Namespace) -> int:
             writer.writeheader()
         for r in records:
             price = price_of(r["model"], r.get("revision")) if price_of else None
-            writer.writerow({**r, "tokens_usd": round(token_cost(r, price), 9) if price else ""})
+            writer.writerow({**r, "tokens_usd": round(token_cost(r, price, cfg.batch.price_factor), 9)
+                             if price else ""})
         print(describe_lag(fleet), file=sys.stderr)
         if no_prices:
             print(no_prices, file=sys.stderr)
         return 0
-    from activator.billing import costs
+    from activator.billing import costs, is_batch
 
     gpu = attribute_gpu_seconds(fleet.records, fleet.intervals, now=now, by=lambda r: (r["tenant"], r["model"]))
-    cost = costs(fleet.records, fleet.intervals, price_of, now=now) if price_of else {}
+    cost = costs(fleet.records, fleet.intervals, price_of, now=now,
+                 batch_factor=cfg.batch.price_factor) if price_of else {}
     pairs = sorted({(r["tenant"], r["model"] or "-") for r in records})
     rows = {}
     for t, model in pairs:
@@ -528,6 +530,11 @@ def cmd_usage(args: argparse.Namespace) -> int:
                                                                                 0.0), 3),
                             "cost_usd": round(c["cost_usd"], 6) if c else None,
                             "unpriced_requests": int(c.get("unpriced", 0)) if c else None}
+        batch = [r for r in mine if is_batch(r)]
+        if batch:
+            # A batch's lines apart (in the totals above too), at batch.price_factor.
+            rows[(t, model)]["batch"] = {**usage_totals(batch),
+                                         "cost_usd": round(c["batch_usd"], 6) if c else None}
     if args.format == "json":
         # Per tenant its totals across models (as before models were priced), and per model.
         tenants: dict[str, dict[str, Any]] = {}
@@ -550,6 +557,11 @@ def cmd_usage(args: argparse.Namespace) -> int:
         shown = "-" if v["cost_usd"] is None else f"{v['cost_usd']:.4f}" + ("*" if v["unpriced_requests"] else "")
         print(f"{t:16} {model[:20]:20} {v['requests']:>8} {v['prompt_tokens']:>9} {v['completion_tokens']:>10} "
               f"{v['cached_tokens']:>8} {v['errors']:>6} {v['cold_starts']:>5} {v['gpu_seconds']:>9.1f} {shown:>10}")
+        if "batch" in v:
+            b = v["batch"]
+            cost_b = "-" if b["cost_usd"] is None else f"{b['cost_usd']:.4f}"
+            print(f"{'':16} {'  of which batch':20} {b['requests']:>8} {b['prompt_tokens']:>9} "
+                  f"{b['completion_tokens']:>10} {b['cached_tokens']:>8} {b['errors']:>6} {'':>5} {'':>9} {cost_b:>10}")
     if not rows:
         print("no usage in that window")
     if any(v["unpriced_requests"] for v in rows.values()):
