@@ -26,7 +26,7 @@ import httpx
 
 from activator.protocol import Kind
 from activator.routing import RouteWatcher
-from activator.service import CompletionService, RequestContext
+from activator.service import UPSTREAM_PATH, CompletionService, RequestContext
 from thaw.config import BatchConfig
 from thaw.controllers import ControllerClient
 from thaw.log import get_logger
@@ -34,7 +34,8 @@ from thaw.wire import LeasedLine, LeasedLines, LeaseLines, LineResult, ReleaseLi
 
 log = get_logger()
 
-KINDS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+# A batch's endpoint -> the kind of request its lines are.
+KINDS: dict[str, Kind] = {path: kind for kind, path in UPSTREAM_PATH.items()}
 
 
 class BatchWorker:

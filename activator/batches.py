@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from activator.errors import BadRequest, ObjectNotFound, ServiceUnavailable
 from thaw.controllers import ControllerClient
 from thaw.log import get_logger
-from thaw.wire import BatchList, BatchRecord, NewBatch
+from thaw.wire import BATCH_ENDPOINTS, BatchList, BatchRecord, NewBatch
 
 log = get_logger()
 
@@ -62,9 +62,9 @@ class BatchesApi:
         for name in ("input_file_id", "endpoint", "completion_window"):
             if name not in body:
                 raise BadRequest(f"'{name}' is required", param=name)
-        if body["endpoint"] not in ("/v1/chat/completions", "/v1/completions"):
-            raise BadRequest(f"endpoint {body['endpoint']!r} is not supported: '/v1/chat/completions' or "
-                             "'/v1/completions'", param="endpoint")
+        if body["endpoint"] not in BATCH_ENDPOINTS:
+            raise BadRequest(f"endpoint {body['endpoint']!r} is not supported: one of {list(BATCH_ENDPOINTS)}",
+                             param="endpoint")
         if body["completion_window"] != "24h":
             raise BadRequest("completion_window must be '24h'", param="completion_window")
         extra = set(body) - {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"}

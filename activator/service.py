@@ -46,7 +46,7 @@ from thaw.wire import ColdStartRecord, LoadSource
 
 log = get_logger()
 
-UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+UPSTREAM_PATH: dict[Kind, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Headers from the engine that are about the connection, not the content.
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
 

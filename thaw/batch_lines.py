@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from thaw.config import ThawConfig
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_CUSTOM_ID = 512
 
 

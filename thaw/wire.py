@@ -12,7 +12,7 @@ environment, and the cluster token travels only in the ``Authorization`` header.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
@@ -816,6 +816,7 @@ class FileList(_Msg):
 BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
                       "cancelled"]
 BatchEndpoint = Literal["/v1/chat/completions", "/v1/completions"]
+BATCH_ENDPOINTS: tuple[str, ...] = get_args(BatchEndpoint)
 
 
 class NewBatch(_Msg):
