@@ -16,6 +16,7 @@ from thaw.config import Name
 from thaw.wire import (
     BatchList,
     BatchRecord,
+    BatchStatus,
     ErrorReply,
     LeasedLines,
     LeaseLines,
@@ -69,6 +70,28 @@ def batch_router(store: BatchStore, files: FileIndex, runner: BatchRunner, clock
         record = await asyncio.to_thread(store.cancel, tenant, batch_id, clock())
         if record is None:
             return _error(f"No such Batch object: {batch_id}", 404)
+        runner.kick()
+        return _json(record)
+
+    # -- the operators' view (`thaw batches`; an admin key opens /v1/admin/) ------------
+
+    @router.get("/v1/admin/batches", response_model=BatchList)
+    async def every(tenant: Name | None = None, status: BatchStatus | None = None,
+                    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE) -> Response:
+        found = await asyncio.to_thread(store.every, tenant=tenant, status=status, limit=limit)
+        return _json(BatchList(data=found, has_more=len(found) == limit))
+
+    @router.get("/v1/admin/batches/{batch_id}", response_model=BatchRecord, responses=NOT_FOUND)
+    async def show(batch_id: str) -> Response:
+        record = await asyncio.to_thread(store.get, None, batch_id)
+        return _error(f"no batch {batch_id!r}", 404) if record is None else _json(record)
+
+    @router.post("/v1/admin/batches/{batch_id}/cancel", response_model=BatchRecord, responses=NOT_FOUND)
+    async def cancel_any(batch_id: str) -> Response:
+        found = await asyncio.to_thread(store.get, None, batch_id)
+        if found is None:
+            return _error(f"no batch {batch_id!r}", 404)
+        record = await asyncio.to_thread(store.cancel, found.tenant, batch_id, clock())
         runner.kick()
         return _json(record)
 

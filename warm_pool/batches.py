@@ -105,6 +105,21 @@ class BatchStore:
             found = [self._get(tx, tenant, i) for i in ids[:limit]]
         return BatchList(data=[b for b in found if b is not None], has_more=len(ids) > limit)
 
+    def every(self, *, tenant: str | None = None, status: str | None = None, limit: int = MAX_PAGE) -> list[BatchRecord]:
+        """The newest batches of every tenant (or ``tenant``'s), in ``status`` if given:
+        the operators' view."""
+        where, params = ["1 = 1"], []
+        if tenant is not None:
+            where.append("tenant = ?")
+            params.append(tenant)
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        with self.db.read() as tx:
+            ids = [r[0] for r in tx.query(f"SELECT id FROM batches WHERE {' AND '.join(where)} "  # noqa: S608
+                                          "ORDER BY created_at DESC, id DESC LIMIT ?", (*params, limit))]
+            return [b for i in ids if (b := self._get(tx, None, i)) is not None]
+
     def in_status(self, *statuses: BatchStatus) -> list[BatchRecord]:
         """Every batch in one of ``statuses`` (the runner's work), oldest first."""
         marks = ", ".join("?" for _ in statuses)

@@ -4,10 +4,15 @@ leased and answered once, a cancel."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
+import yaml
 
 from tests.conftest import BUCKET
 from tests.warm_pool.fleet import TOKEN, InProcessProvider, controller, fleet_config, until
@@ -68,8 +73,34 @@ async def test_batches_over_the_controllers_api(provider: InProcessProvider, s3:
         both = await http.post(f"/v1/batch-lines/{batch_id}/1/result", json={**answer, "error": {"code": "x"}})
         assert both.status_code == 422
 
+        # The operators' view: every tenant's, by status; `thaw batches` over it.
+        every = (await http.get("/v1/admin/batches", params={"status": "in_progress"})).json()
+        assert [b["id"] for b in every["data"]] == [batch_id] and every["data"][0]["tenant"] == tenant
+        assert (await http.get("/v1/admin/batches", params={"status": "completed"})).json()["data"] == []
+        assert (await http.get("/v1/admin/batches/batch_nope")).status_code == 404
+        cfg_path = tmp_path / "thaw.yaml"
+        cfg_path.write_text(yaml.safe_dump(data))
+
+        def thaw(*argv: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "thaw.cli.main", "batches", *argv, "--config", str(cfg_path),
+                                   "--controller", c.url], capture_output=True, text=True, timeout=60,
+                                  env={**os.environ, "THAW_CLUSTER_TOKEN": TOKEN})
+
+        listed_cli = await asyncio.to_thread(thaw, "ls")
+        assert listed_cli.returncode == 0, listed_cli.stderr
+        assert batch_id in listed_cli.stdout and "in_progress" in listed_cli.stdout and "1/2" in listed_cli.stdout
+        shown = await asyncio.to_thread(thaw, "show", batch_id)
+        assert "lines: 2, answered 1, failed 0" in shown.stdout and "file-input0001" in shown.stdout
+        missing_cli = await asyncio.to_thread(thaw, "show", "batch_nope")
+        assert missing_cli.returncode != 0 and "no batch" in missing_cli.stderr
+
         cancelled = await http.post(f"/v1/batches/{batch_id}/cancel", params={"tenant": tenant})
         assert cancelled.json()["status"] == "cancelling"
         await until("cancelled", lambda: m.batches.get(tenant, batch_id).status == "cancelled", m)  # type: ignore[union-attr]
         assert await status() == "cancelled"
         assert (await http.post("/v1/batches/batch_nope/cancel", params={"tenant": tenant})).status_code == 404
+        second = (await http.post("/v1/batches", json=new)).json()["id"]
+        by_operator = await asyncio.to_thread(thaw, "cancel", second)
+        assert by_operator.returncode == 0 and by_operator.stdout.strip() == f"{second}: cancelling"
+        await until("cancelled by the operator",
+                    lambda: m.batches.get(tenant, second).status == "cancelled", m)  # type: ignore[union-attr]

@@ -765,6 +765,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     tenants_cli.add_parsers(sub, add)
 
+    from thaw.cli import batches as batches_cli
+
+    batches_cli.add_parsers(sub, add)
+
     from thaw.cli import admin_keys as admin_keys_cli
 
     admin_keys_cli.add_parsers(sub, add)
