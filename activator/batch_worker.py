@@ -53,8 +53,7 @@ class BatchWorker:
         self.holding: dict[str, list[asyncio.Task[None]]] = {}
         self._cut: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
-        self.answered = 0
-        self.yielded = 0
+        self.metrics = service.metrics
         routes.yield_batch = self.yield_to_online
 
     async def start(self) -> None:
@@ -105,7 +104,7 @@ class BatchWorker:
             task = holding[-1]
             self._cut.add(task)
             task.cancel()
-            self.yielded += 1
+            self.metrics.batch_lines.labels(model, "yielded").inc()
 
     async def _run(self, line: LeasedLine) -> None:
         key = (line.batch_id, line.line)
@@ -124,10 +123,12 @@ class BatchWorker:
             assert task is not None
             holders = self.holding.setdefault(line.model, [])
             holders.append(task)
+            self.metrics.batch_running.labels(line.model).set(len(holders))
 
             def free() -> None:
                 if task in holders:
                     holders.remove(task)
+                    self.metrics.batch_running.labels(line.model).set(len(holders))
                     self.routes.release(line.model, replica)
 
             try:
@@ -163,12 +164,13 @@ class BatchWorker:
     async def _answer(self, line: LeasedLine, result: LineResult) -> None:
         r = await self._post(f"/v1/batch-lines/{line.batch_id}/{line.line}/result", result.model_dump_json())
         if r is not None and r.status_code == 200:
-            self.answered += 1
+            self.metrics.batch_lines.labels(line.model, "answered").inc()
         else:  # the lease ends, the line runs again, and the controller keeps one answer
             log.warning("batch_answer_not_sent", batch_id=line.batch_id, line=line.line,
                         status=r.status_code if r is not None else None)
 
     async def _give_back(self, line: LeasedLine) -> None:
+        self.metrics.batch_lines.labels(line.model, "given_back").inc()
         await self._post(f"/v1/batch-lines/{line.batch_id}/{line.line}/release",
                          ReleaseLine(owner=self.owner).model_dump_json())
 

@@ -51,6 +51,13 @@ class ActivatorMetrics:
             "thaw_limits_degraded_admissions_total",
             "Requests admitted or refused by this activator's share of the limits (the shared store unreachable)",
             registry=registry)
+        # Batch lines on this activator's spare slots (activator/batch_worker.py).
+        self.batch_running = Gauge("thaw_batch_running", "Batch requests running now, per model", ["model"],
+                                   registry=registry)
+        # answered: sent to the controller; yielded: cut for an online request; given_back:
+        # returned unanswered (cut, no room after all, a failed run).
+        self.batch_lines = Counter("thaw_batch_lines_total", "Batch lines run here, by outcome",
+                                   ["model", "outcome"], registry=registry)
         self.limits_store_seconds = Histogram(
             "thaw_limits_store_seconds", "Time of one call to the shared limits store", ["op"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0), registry=registry)

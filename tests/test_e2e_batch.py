@@ -128,6 +128,9 @@ def test_a_batch_answers_as_online_and_names_its_bad_lines(stack: Stack) -> None
     usage = httpx.get(f"{stack.base_url}/usage", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).json()
     tiers = [r.get("service_tier") for r in usage["data"]]
     assert tiers.count("batch") == 37 and tiers.count(None) >= 37
+    # This activator ran them on its spare slots, and says so.
+    metrics = stack.metrics()
+    assert metrics[("thaw_batch_lines_total", (("model", "demo"), ("outcome", "answered")))] == 37
     # `thaw usage` shows them apart (priced at batch.price_factor where the model has prices).
     out = subprocess.run([sys.executable, "-m", "thaw.cli.main", "usage", "--config", str(stack.config),
                           "--format", "json"], capture_output=True, text=True, timeout=120)

@@ -33,6 +33,7 @@ from thaw.log import get_logger
 from thaw.wire import BatchLineError, BatchRecord, NewFile
 from warm_pool.batches import BatchStore
 from warm_pool.files import FileExists, FileIndex
+from warm_pool.metrics import PoolMetrics
 
 log = get_logger()
 
@@ -74,7 +75,7 @@ class BatchRunner:
     def __init__(self, store: BatchStore, files: FileIndex, client: Callable[[], Any] | None, bucket: str,
                  files_prefix: str, resolver: Callable[[str], Callable[[str], str | None]],
                  clock: Callable[[], float], leading: Callable[[], bool] = lambda: True,
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float = 1.0, metrics: PoolMetrics | None = None) -> None:
         self.store = store
         self.files = files
         self._client_factory = client
@@ -85,6 +86,7 @@ class BatchRunner:
         self.clock = clock
         self.leading = leading
         self.interval_s = interval_s
+        self.metrics = metrics
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -122,6 +124,14 @@ class BatchRunner:
             step = batch_step(b, pending, leased, now)
             if step is not None:
                 await asyncio.to_thread(self._finish, b, step)
+        if self.metrics is not None:
+            batches, lines = await asyncio.to_thread(self.store.census)
+            self.metrics.batches.clear()
+            for status, n in batches.items():
+                self.metrics.batches.labels(status).set(n)
+            self.metrics.batch_lines.clear()
+            for (model, state), n in lines.items():
+                self.metrics.batch_lines.labels(model, state).set(n)
 
     # -- blocking steps --------------------------------------------------------------------
 

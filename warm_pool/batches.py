@@ -239,6 +239,15 @@ class BatchStore:
         for line, cid, state, result in rows:
             yield line, cid, state, json.loads(result) if result else None
 
+    def census(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        """Batches by status, and lines of batches not yet ended by (model, state)."""
+        with self.db.read() as tx:
+            batches = {s: int(n) for s, n in tx.query("SELECT status, COUNT(*) FROM batches GROUP BY status")}
+            lines = {(m or "-", st): int(n) for m, st, n in tx.query(
+                "SELECT l.model, l.state, COUNT(*) FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
+                "WHERE b.status IN ('in_progress', 'cancelling', 'finalizing') GROUP BY l.model, l.state")}
+        return batches, lines
+
     def unanswered(self, batch_id: str) -> list[tuple[int, str | None]]:
         """(line, custom_id) of each line without a result, in input order."""
         with self.db.read() as tx:

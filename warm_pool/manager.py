@@ -134,7 +134,7 @@ class PoolManager:
         self.batch_runner = BatchRunner(
             self.batches, self.files, store_client, cfg.object_store.bucket, cfg.batch.files_prefix,
             resolver=lambda tenant: tenant_models(self.model_admin.cfg, tenant), clock=clock,
-            leading=lambda: self.leading)
+            leading=lambda: self.leading, metrics=self.metrics)
         self.event_log = EventLog(clock, controller=self.controller_id)
         self.model_admin = ModelRegistry(cfg, RegistryStore(db),
                                          store_reader, self.event_log, on_change=self._models_changed,

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.conftest import BUCKET
 from thaw.objstore import S3Endpoint
@@ -18,6 +19,7 @@ from warm_pool.batch_runner import BatchRunner, batch_step
 from warm_pool.batches import BatchStore
 from warm_pool.db import Db
 from warm_pool.files import FileIndex
+from warm_pool.metrics import PoolMetrics
 
 CHAT: BatchEndpoint = "/v1/chat/completions"
 MODELS = {"thaw-demo": "demo"}
@@ -42,8 +44,12 @@ def world(s3: S3Endpoint, s3_prefix: str) -> dict[str, Any]:
     clock = Clock()
     files, store = FileIndex(db), BatchStore(db)
     prefix = s3_prefix.split("/", 3)[3] + "/files/"
-    runner = BatchRunner(store, files, s3.client, BUCKET, prefix, resolver=lambda tenant: MODELS.get, clock=clock)
-    return {"files": files, "store": store, "runner": runner, "clock": clock, "s3": s3.client(), "prefix": prefix}
+    registry = CollectorRegistry()
+    metrics = PoolMetrics(registry)
+    runner = BatchRunner(store, files, s3.client, BUCKET, prefix, resolver=lambda tenant: MODELS.get, clock=clock,
+                         metrics=metrics)
+    return {"files": files, "store": store, "runner": runner, "clock": clock, "s3": s3.client(), "prefix": prefix,
+            "registry": registry}
 
 
 def upload(w: dict[str, Any], lines: list[bytes], file_id: str = "file-input0001") -> str:
@@ -95,6 +101,10 @@ async def test_a_batch_is_validated_answered_and_finalized_in_input_order(world:
     w, store = world, world["store"]
     batch = await started(w)
     assert (batch.request_counts.total, batch.request_counts.failed) == (4, 1)
+    registry = w["registry"]
+    assert registry.get_sample_value("thaw_batches", {"status": "in_progress"}) == 1
+    assert registry.get_sample_value("thaw_batch_lines", {"model": "demo", "state": "pending"}) == 3
+    assert registry.get_sample_value("thaw_batch_lines", {"model": "-", "state": "failed"}) == 1
     leased = store.lease("act-1", ["demo"], 10, w["clock"](), 60)
     assert [x.custom_id for x in leased] == ["r1", "r2", "r3"] and leased[0].model == "demo"
     # Answered out of order; r2 the engine refused.
@@ -108,6 +118,9 @@ async def test_a_batch_is_validated_answered_and_finalized_in_input_order(world:
     await w["runner"].tick()
     done = store.get("acme", batch.id)
     assert done is not None and done.status == "completed" and done.finalizing_at and done.completed_at
+    assert registry.get_sample_value("thaw_batches", {"status": "completed"}) == 1
+    assert registry.get_sample_value("thaw_batches", {"status": "in_progress"}) is None
+    assert registry.get_sample_value("thaw_batch_lines", {"model": "demo", "state": "pending"}) is None
     assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (4, 3, 1)
     output = read_file(w, done.output_file_id)
     assert [(x["custom_id"], x["response"]["body"]["choices"][0]["message"]["content"]) for x in output] == [
