@@ -24,6 +24,7 @@ from typing import IO, Any, Literal
 
 import httpx
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
@@ -131,6 +132,8 @@ class FilesApi:
             form = await request.form(max_files=1, max_fields=16)
         except MultiPartException as exc:
             raise BadRequest(f"the body is not a multipart form with the file: {exc.message}") from None
+        except HTTPException as exc:  # starlette's form of the same in an app (e.g. no boundary)
+            raise BadRequest(f"the body is not a multipart form with the file: {exc.detail}") from None
         try:
             upload, purpose = form.get("file"), form.get("purpose")
             if not isinstance(upload, UploadFile):

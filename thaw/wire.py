@@ -797,8 +797,9 @@ class NewFile(_Msg):
     tenant: Name
     filename: Annotated[str, Field(min_length=1, max_length=512)]
     purpose: FilePurpose
-    bytes: NonNegativeInt
-    lines: NonNegativeInt
+    # Bounded so that a database's 64-bit integer holds them.
+    bytes: Annotated[int, Field(ge=0, le=2**53)]
+    lines: Annotated[int, Field(ge=0, le=2**53)]
     key: Annotated[str, Field(min_length=1, max_length=1024)]
 
 
@@ -880,7 +881,7 @@ class LeasedLine(_Msg):
 
     batch_id: str
     tenant: Name
-    line: PositiveInt
+    line: Annotated[int, Field(ge=1, le=2**31)]
     custom_id: str
     model: Name
     endpoint: BatchEndpoint

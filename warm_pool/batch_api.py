@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse, Response
 
 from thaw.config import Name
@@ -100,8 +100,9 @@ def batch_router(store: BatchStore, files: FileIndex, runner: BatchRunner, clock
         lines = await asyncio.to_thread(store.lease, body.owner, body.models, body.n, clock(), body.lease_s)
         return _json(LeasedLines(lines=lines))
 
-    @router.post("/v1/batch-lines/{batch_id}/{line}/result", response_model=LineResultReply)
-    async def result(batch_id: str, line: int, body: LineResult) -> Response:
+    @router.post("/v1/batch-lines/{batch_id}/{line}/result", response_model=LineResultReply,
+                 responses={422: {"model": ErrorReply, "description": "Neither or both of response and error"}})
+    async def result(batch_id: str, line: Annotated[int, Path(ge=1, le=2**31)], body: LineResult) -> Response:
         if (body.response is None) == (body.error is None):
             return _error("give exactly one of response and error", 422)
         kept = await asyncio.to_thread(store.finish, batch_id, line, response=body.response, error=body.error,
@@ -110,7 +111,7 @@ def batch_router(store: BatchStore, files: FileIndex, runner: BatchRunner, clock
         return _json(LineResultReply(kept=kept))
 
     @router.post("/v1/batch-lines/{batch_id}/{line}/release", status_code=204)
-    async def release(batch_id: str, line: int, body: ReleaseLine) -> Response:
+    async def release(batch_id: str, line: Annotated[int, Path(ge=1, le=2**31)], body: ReleaseLine) -> Response:
         await asyncio.to_thread(store.release, batch_id, line, body.owner)
         return Response(status_code=204)
 

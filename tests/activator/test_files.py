@@ -154,6 +154,8 @@ async def test_bad_uploads_are_refused_and_leave_nothing(s3: S3Endpoint, tmp_pat
             r = await http.post("/v1/files", content=b"--x\r\nbroken", headers={
                 "content-type": "multipart/form-data; boundary=x"})
             assert r.status_code == 400, r.text
+            r = await http.post("/v1/files", content=b"x", headers={"content-type": "multipart/form-data"})
+            assert_openai_error(r, 400)
             for path in ("/v1/files/nope", "/v1/files/file-%3Fx%3D1", "/v1/files/nope/content"):
                 err = assert_openai_error(await http.get(path), 404, param="file_id")
                 assert err["message"].startswith("No such File object")

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 import schemathesis
 import yaml
@@ -27,9 +29,16 @@ from tests.activator.fake_engine import FakeEngine
 from tests.activator.support import EXAMPLE, KEY, LIMITED_KEY, replica
 from tests.fuzz.support import fuzz_config, running
 from tests.warm_pool.fleet import serve
+from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
 from thaw.config import Server, ThawConfig, hash_api_key, parse_config
 from thaw.embedded_store import free_port
 from thaw.wire import KeyTable, RouteTable
+from warm_pool.batch_api import batch_router
+from warm_pool.batch_runner import BatchRunner
+from warm_pool.batches import BatchStore
+from warm_pool.db import Db
+from warm_pool.files import FileIndex
+from warm_pool.files_api import files_router
 
 MODELS = ("thaw-demo", "other")
 
@@ -55,11 +64,19 @@ def config(root: Path) -> ThawConfig:
 
 
 def route_feed(engine_url: str) -> FastAPI:
-    """A controller as the activator sees it: one route table, both models on the engine."""
+    """A controller as the activator sees it: one route table, both models on the engine;
+    the real Files and Batches APIs (an in-memory database; its batches fail validation:
+    this controller has no store)."""
     entry = {"served_name": "thaw-demo", "replicas": [replica(engine_url)]}
     table = RouteTable.model_validate({"epoch": "fuzz", "version": 1, "models": {
         "demo": entry, "other": {**entry, "served_name": "other"}}})
     app = FastAPI()
+    db = Db.sqlite(None)
+    files, batches = FileIndex(db), BatchStore(db)
+    runner = BatchRunner(batches, files, None, "thaw", "files/", resolver=lambda tenant: lambda model: None,
+                         clock=time.time)
+    app.include_router(files_router(files, time.time))
+    app.include_router(batch_router(batches, files, runner, time.time))
 
     @app.get("/v1/routes")
     async def routes() -> Response:
@@ -93,15 +110,23 @@ OPERATIONS = [{"include-path": "/v1/usage",
                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401"]}}},
               {"include-path-regex": "completions$",
                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401", "404", "429"]}}}]
+# The Files and Batches APIs read their bodies themselves (a multipart upload; a batch's
+# JSON) and /openapi.json does not describe them yet: a case without one is a 400.
+OPERATIONS += [{"include-name": name,
+                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401", "413"]}}}
+               for name in ("POST /v1/files", "POST /v1/batches")]
 schema = schemathesis.openapi.from_dict(openapi(), config=fuzz_config("apiKey", KEY, operations=OPERATIONS))
 
 
 @asynccontextmanager
-async def activator(root: Path) -> AsyncIterator[str]:
+async def activator(root: Path, store_url: str) -> AsyncIterator[str]:
     engine_port, feed_port, port = free_port(), free_port(), free_port()
     started = [await serve(FakeEngine("fuzz").app, engine_port),
                await serve(route_feed(f"http://127.0.0.1:{engine_port}"), feed_port)]
-    app = create_app(config(root), f"http://127.0.0.1:{feed_port}", activator_id="fuzz")
+    # The Files API's store: moto's S3 on loopback, with the config's bucket.
+    store = boto3.client("s3", region_name=REGION, endpoint_url=store_url, **CREDS)
+    store.create_bucket(Bucket="thaw")
+    app = create_app(config(root), f"http://127.0.0.1:{feed_port}", activator_id="fuzz", files_client=store)
     started.append(await serve(app, port))
     try:
         while app.state.routes.version < 1:  # noqa: ASYNC110 - the watcher offers no event
@@ -115,7 +140,8 @@ async def activator(root: Path) -> AsyncIterator[str]:
 
 @pytest.fixture(scope="module")
 def activator_url() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="thaw-fuzz-") as root, running(lambda: activator(Path(root))) as url:
+    with tempfile.TemporaryDirectory(prefix="thaw-fuzz-") as root, moto_server() as store_url, \
+            running(lambda: activator(Path(root), store_url)) as url:
         yield url
 
 

@@ -60,6 +60,14 @@ OPERATIONS += [{"include-name": name,
                             "POST /v1/admin/models/{name}/rollback", "DELETE /v1/admin/models/{name}",
                             "POST /v1/admin/tenants", "PATCH /v1/admin/tenants/{name}",
                             "DELETE /v1/admin/tenants/{name}", "POST /v1/admin/apply")]
+# A batch needs its tenant's batch file to exist (400 otherwise), an answer exactly one
+# of response and error (422), a file id not indexed already (409).
+OPERATIONS += [{"include-name": "POST /v1/batches",
+                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401"]}}},
+               {"include-name": "POST /v1/batch-lines/{batch_id}/{line}/result",
+                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "401", "422"]}}},
+               {"include-name": "POST /v1/files",
+                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "401", "409"]}}}]
 schema = schemathesis.openapi.from_dict(
     openapi(), config=fuzz_config("clusterToken", TOKEN, checks=CHECKS, operations=OPERATIONS))
 
