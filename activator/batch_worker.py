@@ -175,8 +175,4 @@ class BatchWorker:
                          ReleaseLine(owner=self.owner).model_dump_json())
 
     async def _post(self, path: str, body: str) -> httpx.Response | None:
-        try:
-            return await self.controller.post_json(path, body)
-        except httpx.TransportError as exc:
-            log.warning("batch_controller_unreachable", path=path, error=repr(exc))
-            return None
+        return await self.controller.post_json(path, body)

@@ -46,12 +46,8 @@ class BatchesApi:
         self.controller = controller
 
     async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            r = await self.controller.request(method, path, **kw)
-        except httpx.TransportError as exc:
-            log.warning("batches_controller_unreachable", error=repr(exc), path=path)
-            r = None
-        if r is None or r.status_code >= 500:
+        r = await self.controller.answer(method, path, **kw)
+        if r is None:
             raise ServiceUnavailable("batches (the controller) cannot be reached now; retry",
                                      code="batches_unavailable", retry_after_s=2)
         return r

@@ -103,14 +103,8 @@ class FilesApi:
         return self.client
 
     async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            r = await self.controller.request(method, path, **kw)
-        except httpx.TransportError as exc:
-            log.warning("files_controller_unreachable", error=repr(exc), path=path)
-            r = None
-        if r is None or r.status_code >= 500:
-            if r is not None:
-                log.warning("files_controller_refused", status=r.status_code, body=r.text[:500], path=path)
+        r = await self.controller.answer(method, path, **kw)
+        if r is None:
             raise ServiceUnavailable("the file index (the controller) cannot be reached now; retry",
                                      code="files_unavailable", retry_after_s=2)
         return r

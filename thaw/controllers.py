@@ -138,8 +138,24 @@ class ControllerClient:
         controller could be reached."""
         return await self.controllers.request(self._http, method, path, **kw)
 
-    async def post_json(self, path: str, body: str, **kw: Any) -> httpx.Response:
-        return await self.request("POST", path, content=body, headers={"content-type": "application/json"}, **kw)
+    async def answer(self, method: str, path: str, **kw: Any) -> httpx.Response | None:
+        """The leader's answer, or None (logged) when no controller could be reached or
+        it failed (5xx): the caller says what that means to its own caller."""
+        from thaw.log import get_logger
+
+        try:
+            r = await self.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            get_logger().warning("controller_unreachable", path=path, error=repr(exc))
+            return None
+        if r.status_code >= 500:
+            get_logger().warning("controller_failed", path=path, status=r.status_code, body=r.text[:500])
+            return None
+        return r
+
+    async def post_json(self, path: str, body: str, **kw: Any) -> httpx.Response | None:
+        """``answer`` for a POST of a JSON body."""
+        return await self.answer("POST", path, content=body, headers={"content-type": "application/json"}, **kw)
 
     async def aclose(self) -> None:
         await self._http.aclose()
