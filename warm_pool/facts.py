@@ -22,6 +22,7 @@ from thaw.log import get_logger
 from thaw.wire import HeartbeatReply, WorkerStatus
 from warm_pool.metrics import PoolMetrics
 from warm_pool.policy import WorkerView
+from warm_pool.providers import InstanceState
 from warm_pool.view import INTENT_TTL_S, WorkerFacts, derive_view
 
 log = get_logger()
@@ -78,6 +79,13 @@ class FleetFacts:
         self.released_engines[worker_id] = None
         while len(self.released_engines) > RELEASED_ENGINES_KEPT:
             del self.released_engines[next(iter(self.released_engines))]
+
+    def unreported(self) -> list[str]:
+        """Workers whose instances run and that have not reported to this controller yet
+        (one serving under load may take a few seconds to, after a restart)."""
+        return sorted(wid for wid, f in self.facts.items()
+                      if f.host is None and f.heard_at is None and f.instance is not None
+                      and f.instance.state is InstanceState.RUNNING)
 
     def terminating(self, worker_id: str) -> WorkerFacts | None:
         """A worker is being terminated: forgotten with its packed engines, and its late

@@ -9,9 +9,12 @@ table that activators long-poll (``warm_pool.routes``) and exports its metrics
 (``warm_pool.metrics``). What operators change at run time is ``warm_pool.admin``'s;
 their view of the pool is ``warm_pool.status``'s.
 
-A restart does no harm: on start it lists the providers' instances, waits one
-heartbeat interval (``adopt_grace_s``) for their workers to report, adopts what is
-loading and serving, and only then decides or publishes routes.
+A restart does no harm: on start it lists the providers' instances, waits at least one
+heartbeat interval (``adopt_grace_s``) and until every running instance's worker has
+reported (at most ``worker_timeout_s`` more: one that has not by then is unreachable),
+adopts what is loading and serving, and only then decides or publishes routes. A
+worker not heard from yet looks like one still booting, and deciding on that picture
+would take a serving worker for a spare standby and terminate a real one.
 """
 
 from __future__ import annotations
@@ -384,7 +387,8 @@ class PoolManager:
         now = self.clock()
         if self.model_classes is not None and self.model_classes.due(self.cfg, now):
             await self.model_classes.refresh(self.cfg)
-        if not self.adopted and self.adopt_until is not None and now >= self.adopt_until:
+        if not self.adopted and self.adopt_until is not None and now >= self.adopt_until and (
+                not self.fleet.unreported() or now >= self.adopt_until + self.cfg.cluster.worker_timeout_s):
             self._adopt(now)
         if not self.leading:
             return  # its lease ran out by its own count: not one more decision
@@ -421,7 +425,7 @@ class PoolManager:
         self.traffic.adopted((v.model for v in views.values()
                               if v.model is not None and v.state in (WorkerState.READY, WorkerState.LOADING)), now)
         log.info("fleet_adopted", workers=len(views), states=count_states(v.state for v in views.values()),
-                 serving=sorted(self.traffic.adopted_serving))
+                 serving=sorted(self.traffic.adopted_serving), unreported=self.fleet.unreported())
 
     async def settle(self) -> None:
         """Wait for the control calls and launches in flight (tests)."""

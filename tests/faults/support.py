@@ -375,12 +375,33 @@ def engine_groups(agent_pid: int) -> list[int]:
 
 
 def kill_worker(agent_pid: int) -> list[int]:
-    """The instance dies at once: the agent's group and its engine hosts' groups, SIGKILL."""
+    """The instance dies at once: the agent's group and its engine hosts' groups, SIGKILL.
+
+    Every process of the instance is stopped before any is killed, so that none of them
+    sees another die and says so (a vLLM server whose engine core died first sends its
+    own error event, which a machine that loses power never does)."""
     groups = [os.getpgid(agent_pid), *engine_groups(agent_pid)]
+    frozen = freeze(agent_pid)
     for g in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(g, signal.SIGKILL)
+    for p in frozen:  # one that left the groups (a setsid child) dies too
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
     return groups
+
+
+def freeze(pid: int) -> list[psutil.Process]:
+    """SIGSTOP a process and every process under it; the processes stopped."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGSTOP)
+    return tree
 
 
 def kill_engine(agent_pid: int) -> list[int]:

@@ -207,6 +207,33 @@ async def test_a_restarted_controller_adopts_the_fleet_and_launches_nothing() ->
     assert [c[0] for c in control.calls] == ["release"]
 
 
+async def test_adoption_waits_for_every_running_worker_to_report() -> None:
+    """A serving worker slow to report after a restart looks like one still booting: a
+    controller that decided then would count two standbys and terminate the real one."""
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    for wid in ("w-ready", "w-standby", "w-silent"):
+        provider.running[wid] = Instance(f"i-{wid}", wid, "gpu", clock() - 3600, InstanceState.RUNNING)
+    m = await manager(config(), provider, control, clock)
+    beat(m, "w-standby", S.STANDBY, clock)
+    clock.t += m.adopt_grace_s
+    await step(m)
+    assert not m.adopted and m.fleet.unreported() == ["w-ready", "w-silent"]
+    beat(m, "w-ready", S.READY, clock, model="demo", assignment_id="demo-old-1", engine_url="http://w-ready:9000",
+         served_model_name="thaw-demo")
+    clock.t += 1
+    await step(m)
+    assert not m.adopted  # w-silent still has not reported
+    # worker_timeout_s (15) after the grace: adopted without it, and it is unreachable.
+    clock.t += 14.5
+    beat(m, "w-ready", S.READY, clock, model="demo", assignment_id="demo-old-1", engine_url="http://w-ready:9000")
+    beat(m, "w-standby", S.STANDBY, clock)
+    await step(m)
+    assert m.adopted
+    assert views(m)["w-ready"] == "ready" and views(m)["w-standby"] == "standby"
+    assert "i-w-standby" not in provider.terminated and "i-w-ready" not in provider.terminated
+
+
 async def test_an_instance_that_never_registers_is_terminated_and_replaced() -> None:
     clock = Clock()
     provider, control = FakeProvider(clock), FakeControl(clock)
