@@ -146,7 +146,7 @@ class BatchWorker:
             except Exception as exc:
                 free()
                 log.warning("batch_line_failed", batch_id=line.batch_id, line=line.line, error=repr(exc))
-                await self._give_back(line)
+                await self._give_back(line, failure=f"{type(exc).__name__}: {exc}"[:2000])
                 return
             finally:
                 free()
@@ -169,10 +169,12 @@ class BatchWorker:
             log.warning("batch_answer_not_sent", batch_id=line.batch_id, line=line.line,
                         status=r.status_code if r is not None else None)
 
-    async def _give_back(self, line: LeasedLine) -> None:
-        self.metrics.batch_lines.labels(line.model, "given_back").inc()
+    async def _give_back(self, line: LeasedLine, failure: str | None = None) -> None:
+        """The line runs again later (``failure``: its run failed; the controller answers
+        it with an error after a few)."""
+        self.metrics.batch_lines.labels(line.model, "failed" if failure else "given_back").inc()
         await self._post(f"/v1/batch-lines/{line.batch_id}/{line.line}/release",
-                         ReleaseLine(owner=self.owner).model_dump_json())
+                         ReleaseLine(owner=self.owner, failure=failure).model_dump_json())
 
     async def _post(self, path: str, body: str) -> httpx.Response | None:
         return await self.controller.post_json(path, body)

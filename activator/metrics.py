@@ -55,7 +55,8 @@ class ActivatorMetrics:
         self.batch_running = Gauge("thaw_batch_running", "Batch requests running now, per model", ["model"],
                                    registry=registry)
         # answered: sent to the controller; yielded: cut for an online request; given_back:
-        # returned unanswered (cut, no room after all, a failed run).
+        # returned unanswered (cut, no room after all); failed: returned after a failed run
+        # (a replica gone or answering 5xx).
         self.batch_lines = Counter("thaw_batch_lines_total", "Batch lines run here, by outcome",
                                    ["model", "outcome"], registry=registry)
         self.limits_store_seconds = Histogram(

@@ -66,6 +66,8 @@ class Replica:
     base_ready_at: float | None = None
     # The model's registry revision it serves (thaw.wire.ReplicaRoute.revision).
     revision: int | None = None
+    # Placed for batch work: batch may take all its slots (online traffic still first).
+    batch: bool = False
 
 
 def cold_start_tier(waiting_since: float, rep: Replica) -> Tier:
@@ -298,7 +300,7 @@ class RouteWatcher:
                               r.phases.model_dump(), load_tier=r.load.tier if r.load else None,
                               load_s=r.load.seconds if r.load else None, worker_started_at=r.worker_started_at,
                               load_swap=r.load.swap if r.load else False, packed=r.packed, adapter=r.adapter,
-                              base_ready_at=r.base_ready_at, revision=r.revision)
+                              base_ready_at=r.base_ready_at, revision=r.revision, batch=r.batch)
                 if prev is not None and prev.assignment_id == rep.assignment_id:
                     rep.outstanding = prev.outstanding
                 st.listed.append(rep)
@@ -448,13 +450,14 @@ class RouteWatcher:
     def batch_room(self, model: str, share: float, running: int) -> int:
         """How many more batch requests ``model`` takes now, ``running`` being run: none
         while an online request waits for it; else up to ``share`` of its replicas'
-        slots in all, within the free ones."""
+        slots in all (all of those of a replica placed for batch), within the free ones."""
         st, m = self.routes.get(model), self.models.get(model)
         if st is None or m is None or not st.replicas or st.waiters or self.fair_depth(model):
             return 0
         cap = m.autoscaling.max_concurrency_per_replica
         free = sum(max(cap - r.outstanding, 0) for r in st.replicas)
-        return max(0, min(int(cap * len(st.replicas) * share) - running, free))
+        allowed = sum(cap if r.batch else cap * share for r in st.replicas)
+        return max(0, min(int(allowed) - running, free))
 
     def take_batch_slot(self, model: str) -> Replica | None:
         """A free slot for a batch request (``release`` frees it), if no online request

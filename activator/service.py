@@ -300,7 +300,8 @@ class CompletionService:
         answered whole: the status and body a client would have had (an error in
         OpenAI's shape). Checked as an online request is, but for rate limits (a batch
         runs on room online traffic leaves); recorded with ``service_tier`` batch.
-        Raises what the upstream raises (the worker gives the line back)."""
+        Raises what the upstream raises, and UpstreamError for a 5xx answer (the worker
+        gives the line back, as failed)."""
         ctx.tenant, ctx.model, ctx.service_tier = tenant, model, "batch"
         try:
             req = parse_request(kind, body)
@@ -323,6 +324,10 @@ class CompletionService:
         ctx.replica = replica.assignment_id or replica.worker_id
         usage_from_body(content, ctx.usage)
         await self.record(ctx)
+        if upstream.status >= 500:
+            # The replica failed (an engine dying answers 500 before its server goes):
+            # no answer for the line, which runs again.
+            raise UpstreamError(f"the replica answered {upstream.status}: {content[:300].decode('utf-8', 'replace')}")
         return upstream.status, upstream_error_body(upstream.status, content) if upstream.status >= 400 else content
 
     async def _send(

@@ -556,6 +556,9 @@ class BatchConfig(_Strict):
     lease_s: PositiveFloat = 300.0
     # What a batch line costs, as a share of the model's prices (OpenAI's: half).
     price_factor: Annotated[float, Field(ge=0)] = 0.5
+    # Batch runs on standbys the pools hold anyway (and on room replicas leave). This
+    # spend per hour buys instances beyond the standby band for batch (0: none).
+    max_usd_per_hour: NonNegativeFloat = 0.0
 
 
 class LimitsConfig(_Strict):

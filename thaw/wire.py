@@ -131,6 +131,10 @@ class AssignRequest(_Msg):
     # The model's revision in the controller's registry; the worker reports it back, so
     # a controller (a restarted one too) knows which replicas a roll must replace.
     revision: PositiveInt | None = None
+    # Placed for batch work on a standby the pool holds anyway: the worker keeps an
+    # engine host standing by beside it, and an assignment that is not for batch takes
+    # the worker at once (the batch engine is killed, its requests cut and run again).
+    batch: bool = False
 
 
 class PrebuildRequest(_Msg):
@@ -269,6 +273,8 @@ class WorkerStatus(_Msg):
     assignment_id: str | None = None
     # The registry revision of the model its assignment named (AssignRequest.revision).
     revision: PositiveInt | None = None
+    # Its assignment is batch work (AssignRequest.batch): another assignment takes it.
+    batch: bool = False
     served_model_name: str | None = None
     # Base URL of the engine's OpenAI server (no /v1), only while ready.
     engine_url: str | None = None
@@ -374,6 +380,8 @@ class ReplicaRoute(_Msg):
     base_ready_at: float | None = None
     # The model's registry revision this replica serves (None: not known).
     revision: PositiveInt | None = None
+    # Placed for batch work (WorkerStatus.batch): batch may take all its slots.
+    batch: bool = False
 
 
 class ModelRoute(_Msg):
@@ -918,3 +926,5 @@ class LineResultReply(_Msg):
 
 class ReleaseLine(_Msg):
     owner: Annotated[str, Field(min_length=1, max_length=200)]
+    # The run failed without an answer (else it was cut for online traffic): why.
+    failure: Annotated[str, Field(max_length=2000)] | None = None

@@ -141,7 +141,7 @@ class Actuator:
             f = fleet.facts[d.worker_id]
             fleet.observe(d.worker_id, f.shape, intent=Intent("assign", now, d.model, d.assignment_id,
                                                               memory_bytes=snap.engine_bytes.get(d.model, 0),
-                                                              revision=self._revision_of(d.model)))
+                                                              revision=self._revision_of(d.model), batch=d.batch))
             self._spawn(self._assign(d), busy=d.worker_id)
         elif isinstance(d, LoadAdapter | UnloadAdapter):
             f = fleet.facts[d.worker_id]
@@ -309,10 +309,10 @@ class Actuator:
     async def _assign(self, d: Assign) -> None:
         model = self._config().model(d.model)
         assert model is not None
-        req = self.assign_request(model, d.assignment_id)
+        req = self.assign_request(model, d.assignment_id).model_copy(update={"batch": d.batch})
         if await self._call(d.worker_id, "assign", lambda url: self.control.assign(url, req)) is not None:
             log.info("worker_assigned", worker_id=d.worker_id, model=model.name, assignment_id=d.assignment_id,
-                     expected_tier=d.tier, expected_load_s=d.expected_load_s)
+                     expected_tier=d.tier, expected_load_s=d.expected_load_s, batch=d.batch)
 
     async def _pack(self, d: Pack) -> None:
         """Ask the worker for a packed engine; its answer is the new engine's status."""

@@ -112,7 +112,7 @@ def batch_router(store: BatchStore, files: FileIndex, runner: BatchRunner, clock
 
     @router.post("/v1/batch-lines/{batch_id}/{line}/release", status_code=204)
     async def release(batch_id: str, line: Annotated[int, Path(ge=1, le=2**31)], body: ReleaseLine) -> Response:
-        await asyncio.to_thread(store.release, batch_id, line, body.owner)
+        await asyncio.to_thread(store.release, batch_id, line, body.owner, failure=body.failure, at=clock())
         return Response(status_code=204)
 
     return router

@@ -89,6 +89,11 @@ class BatchRunner:
         self.metrics = metrics
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        # Per model, the lines of running batches not answered yet, as of the last tick
+        # (what batch asks of the pool: warm_pool.batch_policy).
+        self.demand: dict[str, int] = {}
+        # Called when the models with batch work change (the pool decides again now).
+        self.on_demand: Callable[[], None] | None = None
 
     def kick(self) -> None:
         """Look now (a batch was created or cancelled)."""
@@ -124,6 +129,11 @@ class BatchRunner:
             step = batch_step(b, pending, leased, now)
             if step is not None:
                 await asyncio.to_thread(self._finish, b, step)
+        demand = await asyncio.to_thread(self.store.pending_models)
+        if demand.keys() != self.demand.keys() and self.on_demand is not None:
+            self.demand = demand
+            self.on_demand()
+        self.demand = demand
         if self.metrics is not None:
             batches, lines = await asyncio.to_thread(self.store.census)
             self.metrics.batches.clear()

@@ -56,11 +56,15 @@ CREATE TABLE IF NOT EXISTS batch_lines (
 );
 CREATE INDEX IF NOT EXISTS batch_lines_by_state ON batch_lines (state, batch_id, line)
 """,
+    # Runs of a line that failed without an answer (its replica died, or answered 5xx).
+    "ALTER TABLE batch_lines ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
 ]
 # batches.body: the BatchRecord without its counts (JSON); batch_lines.result: for a done
 # line {"status_code", "request_id", "body"}, for a failed one {"code", "message"}.
 
 WINDOW_S = {"24h": 24 * 3600.0}
+# A line whose run failed this many times without an answer is answered with an error.
+MAX_LINE_FAILURES = 3
 # Statuses in which lines are still handed out.
 RUNNING: tuple[BatchStatus, ...] = ("in_progress",)
 MAX_PAGE = 100
@@ -215,13 +219,25 @@ class BatchStore:
                 (state, json.dumps(result), at, batch_id, line))
         return changed == 1
 
-    def release(self, batch_id: str, line: int, owner: str) -> None:
-        """Give a leased line back unanswered (its run was cut to make room for online
-        traffic): pending again at once."""
+    def release(self, batch_id: str, line: int, owner: str, *, failure: str | None = None,
+                at: float | None = None) -> None:
+        """Give a leased line back unanswered: pending again at once. ``failure``: its run
+        failed (a replica that died, or answered 5xx), not cut for online traffic; the
+        MAX_LINE_FAILURES-th such failure answers the line with a server error."""
         with self.db.write() as tx:
-            tx.execute("UPDATE batch_lines SET state = 'pending', lease_owner = NULL, lease_until = NULL "
-                       "WHERE batch_id = ? AND line = ? AND state = 'leased' AND lease_owner = ?",
-                       (batch_id, line, owner))
+            if failure is None:
+                tx.execute("UPDATE batch_lines SET state = 'pending', lease_owner = NULL, lease_until = NULL "
+                           "WHERE batch_id = ? AND line = ? AND state = 'leased' AND lease_owner = ?",
+                           (batch_id, line, owner))
+                return
+            tx.execute("UPDATE batch_lines SET state = 'pending', lease_owner = NULL, lease_until = NULL, "
+                       "failures = failures + 1 WHERE batch_id = ? AND line = ? AND state = 'leased' "
+                       "AND lease_owner = ?", (batch_id, line, owner))
+            error = {"code": "server_error",
+                     "message": f"the request failed {MAX_LINE_FAILURES} times without an answer: {failure}"}
+            tx.execute("UPDATE batch_lines SET state = 'failed', result = ?, finished_at = ? "
+                       "WHERE batch_id = ? AND line = ? AND state = 'pending' AND failures >= ?",
+                       (json.dumps(error), at or 0.0, batch_id, line, MAX_LINE_FAILURES))
 
     def unfinished(self, batch_id: str, at: float) -> tuple[int, int]:
         """(pending lines, lines leased now) of the batch."""

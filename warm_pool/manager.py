@@ -138,6 +138,7 @@ class PoolManager:
             self.batches, self.files, store_client, cfg.object_store.bucket, cfg.batch.files_prefix,
             resolver=lambda tenant: tenant_models(self.model_admin.cfg, tenant), clock=clock,
             leading=lambda: self.leading, metrics=self.metrics)
+        self.batch_runner.on_demand = self._wake.set
         self.event_log = EventLog(clock, controller=self.controller_id)
         self.model_admin = ModelRegistry(cfg, RegistryStore(db),
                                          store_reader, self.event_log, on_change=self._models_changed,
@@ -438,7 +439,7 @@ class PoolManager:
                         launch_blocked_until=self.actuator.launch_blocked_until(now),
                         model_classes=dict(self.model_classes.classes) if self.model_classes else {},
                         engine_bytes=engine_bytes(self.cfg, self.model_classes),
-                        outdated=self.model_admin.outdated())
+                        outdated=self.model_admin.outdated(), batch_demand=dict(self.batch_runner.demand))
         t0 = time.perf_counter()
         decisions, self.state = decide(snap, self.state, self.cfg, now)
         self.metrics.tick.observe(time.perf_counter() - t0)

@@ -46,6 +46,7 @@ from typing import Literal
 from thaw.config import Autoscaling, ThawConfig
 from thaw.wire import CachedWeights, FailureKind, WorkerState
 from warm_pool.autoscaler import ScaleResult, ScaleState, autoscale, evolve, observe
+from warm_pool.batch_policy import batch_launches, lent_to_batch, to_preempt, wanting_batch
 from warm_pool.budget import PoolAsk, PoolGrant, grant
 from warm_pool.keepalive import (
     IdleHistogram,
@@ -108,6 +109,8 @@ class WorkerView:
     failure_kind: FailureKind | None = None
     # The model's registry revision its assignment serves (None: not known).
     revision: int | None = None
+    # Its assignment is batch work (``warm_pool.batch_policy``): another assignment takes it.
+    batch: bool = False
 
     def adapter(self, model: str) -> str | None:
         """The state of adapter ``model`` in this worker's engine (None: not there)."""
@@ -150,6 +153,8 @@ class Snapshot:
     # Per model, the registry revisions whose replicas a roll replaces (weights or engine
     # settings other than the current revision's).
     outdated: dict[str, frozenset[int]] = field(default_factory=dict)
+    # Per model, the lines of running batches not answered yet (warm_pool.batch_policy).
+    batch_demand: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -208,7 +213,7 @@ class PolicyState:
 # -- decisions (data; warm_pool.actuator carries them out) ----------------------------
 
 
-AssignReason = Literal["demand", "scale_up", "prewarm", "min_replicas", "roll"]
+AssignReason = Literal["demand", "scale_up", "prewarm", "min_replicas", "roll", "batch"]
 
 
 @dataclass(frozen=True)
@@ -222,6 +227,8 @@ class Assign:
     # Informational: not part of the decision's identity.
     tier: str | None = field(default=None, compare=False)
     expected_load_s: float | None = field(default=None, compare=False)
+    # Batch work on a standby (warm_pool.batch_policy): any other assignment takes it.
+    batch: bool = False
 
 
 @dataclass(frozen=True)
@@ -298,7 +305,7 @@ class UnloadAdapter:
 @dataclass(frozen=True)
 class Launch:
     shape: str
-    reason: Literal["standby", "demand"]
+    reason: Literal["standby", "demand", "batch"]
 
 
 @dataclass(frozen=True)
@@ -619,6 +626,7 @@ def decide(
     if waited:
         judged = sorted(judged, key=lambda m: waited.get(m.name, math.inf))  # stable: config order after
     adapters_added: dict[str, int] = {}
+    preempted: set[str] = set()  # workers lent to batch, taken back this tick
     for m in judged:
         act = activity.get(m.name, ModelActivity())
         if m.base is None:
@@ -701,6 +709,10 @@ def decide(
                                           snap.model_classes.get(m.name))
                     decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}", reason, tier,
                                             round(secs, 3)))
+                elif (lent := to_preempt(snap.workers, m.shape, activity, preempted)) is not None:
+                    # A standby lent to batch work: the online model takes it back now.
+                    preempted.add(lent.id)
+                    decisions.append(Assign(lent.id, m.name, f"{m.name}-{tag}{n_assign}", reason, "preempt"))
                 else:
                     n_assign -= 1
                     if not reclaim(m.shape, m.name):
@@ -713,17 +725,41 @@ def decide(
             # a model going idle with an asleep tier puts its ready ones to sleep instead.
             extra = len(replicas) - want
             idle = want <= a.min_replicas and not act.demand
-            for w in sorted(replicas, key=lambda w: (w.state != "loading", w.id))[:extra]:
+            # One on batch work stays while the model's batches have lines to run.
+            kept = snap.batch_demand.get(m.name, 0) > 0
+            going = [w for w in replicas if not (w.batch and kept)]
+            for w in sorted(going, key=lambda w: (w.state != "loading", w.id))[:extra]:
                 if w.state == "ready" and idle and a.asleep_ttl_s > 0:
                     decisions.append(Sleep(w.id, m.name))
                 else:
                     decisions.append(Release(w.id, m.name, "idle" if idle else "excess"))
 
+    # Batch work takes the standbys online models left free this tick.
+    batch_waiting: dict[str, int] = {}
+    if snap.batch_demand:
+        placed = {d.model for d in decisions if isinstance(d, Assign | Pack)}
+        for name in wanting_batch(cfg, snap.workers, snap.batch_demand, placed, only):
+            m = by_name[name]
+            ms = models.get(name, ModelState())
+            standbys = free.get(m.shape) or []
+            if now < ms.backoff_until:
+                continue
+            if not standbys:
+                batch_waiting[m.shape] = batch_waiting.get(m.shape, 0) + 1
+                continue
+            n_assign += 1
+            w, tier, secs = place(standbys, m.uri, model_bytes(snap.workers, m.uri), snap.model_classes.get(name))
+            decisions.append(Assign(w.id, name, f"{name}-{tag}{n_assign}", "batch", tier, round(secs, 3), batch=True))
+    batch_extra = batch_launches(cfg, batch_waiting)
+
     # 3. Per pool: the standby target follows recent cold starts (with hysteresis), within
-    # the pool's budget and the global one, carried out through the stopped tier.
+    # the pool's budget and the global one, carried out through the stopped tier. A
+    # standby lent to batch is one of them.
     shapes = {s.name: s for s in cfg.shapes}
-    assigned_now = {d.worker_id for d in decisions if isinstance(d, Assign)}
-    if not pools and not decisions and not launches_for_demand:
+    assigned_now = {d.worker_id for d in decisions if isinstance(d, Assign) and not d.batch}
+    lent = {w.id for w in snap.workers if lent_to_batch(w, activity) and w.id not in assigned_now}
+    lent |= {d.worker_id for d in decisions if isinstance(d, Assign) and d.batch}
+    if not pools and not decisions and not launches_for_demand and not batch_extra:
         return decisions, PolicyState(models=models, assignments=n_assign, epoch=state.epoch, pools=state.pools)
     if only is not None:
         # Models not judged this tick still wait for the launches they asked for.
@@ -749,7 +785,7 @@ def decide(
                                          class_cold_starts=class_colds)
         # Instances only: a packed engine is part of its worker's.
         mine = [w for w in snap.workers if w.shape == pool.shape and w.host is None]
-        serving = [w for w in mine if w.state in ("loading", "ready") or w.id in hosting]
+        serving = [w for w in mine if (w.state in ("loading", "ready") and w.id not in lent) or w.id in hosting]
         asleep_here = [w for w in mine if w.state == "asleep" and w.id not in gone]
         asks.append(PoolAsk(shape=pool.shape, price_per_hour_usd=shape.price_per_hour_usd,
                             serving=len(serving) + launches_for_demand.get(pool.shape, 0), asleep=len(asleep_here),
@@ -764,7 +800,8 @@ def decide(
                 if w.shape == pool.shape and w.host is None and w.state not in ("unreachable", "stopped")]
         stopped = sorted((w for w in snap.workers if w.shape == pool.shape and w.state == "stopped"),
                          key=lambda w: w.id)
-        standby = [w for w in mine if w.state in _STANDBY_LIKE and w.id not in assigned_now and w.id not in hosting]
+        standby = [w for w in mine if (w.state in _STANDBY_LIKE or w.id in lent) and w.id not in assigned_now
+                   and w.id not in hosting]
         total = len(mine)
         # Over the budget with asleep replicas: the longest asleep go first.
         over = [w for w in mine if w.state == "asleep" and w.id not in gone]
@@ -790,19 +827,23 @@ def decide(
         running = len(standby)
         if running > g.standby:
             running = max(len([w for w in standby if w.state != "draining"]), g.standby)
-        plan = plan_tiers(g.standby, running, len(stopped), pool)
+        # Batch's own spend buys instances beyond the band while its lines wait.
+        extra = batch_extra.get(pool.shape, 0)
+        plan = plan_tiers(g.standby + extra, running, len(stopped), pool)
         for w in stopped[: plan.start_stopped]:
             decisions.append(Start(w.id, "standby"))
-        for _ in range(0 if blocked else plan.launch + plan.launch_to_stop):
+        for i in range(0 if blocked else plan.launch + plan.launch_to_stop):
             if total >= pool.max_instances:
                 break
-            decisions.append(Launch(pool.shape, "standby"))
+            for_batch = i < plan.launch and running + plan.start_stopped + i >= g.standby
+            decisions.append(Launch(pool.shape, "batch" if for_batch else "standby"))
             total += 1
         # Excess goes newest first, and only ones standing by: one still booting may be a
         # launch for demand that a model takes the moment it stands by (removed then, if
         # still in excess). Ones holding weights go last, those in memory the very last:
         # they are the fast cold starts of the models they hold.
-        idle_standby = sorted((w for w in standby if w.state == "standby"), key=lambda w: w.id, reverse=True)
+        idle_standby = sorted((w for w in standby if w.state == "standby" and w.id not in lent),
+                              key=lambda w: w.id, reverse=True)
         wanted = {snap.model_classes[n] for n in pool.prebuild if n in snap.model_classes}
         idle_standby.sort(key=lambda w: _held(w, wanted))
         if any(w.state in ("launching", "starting") for w in standby):
@@ -817,7 +858,7 @@ def decide(
         if pool.prebuild:
             removed = {d.worker_id for d in decisions if isinstance(d, Stop | Terminate)}
             named = [(n, snap.model_classes[n]) for n in pool.prebuild if n in snap.model_classes]
-            waiting = [w for w in standby if w.state == "standby" and w.id not in removed]
+            waiting = [w for w in standby if w.state == "standby" and w.id not in removed and w.id not in lent]
             colds_by_class = pool_states[pool.shape].class_cold_starts
             decisions.extend(plan_prebuilds(named, waiting, target=g.standby,
                                             class_cold_starts={c: len(ts) for c, ts in colds_by_class.items()}))

@@ -61,7 +61,8 @@ def route_table(cfg: ThawConfig, facts: Mapping[str, WorkerFacts], views: dict[s
                                           served_model_name=st.served_model_name or m.resolved_served_name,
                                           assignment_id=v.assignment_id, phases=st.phases, load=st.load,
                                           worker_started_at=st.started_at, packed=v.host is not None,
-                                          revision=v.revision if old else (current or v.revision)))
+                                          revision=v.revision if old else (current or v.revision),
+                                          batch=v.batch))
             elif v.state is WorkerState.LOADING:
                 loading += 1
         if stale and any(r.revision not in stale for r in ready):

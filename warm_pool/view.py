@@ -36,6 +36,8 @@ class Intent:
     # the model's registry revision it was asked for.
     memory_bytes: int = 0
     revision: int | None = None
+    # assign: batch work (AssignRequest.batch).
+    batch: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,8 +127,12 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
         revision = (st.revision if st is not None and assignment_id is not None and st.assignment_id == assignment_id
                     else i.revision if i is not None and assignment_id is not None and i.assignment_id == assignment_id
                     else None)
+        # Batch work (preempted by any other assignment): the worker's word, else the call's.
+        batch = (st.batch if st is not None and assignment_id is not None and st.assignment_id == assignment_id
+                 else i.batch if i is not None and assignment_id is not None and i.assignment_id == assignment_id
+                 else False)
         return WorkerView(f.worker_id, f.shape, state, model, assignment_id, error, since, cached, rates, served,
-                          *prebuilt, host=f.host, memory_bytes=memory, revision=revision,
+                          *prebuilt, host=f.host, memory_bytes=memory, revision=revision, batch=batch,
                           capacity_bytes=(st.capacity_bytes or 0) if st is not None else 0,
                           adapters=adapter_states(st, f.adapter_intents, now) if state is WorkerState.READY else (),
                           failure_kind=st.failure_kind if st is not None and state is WorkerState.FAILED else None)

@@ -74,6 +74,7 @@ from worker.launch import (
 from worker.metrics import WorkerMetrics
 from worker.settings import AgentSettings
 from worker.snapshots import EngineSnapshots, SnapshotOps, snapshot_view
+from worker.spare import SpareHost
 from worker.state import Assignment, Facts, Prebuilt, WorkerState, derive_state, load_view
 from worker.supervisor import HostSpawner, HostSupervisor
 from worker.tasks import Tasks
@@ -135,8 +136,11 @@ class Agent:
         self._tasks = Tasks()
         # Starts an engine host (a process group; see worker.host).
         self.spawn_engine_host: HostSpawner = spawn_host or self._spawn_engine_host_process
+        # An engine host kept imported beside a batch assignment: the next assignment
+        # (the one that preempts it) starts on it instead of waiting for vLLM's imports.
+        self._spare: SpareHost | None = None
         self._supervisor = HostSupervisor(
-            self, self.spawn_engine_host, self._tasks,
+            self, self._next_host, self._tasks,
             stop_grace_s=settings.host_stop_grace_s, restart_backoff_max_s=settings.host_restart_backoff_max_s,
             once=settings.packed)
         self._caches = WeightCaches(settings, self.metrics)
@@ -219,6 +223,7 @@ class Agent:
             model=a.model if a else None,
             assignment_id=a.assignment_id if a else None,
             revision=a.revision if a else None,
+            batch=a.batch if a else False,
             served_model_name=a.served_model_name if a else None,
             engine_url=self._engine_url if self._state is WorkerState.READY else None,
             started_at=self.started_at,
@@ -263,6 +268,9 @@ class Agent:
         await self._tasks.cancel_all()
         await self._supervisor.close(self._graceful_stop_fits())
         await self._close_engine()
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            await spare.close()
         await self._caches.close()
         log.info("agent_stopped")
 
@@ -271,6 +279,18 @@ class Agent:
         return await self._caches.scan()
 
     # -- the engine host (worker.supervisor calls these) ------------------------------
+
+    async def _next_host(self, on_event: OnEvent) -> EngineHost:
+        """The next engine host: the spare kept beside a batch assignment when there is
+        one, else a fresh one."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return await self.spawn_engine_host(on_event)
+        host = await spare.take(on_event, refill=False)
+        # Closed after the supervisor holds the host: the "imported" event the spare
+        # replays must find it there.
+        self._tasks.spawn(spare.close(), name="close_spare")
+        return host
 
     async def _spawn_engine_host_process(self, on_event: OnEvent) -> EngineHost:
         return await EngineHostProcess.spawn(on_event, log_level=self.settings.log_level,
@@ -351,17 +371,43 @@ class Agent:
             return
         # A packed engine takes its one assignment while its engine host still imports.
         fresh = self.settings.packed and self._state is WorkerState.STARTING and f.failure is None
-        if self._state is not WorkerState.STANDBY and not fresh:
+        if self.preemptible() and not req.batch:
+            await self._preempt(req.assignment_id)
+        elif self._state is not WorkerState.STANDBY and not fresh:
             raise Conflict(f"worker is {self._state.value}, not standby; it takes an assignment only in standby",
                            self._state)
         self._launched = req
         a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock(),
-                       req.memory_bytes, req.revision)
+                       req.memory_bytes, req.revision, req.batch)
+        if req.batch and not self.settings.packed and self._spare is None:
+            self._spare = SpareHost(self.spawn_engine_host)
+            self._spare.fill()
         self.record(assignment=a, snapshot_restored_at=None, snapshot=None, launched_at=None,
                     weights_loaded_at=None, engine_ready_at=None, failure=None, failure_kind=None, in_flight=None,
                     load=None)
         log.info("assignment_accepted", assignment_id=a.assignment_id, model=a.model, uri=a.uri)
         self._assignment_task = self._tasks.spawn(self._run_assignment(a, req), name="assignment")
+
+    def preemptible(self) -> bool:
+        """Its assignment is batch work that another assignment may take it from now
+        (loading or serving, not already being released)."""
+        f = self._facts
+        return (f.assignment is not None and f.assignment.batch and f.release_requested_at is None
+                and self._state in (WorkerState.LOADING, WorkerState.READY))
+
+    async def _preempt(self, by: str) -> None:
+        """Take the worker from its batch assignment now: no drain (the batch requests
+        in flight are cut, and their activators give the lines back to run again), the
+        engine host killed and the spare put in its place."""
+        a = self._facts.assignment
+        assert a is not None
+        t0 = self._clock()
+        self.record(release_requested_at=t0)
+        # Shielded: a caller that goes away must not leave the release half done.
+        await asyncio.shield(self._tasks.spawn(self._run_release(False, 0.0), name="preempt"))
+        took = self._clock() - t0
+        self.metrics.preemption_seconds.observe(took)
+        log.info("batch_preempted", assignment_id=a.assignment_id, model=a.model, by=by, seconds=round(took, 3))
 
     def check_uri(self, uri: str, what: str) -> None:
         if self.settings.allowed_uri_prefixes is not None:

@@ -34,6 +34,13 @@ class WorkerMetrics:
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
             registry=self.registry,
         )
+        self.preemption_seconds = Histogram(
+            "thaw_worker_batch_preemption_seconds",
+            "Taking the worker from its batch assignment for another one: the batch engine "
+            "killed and the spare engine host in its place",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=self.registry,
+        )
         self.cache_bytes = Gauge(
             "thaw_worker_cache_bytes", "Bytes of model weights the worker's cache tiers hold",
             ["tier"], registry=self.registry,

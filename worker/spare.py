@@ -90,12 +90,13 @@ class SpareHost:
                         output_tail=host.output_tail()[-1000:])
             self.fill(RESPAWN_DELAY_S)
 
-    async def take(self, on_event: OnEvent) -> EngineHost:
+    async def take(self, on_event: OnEvent, *, refill: bool = True) -> EngineHost:
         """The spare, now reporting to ``on_event`` (a fresh host when there is none);
-        the next spare starts."""
+        the next spare starts unless ``refill`` is False."""
         host, relay = self._host, self._relay
         if host is None or relay is None or host.returncode is not None:
-            self.fill()
+            if refill:
+                self.fill()
             return await self._spawn(on_event)
         self._host = self._relay = None
         relay.target = on_event
@@ -104,7 +105,8 @@ class SpareHost:
             event = {**relay.imported, "t": time.time(), "handed_over": True}
             asyncio.get_running_loop().call_soon(on_event, host, event)
         log.info("spare_engine_host_taken", host_pid=host.pid, imported=relay.imported is not None)
-        self.fill()
+        if refill:
+            self.fill()
         return host
 
     async def close(self) -> None:

@@ -29,6 +29,8 @@ class Assignment:
     memory_bytes: int | None = None
     # The model's registry revision (AssignRequest.revision), reported back.
     revision: int | None = None
+    # Batch work on a standby (AssignRequest.batch): any other assignment preempts it.
+    batch: bool = False
 
 
 @dataclass(frozen=True)

@@ -187,6 +187,11 @@ async def test_batch_takes_only_room_online_traffic_leaves_and_yields_it_at_once
         assert w.batch_room("demo", 0.5, running=0) == cap
         assert w.batch_room("demo", 0.5, running=cap - 1) == 1
         assert w.batch_room("demo", 0.0, running=0) == 0
+        # A replica placed for batch work lends batch all its slots.
+        lent = [routes[0].model_copy(update={"batch": True}), routes[1]]
+        w.apply(RouteTable(epoch="e", version=2, models={"demo": ModelRoute(served_name="demo", replicas=lent)}))
+        assert w.batch_room("demo", 0.5, running=0) == cap + cap // 2
+        w.apply(RouteTable(epoch="e", version=3, models={"demo": ModelRoute(served_name="demo", replicas=routes)}))
         batch = [w.take_batch_slot("demo") for _ in range(cap)]
         assert all(r is not None for r in batch)
         # Online takes the rest; then one more online request must wait: batch is cut.

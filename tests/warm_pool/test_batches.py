@@ -13,7 +13,7 @@ import pytest
 from tests.postgres_server import PostgresServer
 from thaw.batch_lines import check_lines
 from thaw.wire import BatchEndpoint, NewBatch
-from warm_pool.batches import BatchStore
+from warm_pool.batches import MAX_LINE_FAILURES, BatchStore
 from warm_pool.db import Db
 
 CHAT: BatchEndpoint = "/v1/chat/completions"
@@ -94,6 +94,23 @@ def test_leases_end_and_each_result_is_kept_once(store: BatchStore) -> None:
         (1, "a", "done"), (2, "b", "done"), (3, "c", "failed"), (4, None, "failed")]
     assert next(store.results("batch_1"))[3] == {"status_code": 200, "body": {"x": 1}}
     assert store.pending_models() == {}
+
+
+def test_a_line_whose_runs_keep_failing_is_answered_with_an_error(store: BatchStore) -> None:
+    started(store, ids=("a",), bad=0)
+    for i in range(MAX_LINE_FAILURES - 1):
+        [leased] = store.lease("a1", ["demo"], 5, 110.0 + i, 30)
+        store.release("batch_1", leased.line, "a1", failure="UpstreamError: the replica answered 500", at=111.0 + i)
+    # Cut for online traffic: no failure, however often.
+    for i in range(5):
+        store.lease("a1", ["demo"], 5, 120.0 + i, 30)
+        store.release("batch_1", 1, "a1")
+    [leased] = store.lease("a1", ["demo"], 5, 130.0, 30)
+    store.release("batch_1", 1, "a1", failure="UpstreamClosed: dropped", at=131.0)
+    assert store.lease("a1", ["demo"], 5, 132.0, 30) == [] and store.unfinished("batch_1", 132.0) == (0, 0)
+    [(line, cid, state, result)] = list(store.results("batch_1"))
+    assert (line, cid, state, result["code"]) == (1, "a", "failed", "server_error")
+    assert f"failed {MAX_LINE_FAILURES} times" in result["message"] and "UpstreamClosed" in result["message"]
 
 
 def test_cancel_stops_the_lines_and_an_ended_batch_stays_as_it_is(store: BatchStore) -> None:
