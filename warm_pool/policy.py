@@ -709,10 +709,10 @@ def decide(
                                           snap.model_classes.get(m.name))
                     decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}", reason, tier,
                                             round(secs, 3)))
-                elif (lent := to_preempt(snap.workers, m.shape, activity, preempted)) is not None:
+                elif (taken := to_preempt(snap.workers, m.shape, activity, preempted)) is not None:
                     # A standby lent to batch work: the online model takes it back now.
-                    preempted.add(lent.id)
-                    decisions.append(Assign(lent.id, m.name, f"{m.name}-{tag}{n_assign}", reason, "preempt"))
+                    preempted.add(taken.id)
+                    decisions.append(Assign(taken.id, m.name, f"{m.name}-{tag}{n_assign}", reason, "preempt"))
                 else:
                     n_assign -= 1
                     if not reclaim(m.shape, m.name):
