@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activator.auth import Authenticator
 from activator.batch_worker import BatchWorker
-from activator.batches import BatchesApi
+from activator.batches import CREATE_BODY, BatchesApi
 from activator.bounds import RequestBounds
 from activator.catalog import CatalogCache, apply_catalog
 from activator.edge import CompletionEdge, IncomingRequest, RequestGuard, request_id_from
@@ -38,7 +38,7 @@ from activator.errors import (
     error_response,
     internal_error_response,
 )
-from activator.files import FilesApi, file_object
+from activator.files import UPLOAD_BODY, FilesApi, file_object
 from activator.keys import KeyCache
 from activator.keys import split as split_keys
 from activator.ledger import Ledger, parse_time, usage_totals
@@ -349,7 +349,7 @@ def create_app(
             return out
         return JSONResponse(out, headers={"x-request-id": rid})
 
-    @app.post("/v1/files", responses=ERROR_RESPONSES)
+    @app.post("/v1/files", responses=ERROR_RESPONSES, openapi_extra=UPLOAD_BODY)
     async def upload_file(request: Request) -> Response:
         return await tenant_call(request, lambda tenant: files.upload(tenant, request))
 
@@ -383,7 +383,7 @@ def create_app(
 
     # -- the Batches API (activator.batches; lines run by activator.batch_worker) --------
 
-    @app.post("/v1/batches", responses=ERROR_RESPONSES)
+    @app.post("/v1/batches", responses=ERROR_RESPONSES, openapi_extra=CREATE_BODY)
     async def create_batch(request: Request) -> Response:
         async def call(tenant: str) -> dict[str, Any]:
             try:

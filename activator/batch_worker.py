@@ -8,8 +8,9 @@ whole (``CompletionService.run_batch_line``), then sends the answer. An online r
 that finds every slot taken cuts one batch request of its model at once
 (``RouteWatcher.yield_batch``): the slot is handed to it, and the cut line is given back
 to the controller to run later. A line whose run fails (a replica gone) is given back
-too; a line whose answer cannot be sent runs again when its lease ends, and the
-controller keeps only the first answer.
+too; an answer no controller takes (one restarting) is sent again while the lease
+lasts, and a line whose answer never arrives runs again when its lease ends (the
+controller keeps only the first answer).
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ from activator.service import UPSTREAM_PATH, CompletionService, RequestContext
 from thaw.config import BatchConfig
 from thaw.controllers import ControllerClient
 from thaw.log import get_logger
-from thaw.wire import LeasedLine, LeasedLines, LeaseLines, LineResult, ReleaseLine
+from thaw.wire import LeasedLine, LeasedLines, LeaseLines, LineRef, LineResult, ReleaseLine
 
 log = get_logger()
 
+# An answer no controller took is sent again after this long, doubling up to the max.
+ANSWER_RETRY_S = 0.5
+ANSWER_RETRY_MAX_S = 5.0
 # A batch's endpoint -> the kind of request its lines are.
 KINDS: dict[str, Kind] = {path: kind for kind, path in UPSTREAM_PATH.items()}
 
@@ -53,6 +57,7 @@ class BatchWorker:
         self.holding: dict[str, list[asyncio.Task[None]]] = {}
         self._cut: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
+        self._renewed_at = clock()
         self.metrics = service.metrics
         routes.yield_batch = self.yield_to_online
 
@@ -85,13 +90,19 @@ class BatchWorker:
 
     async def step(self) -> None:
         room = self.room()
-        if not room:
+        now = self.clock()
+        # The leases on the lines running here are renewed every lease_s / 3.
+        renew = now - self._renewed_at >= self.cfg.lease_s / 3
+        running = [LineRef(batch_id=b, line=n) for lines in self.running.values() for b, n in lines] if renew else []
+        if not room and not running:
             return
         ask = LeaseLines(owner=self.owner, models=sorted(room), n=min(sum(room.values()), 1000),
-                         lease_s=self.cfg.lease_s)
+                         lease_s=self.cfg.lease_s, running=running)
         r = await self._post("/v1/batch-lines/lease", ask.model_dump_json())
         if r is None or r.status_code != 200:
             return
+        if renew:
+            self._renewed_at = now
         for line in LeasedLines.model_validate_json(r.content).lines:
             task = asyncio.create_task(self._run(line), name="batch_line")
             self.running.setdefault(line.model, {})[(line.batch_id, line.line)] = task
@@ -162,12 +173,25 @@ class BatchWorker:
                 self._cut.discard(task)
 
     async def _answer(self, line: LeasedLine, result: LineResult) -> None:
-        r = await self._post(f"/v1/batch-lines/{line.batch_id}/{line.line}/result", result.model_dump_json())
-        if r is not None and r.status_code == 200:
-            self.metrics.batch_lines.labels(line.model, "answered").inc()
-        else:  # the lease ends, the line runs again, and the controller keeps one answer
-            log.warning("batch_answer_not_sent", batch_id=line.batch_id, line=line.line,
-                        status=r.status_code if r is not None else None)
+        """Send the answer, again and again while no controller takes it (one restarting)
+        and the lease lasts: the line is not run twice for want of a controller. Past the
+        lease the line runs again, and the controller keeps one answer."""
+        path = f"/v1/batch-lines/{line.batch_id}/{line.line}/result"
+        body = result.model_dump_json()
+        delay = ANSWER_RETRY_S
+        # Renewed while it ran: its lease lasts about lease_s from now.
+        until = self.clock() + self.cfg.lease_s
+        while True:
+            r = await self._post(path, body)
+            if r is not None and r.status_code == 200:
+                self.metrics.batch_lines.labels(line.model, "answered").inc()
+                return
+            if (r is not None and r.status_code < 500) or self.clock() + delay >= until:
+                log.warning("batch_answer_not_sent", batch_id=line.batch_id, line=line.line,
+                            status=r.status_code if r is not None else None)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, ANSWER_RETRY_MAX_S)
 
     async def _give_back(self, line: LeasedLine, failure: str | None = None) -> None:
         """The line runs again later (``failure``: its run failed; the controller answers

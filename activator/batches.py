@@ -23,6 +23,19 @@ from thaw.wire import BATCH_ENDPOINTS, BatchList, BatchRecord, NewBatch
 log = get_logger()
 
 
+# /openapi.json's body of POST /v1/batches (the route reads the raw body itself).
+CREATE_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "additionalProperties": False,
+    "required": ["input_file_id", "endpoint", "completion_window"],
+    "properties": {
+        "input_file_id": {"type": "string", "description": "A file uploaded with purpose 'batch'"},
+        "endpoint": {"type": "string", "enum": list(BATCH_ENDPOINTS)},
+        "completion_window": {"type": "string", "enum": ["24h"]},
+        "metadata": {"type": "object", "maxProperties": 16,
+                     "additionalProperties": {"type": "string", "maxLength": 512}},
+    }}}}}}
+
+
 def _ts(value: float | None) -> int | None:
     return None if value is None else int(value)
 

@@ -47,6 +47,11 @@ CHUNK = 1 << 20
 FORM_OVERHEAD = 64 * 1024
 MAX_FILENAME = 512
 FILE_ID_RE = re.compile(FILE_ID)
+# /openapi.json's body of POST /v1/files (the route reads the multipart body itself).
+UPLOAD_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file", "purpose"],
+    "properties": {"file": {"type": "string", "format": "binary", "description": "JSONL, one request a line"},
+                   "purpose": {"type": "string", "enum": ["batch"]}}}}}}}
 
 
 def file_object(r: FileRecord) -> dict[str, Any]:

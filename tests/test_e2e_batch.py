@@ -5,8 +5,10 @@ order; the error file names the 3 lines; the counts agree; the lines are billed 
 ``service_tier`` batch. A cancelled batch ends with what it answered. Another tenant
 sees neither the file nor the batch.
 
-The batch runs on the replica online traffic brought up (a model at zero is not started
-for a batch yet)."""
+A batch for a model at zero runs on a standby lent to it; an online cold start of
+another model takes that standby back at once (its cold start measured against the same
+cold start with no batch running, and reported), and the cut lines finish later, each
+answered once."""
 
 from __future__ import annotations
 
@@ -44,21 +46,30 @@ def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
         cfg["tenants"].append({"name": "other", "api_key_hashes": [hash_api_key(OTHER_KEY)],
                                "allowed_models": ["*"]})
         cfg["batch"] = {"poll_interval_s": 0.2}
+        # Two more models of the same weights: one online only, with a short idle grace
+        # (cold started twice), one for batch only. No weight caches: every load reads
+        # the store, so the two cold starts compared are alike.
+        for name, grace in (("solo", 2), ("bulk", 3600)):
+            cfg["models"].append({**demo, "name": name, "served_name": f"thaw-{name}",
+                                  "autoscaling": {**demo["autoscaling"], "idle_grace_s": grace}})
+        cfg["shapes"][0].pop("cache", None)
+        cfg["shapes"][0]["host_cache_gib"] = 0
 
     with running_stack(store, s3, demo_model_dir, tmp_path_factory.mktemp("batch-e2e"), configure) as s:
         yield s
 
 
-def body(i: int, max_tokens: int = 6) -> dict[str, Any]:
-    return {"model": "thaw-demo", "messages": [{"role": "user", "content": f"Say {i} and more"}],
-            "max_tokens": max_tokens, "temperature": 0}
+def body(i: int, max_tokens: int = 6, model: str = "thaw-demo", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": f"Say {i} and more"}],
+            "max_tokens": max_tokens, "temperature": 0, **extra}
 
 
-def input_file(n: int, bad: dict[int, str], max_tokens: int = 6) -> tuple[bytes, dict[str, dict[str, Any]]]:
+def input_file(n: int, bad: dict[int, str], max_tokens: int = 6, **kw: Any) -> tuple[bytes, dict[str, dict[str, Any]]]:
     """n lines, those in ``bad`` broken as named; the good ones' bodies by custom_id."""
     lines, good = [], {}
     for i in range(1, n + 1):
-        item: dict[str, Any] = {"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": body(i, max_tokens)}
+        item: dict[str, Any] = {"custom_id": f"req-{i}", "method": "POST", "url": CHAT,
+                                "body": body(i, max_tokens, **kw)}
         kind = bad.get(i)
         if kind == "invalid_json_line":
             lines.append(b'{"custom_id": "broken", ')
@@ -155,3 +166,73 @@ def test_a_cancelled_batch_ends_with_what_it_answered(stack: Stack) -> None:
     assert all(x["response"]["status_code"] == 200 for x in answered)
     if done.error_file_id:
         assert {x["error"]["code"] for x in jsonl(client, done.error_file_id)} == {"batch_cancelled"}
+
+
+def first_token_s(client: openai.OpenAI, model: str) -> tuple[float, bool]:
+    """Seconds from sending a streamed request to its first content, and whether it was a
+    cold start."""
+    t0 = time.monotonic()
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=4, stream=True)
+    took = None
+    for chunk in raw.parse():
+        if took is None and chunk.choices and chunk.choices[0].delta.content:
+            took = time.monotonic() - t0
+    assert took is not None
+    return took, raw.headers["x-thaw-cold-start"] == "true"
+
+
+def serving(state: dict[str, Any], model: str) -> list[str]:
+    return [w["id"] for w in state["workers"] if w["model"] == model and w["state"] in ("loading", "ready")]
+
+
+def test_an_online_cold_start_takes_back_a_standby_lent_to_batch(stack: Stack) -> None:
+    client = stack.client()
+    token = {"Authorization": f"Bearer {stack.token()}"}
+    standing_by = lambda s: [w["id"] for w in s["workers"] if w["state"] == "standby"]  # noqa: E731
+    stack.wait_for("a standby", standing_by, timeout_s=240)
+    # The cold start with no batch running: solo from a standby.
+    baseline_s, cold = first_token_s(client, "thaw-solo")
+    assert cold
+    stack.wait_for("solo back at zero, a standby again",
+                   lambda s: not serving(s, "solo") and standing_by(s), timeout_s=240)
+
+    # A batch for bulk, at zero: a standby is lent to it and runs its lines.
+    data, good = input_file(160, {}, max_tokens=96, model="thaw-bulk", ignore_eos=True)
+    uploaded = client.files.create(file=("bulk.jsonl", data), purpose="batch")
+    created = client.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
+    state = stack.wait_for("bulk on a lent standby", lambda s: serving(s, "bulk") and any(
+        d["batch"] and d["id"] in serving(s, "bulk") for d in s["worker_details"]), timeout_s=300)
+    lent = serving(state, "bulk")[0]
+    assert not [d for d in state["worker_details"] if d["id"] == lent][0]["assignment_id"].startswith("solo")
+    deadline = time.monotonic() + 300
+    while (b := client.batches.retrieve(created.id)).request_counts.completed < 1:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, b
+        time.sleep(0.2)
+    # Nothing was launched for it: the lent standby is one of the pool's.
+    assert stack.state()["shapes"][0]["standby_lent_to_batch"] == 1
+
+    # solo at zero again, no standby free: it takes the lent one back.
+    asked_at = time.time()
+    preempted_s, cold = first_token_s(client, "thaw-solo")
+    assert cold
+    state = stack.state()
+    assert serving(state, "solo") == [lent] and not serving(state, "bulk")
+    events = httpx.get(f"{stack.control_url}/v1/events", headers=token, timeout=5).json()["events"]
+    assert [e for e in events if e["kind"] == "assign" and e["model"] == "solo" and e["worker_id"] == lent]
+    control = [w["control_url"] for w in state["workers"] if w["id"] == lent][0]
+    worker_metrics = httpx.get(f"{control}/metrics", headers=token, timeout=5).text
+    took = [line for line in worker_metrics.splitlines()
+            if line.startswith("thaw_worker_batch_preemption_seconds_sum")][0].split()[-1]
+    print(f"\nsolo's cold start from a standby: {baseline_s:.2f} s; from a standby lent to batch: "
+          f"{preempted_s:.2f} s ({preempted_s - baseline_s:+.2f} s; the preemption itself {float(took):.3f} s)")
+
+    # The cut lines run again once solo is gone: every line answered once, in order.
+    done = wait_until(client, created.id, {"completed", "failed", "expired", "cancelled"}, timeout_s=900)
+    assert done.status == "completed", done
+    assert done.completed_at is not None and done.completed_at > asked_at
+    assert done.request_counts is not None and (done.request_counts.completed, done.request_counts.failed) == (160, 0)
+    output = jsonl(client, done.output_file_id)
+    assert [x["custom_id"] for x in output] == list(good)
+    assert all(x["response"]["status_code"] == 200 for x in output)
+    assert all(x["response"]["body"]["usage"]["completion_tokens"] == 96 for x in output)

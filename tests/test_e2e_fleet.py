@@ -433,3 +433,53 @@ def test_activator_workers_share_one_port_and_each_keeps_its_own_ledger(fleet: F
         kill_group(fleet.procs["activator-c"], 40)
     assert fleet.procs["activator-c"].returncode == 0
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in children)
+
+
+def test_a_batch_survives_a_controller_sigkill_with_every_line_answered_once(fleet: Fleet) -> None:
+    fleet.wait("a ready replica", lambda s: ready_workers(s))
+    client = fleet.client("a")
+    n = 96
+    lines = [json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "thaw-demo", "messages": [{"role": "user", "content": f"Count to {i}"}], "max_tokens": 200,
+        "temperature": 0, "ignore_eos": True}}) for i in range(n)]
+    uploaded = client.files.create(file=("sigkill.jsonl", "\n".join(lines).encode()), purpose="batch")
+    created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                    completion_window="24h")
+
+    def counts() -> tuple[str, int]:
+        b = client.batches.retrieve(created.id)
+        return b.status, b.request_counts.completed if b.request_counts else 0
+
+    deadline = time.time() + 300
+    while counts()[1] < 3:
+        assert time.time() < deadline, counts()
+        time.sleep(0.2)
+    os.killpg(fleet.procs["controller"].pid, signal.SIGKILL)
+    fleet.procs["controller"].wait(10)
+    answered_before = _batch_runs(fleet)
+    time.sleep(4)  # the outage, with lines in flight on both sides of it
+    fleet.start_controller()
+    fleet.wait("the restarted controller to adopt the fleet", lambda s: s["adopted"], timeout_s=60)
+    deadline = time.time() + 600
+    while (now := counts())[0] not in ("completed", "failed", "expired", "cancelled"):
+        assert time.time() < deadline, now
+        time.sleep(0.5)
+    done = client.batches.retrieve(created.id)
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (n, 0)
+    assert done.output_file_id is not None
+    output = [json.loads(x) for x in client.files.content(done.output_file_id).read().splitlines()]
+    assert [x["custom_id"] for x in output] == [f"line-{i}" for i in range(n)]
+    assert all(x["response"]["status_code"] == 200 for x in output)
+    # The kill came mid-batch, and each line ran once: one batch record in the
+    # activators' ledgers per line, no more.
+    assert 0 < len(answered_before) < n
+    runs = _batch_runs(fleet)
+    assert {r["request_id"] for r in runs} == {x["response"]["request_id"] for x in output}
+    assert len(runs) == n, len(runs)
+
+
+def _batch_runs(fleet: Fleet) -> list[dict[str, Any]]:
+    return [r for name in fleet.activators for recs in _ledger(fleet, name).values() for r in recs
+            if r.get("service_tier") == "batch"]

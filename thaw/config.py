@@ -550,10 +550,12 @@ class BatchConfig(_Strict):
     # activator), and only slots no online request waits for; an online request that
     # finds every slot taken cuts one at once.
     max_share: Annotated[float, Field(ge=0, le=1)] = 0.5
-    # How often an activator looks for room and leases lines, and how long a lease lasts
-    # (a line not answered within it runs again).
+    # How often an activator looks for room and leases lines, and how long a lease lasts:
+    # the activator renews it every lease_s / 3 while the line runs, so a line whose
+    # activator died (or whose lease reply a dying controller never sent) runs again
+    # about lease_s later.
     poll_interval_s: PositiveFloat = 1.0
-    lease_s: PositiveFloat = 300.0
+    lease_s: Annotated[float, Field(ge=3, le=3600)] = 30.0
     # What a batch line costs, as a share of the model's prices (OpenAI's: half).
     price_factor: Annotated[float, Field(ge=0)] = 0.5
     # Batch runs on standbys the pools hold anyway (and on room replicas leave). This

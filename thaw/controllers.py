@@ -148,6 +148,11 @@ class ControllerClient:
         except httpx.TransportError as exc:
             get_logger().warning("controller_unreachable", path=path, error=repr(exc))
             return None
+        except (AttributeError, RuntimeError) as exc:
+            # httpcore can fail this way on a connection the controller drops as it dies
+            # ('NoneType' object has no attribute 'getpeername'): no answer, as above.
+            get_logger().warning("controller_unreachable", path=path, error=repr(exc))
+            return None
         if r.status_code >= 500:
             get_logger().warning("controller_failed", path=path, status=r.status_code, body=r.text[:500])
             return None

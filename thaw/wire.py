@@ -446,6 +446,8 @@ class WorkerDetail(_Msg):
     memory_bytes: int | None = None
     capacity_bytes: int | None = None
     adapters: list[AdapterView] = []
+    # Its assignment is batch work on a standby lent to batch (an online assignment takes it).
+    batch: bool = False
 
 
 class ShapeRow(_Msg):
@@ -461,6 +463,10 @@ class ShapeRow(_Msg):
     standby_target: int | None = None
     standby_granted: int | None = None
     budget_shortfall: int = 0
+    # Standbys lent to batch work now, and the share of standby instance-time lent to
+    # batch since the controller started (None: no standby time yet).
+    standby_lent_to_batch: int = 0
+    standby_batch_share: float | None = None
     # Launches paused after capacity errors (epoch seconds), and why.
     backoff_until: float | None = None
     backoff_reason: str | None = None
@@ -897,14 +903,21 @@ class LeasedLine(_Msg):
     lease_until: float
 
 
+class LineRef(_Msg):
+    batch_id: Annotated[str, Field(min_length=1, max_length=100)]
+    line: Annotated[int, Field(ge=1, le=2**31)]
+
+
 class LeaseLines(_Msg):
     """``POST /v1/batch-lines/lease``: an activator asks for up to ``n`` batch requests for
-    ``models`` (those it has room on), to answer within ``lease_s``."""
+    ``models`` (those it has room on), to answer within ``lease_s``, and renews its leases
+    on the lines it is running (``running``) for as long again."""
 
     owner: Annotated[str, Field(min_length=1, max_length=200)]
-    models: list[Name]
-    n: Annotated[int, Field(ge=1, le=1000)]
-    lease_s: Annotated[float, Field(gt=0, le=3600)] = 300.0
+    models: list[Name] = []
+    n: Annotated[int, Field(ge=0, le=1000)] = 0
+    lease_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    running: Annotated[list[LineRef], Field(max_length=100_000)] = []
 
 
 class LeasedLines(_Msg):

@@ -97,7 +97,8 @@ def batch_router(store: BatchStore, files: FileIndex, runner: BatchRunner, clock
 
     @router.post("/v1/batch-lines/lease", response_model=LeasedLines)
     async def lease(body: LeaseLines) -> Response:
-        lines = await asyncio.to_thread(store.lease, body.owner, body.models, body.n, clock(), body.lease_s)
+        lines = await asyncio.to_thread(store.lease, body.owner, body.models, body.n, clock(), body.lease_s,
+                                        renew=[(r.batch_id, r.line) for r in body.running])
         return _json(LeasedLines(lines=lines))
 
     @router.post("/v1/batch-lines/{batch_id}/{line}/result", response_model=LineResultReply,

@@ -37,6 +37,21 @@ def lent_to_batch(w: WorkerView, activity: Mapping[str, ModelActivity]) -> bool:
     return act is None or act.demand == 0
 
 
+def standby_use(workers: Collection[WorkerView], activity: Mapping[str, ModelActivity]) -> dict[str, tuple[int, int]]:
+    """Per shape, (standbys idle, standbys lent to batch) now: what batch makes of the
+    standby time the pool pays for."""
+    out: dict[str, tuple[int, int]] = {}
+    for w in workers:
+        if w.host is not None:
+            continue
+        idle, lent = out.get(w.shape, (0, 0))
+        if w.state == "standby":
+            out[w.shape] = (idle + 1, lent)
+        elif lent_to_batch(w, activity):
+            out[w.shape] = (idle, lent + 1)
+    return out
+
+
 def to_preempt(workers: Collection[WorkerView], shape: str, activity: Mapping[str, ModelActivity],
                taken: Collection[str]) -> WorkerView | None:
     """The worker lent to batch on ``shape`` that an online cold start takes: one still

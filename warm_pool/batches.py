@@ -180,9 +180,18 @@ class BatchStore:
 
     # -- lines ---------------------------------------------------------------------------
 
-    def lease(self, owner: str, models: Collection[str], n: int, at: float, lease_s: float) -> list[LeasedLine]:
+    def lease(self, owner: str, models: Collection[str], n: int, at: float, lease_s: float,
+              renew: Collection[tuple[str, int]] = ()) -> list[LeasedLine]:
         """Up to ``n`` lines of running batches for ``models``, oldest batch first, leased
-        to ``owner`` until ``at + lease_s``; a lease that ended unanswered is taken again."""
+        to ``owner`` until ``at + lease_s``; a lease that ended unanswered is taken again.
+        ``renew``: (batch id, line) of lines ``owner`` runs, whose leases it still holds,
+        held until then too (a lease is short: one its owner lost is taken again soon)."""
+        until = at + lease_s
+        if renew:
+            with self.db.write() as tx:
+                tx.execute_many("UPDATE batch_lines SET lease_until = ? WHERE batch_id = ? AND line = ? "
+                                "AND state = 'leased' AND lease_owner = ?",
+                                [(until, b, line, owner) for b, line in renew])
         if not models or n <= 0:
             return []
         marks = ", ".join("?" for _ in models)
@@ -196,7 +205,6 @@ class BatchStore:
                 f"WHERE b.status = 'in_progress' AND l.model IN ({marks}) "  # noqa: S608
                 "AND (l.state = 'pending' OR (l.state = 'leased' AND l.lease_until < ?)) "
                 "ORDER BY b.created_at, l.batch_id, l.line LIMIT ?", (*models, at, n))
-            until = at + lease_s
             tx.execute_many("UPDATE batch_lines SET state = 'leased', lease_owner = ?, lease_until = ? "
                             "WHERE batch_id = ? AND line = ?", [(owner, until, r[0], r[1]) for r in rows])
         out = []

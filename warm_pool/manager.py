@@ -54,6 +54,7 @@ from thaw.wire import (
 from warm_pool.actuator import Actuator
 from warm_pool.admin import BudgetAdmin, KeyAdmin
 from warm_pool.apply import Applier
+from warm_pool.batch_policy import standby_use
 from warm_pool.batch_runner import BatchRunner
 from warm_pool.batches import BatchStore
 from warm_pool.classes import ModelClasses, engine_bytes
@@ -139,6 +140,10 @@ class PoolManager:
             resolver=lambda tenant: tenant_models(self.model_admin.cfg, tenant), clock=clock,
             leading=lambda: self.leading, metrics=self.metrics)
         self.batch_runner.on_demand = self._wake.set
+        # Per shape, standby instance-seconds (idle, lent to batch) since this controller
+        # started, and when they were last counted.
+        self.standby_seconds: dict[str, tuple[float, float]] = {}
+        self._standby_counted_at: float | None = None
         self.event_log = EventLog(clock, controller=self.controller_id)
         self.model_admin = ModelRegistry(cfg, RegistryStore(db),
                                          store_reader, self.event_log, on_change=self._models_changed,
@@ -445,8 +450,22 @@ class PoolManager:
         self.metrics.tick.observe(time.perf_counter() - t0)
         for d in decisions:
             self.actuator.carry_out(d, snap, views, now)
+        self._count_standby_time(views, snap.activity, now)
         self._note_shortfalls()
         export(self.metrics, now, self.cfg, views, self.state, self.actuator.shape_backoff)
+
+    def _count_standby_time(self, views: dict[str, WorkerView], activity: dict[str, ModelActivity],
+                            now: float) -> None:
+        """Standby instance-seconds since the last tick, idle or lent to batch (counted as
+        of this tick, over the time since the one before)."""
+        last, self._standby_counted_at = self._standby_counted_at, now
+        if last is None or now <= last:
+            return
+        for shape, (idle, lent) in standby_use(views.values(), activity).items():
+            self.standby_seconds[shape] = (self.standby_seconds.get(shape, (0.0, 0.0))[0] + idle * (now - last),
+                                           self.standby_seconds.get(shape, (0.0, 0.0))[1] + lent * (now - last))
+            self.metrics.standby_seconds.labels(shape, "idle").inc(idle * (now - last))
+            self.metrics.standby_seconds.labels(shape, "batch").inc(lent * (now - last))
 
     def _note_shortfalls(self) -> None:
         """An event each time a pool's budget starts or stops granting less than wanted."""
@@ -491,4 +510,4 @@ class PoolManager:
         return pool_status(now=now, cfg=self.cfg, fleet=self.fleet, views=views,
                            routes=self.route_table(now, views), activity=act, cold_starts=self.cold_starts,
                            shape_backoff=self.actuator.shape_backoff, providers=self.providers, state=self.state,
-                           epoch=self.epoch, adopted=self.adopted)
+                           epoch=self.epoch, adopted=self.adopted, standby_seconds=self.standby_seconds)

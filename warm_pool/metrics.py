@@ -27,6 +27,9 @@ class PoolMetrics:
                                        ["shape", "cause"], registry=registry)
         self.heartbeats = Counter("thaw_pool_heartbeats_total", "Worker heartbeats, by outcome", ["outcome"],
                                   registry=registry)
+        self.standby_seconds = Counter(
+            "thaw_pool_standby_seconds", "Standby instance-seconds by shape and use: idle, or lent to batch work",
+            ["shape", "use"], registry=registry)
         self.adopted = Gauge("thaw_pool_adopted", "1 once the controller has adopted the fleet after its start",
                              registry=registry)
         # The autoscaler's inputs and outputs, per model.

@@ -18,17 +18,28 @@ from thaw.wire import (
     WorkerState,
 )
 from warm_pool.actuator import ShapeBackoff
+from warm_pool.batch_policy import standby_use
 from warm_pool.facts import FleetFacts
 from warm_pool.policy import ModelActivity, PolicyState, WorkerView
 from warm_pool.providers import Provider
 from warm_pool.view import count_states
 
 
+def batch_share(seconds: tuple[float, float] | None) -> float | None:
+    """The share of standby time lent to batch (None: no standby time yet)."""
+    if seconds is None or sum(seconds) <= 0:
+        return None
+    return round(seconds[1] / sum(seconds), 4)
+
+
 def pool_status(*, now: float, cfg: ThawConfig, fleet: FleetFacts, views: dict[str, WorkerView],
                 routes: dict[str, ModelRoute], activity: dict[str, ModelActivity],
                 cold_starts: Mapping[str, ColdStartRecord], shape_backoff: Mapping[str, ShapeBackoff],
-                providers: Mapping[str, Provider], state: PolicyState, epoch: str, adopted: bool) -> PoolStatus:
-    """The pool's status at ``now``."""
+                providers: Mapping[str, Provider], state: PolicyState, epoch: str, adopted: bool,
+                standby_seconds: Mapping[str, tuple[float, float]] | None = None) -> PoolStatus:
+    """The pool's status at ``now``; ``standby_seconds``: per shape, standby
+    instance-seconds idle and lent to batch."""
+    use = standby_use(views.values(), activity)
     shapes = []
     for p in cfg.pools:
         shape = cfg.shape(p.shape)
@@ -50,6 +61,8 @@ def pool_status(*, now: float, cfg: ThawConfig, fleet: FleetFacts, views: dict[s
             standby_target=ps.target.target if ps and ps.target else None,
             standby_granted=ps.grant.standby if ps and ps.grant else None,
             budget_shortfall=ps.grant.shortfall if ps and ps.grant else 0,
+            standby_lent_to_batch=use.get(p.shape, (0, 0))[1],
+            standby_batch_share=batch_share((standby_seconds or {}).get(p.shape)),
         ))
     models = []
     for m in cfg.models:
@@ -79,7 +92,7 @@ def pool_status(*, now: float, cfg: ThawConfig, fleet: FleetFacts, views: dict[s
             load=f.status.load if f.status else None, cached=list(v.cached),
             prebuilt=f.status.prebuilt if f.status else None,
             host_worker_id=v.host, memory_bytes=v.memory_bytes or None, capacity_bytes=v.capacity_bytes or None,
-            adapters=list(f.status.adapters) if f.status else [],
+            adapters=list(f.status.adapters) if f.status else [], batch=v.batch,
         ))
     return PoolStatus(now=now, controller_epoch=epoch, adopted=adopted, shapes=shapes,
                       models=models, workers=workers, worker_details=details)

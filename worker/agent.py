@@ -373,6 +373,9 @@ class Agent:
         fresh = self.settings.packed and self._state is WorkerState.STARTING and f.failure is None
         if self.preemptible() and not req.batch:
             await self._preempt(req.assignment_id)
+            spare, self._spare = self._spare, None  # preempted before its launch: not taken
+            if spare is not None:
+                self._tasks.spawn(spare.close(), name="close_spare")
         elif self._state is not WorkerState.STANDBY and not fresh:
             raise Conflict(f"worker is {self._state.value}, not standby; it takes an assignment only in standby",
                            self._state)
@@ -449,6 +452,15 @@ class Agent:
                 return
         cache_root = s.engine_cache_root(a.model)
         job = await self._snapshots.restore(a, req, manifest, store, cache_root)
+        spare = self._spare
+        if req.batch and spare is not None:
+            # Batch waits for the spare's imports, so that they never compete with the
+            # batch engine for the CPU and a preemption always finds the spare ready
+            # (preempted before the launch, the standby's own host is still there).
+            waited = self._clock()
+            ok = await spare.wait_imported(s.load_timeout_s)
+            log.info("batch_spare_ready" if ok else "batch_spare_not_ready", assignment_id=a.assignment_id,
+                     waited_s=round(self._clock() - waited, 3))
         if not await self._host_standing_by():
             self._fail("the engine host went away before the launch")
             return

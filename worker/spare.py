@@ -90,6 +90,20 @@ class SpareHost:
                         output_tail=host.output_tail()[-1000:])
             self.fill(RESPAWN_DELAY_S)
 
+    @property
+    def imported(self) -> bool:
+        """A spare stands by with its imports done."""
+        return self._host is not None and self._relay is not None and self._relay.imported is not None
+
+    async def wait_imported(self, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Wait until a spare stands by imported; False after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not self.imported:
+            if self._closed or time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(poll_s)
+        return True
+
     async def take(self, on_event: OnEvent, *, refill: bool = True) -> EngineHost:
         """The spare, now reporting to ``on_event`` (a fresh host when there is none);
         the next spare starts unless ``refill`` is False."""

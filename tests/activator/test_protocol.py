@@ -225,6 +225,12 @@ async def test_openapi_documents_every_completion_body(client: httpx.AsyncClient
             error = resolve(op["responses"][status]["content"]["application/json"]["schema"])
             assert set(resolve(error["properties"]["error"])["required"]) == {"message", "type", "param", "code"}
     assert schemas["ChatMessage"]["required"] == ["role"]
+    # The Files and Batches bodies too (their routes read the raw body).
+    upload = spec["paths"]["/v1/files"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert upload["required"] == ["file", "purpose"] and upload["properties"]["purpose"]["enum"] == ["batch"]
+    create = spec["paths"]["/v1/batches"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert set(create["required"]) == {"input_file_id", "endpoint", "completion_window"}
+    assert create["properties"]["endpoint"]["enum"] == ["/v1/chat/completions", "/v1/completions"]
     json.dumps(spec)  # serialisable as served
 
 

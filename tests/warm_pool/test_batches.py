@@ -96,6 +96,18 @@ def test_leases_end_and_each_result_is_kept_once(store: BatchStore) -> None:
     assert store.pending_models() == {}
 
 
+def test_a_running_lines_lease_is_renewed_by_its_owner_only(store: BatchStore) -> None:
+    started(store, ids=("a", "b"), bad=0)
+    assert [x.line for x in store.lease("a1", ["demo"], 5, 100.0, lease_s=30)] == [1, 2]
+    # a1 renews line 1 at 120 (until 150); line 2 it no longer runs. a2's renewal of
+    # line 1 changes nothing: not its lease.
+    assert store.lease("a1", [], 0, 120.0, lease_s=30, renew=[("batch_1", 1)]) == []
+    assert store.lease("a2", [], 0, 125.0, lease_s=60, renew=[("batch_1", 2)]) == []
+    assert [x.line for x in store.lease("a3", ["demo"], 5, 131.0, lease_s=30)] == [2]
+    assert store.lease("a3", ["demo"], 5, 149.0, lease_s=30) == []
+    assert [x.line for x in store.lease("a3", ["demo"], 5, 151.0, lease_s=30)] == [1]
+
+
 def test_a_line_whose_runs_keep_failing_is_answered_with_an_error(store: BatchStore) -> None:
     started(store, ids=("a",), bad=0)
     for i in range(MAX_LINE_FAILURES - 1):

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
 
 from tests.warm_pool.fleet import EXAMPLE, FakeStoreReader
 from thaw.config import ThawConfig, parse_config
@@ -232,6 +233,32 @@ async def test_adoption_waits_for_every_running_worker_to_report() -> None:
     assert m.adopted
     assert views(m)["w-ready"] == "ready" and views(m)["w-standby"] == "standby"
     assert "i-w-standby" not in provider.terminated and "i-w-ready" not in provider.terminated
+
+
+async def test_standby_time_lent_to_batch_is_counted_and_shown() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    for wid in ("w1", "w2"):
+        provider.running[wid] = Instance(f"i-{wid}", wid, "gpu", clock() - 3600, InstanceState.RUNNING)
+    data = config(standby=2).model_dump(mode="json")
+    data["cluster"]["token"] = None
+    m = await manager(parse_config(data), provider, control, clock)
+    beat(m, "w1", S.STANDBY, clock)
+    beat(m, "w2", S.READY, clock, model="demo", assignment_id="demo-b-1", engine_url="http://w2:9000", batch=True)
+    clock.t += m.adopt_grace_s
+    await step(m)
+    for _ in range(3):  # 30 s: one standby idle, one lent to batch
+        clock.t += 10
+        beat(m, "w1", S.STANDBY, clock)
+        beat(m, "w2", S.READY, clock, model="demo", assignment_id="demo-b-1", engine_url="http://w2:9000", batch=True)
+        await step(m)
+    assert control.calls == [] and provider.launches == []  # the lent one is a standby of the band
+    assert m.standby_seconds["gpu"] == pytest.approx((30.0, 30.0))
+    row = m.status().shapes[0]
+    assert row.standby_lent_to_batch == 1 and row.standby_batch_share == pytest.approx(0.5)
+    assert [d.batch for d in m.status().worker_details] == [False, True]
+    text = generate_latest(m.registry).decode()
+    assert 'thaw_pool_standby_seconds_total{shape="gpu",use="batch"} 30.0' in text
 
 
 async def test_an_instance_that_never_registers_is_terminated_and_replaced() -> None:

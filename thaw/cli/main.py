@@ -720,7 +720,13 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_cli.add_arguments(p)
 
     # Commands whose arguments live with their code (light imports only at parser time).
-    from loadtests import bench_activator, bench_cold_start, bench_simulate, bench_stream
+    from loadtests import (
+        bench_activator,
+        bench_batch,
+        bench_cold_start,
+        bench_simulate,
+        bench_stream,
+    )
     from thaw.cli import snapshot as snapshot_cli
 
     bench = sub.add_parser("bench", help="Run a benchmark (baseline and Thaw in one run) and write JSON.")
@@ -730,6 +736,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("stream", bench_stream, "Weights from the store: ceiling vs Thaw's streamer vs runai vs boto3+safetensors."),
         ("activator", bench_activator, "What the activator adds in front of a replica, with vllm-router as a peer."),
         ("simulate", bench_simulate, "Simulated requests per second on a long many-model trace, fast vs exact mode."),
+        ("batch", bench_batch, "Online TTFT with and without a concurrent batch (on a lent standby, on spare "
+                               "slots), and batch throughput."),
     ):
         p = add(b_sub, name, help_, mod.run)
         mod.add_arguments(p)

@@ -116,6 +116,10 @@ def render_pool(state: dict[str, Any]) -> str:
                    f"spending ${s['spend_usd_per_hour']:.2f}/h")
         if s.get("backoff_until"):
             out.append(f"    launches paused {s['backoff_until'] - now:.0f}s more: {s['backoff_reason']}")
+        if s.get("standby_lent_to_batch") or s.get("standby_batch_share"):
+            share = s.get("standby_batch_share")
+            out.append(f"    batch: {s.get('standby_lent_to_batch', 0)} standby lent now; "
+                       + ("no standby time yet" if share is None else f"{share:.0%} of standby time since start"))
     return "\n".join(out + [""] + _models(state, now) + [""] + _workers(state))
 
 
