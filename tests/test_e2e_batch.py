@@ -13,6 +13,7 @@ answered once."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -236,3 +237,35 @@ def test_an_online_cold_start_takes_back_a_standby_lent_to_batch(stack: Stack) -
     assert [x["custom_id"] for x in output] == list(good)
     assert all(x["response"]["status_code"] == 200 for x in output)
     assert all(x["response"]["body"]["usage"]["completion_tokens"] == 96 for x in output)
+
+
+def test_a_batch_past_its_window_expires_with_what_it_answered(stack: Stack) -> None:
+    client = stack.client()
+    client.chat.completions.create(**body(0))  # the model up
+    data, good = input_file(200, {}, max_tokens=64, ignore_eos=True)
+    uploaded = client.files.create(file=("expiring.jsonl", data), purpose="batch")
+    created = client.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
+    deadline = time.monotonic() + 300
+    while (b := client.batches.retrieve(created.id)).request_counts.completed < 5:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, b
+        time.sleep(0.2)
+    # 24 hours pass: the controller's record says the window ended a second ago.
+    db = sqlite3.connect(stack.data_dir / "controller" / "registry.db", timeout=30)
+    try:
+        (raw,) = db.execute("SELECT body FROM batches WHERE id = ?", (created.id,)).fetchone()
+        record = json.loads(raw)
+        record["expires_at"] = time.time() - 1
+        with db:
+            db.execute("UPDATE batches SET body = ? WHERE id = ?", (json.dumps(record), created.id))
+    finally:
+        db.close()
+    done = wait_until(client, created.id, {"expired", "completed"}, timeout_s=120)
+    assert done.status == "expired" and done.expired_at is not None, done
+    assert done.request_counts is not None and done.request_counts.total == 200
+    answered = jsonl(client, done.output_file_id) if done.output_file_id else []
+    assert 5 <= len(answered) == done.request_counts.completed < 200
+    errors = jsonl(client, done.error_file_id)
+    assert len(errors) == 200 - len(answered) == done.request_counts.failed
+    assert {x["error"]["code"] for x in errors} == {"batch_expired"}
+    # Every line is in one file or the other, once.
+    assert sorted(x["custom_id"] for x in answered + errors) == sorted(good)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import heapq
 import json
 import tempfile
 from collections.abc import Callable
@@ -179,9 +178,12 @@ class BatchRunner:
     def _finish(self, b: BatchRecord, step: Step) -> None:
         if step == "finalize" and b.status == "in_progress":
             b = self.store.move(b.id, "finalizing", self.clock())
-        unanswered = EXPIRED if step == "expire" else CANCELLED if step == "cancel" else None
+        if step in ("expire", "cancel"):
+            # The lines without a result get theirs now: an answer that comes later is
+            # ignored, so the counts and the files agree (idempotent: none is left after).
+            self.store.close_unanswered(b.id, EXPIRED if step == "expire" else CANCELLED, self.clock())
         try:
-            output, errors = self._write_files(b, unanswered)
+            output, errors = self._write_files(b)
         except Exception as exc:
             log.warning("batch_files_not_written", batch_id=b.id, error=repr(exc))
             return
@@ -190,21 +192,18 @@ class BatchRunner:
         log.info("batch_finished", batch_id=b.id, status=done.status, output_file_id=output, error_file_id=errors,
                  completed=done.request_counts.completed, failed=done.request_counts.failed)
 
-    def _write_files(self, b: BatchRecord, unanswered: dict[str, str] | None) -> tuple[str | None, str | None]:
+    def _write_files(self, b: BatchRecord) -> tuple[str | None, str | None]:
         """Write the output and error files (each only if it has a line), in input order;
         their ids."""
-        results = ((line, cid, state, result) for line, cid, state, result in self.store.results(b.id))
-        missing = ((line, cid, "unanswered", None) for line, cid in
-                   (self.store.unanswered(b.id) if unanswered is not None else []))
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             counts = {"output": 0, "error": 0}
-            for line, custom_id, state, result in heapq.merge(results, missing, key=lambda r: r[0]):
+            for line, custom_id, state, result in self.store.results(b.id):
                 entry: dict[str, Any] = {"id": request_id(b.id, line), "custom_id": custom_id}
                 ok = state == "done" and result is not None and 200 <= int(result.get("status_code", 0)) < 300
                 if state == "done":
                     entry.update(response=result, error=None)
                 else:
-                    entry.update(response=None, error={**(result or unanswered or {}), "line": line})
+                    entry.update(response=None, error={**(result or {}), "line": line})
                 kind = "output" if ok else "error"
                 (out if ok else err).write(json.dumps(entry).encode() + b"\n")
                 counts[kind] += 1

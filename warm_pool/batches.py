@@ -247,6 +247,15 @@ class BatchStore:
                        "WHERE batch_id = ? AND line = ? AND state = 'pending' AND failures >= ?",
                        (json.dumps(error), at or 0.0, batch_id, line, MAX_LINE_FAILURES))
 
+    def close_unanswered(self, batch_id: str, error: dict[str, Any], at: float) -> int:
+        """A batch that expired or was cancelled: each line without a result gets
+        ``error`` as its result (an answer that comes later is ignored, so the counts and
+        the files agree). How many."""
+        with self.db.write() as tx:
+            return tx.execute("UPDATE batch_lines SET state = 'failed', result = ?, finished_at = ?, "
+                              "lease_owner = NULL, lease_until = NULL WHERE batch_id = ? "
+                              "AND state IN ('pending', 'leased')", (json.dumps(error), at, batch_id))
+
     def unfinished(self, batch_id: str, at: float) -> tuple[int, int]:
         """(pending lines, lines leased now) of the batch."""
         with self.db.read() as tx:
@@ -271,13 +280,6 @@ class BatchStore:
                 "SELECT l.model, l.state, COUNT(*) FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
                 "WHERE b.status IN ('in_progress', 'cancelling', 'finalizing') GROUP BY l.model, l.state")}
         return batches, lines
-
-    def unanswered(self, batch_id: str) -> list[tuple[int, str | None]]:
-        """(line, custom_id) of each line without a result, in input order."""
-        with self.db.read() as tx:
-            rows = tx.query("SELECT line, custom_id FROM batch_lines WHERE batch_id = ? "
-                            "AND state IN ('pending', 'leased') ORDER BY line", (batch_id,))
-        return [(int(line), cid) for line, cid in rows]
 
     def pending_models(self) -> dict[str, int]:
         """Lines not yet answered per model, over running batches (what batch asks of

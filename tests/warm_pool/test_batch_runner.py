@@ -150,6 +150,11 @@ async def test_a_batch_past_its_window_expires_with_its_unanswered_lines_named(w
     errors = read_file(w, done.error_file_id)
     assert [(x["custom_id"], x["error"]["code"], x["error"]["line"]) for x in errors] == [
         ("r2", "batch_expired", 2), ("r3", "batch_expired", 3)]
+    # The counts say what the files say, and an answer after the end changes neither.
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 2)
+    assert not store.finish(batch.id, 2, response=ok(2), at=w["clock"]())
+    after = store.get("acme", batch.id)
+    assert after is not None and (after.request_counts.completed, after.request_counts.failed) == (1, 2)
 
 
 async def test_a_cancelled_batch_ends_once_nothing_runs(world: dict[str, Any]) -> None:
