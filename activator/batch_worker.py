@@ -35,9 +35,12 @@ from thaw.wire import LeasedLine, LeasedLines, LeaseLines, LineRef, LineResult, 
 
 log = get_logger()
 
-# An answer no controller took is sent again after this long, doubling up to the max.
+# An answer no controller took is sent again after this long, doubling up to the max,
+# for this long at least (a controller restarting takes seconds; one failing over, its
+# lease).
 ANSWER_RETRY_S = 0.5
 ANSWER_RETRY_MAX_S = 5.0
+ANSWER_RETRY_FOR_S = 300.0
 # A batch's endpoint -> the kind of request its lines are.
 KINDS: dict[str, Kind] = {path: kind for kind, path in UPSTREAM_PATH.items()}
 
@@ -165,31 +168,37 @@ class BatchWorker:
                 body: Any = json.loads(content)
             except ValueError:
                 body = {"error": {"message": content.decode("utf-8", "replace")[:2000]}}
-            await self._answer(line, LineResult(response={"status_code": status, "request_id": ctx.request_id,
-                                                          "body": body}))
+            kept = await self._answer(line, LineResult(response={"status_code": status,
+                                                                 "request_id": ctx.request_id, "body": body}))
+            if kept:
+                # Billed once: the run whose answer the line keeps (another run of it, one
+                # whose answer came second or never arrived, is not).
+                code = (body.get("error") or {}).get("code") if status >= 400 and isinstance(body, dict) else None
+                await self.service.record(ctx, code)
         finally:
             self.running.get(line.model, {}).pop(key, None)
             if task is not None:
                 self._cut.discard(task)
 
-    async def _answer(self, line: LeasedLine, result: LineResult) -> None:
+    async def _answer(self, line: LeasedLine, result: LineResult) -> bool:
         """Send the answer, again and again while no controller takes it (one restarting)
-        and the lease lasts: the line is not run twice for want of a controller. Past the
-        lease the line runs again, and the controller keeps one answer."""
+        for up to ANSWER_RETRY_FOR_S: the line is not run twice for want of a controller
+        (past its lease it may run again, and the controller keeps the first answer).
+        Whether this answer is the one kept."""
         path = f"/v1/batch-lines/{line.batch_id}/{line.line}/result"
         body = result.model_dump_json()
         delay = ANSWER_RETRY_S
-        # Renewed while it ran: its lease lasts about lease_s from now.
-        until = self.clock() + self.cfg.lease_s
+        until = self.clock() + max(self.cfg.lease_s, ANSWER_RETRY_FOR_S)
         while True:
             r = await self._post(path, body)
             if r is not None and r.status_code == 200:
-                self.metrics.batch_lines.labels(line.model, "answered").inc()
-                return
+                kept = bool(r.json().get("kept"))
+                self.metrics.batch_lines.labels(line.model, "answered" if kept else "answered_twice").inc()
+                return kept
             if (r is not None and r.status_code < 500) or self.clock() + delay >= until:
                 log.warning("batch_answer_not_sent", batch_id=line.batch_id, line=line.line,
                             status=r.status_code if r is not None else None)
-                return
+                return False
             await asyncio.sleep(delay)
             delay = min(delay * 2, ANSWER_RETRY_MAX_S)
 

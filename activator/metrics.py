@@ -54,7 +54,8 @@ class ActivatorMetrics:
         # Batch lines on this activator's spare slots (activator/batch_worker.py).
         self.batch_running = Gauge("thaw_batch_running", "Batch requests running now, per model", ["model"],
                                    registry=registry)
-        # answered: sent to the controller; yielded: cut for an online request; given_back:
+        # answered: sent to the controller and kept; answered_twice: sent, but the line had
+        # an answer already (not billed); yielded: cut for an online request; given_back:
         # returned unanswered (cut, no room after all); failed: returned after a failed run
         # (a replica gone or answering 5xx).
         self.batch_lines = Counter("thaw_batch_lines_total", "Batch lines run here, by outcome",
