@@ -11,7 +11,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
@@ -27,6 +27,7 @@ from activator.batch_worker import BatchWorker
 from activator.batches import CREATE_BODY, BatchesApi
 from activator.bounds import RequestBounds
 from activator.catalog import CatalogCache, apply_catalog
+from activator.conversations import CONVERSATION_BODY, ITEMS_BODY, METADATA_BODY, ConversationsApi
 from activator.edge import CompletionEdge, IncomingRequest, RequestGuard, request_id_from
 from activator.errors import (
     ApiError,
@@ -45,6 +46,8 @@ from activator.ledger import Ledger, parse_time, usage_totals
 from activator.limits import build_limiter
 from activator.metrics import ActivatorMetrics
 from activator.protocol import ERROR_RESPONSES, ErrorResponse, add_request_schemas, request_body
+from activator.responses import CREATE_BODY as RESPONSES_BODY
+from activator.responses import ResponsesApi
 from activator.routing import RouteWatcher, public_failure
 from activator.service import CompletionService, Kind, RequestContext
 from activator.shipping import S3Client, UsageShipper
@@ -139,6 +142,8 @@ def create_app(
     controller = ControllerClient(pool_url, token)  # the Files and Batches APIs' calls
     files = FilesApi(cfg.batch, bucket, files_client, controller)
     batches = BatchesApi(controller)
+    responses = ResponsesApi(service, controller)
+    conversations = ConversationsApi(controller)
     batch_worker = BatchWorker(service, routes, controller, activator_id, cfg.batch)
 
     @asynccontextmanager
@@ -212,10 +217,16 @@ def create_app(
                               {"x-request-id": request_id_from(request)})
 
     async def completion(request: IncomingRequest, kind: Kind, path_model: str | None) -> Response:
+        return await dispatch(request, kind, lambda ctx: service.handle(request, kind, ctx, path_model))
+
+    async def dispatch(request: IncomingRequest, kind: str,
+                       call: Callable[[RequestContext], Awaitable[Response]]) -> Response:
+        """A request served by the engines (a completion, a response): its errors in
+        OpenAI's shape, each recorded once."""
         ctx = RequestContext(request_id=request_id_from(request), arrival=time.time())
         with bind_request(ctx.request_id, kind=kind):
             try:
-                response = await service.handle(request, kind, ctx, path_model)
+                response = await call(ctx)
             except ApiError as exc:
                 ctx.status = exc.status
                 await service.record(ctx, exc.code)
@@ -333,9 +344,9 @@ def create_app(
 
     # -- the Files API (activator.files) ------------------------------------------------
 
-    async def tenant_call(request: Request, call: Any) -> Response:
+    async def tenant_call(request: Request, call: Any, kind: str = "files") -> Response:
         rid = request_id_from(request)
-        with bind_request(rid, kind="files"):
+        with bind_request(rid, kind=kind):
             try:
                 principal = service.principal(request)
                 out = await call(principal.tenant)
@@ -406,6 +417,82 @@ def create_app(
     @app.post("/v1/batches/{batch_id}/cancel", responses=ERROR_RESPONSES)
     async def cancel_batch(batch_id: str, request: Request) -> Response:
         return await tenant_call(request, lambda tenant: batches.cancel(tenant, batch_id))
+
+    # -- the Responses API (activator.responses) -----------------------------------------
+
+    @app.post("/v1/responses", responses=ERROR_RESPONSES, openapi_extra=RESPONSES_BODY)
+    async def create_response(request: Request) -> Response:
+        return await dispatch(request, "responses", lambda ctx: responses.create(request, ctx))
+
+    @app.get("/v1/responses/{response_id}", responses=ERROR_RESPONSES)
+    async def get_response(response_id: str, request: Request) -> Response:
+        return await tenant_call(request, lambda tenant: responses.get(tenant, response_id), "responses")
+
+    @app.delete("/v1/responses/{response_id}", responses=ERROR_RESPONSES)
+    async def delete_response(response_id: str, request: Request) -> Response:
+        return await tenant_call(request, lambda tenant: responses.delete(tenant, response_id), "responses")
+
+    @app.get("/v1/responses/{response_id}/input_items", responses=ERROR_RESPONSES)
+    async def response_input_items(response_id: str, request: Request, after: str | None = None,
+                                   limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                                   order: Literal["asc", "desc"] = "desc") -> Response:
+        return await tenant_call(request, lambda tenant: responses.input_items(
+            tenant, response_id, after=after, limit=limit, order=order), "responses")
+
+    # -- the Conversations API (activator.conversations) ---------------------------------
+
+    async def json_body(request: Request) -> Any:
+        try:
+            return json.loads(await request.body())
+        except ValueError:
+            raise BadRequest("the body is not JSON") from None
+
+    @app.post("/v1/conversations", responses=ERROR_RESPONSES, openapi_extra=CONVERSATION_BODY)
+    async def create_conversation(request: Request) -> Response:
+        async def call(tenant: str) -> dict[str, Any]:
+            return await conversations.create(tenant, await json_body(request))
+
+        return await tenant_call(request, call, "conversations")
+
+    @app.get("/v1/conversations/{conversation_id}", responses=ERROR_RESPONSES)
+    async def get_conversation(conversation_id: str, request: Request) -> Response:
+        return await tenant_call(request, lambda tenant: conversations.get(tenant, conversation_id), "conversations")
+
+    @app.post("/v1/conversations/{conversation_id}", responses=ERROR_RESPONSES, openapi_extra=METADATA_BODY)
+    async def update_conversation(conversation_id: str, request: Request) -> Response:
+        async def call(tenant: str) -> dict[str, Any]:
+            return await conversations.update(tenant, conversation_id, await json_body(request))
+
+        return await tenant_call(request, call, "conversations")
+
+    @app.delete("/v1/conversations/{conversation_id}", responses=ERROR_RESPONSES)
+    async def delete_conversation(conversation_id: str, request: Request) -> Response:
+        return await tenant_call(request, lambda tenant: conversations.delete(tenant, conversation_id),
+                                 "conversations")
+
+    @app.get("/v1/conversations/{conversation_id}/items", responses=ERROR_RESPONSES)
+    async def conversation_items(conversation_id: str, request: Request, after: str | None = None,
+                                 limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                                 order: Literal["asc", "desc"] = "desc") -> Response:
+        return await tenant_call(request, lambda tenant: conversations.list_items(
+            tenant, conversation_id, after=after, limit=limit, order=order), "conversations")
+
+    @app.post("/v1/conversations/{conversation_id}/items", responses=ERROR_RESPONSES, openapi_extra=ITEMS_BODY)
+    async def add_conversation_items(conversation_id: str, request: Request) -> Response:
+        async def call(tenant: str) -> dict[str, Any]:
+            return await conversations.add_items(tenant, conversation_id, await json_body(request))
+
+        return await tenant_call(request, call, "conversations")
+
+    @app.get("/v1/conversations/{conversation_id}/items/{item_id}", responses=ERROR_RESPONSES)
+    async def get_conversation_item(conversation_id: str, item_id: str, request: Request) -> Response:
+        return await tenant_call(request, lambda tenant: conversations.get_item(tenant, conversation_id, item_id),
+                                 "conversations")
+
+    @app.delete("/v1/conversations/{conversation_id}/items/{item_id}", responses=ERROR_RESPONSES)
+    async def delete_conversation_item(conversation_id: str, item_id: str, request: Request) -> Response:
+        return await tenant_call(request, lambda tenant: conversations.delete_item(tenant, conversation_id, item_id),
+                                 "conversations")
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

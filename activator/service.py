@@ -204,9 +204,18 @@ class CompletionService:
             raise BadRequest("'model' is required", param="model")
         model = self.resolve_model(principal, requested)
         ctx.model = model
+        return await self.serve(principal, model, kind, body if "model" in body else {**body, "model": requested},
+                                ctx)
+
+    async def serve(self, principal: Principal, model: Model, kind: Kind, body: dict[str, Any],
+                    ctx: RequestContext, *, affinity: str | None = None) -> Response:
+        """One completion request of ``principal``'s for ``model`` (resolved; ``body`` names
+        it): checked, admitted, routed (``affinity``: the key of the prefix it shares with
+        earlier requests, else one taken from its opening), answered whole or streamed."""
+        ctx.tenant, ctx.model = principal.tenant, model
         # Validated; the engine receives the client's body but for the served name, the
         # tenant's cache_salt and (streams) the usage chunk asked for.
-        req = parse_request(kind, body if "model" in body else {**body, "model": requested})
+        req = parse_request(kind, body)
         stream = ctx.stream = bool(req.stream)
         client_wants_usage = bool(req.stream_options and req.stream_options.include_usage) if stream else True
         await self.admit(principal.tenant, principal, model, kind, body, ctx)
@@ -224,7 +233,7 @@ class CompletionService:
         # No ready replica: this request is part of a cold start, answered or not. (All
         # replicas busy is not a cold start: it waits in the fair queue, as hot traffic.)
         ctx.cold = not st.replicas
-        key = prefix_key(kind, body)
+        key = affinity or prefix_key(kind, body)
         try:
             acquired = await self.routes.acquire(model, ctx.arrival, key, ctx.tenant or "")
         finally:
@@ -299,7 +308,9 @@ class CompletionService:
         """One line of a batch on ``replica`` (a slot the batch worker holds and frees),
         answered whole: the status and body a client would have had (an error in
         OpenAI's shape). Checked as an online request is, but for rate limits (a batch
-        runs on room online traffic leaves); recorded with ``service_tier`` batch.
+        runs on room online traffic leaves). Not recorded here: the worker records
+        ``ctx`` (``service_tier`` batch) once the controller kept the answer, so a line
+        run twice is billed once.
         Raises what the upstream raises, and UpstreamError for a 5xx answer (the worker
         gives the line back, as failed)."""
         ctx.tenant, ctx.model, ctx.service_tier = tenant, model, "batch"
@@ -308,7 +319,6 @@ class CompletionService:
             await self.check_context(model, kind, body)
         except ApiError as exc:
             ctx.status = exc.status
-            await self.record(ctx, exc.code)
             return exc.status, json.dumps(error_body(exc.status, exc.message, exc.type, exc.param,
                                                      exc.code)).encode()
         payload = {**body, "stream": False, "model": replica.served_model_name,
@@ -323,7 +333,6 @@ class CompletionService:
         ctx.status, ctx.revision = upstream.status, replica.revision
         ctx.replica = replica.assignment_id or replica.worker_id
         usage_from_body(content, ctx.usage)
-        await self.record(ctx)
         if upstream.status >= 500:
             # The replica failed (an engine dying answers 500 before its server goes):
             # no answer for the line, which runs again.

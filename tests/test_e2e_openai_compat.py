@@ -270,3 +270,74 @@ def test_over_the_token_rate_is_429_with_the_token_headers(stack: Stack) -> None
     assert error_of(info.value)["code"] == "rate_limit_tokens"
     assert int(h["x-ratelimit-remaining-tokens"]) < 200 and h["x-ratelimit-reset-tokens"].endswith("s")
     assert float(h["retry-after"]) > 0
+
+
+# -- the Responses API (activator/responses.py) ---------------------------------------------
+
+
+def prompt_tokens(client: openai.OpenAI, messages: list[dict[str, Any]]) -> int:
+    """What the engine counts for these chat messages."""
+    usage = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1).usage  # type: ignore[arg-type]
+    assert usage is not None
+    return usage.prompt_tokens
+
+
+def test_a_three_turn_conversation_counts_the_whole_history(stack: Stack) -> None:
+    client = stack.client()
+    history: list[dict[str, Any]] = []
+    previous = None
+    for turn in ("Tell me a story.", "Go on.", "And then?"):
+        r = client.responses.create(model=MODEL, input=turn, previous_response_id=previous, max_output_tokens=8,
+                                    temperature=0)
+        history.append({"role": "user", "content": turn})
+        # The engine counted the whole rendered history, as a chat completion of it does.
+        assert r.usage is not None and r.usage.input_tokens == prompt_tokens(client, history), turn
+        assert r.status in ("completed", "incomplete") and r.output_text
+        history.append({"role": "assistant", "content": r.output_text})
+        previous = r.id
+    assert client.responses.retrieve(previous).id == previous
+    # Another tenant: a 404 for the same id.
+    narrow = openai.OpenAI(base_url=stack.base_url, api_key=NARROW_KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        narrow.responses.retrieve(previous)
+
+
+def test_a_streamed_response_in_the_sdks_event_order(stack: Stack) -> None:
+    client = stack.client()
+    with client.responses.create(model=MODEL, input="Tell me a story.", max_output_tokens=6, stream=True) as s:
+        events = list(s)
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          kinds[-1]] and kinds[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    done = events[-1].response  # type: ignore[union-attr]
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")  # type: ignore[union-attr]
+    assert done.output_text == text and done.usage is not None and done.usage.output_tokens == 6
+    assert client.responses.retrieve(done.id).output_text == text
+
+
+def test_truncation_auto_drops_the_oldest_items_and_disabled_refuses(stack: Stack) -> None:
+    client = stack.client()
+    long = [{"role": "user", "content": f"Item {i}: " + "words " * 150} for i in range(20)]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, input=long, max_output_tokens=4)  # type: ignore[arg-type]
+    assert e.value.code == "context_length_exceeded"
+    r = client.responses.create(model=MODEL, input=long, max_output_tokens=4, truncation="auto")  # type: ignore[arg-type]
+    dropped = (r.model_extra or {}).get("thaw", {}).get("truncated_items")
+    assert r.usage is not None and dropped and 0 < dropped < 20
+    assert r.usage.input_tokens + 4 <= 2048
+
+
+def test_a_conversation_holds_its_turns(stack: Stack) -> None:
+    client = stack.client()
+    conv = client.conversations.create(items=[{"role": "user", "content": "Tell me a story."}])
+    r = client.responses.create(model=MODEL, input="Go on.", conversation=conv.id, max_output_tokens=6)
+    history = [{"role": "user", "content": "Tell me a story."}, {"role": "user", "content": "Go on."}]
+    assert r.usage is not None and r.usage.input_tokens == prompt_tokens(client, history)
+    items = client.conversations.items.list(conv.id, order="asc").data
+    assert [i.role for i in items] == ["user", "user", "assistant"]  # type: ignore[union-attr]
+    narrow = openai.OpenAI(base_url=stack.base_url, api_key=NARROW_KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        narrow.conversations.retrieve(conv.id)

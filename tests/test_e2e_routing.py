@@ -59,6 +59,26 @@ def test_turns_of_one_conversation_stay_on_one_replica(stack: Stack) -> None:
     assert len(spread) == 2
 
 
+def test_a_continued_conversation_lands_where_its_prefix_is_cached(stack: Stack) -> None:
+    client = stack.client()
+    # An opening of many full cache blocks, which every later turn starts with (instructions
+    # would not be: they are not carried over to a continued response).
+    opening = "Here is a long story to remember. " * 40
+    raw = client.responses.with_raw_response.create(model="thaw-demo", input=opening, max_output_tokens=4)
+    previous, home = raw.parse(), raw.headers["x-thaw-replica"]
+    homes, cached = [], []
+    for turn in ("Go on.", "And then?", "Finish."):
+        raw = client.responses.with_raw_response.create(
+            model="thaw-demo", input=turn, previous_response_id=previous.id, max_output_tokens=4)
+        previous = raw.parse()
+        homes.append(raw.headers["x-thaw-replica"])
+        assert previous.usage is not None
+        cached.append(previous.usage.input_tokens_details.cached_tokens)
+    # Every turn on the replica that served the first, whose prefix cache holds the history.
+    assert homes == [home] * 3, homes
+    assert all(c > 0 for c in cached), cached
+
+
 def test_a_burst_of_one_prefix_is_moved_by_the_load_bound(stack: Stack) -> None:
     client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=KEY, max_retries=0, timeout=300)
 

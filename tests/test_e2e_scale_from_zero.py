@@ -92,6 +92,22 @@ def cold_starts(stack: Stack) -> float:
                if name == "thaw_cold_starts_total" and ("model", "demo") in labels)
 
 
+def test_a_conversation_continues_after_its_model_scaled_to_zero(stack: Stack) -> None:
+    client = stack.client()
+    first = client.responses.create(model="thaw-demo", input="Remember the word tulip.", max_output_tokens=4)
+    stack.wait_for("scale to zero", lambda s: not demo_state(s)["replicas"] and workers_in(s, "standby"),
+                   timeout_s=IDLE_GRACE_S + 90)
+    # Nothing of the conversation lived in the released replica: a cold start continues it.
+    raw = client.responses.with_raw_response.create(model="thaw-demo", input="Which word?",
+                                                    previous_response_id=first.id, max_output_tokens=4)
+    assert raw.headers["x-thaw-cold-start"] == "true"
+    second = raw.parse()
+    history = [{"role": "user", "content": "Remember the word tulip."},
+               {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "Which word?"}]
+    usage = client.chat.completions.create(model="thaw-demo", messages=history, max_tokens=1).usage  # type: ignore[arg-type]
+    assert second.usage is not None and usage is not None and second.usage.input_tokens == usage.prompt_tokens
+
+
 def test_idle_model_scales_to_zero_and_worker_returns_to_standby(stack: Stack) -> None:
     state = stack.wait_for("scale to zero", lambda s: not demo_state(s)["replicas"] and workers_in(s, "standby"),
                            timeout_s=IDLE_GRACE_S + 90)

@@ -563,6 +563,14 @@ class BatchConfig(_Strict):
     max_usd_per_hour: NonNegativeFloat = 0.0
 
 
+class ResponsesConfig(_Strict):
+    """OpenAI's Responses API on the activators (``/v1/responses``): stored responses
+    (``store: true``, the default) are kept in the controller's state database this long,
+    then deleted."""
+
+    retention_days: PositiveFloat = 30.0
+
+
 class LimitsConfig(_Strict):
     """Where tenants' rate limits are counted: in each activator (``local``: limits are
     per activator), or in Redis, shared by every activator of the cluster."""
@@ -627,6 +635,7 @@ class ThawConfig(_Strict):
     controller: ControllerConfig = ControllerConfig()
     ledger: LedgerConfig = LedgerConfig()
     batch: BatchConfig = BatchConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     limits: LimitsConfig = LimitsConfig()
     state: StateConfig = StateConfig()
     object_store: ObjectStore = ObjectStore()

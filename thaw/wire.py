@@ -941,3 +941,51 @@ class ReleaseLine(_Msg):
     owner: Annotated[str, Field(min_length=1, max_length=200)]
     # The run failed without an answer (else it was cut for online traffic): why.
     failure: Annotated[str, Field(max_length=2000)] | None = None
+
+
+# -- stored responses (OpenAI's Responses API; activator.responses, warm_pool.responses_store)
+
+RESPONSE_ID = r"resp_[A-Za-z0-9]{8,64}"
+
+
+class StoredResponse(_Msg):
+    """``POST /v1/stored-responses``: an activator keeps a response (``response`` the
+    Response object it answered, with its id and ``previous_response_id``) and the
+    input items of its turn, before its client sees the end."""
+
+    tenant: Name
+    response: dict[str, Any]
+    input_items: list[dict[str, Any]] = []
+    # The replica that served it (the next turn is routed to the same prefix cache).
+    replica: str | None = None
+    # The conversation the turn belongs to: its items and output are added to it.
+    conversation: str | None = None
+
+
+class ItemPage(_Msg):
+    """Items in order (a turn's history, a response's input items, a page of a
+    conversation), whether more follow, and the replica that served the last turn."""
+
+    items: list[dict[str, Any]]
+    has_more: bool = False
+    replica: str | None = None
+
+
+CONVERSATION_ID = r"conv_[A-Za-z0-9]{8,64}"
+
+
+class NewConversation(_Msg):
+    """``POST /v1/stored-conversations``."""
+
+    tenant: Name
+    id: Annotated[str, Field(pattern=f"^{CONVERSATION_ID}$")]
+    metadata: dict[str, str] = {}
+    items: list[dict[str, Any]] = []
+
+
+class ConversationPatch(_Msg):
+    metadata: dict[str, str]
+
+
+class NewItems(_Msg):
+    items: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=20)]

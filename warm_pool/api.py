@@ -63,6 +63,7 @@ from warm_pool.manager import PoolManager
 from warm_pool.persist import BudgetRefused
 from warm_pool.policy import ModelActivity
 from warm_pool.registry import RegistryRefused
+from warm_pool.responses_api import responses_router
 
 
 def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle: bool = True) -> FastAPI:
@@ -322,6 +323,7 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
 
     app.include_router(files_router(manager.files, manager.clock))
     app.include_router(batch_router(manager.batches, manager.files, manager.batch_runner, manager.clock))
+    app.include_router(responses_router(manager.responses, manager.clock))
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

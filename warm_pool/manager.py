@@ -72,6 +72,7 @@ from warm_pool.policy import ModelActivity, ModelState, PolicyState, Snapshot, W
 from warm_pool.providers import Provider
 from warm_pool.registry import ModelRegistry, StoreReader
 from warm_pool.registry_store import REGISTRY_FILE, RegistryStore
+from warm_pool.responses_store import ResponseStore
 from warm_pool.routes import RouteFeed, route_table
 from warm_pool.status import pool_status
 from warm_pool.tenants import TenantAdmin
@@ -79,6 +80,9 @@ from warm_pool.traffic import Traffic
 from warm_pool.view import WorkerFacts, count_states
 
 log = get_logger()
+
+# How often stored responses past their retention are deleted.
+RESPONSES_PURGE_INTERVAL_S = 3600.0
 
 
 class PoolManager:
@@ -135,6 +139,8 @@ class PoolManager:
         self.store = ControllerStore(db, state_dir)
         self.files = FileIndex(db)
         self.batches = BatchStore(db)
+        self.responses = ResponseStore(db)
+        self._responses_purged_at = float("-inf")
         self.batch_runner = BatchRunner(
             self.batches, self.files, store_client, cfg.object_store.bucket, cfg.batch.files_prefix,
             resolver=lambda tenant: tenant_models(self.model_admin.cfg, tenant), clock=clock,
@@ -152,7 +158,7 @@ class PoolManager:
         self.key_admin = KeyAdmin(cfg, state_dir, self.event_log, self._keys_changed,
                                   tenants=lambda: self.model_admin.base.tenants, db=state_db)
         self.tenant_admin = TenantAdmin(self.model_admin, self.event_log, clock=clock,
-                                        on_removed=self.key_admin.revoke_tenant)
+                                        on_removed=self._tenant_removed)
         self.applier = Applier(self.model_admin, self.tenant_admin, self.event_log, clock=clock)
         self._refresh_interval_s = refresh_interval_s
         self._fresh_term(self.epoch)
@@ -402,6 +408,7 @@ class PoolManager:
             self._tick()
             await self._publish_routes()
             await self._save_keepalive()
+            await self._purge_responses(now)
         await self._flush_events()
 
     async def event_history(self, since: float) -> list[PoolEvent]:
@@ -453,6 +460,26 @@ class PoolManager:
         self._count_standby_time(views, snap.activity, now)
         self._note_shortfalls()
         export(self.metrics, now, self.cfg, views, self.state, self.actuator.shape_backoff)
+
+    async def _tenant_removed(self, tenant: str, who: str) -> int:
+        """A tenant was removed: its keys revoked (how many), its stored responses deleted."""
+        revoked = await self.key_admin.revoke_tenant(tenant, who)
+        deleted = await asyncio.to_thread(self.responses.delete_tenant, tenant)
+        log.info("tenant_responses_deleted", tenant=tenant, responses=deleted)
+        return revoked
+
+    async def _purge_responses(self, now: float) -> None:
+        """Stored responses past ``responses.retention_days`` go, once an hour."""
+        if now - self._responses_purged_at < RESPONSES_PURGE_INTERVAL_S:
+            return
+        self._responses_purged_at = now
+        try:
+            gone = await asyncio.to_thread(self.responses.purge, now - self.cfg.responses.retention_days * 86400)
+        except (OSError, StateUnavailable, sqlite3.Error) as exc:
+            log.warning("responses_not_purged", error=str(exc))
+            return
+        if gone:
+            log.info("responses_purged", count=gone, retention_days=self.cfg.responses.retention_days)
 
     def _count_standby_time(self, views: dict[str, WorkerView], activity: dict[str, ModelActivity],
                             now: float) -> None:

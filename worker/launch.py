@@ -111,6 +111,9 @@ def vllm_argv(cmd: LaunchCommand) -> list[str]:
         "--port", str(cmd.port),
         # Same seed on every replica: identical sampling for identical requests.
         "--seed", "0",
+        # Usage says how many prompt tokens the prefix cache served: the ledger prices
+        # them apart, and the Responses API shows them (cached_tokens).
+        "--enable-prompt-tokens-details",
     ]
     if e.enforce_eager:
         argv.append("--enforce-eager")

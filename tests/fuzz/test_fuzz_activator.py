@@ -39,6 +39,8 @@ from warm_pool.batches import BatchStore
 from warm_pool.db import Db
 from warm_pool.files import FileIndex
 from warm_pool.files_api import files_router
+from warm_pool.responses_api import responses_router
+from warm_pool.responses_store import ResponseStore
 
 MODELS = ("thaw-demo", "other")
 
@@ -77,6 +79,7 @@ def route_feed(engine_url: str) -> FastAPI:
                          clock=time.time)
     app.include_router(files_router(files, time.time))
     app.include_router(batch_router(batches, files, runner, time.time))
+    app.include_router(responses_router(ResponseStore(db), time.time))
 
     @app.get("/v1/routes")
     async def routes() -> Response:
@@ -110,11 +113,13 @@ OPERATIONS = [{"include-path": "/v1/usage",
                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401"]}}},
               {"include-path-regex": "completions$",
                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401", "404", "429"]}}}]
-# The Files and Batches APIs read their bodies themselves (a multipart upload; a batch's
-# JSON) and /openapi.json does not describe them yet: a case without one is a 400.
+# The Files, Batches and Responses APIs read their bodies themselves (a multipart
+# upload; JSON checked further than its schema says: a batch's input file must exist, a
+# response's input items must be well formed, its previous response stored): a
+# schema-valid body may be a 400 (or a 404 for a model the tenant may not use).
 OPERATIONS += [{"include-name": name,
-                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401", "413"]}}}
-               for name in ("POST /v1/files", "POST /v1/batches")]
+                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401", "404", "413"]}}}
+               for name in ("POST /v1/files", "POST /v1/batches", "POST /v1/responses")]
 schema = schemathesis.openapi.from_dict(openapi(), config=fuzz_config("apiKey", KEY, operations=OPERATIONS))
 
 

@@ -587,3 +587,19 @@ def test_ids_of_packed_engines_gone_are_remembered_within_a_bound() -> None:
         m.fleet.engine_gone(f"w-1.e{n}")
     assert len(m.fleet.released_engines) == RELEASED_ENGINES_KEPT
     assert "w-1.e0" not in m.fleet.released_engines and f"w-1.e{RELEASED_ENGINES_KEPT + 4}" in m.fleet.released_engines
+
+
+async def test_stored_responses_past_their_retention_are_deleted() -> None:
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    m = await manager(config(standby=0), provider, control, clock)
+    clock.t += m.adopt_grace_s
+    m.responses.save("acme", {"id": "resp_old00001", "output": []}, [], replica=None, at=clock())
+    await step(m)
+    clock.t += 29 * 86400
+    m.responses.save("acme", {"id": "resp_new00001", "output": []}, [], replica=None, at=clock())
+    await step(m)
+    assert m.responses.get("acme", "resp_old00001") is not None  # 29 days: kept
+    clock.t += 2 * 86400  # 31 days after the first: past responses.retention_days (30)
+    await step(m)
+    assert m.responses.get("acme", "resp_old00001") is None and m.responses.get("acme", "resp_new00001") is not None

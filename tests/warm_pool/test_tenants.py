@@ -1,5 +1,5 @@
 """Tenants at run time, through the controller's manager: created, limited, allowed
-models, removed (their keys with them), each change in the catalog activators fetch."""
+models, removed (their keys, stored responses and conversations with them), each change in the catalog activators fetch."""
 
 from __future__ import annotations
 
@@ -67,8 +67,12 @@ async def test_a_tenant_goes_with_its_keys_but_not_while_it_owns_models(state_db
         await m.tenant_admin.remove("beta", "ops")
     assert info.value.status == 409 and "owns models ['own']" in str(info.value)
     await m.model_admin.remove("own", "ops")
+    m.responses.save("beta", {"id": "resp_beta1", "output": []}, [], replica=None, at=1.0)
+    m.responses.create_conversation("beta", "conv_beta1", {}, [], at=1.0)
     rec = await m.tenant_admin.remove("beta", "ops")
     assert rec.removed_at is not None and "beta" not in {t.name for t in m.catalog().tenants}
+    # Its stored responses and conversations went with it.
+    assert m.responses.get("beta", "resp_beta1") is None and m.responses.conversation("beta", "conv_beta1") is None
     assert [k.revoked_at is not None for k in (await m.key_table()).keys if k.hash == key.row.hash] == [True]
     with pytest.raises(UnknownTenant):
         await m.add_key("beta", None, "ops")

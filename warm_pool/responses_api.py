@@ -1,0 +1,147 @@
+"""The controller's side of the Responses and Conversations APIs: the responses and
+conversations activators store (``warm_pool.responses_store``). Callers are activators,
+with the cluster token; each names the tenant it authenticated, and answers about
+another tenant's response or conversation are 404s."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response
+
+from thaw.config import Name
+from thaw.wire import (
+    RESPONSE_ID,
+    ConversationPatch,
+    ErrorReply,
+    ItemPage,
+    NewConversation,
+    NewItems,
+    StoredResponse,
+)
+from warm_pool.responses_store import ChainTooLong, ConversationFull, ResponseStore
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorReply, "description": "The tenant has no such response or conversation"}}
+FULL: dict[int | str, dict[str, Any]] = {409: {"model": ErrorReply, "description": "The conversation is full"}}
+ID = re.compile(RESPONSE_ID)
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse(ErrorReply(error=message).model_dump(exclude_none=True), status_code=status)
+
+
+def _page(page: ItemPage) -> Response:
+    return Response(page.model_dump_json(), media_type="application/json")
+
+
+def responses_router(store: ResponseStore, clock: Callable[[], float]) -> APIRouter:
+    router = APIRouter()
+
+    # -- responses --------------------------------------------------------------------------
+
+    @router.post("/v1/stored-responses", status_code=201, responses={
+        **NOT_FOUND, **FULL, 422: {"model": ErrorReply, "description": "The response has no valid id"}})
+    async def save(body: StoredResponse) -> Response:
+        rid = body.response.get("id")
+        if not isinstance(rid, str) or not ID.fullmatch(rid):
+            return _error("the response needs an id resp_...", 422)
+        try:
+            kept = await asyncio.to_thread(store.save, body.tenant, body.response, body.input_items,
+                                           replica=body.replica, at=clock(), conversation=body.conversation)
+        except ConversationFull as exc:
+            return _error(str(exc), 409)
+        return Response(status_code=201) if kept else _error(f"no conversation {body.conversation!r}", 404)
+
+    @router.get("/v1/stored-responses/{response_id}", responses=NOT_FOUND)
+    async def get(response_id: str, tenant: Name) -> Response:
+        found = await asyncio.to_thread(store.get, tenant, response_id)
+        return _error(f"no response {response_id!r}", 404) if found is None else JSONResponse(found)
+
+    @router.get("/v1/stored-responses/{response_id}/history", response_model=ItemPage, responses={
+        **NOT_FOUND, 409: {"model": ErrorReply, "description": "The chain is too long to continue"}})
+    async def history(response_id: str, tenant: Name) -> Response:
+        try:
+            found = await asyncio.to_thread(store.history, tenant, response_id)
+        except ChainTooLong as exc:
+            return _error(str(exc), 409)
+        if found is None:
+            return _error(f"no response {response_id!r}", 404)
+        return _page(ItemPage(items=found[0], replica=found[1]))
+
+    @router.get("/v1/stored-responses/{response_id}/input_items", response_model=ItemPage, responses=NOT_FOUND)
+    async def input_items(response_id: str, tenant: Name) -> Response:
+        found = await asyncio.to_thread(store.input_items, tenant, response_id)
+        return _error(f"no response {response_id!r}", 404) if found is None else _page(ItemPage(items=found))
+
+    @router.delete("/v1/stored-responses/{response_id}", status_code=204, responses=NOT_FOUND)
+    async def delete(response_id: str, tenant: Name) -> Response:
+        gone = await asyncio.to_thread(store.delete, tenant, response_id)
+        return Response(status_code=204) if gone else _error(f"no response {response_id!r}", 404)
+
+    # -- conversations ----------------------------------------------------------------------
+
+    def no_conversation(conversation_id: str) -> JSONResponse:
+        return _error(f"no conversation {conversation_id!r}", 404)
+
+    @router.post("/v1/stored-conversations", status_code=201, responses=FULL)
+    async def create_conversation(body: NewConversation) -> Response:
+        try:
+            made = await asyncio.to_thread(store.create_conversation, body.tenant, body.id, body.metadata,
+                                           body.items, clock())
+        except ConversationFull as exc:
+            return _error(str(exc), 409)
+        return JSONResponse(made, status_code=201)
+
+    @router.get("/v1/stored-conversations/{conversation_id}", responses=NOT_FOUND)
+    async def get_conversation(conversation_id: str, tenant: Name) -> Response:
+        found = await asyncio.to_thread(store.conversation, tenant, conversation_id)
+        return no_conversation(conversation_id) if found is None else JSONResponse(found)
+
+    @router.post("/v1/stored-conversations/{conversation_id}", responses=NOT_FOUND)
+    async def update_conversation(conversation_id: str, tenant: Name, body: ConversationPatch) -> Response:
+        found = await asyncio.to_thread(store.update_conversation, tenant, conversation_id, body.metadata, clock())
+        return no_conversation(conversation_id) if found is None else JSONResponse(found)
+
+    @router.delete("/v1/stored-conversations/{conversation_id}", status_code=204, responses=NOT_FOUND)
+    async def delete_conversation(conversation_id: str, tenant: Name) -> Response:
+        gone = await asyncio.to_thread(store.delete_conversation, tenant, conversation_id)
+        return Response(status_code=204) if gone else no_conversation(conversation_id)
+
+    @router.get("/v1/stored-conversations/{conversation_id}/items", response_model=ItemPage, responses=NOT_FOUND)
+    async def list_items(conversation_id: str, tenant: Name, after: str | None = None,
+                         limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+                         order: Literal["asc", "desc"] = "asc") -> Response:
+        kw: dict[str, Any] = {"after": after, "order": order}
+        if limit is not None:
+            kw["limit"] = limit
+        found = await asyncio.to_thread(lambda: store.conversation_items(tenant, conversation_id, **kw))
+        if found is None:
+            return no_conversation(conversation_id)
+        return _page(ItemPage(items=found[0], has_more=found[1], replica=found[2]))
+
+    @router.post("/v1/stored-conversations/{conversation_id}/items", response_model=ItemPage,
+                 responses={**NOT_FOUND, **FULL})
+    async def add_items(conversation_id: str, tenant: Name, body: NewItems) -> Response:
+        try:
+            added = await asyncio.to_thread(store.add_items, tenant, conversation_id, body.items, clock())
+        except ConversationFull as exc:
+            return _error(str(exc), 409)
+        return no_conversation(conversation_id) if added is None else _page(ItemPage(items=added))
+
+    @router.get("/v1/stored-conversations/{conversation_id}/items/{item_id}", responses=NOT_FOUND)
+    async def get_item(conversation_id: str, item_id: str, tenant: Name) -> Response:
+        found = await asyncio.to_thread(store.conversation_item, tenant, conversation_id, item_id)
+        return _error(f"no item {item_id!r}", 404) if found is None else JSONResponse(found)
+
+    @router.delete("/v1/stored-conversations/{conversation_id}/items/{item_id}", status_code=204,
+                   responses=NOT_FOUND)
+    async def delete_item(conversation_id: str, item_id: str, tenant: Name) -> Response:
+        gone = await asyncio.to_thread(store.delete_item, tenant, conversation_id, item_id, clock())
+        return Response(status_code=204) if gone else _error(f"no item {item_id!r}", 404)
+
+    return router
