@@ -217,7 +217,8 @@ class BatchStore:
     def finish(self, batch_id: str, line: int, *, response: dict[str, Any] | None = None,
                error: dict[str, Any] | None = None, at: float) -> bool:
         """Keep a line's result (a response, else an error) unless it has one already;
-        whether this one was kept."""
+        whether this one is the kept one (also when it is sent again: a response with the
+        request id of the one kept, whose first reply was lost)."""
         assert (response is None) != (error is None)
         state, result = ("done", response) if response is not None else ("failed", error)
         with self.db.write() as tx:
@@ -225,7 +226,13 @@ class BatchStore:
                 "UPDATE batch_lines SET state = ?, result = ?, finished_at = ?, lease_owner = NULL, "
                 "lease_until = NULL WHERE batch_id = ? AND line = ? AND state IN ('pending', 'leased')",
                 (state, json.dumps(result), at, batch_id, line))
-        return changed == 1
+            if changed == 1:
+                return True
+            if response is None or response.get("request_id") is None:
+                return False
+            row = tx.one("SELECT result FROM batch_lines WHERE batch_id = ? AND line = ? AND state = 'done'",
+                         (batch_id, line))
+        return row is not None and json.loads(row[0]).get("request_id") == response["request_id"]
 
     def release(self, batch_id: str, line: int, owner: str, *, failure: str | None = None,
                 at: float | None = None) -> None:

@@ -108,6 +108,17 @@ def test_a_running_lines_lease_is_renewed_by_its_owner_only(store: BatchStore) -
     assert [x.line for x in store.lease("a3", ["demo"], 5, 151.0, lease_s=30)] == [1]
 
 
+def test_the_kept_answer_sent_again_is_still_the_kept_one(store: BatchStore) -> None:
+    started(store, ids=("a",), bad=0)
+    store.lease("a1", ["demo"], 1, 110.0, 30)
+    first = {"status_code": 200, "request_id": "run-1", "body": {}}
+    assert store.finish("batch_1", 1, response=first, at=111.0)
+    # Its reply was lost and it is sent again: the same run, the kept one (billed once).
+    assert store.finish("batch_1", 1, response=first, at=112.0)
+    # Another run's answer for the line is not.
+    assert not store.finish("batch_1", 1, response={**first, "request_id": "run-2"}, at=113.0)
+
+
 def test_a_line_whose_runs_keep_failing_is_answered_with_an_error(store: BatchStore) -> None:
     started(store, ids=("a",), bad=0)
     for i in range(MAX_LINE_FAILURES - 1):
