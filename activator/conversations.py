@@ -14,7 +14,7 @@ import httpx
 from activator.errors import BadRequest, NotFound, ServiceUnavailable
 from activator.responses_items import ItemError, input_items, new_id
 from thaw.controllers import ControllerClient
-from thaw.wire import ItemPage, NewConversation
+from thaw.wire import ItemPage, NewConversation, StoredItem
 
 MAX_NEW_ITEMS = 20  # OpenAI's bound on the items one call adds
 MAX_METADATA = 16
@@ -56,7 +56,7 @@ class ConversationsApi:
             raise BadRequest(f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter")
         items = _items(body.get("items") or [], "items", allow_empty=True)
         new = NewConversation(tenant=tenant, id=new_id("conv"), metadata=_metadata(body.get("metadata")),
-                              items=items)
+                              items=[StoredItem.model_validate(i) for i in items])
         r = await self._call("POST", "/v1/stored-conversations", tenant, content=new.model_dump_json(),
                              headers={"content-type": "application/json"})
         return r.json()  # type: ignore[no-any-return]

@@ -51,7 +51,14 @@ from activator.responses_items import (
 from activator.service import CompletionService, RequestContext
 from thaw.controllers import ControllerClient
 from thaw.log import get_logger
-from thaw.wire import CONVERSATION_ID, RESPONSE_ID, ItemPage, StoredResponse
+from thaw.wire import (
+    CONVERSATION_ID,
+    RESPONSE_ID,
+    ItemPage,
+    ResponseObject,
+    StoredItem,
+    StoredResponse,
+)
 
 log = get_logger()
 
@@ -153,7 +160,8 @@ class ResponsesApi:
 
     async def _store(self, tenant: str, body: dict[str, Any], items: list[dict[str, Any]],
                      replica: str | None, conversation: str | None) -> bool:
-        record = StoredResponse(tenant=tenant, response=body, input_items=items, replica=replica,
+        record = StoredResponse(tenant=tenant, response=ResponseObject.model_validate(body),
+                                input_items=[StoredItem.model_validate(i) for i in items], replica=replica,
                                 conversation=conversation)
         r = await self.controller.post_json("/v1/stored-responses", record.model_dump_json())
         return r is not None and r.status_code == 201

@@ -25,6 +25,8 @@ from typing import Any
 Item = dict[str, Any]
 
 ROLES = ("user", "assistant", "system", "developer")
+# The longest item id a client may give (stored ids are at most this long).
+MAX_ID = 100
 # Content parts a message item may carry here (text only: no images, files or audio).
 TEXT_PARTS = ("input_text", "output_text")
 
@@ -59,6 +61,9 @@ def message_item(role: str, text: str, *, item_id: str | None = None) -> Item:
 def _item(x: Any, where: str) -> Item:
     if not isinstance(x, dict):
         raise ItemError(f"{where} must be an object", where)
+    given = x.get("id")
+    if given is not None and (not isinstance(given, str) or not 0 < len(given) <= MAX_ID):
+        raise ItemError(f"{where}.id must be a string of 1 to {MAX_ID} characters", f"{where}.id")
     kind = x.get("type", "message")
     if kind == "message":
         role = x.get("role")

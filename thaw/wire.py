@@ -946,6 +946,25 @@ class ReleaseLine(_Msg):
 # -- stored responses (OpenAI's Responses API; activator.responses, warm_pool.responses_store)
 
 RESPONSE_ID = r"resp_[A-Za-z0-9]{8,64}"
+CONVERSATION_ID = r"conv_[A-Za-z0-9]{8,64}"
+
+
+class StoredItem(BaseModel):
+    """An item as stored (OpenAI's shape, kept as given): it has an id."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: Annotated[str, Field(min_length=1, max_length=100)]
+
+
+class ResponseObject(BaseModel):
+    """A Response object as stored (OpenAI's shape, kept as given)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: Annotated[str, Field(pattern=f"^{RESPONSE_ID}$")]
+    previous_response_id: Annotated[str, Field(pattern=f"^{RESPONSE_ID}$")] | None = None
+    output: list[StoredItem] = []
 
 
 class StoredResponse(_Msg):
@@ -954,12 +973,12 @@ class StoredResponse(_Msg):
     input items of its turn, before its client sees the end."""
 
     tenant: Name
-    response: dict[str, Any]
-    input_items: list[dict[str, Any]] = []
+    response: ResponseObject
+    input_items: list[StoredItem] = []
     # The replica that served it (the next turn is routed to the same prefix cache).
-    replica: str | None = None
+    replica: Annotated[str, Field(max_length=300)] | None = None
     # The conversation the turn belongs to: its items and output are added to it.
-    conversation: str | None = None
+    conversation: Annotated[str, Field(pattern=f"^{CONVERSATION_ID}$")] | None = None
 
 
 class ItemPage(_Msg):
@@ -971,16 +990,13 @@ class ItemPage(_Msg):
     replica: str | None = None
 
 
-CONVERSATION_ID = r"conv_[A-Za-z0-9]{8,64}"
-
-
 class NewConversation(_Msg):
     """``POST /v1/stored-conversations``."""
 
     tenant: Name
     id: Annotated[str, Field(pattern=f"^{CONVERSATION_ID}$")]
     metadata: dict[str, str] = {}
-    items: list[dict[str, Any]] = []
+    items: Annotated[list[StoredItem], Field(max_length=20)] = []
 
 
 class ConversationPatch(_Msg):
@@ -988,4 +1004,4 @@ class ConversationPatch(_Msg):
 
 
 class NewItems(_Msg):
-    items: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=20)]
+    items: Annotated[list[StoredItem], Field(min_length=1, max_length=20)]

@@ -6,7 +6,6 @@ another tenant's response or conversation are 404s."""
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -15,7 +14,6 @@ from fastapi.responses import JSONResponse, Response
 
 from thaw.config import Name
 from thaw.wire import (
-    RESPONSE_ID,
     ConversationPatch,
     ErrorReply,
     ItemPage,
@@ -23,12 +21,12 @@ from thaw.wire import (
     NewItems,
     StoredResponse,
 )
-from warm_pool.responses_store import ChainTooLong, ConversationFull, ResponseStore
+from warm_pool.responses_store import ChainTooLong, ConversationFull, Exists, ResponseStore
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorReply, "description": "The tenant has no such response or conversation"}}
-FULL: dict[int | str, dict[str, Any]] = {409: {"model": ErrorReply, "description": "The conversation is full"}}
-ID = re.compile(RESPONSE_ID)
+FULL: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorReply, "description": "The conversation is full, or the id is taken"}}
 
 
 def _error(message: str, status: int) -> JSONResponse:
@@ -44,18 +42,17 @@ def responses_router(store: ResponseStore, clock: Callable[[], float]) -> APIRou
 
     # -- responses --------------------------------------------------------------------------
 
-    @router.post("/v1/stored-responses", status_code=201, responses={
-        **NOT_FOUND, **FULL, 422: {"model": ErrorReply, "description": "The response has no valid id"}})
+    @router.post("/v1/stored-responses", status_code=201, responses={**NOT_FOUND, **FULL})
     async def save(body: StoredResponse) -> Response:
-        rid = body.response.get("id")
-        if not isinstance(rid, str) or not ID.fullmatch(rid):
-            return _error("the response needs an id resp_...", 422)
         try:
-            kept = await asyncio.to_thread(store.save, body.tenant, body.response, body.input_items,
-                                           replica=body.replica, at=clock(), conversation=body.conversation)
-        except ConversationFull as exc:
+            kept = await asyncio.to_thread(store.save, body.tenant, body.response.model_dump(),
+                                           [i.model_dump() for i in body.input_items], replica=body.replica,
+                                           at=clock(), conversation=body.conversation)
+        except (ConversationFull, Exists) as exc:
             return _error(str(exc), 409)
-        return Response(status_code=201) if kept else _error(f"no conversation {body.conversation!r}", 404)
+        if not kept:
+            return _error(f"no conversation {body.conversation!r}", 404)
+        return JSONResponse({"id": body.response.id}, status_code=201)
 
     @router.get("/v1/stored-responses/{response_id}", responses=NOT_FOUND)
     async def get(response_id: str, tenant: Name) -> Response:
@@ -92,8 +89,8 @@ def responses_router(store: ResponseStore, clock: Callable[[], float]) -> APIRou
     async def create_conversation(body: NewConversation) -> Response:
         try:
             made = await asyncio.to_thread(store.create_conversation, body.tenant, body.id, body.metadata,
-                                           body.items, clock())
-        except ConversationFull as exc:
+                                           [i.model_dump() for i in body.items], clock())
+        except (ConversationFull, Exists) as exc:
             return _error(str(exc), 409)
         return JSONResponse(made, status_code=201)
 
@@ -128,7 +125,8 @@ def responses_router(store: ResponseStore, clock: Callable[[], float]) -> APIRou
                  responses={**NOT_FOUND, **FULL})
     async def add_items(conversation_id: str, tenant: Name, body: NewItems) -> Response:
         try:
-            added = await asyncio.to_thread(store.add_items, tenant, conversation_id, body.items, clock())
+            added = await asyncio.to_thread(store.add_items, tenant, conversation_id,
+                                            [i.model_dump() for i in body.items], clock())
         except ConversationFull as exc:
             return _error(str(exc), 409)
         return no_conversation(conversation_id) if added is None else _page(ItemPage(items=added))

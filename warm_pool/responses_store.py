@@ -79,6 +79,10 @@ class ConversationFull(ValueError):
     """A conversation would hold more than MAX_CONVERSATION_ITEMS items."""
 
 
+class Exists(ValueError):
+    """A response or conversation with that id is stored already (ids are never reused)."""
+
+
 class ResponseStore:
     def __init__(self, db: Db) -> None:
         self.db = db
@@ -91,6 +95,8 @@ class ResponseStore:
         those items and the response's output are added to it in the same transaction.
         False: no such conversation of ``tenant``'s (nothing kept)."""
         with self.db.write() as tx:
+            if tx.one("SELECT 1 FROM responses WHERE id = ?", (body["id"],)) is not None:
+                raise Exists(f"response {body['id']!r} is stored already")
             if conversation is not None:
                 if tx.one("SELECT 1 FROM conversations WHERE id = ? AND tenant = ?", (conversation, tenant)) is None:
                     return False
@@ -165,6 +171,8 @@ class ResponseStore:
     def create_conversation(self, tenant: str, conversation_id: str, metadata: dict[str, str],
                             items: list[dict[str, Any]], at: float) -> dict[str, Any]:
         with self.db.write() as tx:
+            if tx.one("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)) is not None:
+                raise Exists(f"conversation {conversation_id!r} exists already")
             tx.execute("INSERT INTO conversations (id, tenant, created_at, updated_at, metadata) "
                        "VALUES (?, ?, ?, ?, ?)", (conversation_id, tenant, at, at, json.dumps(metadata)))
             self._append(tx, conversation_id, items, None, at)

@@ -63,6 +63,7 @@ def test_items_of_every_kind_render_as_chat_messages_in_order() -> None:
     ([{"type": "function_call", "call_id": "c", "name": "f"}], "input[0].arguments"),
     ([{"type": "web_search_call"}], "input[0].type"),
     (["text"], "input[0]"),
+    ([{"role": "user", "content": "x", "id": "m" * 101}], "input[0].id"),
 ])
 def test_a_malformed_item_is_named(value: Any, param: str) -> None:
     with pytest.raises(ItemError) as e:
