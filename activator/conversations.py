@@ -23,12 +23,14 @@ _ITEMS_SCHEMA: dict[str, Any] = {"type": "array", "maxItems": MAX_NEW_ITEMS, "it
 _METADATA_SCHEMA: dict[str, Any] = {"type": "object", "maxProperties": MAX_METADATA,
                                     "additionalProperties": {"type": "string", "maxLength": 512}}
 # /openapi.json's bodies (the routes read the raw body themselves).
+# null is none, as OpenAI's nullable fields.
+_NULL: dict[str, Any] = {"type": "null"}
 CONVERSATION_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
     "type": "object", "additionalProperties": False,
-    "properties": {"items": _ITEMS_SCHEMA, "metadata": _METADATA_SCHEMA}}}}}}
+    "properties": {"items": {"anyOf": [_ITEMS_SCHEMA, _NULL]}, "metadata": {"anyOf": [_METADATA_SCHEMA, _NULL]}}}}}}}
 METADATA_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
     "type": "object", "additionalProperties": False, "required": ["metadata"],
-    "properties": {"metadata": _METADATA_SCHEMA}}}}}}
+    "properties": {"metadata": {"anyOf": [_METADATA_SCHEMA, _NULL]}}}}}}}
 ITEMS_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
     "type": "object", "additionalProperties": False, "required": ["items"],
     "properties": {"items": {**_ITEMS_SCHEMA, "minItems": 1}}}}}}}
@@ -54,7 +56,7 @@ class ConversationsApi:
         if extra:
             name = sorted(extra)[0]
             raise BadRequest(f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter")
-        items = _items(body.get("items") or [], "items", allow_empty=True)
+        items = [] if body.get("items") is None else _items(body["items"], "items", allow_empty=True)
         new = NewConversation(tenant=tenant, id=new_id("conv"), metadata=_metadata(body.get("metadata")),
                               items=[StoredItem.model_validate(i) for i in items])
         r = await self._call("POST", "/v1/stored-conversations", tenant, content=new.model_dump_json(),

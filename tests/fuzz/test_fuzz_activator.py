@@ -113,13 +113,15 @@ OPERATIONS = [{"include-path": "/v1/usage",
                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401"]}}},
               {"include-path-regex": "completions$",
                "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401", "404", "429"]}}}]
-# The Files, Batches and Responses APIs read their bodies themselves (a multipart
-# upload; JSON checked further than its schema says: a batch's input file must exist, a
-# response's input items must be well formed, its previous response stored): a
-# schema-valid body may be a 400 (or a 404 for a model the tenant may not use).
+# The Files, Batches, Responses and Conversations APIs read their bodies themselves (a
+# multipart upload; JSON checked further than its schema says: a batch's input file must
+# exist, input items must be well formed, a previous response stored): a schema-valid
+# body may be a 400 (or a 404 for a model the tenant may not use, or an unknown id).
 OPERATIONS += [{"include-name": name,
                 "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401", "404", "413"]}}}
-               for name in ("POST /v1/files", "POST /v1/batches", "POST /v1/responses")]
+               for name in ("POST /v1/files", "POST /v1/batches", "POST /v1/responses", "POST /v1/conversations",
+                            "POST /v1/conversations/{conversation_id}",
+                            "POST /v1/conversations/{conversation_id}/items")]
 schema = schemathesis.openapi.from_dict(openapi(), config=fuzz_config("apiKey", KEY, operations=OPERATIONS))
 
 
