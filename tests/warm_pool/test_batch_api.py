@@ -68,8 +68,11 @@ async def test_batches_over_the_controllers_api(provider: InProcessProvider, s3:
         answer = {"response": {"status_code": 200, "request_id": "q", "body": {}}}
         first = await http.post(f"/v1/batch-lines/{batch_id}/1/result", json=answer)
         assert first.json() == {"kept": True}
+        # Sent again (its reply was lost): still the kept one; another run's answer is not.
         again = await http.post(f"/v1/batch-lines/{batch_id}/1/result", json=answer)
-        assert again.json() == {"kept": False}
+        assert again.json() == {"kept": True}
+        other_run = {"response": {**answer["response"], "request_id": "q2"}}
+        assert (await http.post(f"/v1/batch-lines/{batch_id}/1/result", json=other_run)).json() == {"kept": False}
         both = await http.post(f"/v1/batch-lines/{batch_id}/1/result", json={**answer, "error": {"code": "x"}})
         assert both.status_code == 422
 
