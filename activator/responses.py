@@ -75,7 +75,7 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Annotated[str, Field(min_length=1)]
-    input: str | list[Any]
+    input: str | list[Any] | None = None  # optional, as OpenAI's: a conversation's items may be the input
     instructions: str | None = None
     previous_response_id: Annotated[str, Field(pattern=f"^{RESPONSE_ID}$")] | None = None
     conversation: Annotated[str, Field(pattern=f"^{CONVERSATION_ID}$")] | ConversationRef | None = None
@@ -184,7 +184,7 @@ class ResponsesApi:
         model = service.resolve_model(principal, req.model)
         ctx.model = model
         try:
-            items = input_items(req.input)
+            items = input_items(req.input) if req.input is not None else []
             tools, tool_choice = chat_tools(req.tools), chat_tool_choice(req.tool_choice)
         except ItemError as exc:
             raise BadRequest(str(exc), param=exc.param) from None
@@ -196,6 +196,9 @@ class ResponsesApi:
             history = (await self._history(principal.tenant, req.previous_response_id)).items
         elif conversation is not None:
             history = (await self._conversation(principal.tenant, conversation)).items
+        if not history and not items:
+            raise BadRequest("Missing required parameter: 'input' (there is no history to continue).",
+                             param="input", code="missing_required_parameter")
         # The conversation's key for routing: its first item, the same in every turn.
         opening = (history or items)[0].get("id") or ""
         affinity = hashlib.blake2b(f"{principal.tenant}|{opening}".encode(), digest_size=8).hexdigest()

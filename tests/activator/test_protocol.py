@@ -231,6 +231,29 @@ async def test_openapi_documents_every_completion_body(client: httpx.AsyncClient
     create = spec["paths"]["/v1/batches"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(create["required"]) == {"input_file_id", "endpoint", "completion_window"}
     assert create["properties"]["endpoint"]["enum"] == ["/v1/chat/completions", "/v1/completions"]
+    # The Responses and Conversations routes: their bodies (closed), their errors in OpenAI's shape.
+    responses = spec["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert responses["additionalProperties"] is False and responses["required"] == ["model"]  # input too is optional
+    assert {"input", "previous_response_id", "conversation", "store", "truncation", "tools"} <= set(
+        responses["properties"])
+    for path, method, body_needs in [
+        ("/v1/responses", "post", ["model"]), ("/v1/responses/{response_id}", "get", None),
+        ("/v1/responses/{response_id}", "delete", None), ("/v1/responses/{response_id}/input_items", "get", None),
+        ("/v1/conversations", "post", []), ("/v1/conversations/{conversation_id}", "get", None),
+        ("/v1/conversations/{conversation_id}", "post", ["metadata"]),
+        ("/v1/conversations/{conversation_id}", "delete", None),
+        ("/v1/conversations/{conversation_id}/items", "get", None),
+        ("/v1/conversations/{conversation_id}/items", "post", ["items"]),
+        ("/v1/conversations/{conversation_id}/items/{item_id}", "get", None),
+        ("/v1/conversations/{conversation_id}/items/{item_id}", "delete", None),
+    ]:
+        op = spec["paths"][path][method]
+        if body_needs is not None:
+            body = op["requestBody"]["content"]["application/json"]["schema"]
+            assert body["additionalProperties"] is False and body.get("required", []) == body_needs, (path, method)
+        for status in ("400", "401", "404", "503"):
+            error = resolve(op["responses"][status]["content"]["application/json"]["schema"])
+            assert set(resolve(error["properties"]["error"])["required"]) == {"message", "type", "param", "code"}
     json.dumps(spec)  # serialisable as served
 
 

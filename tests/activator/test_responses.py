@@ -20,6 +20,7 @@ import openai
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import Response
+from openai.types.responses import Response as SdkResponse
 
 from activator.app import create_app
 from tests.activator.fake_engine import FakeEngine
@@ -125,6 +126,23 @@ async def test_a_turn_continued_by_previous_response_id_sends_the_whole_history(
     assert e.value.code == "previous_response_not_found"
 
 
+async def test_the_response_as_served_and_as_stored_is_the_sdks_response(world: World) -> None:
+    # The SDK builds its objects without validating them; here the raw JSON is validated
+    # against its Response model, tools as returned in the Responses shape they came in.
+    client = world.client()
+    tools = [{"type": "function", "name": "weather", "description": "d", "strict": False,
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    raw = await client.responses.with_raw_response.create(model="thaw-demo", input="Hi", tools=tools,
+                                                          tool_choice="auto", temperature=0.5, user="u1")
+    served = SdkResponse.model_validate(raw.http_response.json())
+    assert served.tools[0].type == "function" and served.tools[0].name == "weather"  # type: ignore[union-attr]
+    assert served.temperature == 0.5 and served.user == "u1" and served.tool_choice == "auto"
+    assert world.engine.requests[-1]["body"]["tools"][0]["function"]["name"] == "weather"
+    again = await client.responses.with_raw_response.retrieve(served.id)
+    stored = SdkResponse.model_validate(again.http_response.json())
+    assert stored.model_dump(exclude={"output_text"}) == served.model_dump(exclude={"output_text"})
+
+
 async def test_a_streamed_response_is_stored_before_it_completes(world: World) -> None:
     client = world.client()
     kinds = []
@@ -171,6 +189,12 @@ async def test_a_bad_request_names_its_parameter(world: World, extra: dict[str, 
     assert e.value.param == param, e.value.body
 
 
+async def test_without_history_a_response_needs_input(world: World) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        await world.client().responses.create(model="thaw-demo")
+    assert e.value.param == "input" and e.value.code == "missing_required_parameter"
+
+
 async def test_a_conversation_holds_its_items_and_each_turn(world: World) -> None:
     client = world.client()
     conv = await client.conversations.create(items=[{"role": "user", "content": "Hi"},
@@ -189,6 +213,9 @@ async def test_a_conversation_holds_its_items_and_each_turn(world: World) -> Non
     assert len(sent(world.engine)) == 5
     added = await client.conversations.items.create(conv.id, items=[{"role": "user", "content": "Noted"}])
     first = added.data[0].id
+    # Items added to a conversation are the next turn's input: a response then needs no `input`.
+    await client.responses.create(model="thaw-demo", conversation=conv.id, store=False)
+    assert sent(world.engine)[-1] == {"role": "user", "content": "Noted"}
     assert (await client.conversations.items.retrieve(first, conversation_id=conv.id)).id == first
     await client.conversations.items.delete(first, conversation_id=conv.id)
     with pytest.raises(openai.NotFoundError):
