@@ -724,6 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
         bench_activator,
         bench_batch,
         bench_cold_start,
+        bench_conversations,
         bench_simulate,
         bench_stream,
     )
@@ -738,6 +739,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("simulate", bench_simulate, "Simulated requests per second on a long many-model trace, fast vs exact mode."),
         ("batch", bench_batch, "Online TTFT with and without a concurrent batch (on a lent standby, on spare "
                                "slots), and batch throughput."),
+        ("conversations", bench_conversations, "Continued conversations: Thaw's Responses API and prefix routing "
+                                               "vs a round-robin balancer over the same engines."),
     ):
         p = add(b_sub, name, help_, mod.run)
         mod.add_arguments(p)
