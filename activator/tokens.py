@@ -34,6 +34,7 @@ from activator.chat_render import (
     tool_dicts,
 )
 from thaw.log import get_logger
+from thaw.s3errors import is_missing_key
 
 log = get_logger()
 
@@ -248,7 +249,7 @@ def s3_fetcher(client: Any) -> FileFetcher:
         try:
             return client.get_object(Bucket=bucket, Key=join_key(prefix, name))["Body"].read()  # type: ignore[no-any-return]
         except botocore.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            if is_missing_key(exc):
                 return None
             raise
 

@@ -25,13 +25,13 @@ from boto3.s3.transfer import TransferConfig
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
 
 from snapshotter.archive import ArchiveInfo, CorruptArchive, sha256_file
+from thaw.s3errors import is_missing_key
 from thaw.s3uri import parse_s3_uri
 
 SNAPSHOT_FORMAT = "thaw-snapshot/1"
 SNAPSHOTS_PREFIX = "snapshots"
 MANIFEST_NAME = "manifest.json"
 PART_SIZE = 16 * 1024 * 1024
-_NOT_FOUND = ("NoSuchKey", "404", "NotFound")
 
 
 class S3Client(Protocol):
@@ -114,17 +114,13 @@ def archive_name(sha256: str) -> str:
     return f"snapshot-{sha256[:16]}.tar.gz"
 
 
-def _not_found(exc: botocore.exceptions.ClientError) -> bool:
-    return exc.response.get("Error", {}).get("Code") in _NOT_FOUND
-
-
 def read_snapshot_manifest(client: S3Client, loc: SnapshotLocation) -> SnapshotManifest | None:
     """The manifest at ``loc``, or None when there is none. Raises
     :class:`SnapshotStoreError` for one that is not a valid ``thaw-snapshot/1`` manifest."""
     try:
         obj = client.get_object(Bucket=loc.bucket, Key=loc.manifest_key)
     except botocore.exceptions.ClientError as exc:
-        if _not_found(exc):
+        if is_missing_key(exc):
             return None
         raise
     try:
@@ -164,7 +160,7 @@ def download_archive(client: S3Client, loc: SnapshotLocation, manifest: Snapshot
     try:
         client.download_file(loc.bucket, key, str(dest))
     except botocore.exceptions.ClientError as exc:
-        if _not_found(exc):
+        if is_missing_key(exc):
             raise CorruptArchive(f"s3://{loc.bucket}/{key} is missing") from None
         raise
     size = dest.stat().st_size

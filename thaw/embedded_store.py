@@ -26,6 +26,7 @@ import botocore.exceptions
 from thaw.log import get_logger
 from thaw.objstore import S3Endpoint
 from thaw.private_files import ensure_private_dir, write_private
+from thaw.s3errors import S3Failure, classify
 
 log = get_logger()
 
@@ -275,8 +276,7 @@ class EmbeddedStore:
                 client.head_bucket(Bucket=self.bucket)
                 return
             except botocore.exceptions.ClientError as exc:
-                code = exc.response.get("Error", {}).get("Code")
-                if code not in ("404", "NoSuchBucket", "NotFound"):
+                if classify(exc) not in (S3Failure.NOT_FOUND, S3Failure.NO_BUCKET):
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.5)
@@ -285,8 +285,7 @@ class EmbeddedStore:
                 client.create_bucket(Bucket=self.bucket)
                 return
             except botocore.exceptions.ClientError as exc:
-                code = exc.response.get("Error", {}).get("Code")
-                if code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                if classify(exc) is S3Failure.BUCKET_EXISTS:
                     return
                 if time.monotonic() > deadline:
                     raise

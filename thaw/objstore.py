@@ -14,6 +14,7 @@ import botocore.config
 import botocore.exceptions
 
 from thaw.config import ThawConfig
+from thaw.s3errors import is_missing_key
 from thaw.s3uri import join_key, parse_s3_uri
 
 
@@ -130,7 +131,7 @@ def read_json_object(client: Any, uri: str, name: str) -> Any | None:
     try:
         obj = client.get_object(Bucket=bucket, Key=join_key(prefix, name))
     except botocore.exceptions.ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+        if is_missing_key(exc):
             return None
         raise
     return json.loads(obj["Body"].read())
@@ -180,7 +181,7 @@ def check_weights(client: Any, uri: str) -> WeightsCheck:
     try:
         raw = client.get_object(Bucket=bucket, Key=join_key(prefix, MANIFEST_NAME))["Body"].read()
     except botocore.exceptions.ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+        if is_missing_key(exc):
             raise WeightsProblem(f"no manifest at {uri.rstrip('/')}/{MANIFEST_NAME}: push the model with "
                                  "`thaw push DIR URI` (an interrupted push leaves none)") from None
         raise
@@ -198,7 +199,7 @@ def check_weights(client: Any, uri: str) -> WeightsCheck:
         try:
             head = client.head_object(Bucket=bucket, Key=key)
         except botocore.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            if is_missing_key(exc):
                 raise WeightsProblem(f"{uri.rstrip('/')}/{path} is listed in the manifest but not in the "
                                      "store") from None
             raise

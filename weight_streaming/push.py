@@ -20,6 +20,7 @@ import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
 from thaw.objstore import read_json_object
+from thaw.s3errors import S3Failure, classify, error_code, error_message
 from thaw.s3uri import S3UriError, check_key_path, check_uri
 from weight_streaming.manifest import (
     MANIFEST_NAME,
@@ -221,12 +222,11 @@ def list_models(client: S3Client, bucket: str) -> list[StoredModel]:
 
 
 def _s3_message(exc: Exception, bucket: str, key: str) -> str:
-    if isinstance(exc, botocore.exceptions.ClientError):
-        err = exc.response.get("Error", {})
-        code = err.get("Code", "?")
-        if code in ("NoSuchBucket",):
-            return f"bucket {bucket!r} does not exist (is the store up? `thaw store up` creates it)"
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            return f"s3://{bucket}/{key}: access denied ({code}); check the store credentials"
-        return f"s3://{bucket}/{key}: {code}: {err.get('Message', exc)}"
+    kind = classify(exc)
+    if kind is S3Failure.NO_BUCKET:
+        return f"bucket {bucket!r} does not exist (is the store up? `thaw store up` creates it)"
+    if kind is S3Failure.DENIED:
+        return f"s3://{bucket}/{key}: access denied ({error_code(exc)}); check the store credentials"
+    if kind is not None:
+        return f"s3://{bucket}/{key}: {error_code(exc)}: {error_message(exc)}"
     return f"s3://{bucket}/{key}: {exc}"

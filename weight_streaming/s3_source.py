@@ -15,18 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from thaw.s3errors import S3Failure, classify, error_code, error_message
 from weight_streaming.sources import StreamError, check_range
 
 # A body that breaks off mid-transfer (connection reset, read timeout) is not retried
 # by botocore, which only retries the request itself: resume from where it stopped.
 _BODY_ATTEMPTS = 3
-
-_NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
-_DENIED = frozenset(
-    {"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"}
-)
-_CHANGED = frozenset({"PreconditionFailed", "412"})
-
 
 class S3Error(StreamError):
     """An S3 request failed; ``code`` is the S3 error code when there is one."""
@@ -51,24 +45,23 @@ class S3ObjectChanged(S3Error):
 def s3_error(exc: BaseException, bucket: str, key: str, *, action: str = "GET") -> S3Error:
     """Map a botocore exception (or any other) to an :class:`S3Error` naming the object."""
     where = f"s3://{bucket}/{key}"
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        err = response.get("Error", {}) or {}
-        code = str(err.get("Code") or response.get("ResponseMetadata", {}).get("HTTPStatusCode") or "?")
-        if code == "NoSuchBucket":
-            return S3NotFound(f"{where}: bucket {bucket!r} does not exist", code=code)
-        if code in _NOT_FOUND:
-            return S3NotFound(f"{where}: not found", code=code)
-        if code in _DENIED:
-            return S3AccessDenied(f"{where}: access denied ({code}); check the store credentials", code=code)
-        if code in _CHANGED:
-            return S3ObjectChanged(
-                f"{where}: the object changed while it was being read (ETag no longer matches); load again",
-                code=code,
-            )
-        return S3Error(f"{where}: {action} failed: {code}: {err.get('Message') or exc}", code=code)
-    # Connection refused, timeouts, DNS: botocore's messages name the endpoint.
-    return S3Error(f"{where}: {action} failed: {exc}")
+    kind = classify(exc)
+    if kind is None:
+        # Connection refused, timeouts, DNS: botocore's messages name the endpoint.
+        return S3Error(f"{where}: {action} failed: {exc}")
+    code = error_code(exc)
+    if kind is S3Failure.NO_BUCKET:
+        return S3NotFound(f"{where}: bucket {bucket!r} does not exist", code=code)
+    if kind is S3Failure.NOT_FOUND:
+        return S3NotFound(f"{where}: not found", code=code)
+    if kind is S3Failure.DENIED:
+        return S3AccessDenied(f"{where}: access denied ({code}); check the store credentials", code=code)
+    if kind is S3Failure.CHANGED:
+        return S3ObjectChanged(
+            f"{where}: the object changed while it was being read (ETag no longer matches); load again",
+            code=code,
+        )
+    return S3Error(f"{where}: {action} failed: {code}: {error_message(exc)}", code=code)
 
 
 class S3RangeSource:

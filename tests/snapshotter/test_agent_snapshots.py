@@ -229,7 +229,9 @@ async def test_a_slow_restore_is_abandoned_and_told_to_stop(
     (_, _, _, cancelled), = snaps.restores
     assert cancelled.is_set()
     p = body["phases"]
-    assert 0.4 <= p["snapshot_restored"] - p["assigned"] < 1.5
+    # Abandoned at the timeout, not waited for (the restore was cancelled, above): no upper
+    # bound on the clock, which a loaded machine stretches.
+    assert p["snapshot_restored"] - p["assigned"] >= 0.4
 
 
 async def test_the_restore_is_timed_and_ends_its_phase(

@@ -38,6 +38,7 @@ from snapshotter.store import (
 from thaw.config import ConfigError, Model, ThawConfig, load_config
 from thaw.log import get_logger, setup_logging
 from thaw.objstore import S3Endpoint, StoreConfigError, resolve_endpoint
+from thaw.s3errors import error_code
 from thaw.s3uri import parse_s3_uri
 
 EXIT_FAILED = 1
@@ -125,8 +126,7 @@ def _store(cfg: ThawConfig, buckets: set[str]) -> tuple[S3Endpoint, Any]:
         try:
             client.head_bucket(Bucket=bucket)
         except botocore.exceptions.ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            raise SnapshotCliError(f"bucket {bucket!r} does not answer ({code}): does it exist, and are the "
+            raise SnapshotCliError(f"bucket {bucket!r} does not answer ({error_code(exc)}): does it exist, and are the "
                                    "store credentials right?", EXIT_STORE) from None
     return endpoint, client
 
