@@ -32,10 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -43,10 +40,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from loadtests.procs import kill_group, tail
+from loadtests.bench_stack import (
+    API_KEY,
+    Stack,
+    add_common_arguments,
+    base_config,
+    bench_model,
+    percentile,
+    running,
+    serving,
+)
 
 PHASES = ("alone", "batch_on_standby", "batch_on_spare_slots")
-API_KEY = "thaw-bench-key"
 ONLINE, BULK = "online", "bulk"
 GOAL_P99_RATIO = 1.1
 ONLINE_MAX_TOKENS = 16
@@ -55,100 +60,22 @@ BATCH_LINES = 20_000  # more than any phase finishes: it is cancelled at the pha
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, required=True, help="write the JSON report here")
-    p.add_argument("--rounds", type=int, default=2, help="rounds of the three phases (default 2)")
+    add_common_arguments(p, rounds_of="three phases")
     p.add_argument("--phase-s", type=float, default=30.0, help="seconds of online load per phase (default 30)")
     p.add_argument("--rate", type=float, default=4.0, help="online requests per second, Poisson (default 4)")
-    p.add_argument("--size", default="tiny", help="the demo model's size (default tiny)")
     p.add_argument("--seed", type=int, default=7, help="the arrival process's seed")
-    p.add_argument("--work-dir", type=Path, default=None, help="keep the run's files here (default: a temp dir)")
 
 
 def _log(msg: str) -> None:
     print(f"[bench batch] {msg}", file=sys.stderr, flush=True)
 
 
-def stack_config(store: Any, online_uri: str, bulk_uri: str, data_dir: Path, port: int) -> dict[str, Any]:
-    from thaw.config import hash_api_key
-
-    def model(name: str, uri: str, min_replicas: int) -> dict[str, Any]:
-        return {"name": name, "uri": uri, "served_name": name, "shape": "cpu-bench", "max_context_tokens": 512,
-                "engine": {"enforce_eager": True, "cpu_kvcache_gib": 1, "load_format": "thaw"},
-                "autoscaling": {"min_replicas": min_replicas, "max_replicas": 1, "idle_grace_s": 3600,
-                                "activation_timeout_s": 600, "max_concurrency_per_replica": 32}}
-
-    return {
-        "data_dir": str(data_dir), "log_level": "info", "server": {"host": "127.0.0.1", "port": port},
-        "object_store": {"kind": "s3", "endpoint_url": store.endpoint_url, "bucket": store.bucket,
-                         "region": store.region, "credentials": {"source": "file", "file": str(store.credentials_file)}},
-        "shapes": [{"name": "cpu-bench", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8,
-                    "price_per_hour_usd": 0.0}],
-        "pools": [{"shape": "cpu-bench", "provider": "local", "standby_min": 1, "standby_max": 1,
-                   "max_instances": 2}],
-        "models": [model(ONLINE, online_uri, 1), model(BULK, bulk_uri, 0)],
-        "tenants": [{"name": "bench", "api_key_hashes": [hash_api_key(API_KEY)], "allowed_models": ["*"]}],
-        "batch": {"poll_interval_s": 0.2},
-    }
-
-
-class Stack:
-    """``thaw up`` as a subprocess."""
-
-    def __init__(self, cfg: dict[str, Any], work: Path) -> None:
-        import yaml
-
-        from thaw.config import parse_config
-
-        parse_config(cfg)
-        self.data_dir = Path(cfg["data_dir"])
-        self.config_path = work / "thaw-bench-batch.yaml"
-        self.config_path.write_text(yaml.safe_dump(cfg))
-        self.log_path = work / "thaw-up.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.base_url = self.control_url = ""
-
-    def start(self) -> None:
-        endpoint = self.data_dir / "endpoint.json"
-        with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen([sys.executable, "-m", "thaw.cli.main", "up", "--config",
-                                          str(self.config_path)], stdout=logf, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        self.wait("thaw up to start", lambda: endpoint.exists(), 180)
-        info = json.loads(endpoint.read_text())
-        self.base_url, self.control_url = info["base_url"], info["control_url"]
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            kill_group(self.proc, 60)
-
-    def wait(self, what: str, pred: Any, timeout_s: float = 600) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"thaw up exited ({self.proc.returncode}):\n{tail(self.log_path)}")
-            got = pred()
-            if got:
-                return got
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"not {what} after {timeout_s:.0f} s; see {self.log_path}")
-            time.sleep(0.25)
-
-    def state(self) -> dict[str, Any]:
-        import httpx
-
-        from thaw.auth import bearer, local_token
-
-        r = httpx.get(f"{self.control_url}/v1/state", timeout=10, headers=bearer(local_token(self.data_dir)))
-        return r.json()  # type: ignore[no-any-return]
-
-    def client(self) -> Any:
-        import openai
-
-        return openai.OpenAI(base_url=self.base_url, api_key=API_KEY, max_retries=0, timeout=300)
-
-
-def serving(state: dict[str, Any], model: str) -> bool:
-    return any(w["model"] == model and w["state"] == "ready" for w in state["workers"])
+def stack_config(store: Any, uris: list[str], data_dir: Path, port: int) -> dict[str, Any]:
+    online_uri, bulk_uri = uris
+    return base_config(store, data_dir, port, standby=1, max_instances=2,
+                       models=[bench_model(ONLINE, online_uri, min_replicas=1, max_replicas=1),
+                               bench_model(BULK, bulk_uri, min_replicas=0, max_replicas=1)],
+                       batch={"poll_interval_s": 0.2})
 
 
 def batch_input(model: str, n: int) -> bytes:
@@ -209,14 +136,6 @@ def online_load(base_url: str, rate: float, seconds: float, rng: random.Random) 
     return results
 
 
-def percentile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    k = max(0, min(len(s) - 1, round(q / 100 * (len(s) - 1))))
-    return round(s[k], 4)
-
-
 def run_phase(stack: Stack, phase: str, args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
     client = stack.client()
     batch = None
@@ -273,41 +192,20 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadtests.bench_cold_start import _ensure_model, _environment, _store
-    from thaw.embedded_store import free_port
-
     if args.rounds < 1 or args.phase_s <= 0 or args.rate <= 0:
         raise SystemExit("--rounds, --phase-s and --rate must be positive")
-    own_work = args.work_dir is None
-    work = Path(tempfile.mkdtemp(prefix="thaw-bench-batch-")) if own_work else args.work_dir.resolve()
-    work.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    environment = _environment()
     runs: list[dict[str, Any]] = []
     rng = random.Random(args.seed)
-    try:
-        with _store(argparse.Namespace(s3_endpoint_url=None, s3_credentials_file=None, bucket="thaw"),
-                    work) as store:
-            online_uri, facts = _ensure_model(store, args.size, work)
-            bulk_uri, _ = _ensure_model(store, args.size, work, seed=1)
-            environment["model"] = facts
-            stack = Stack(stack_config(store, online_uri, bulk_uri, work / "stack", free_port()), work)
-            stack.start()
-            try:
-                stack.wait("the online model warm and a standby",
-                           lambda: (s := stack.state()) and serving(s, ONLINE)
-                           and any(w["state"] == "standby" for w in s["workers"]))
-                online_request(stack.base_url, "warm-up")
-                for r in range(args.rounds):
-                    for phase in PHASES:
-                        _log(f"round {r + 1}/{args.rounds}: {phase}")
-                        runs.append(run_phase(stack, phase, args, rng))
-            finally:
-                stack.stop()
-    finally:
-        if own_work:
-            shutil.rmtree(work, ignore_errors=True)
-    environment["load_avg_1m_at_end"] = __import__("os").getloadavg()[0]
+    with running(args, "batch", (0, 1), stack_config) as (stack, environment):
+        stack.wait("the online model warm and a standby",
+                   lambda: (s := stack.state()) and serving(s, ONLINE)
+                   and any(w["state"] == "standby" for w in s["workers"]))
+        online_request(stack.base_url, "warm-up")
+        for r in range(args.rounds):
+            for phase in PHASES:
+                _log(f"round {r + 1}/{args.rounds}: {phase}")
+                runs.append(run_phase(stack, phase, args, rng))
     report = {"benchmark": "batch", **summarize(runs), "runs": runs, "environment": environment,
               "settings": {"rounds": args.rounds, "phase_s": args.phase_s, "rate_per_s": args.rate,
                            "online_max_tokens": ONLINE_MAX_TOKENS, "batch_max_tokens": BATCH_MAX_TOKENS,

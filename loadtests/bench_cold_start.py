@@ -87,7 +87,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtests.procs import kill_group, start, tail
+from loadtests.procs import tail
+from thaw.process import spawn_group, stop_group
 
 # On-demand vLLM.
 BASELINE_EAGER = "baseline_eager"
@@ -505,7 +506,7 @@ class Baseline:
         log_path = self.logs / f"server-{self.n}.log"
         url = f"http://127.0.0.1:{port}"
         t0 = time.perf_counter()
-        proc = start(baseline_cmd(sys.executable, self.uri, port, self.spec), log_path, env=self.env())
+        proc = spawn_group(baseline_cmd(sys.executable, self.uri, port, self.spec), log_path, env=self.env())
         try:
             deadline = time.monotonic() + self.timeout_s
             while True:
@@ -522,7 +523,7 @@ class Baseline:
                             timeout_s=self.timeout_s)
             ttft = health + r["ttft_s"]
         finally:
-            kill_group(proc, 15)
+            stop_group(proc, 15)
         sample: dict[str, Any] = {"ttft_s": round(ttft, 4),
                                   "phases_s": {"server_ready": round(health, 4),
                                                "first_token": round(ttft - health, 4)},
@@ -689,10 +690,8 @@ class Stack:
     def start(self) -> None:
         endpoint = self.data_dir / "endpoint.json"
         endpoint.unlink(missing_ok=True)
-        with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "thaw.cli.main", "up", "--config", str(self.config_path)],
-                stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = spawn_group([sys.executable, "-m", "thaw.cli.main", "up", "--config", str(self.config_path)],
+                                self.log_path)
         deadline = time.monotonic() + 120
         while not endpoint.exists():
             self._check_alive()
@@ -704,7 +703,7 @@ class Stack:
 
     def stop(self) -> None:
         if self.proc is not None:
-            kill_group(self.proc, 60)
+            stop_group(self.proc, 60, term_leader_only=True)
 
     def _check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:

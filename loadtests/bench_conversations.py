@@ -36,16 +36,23 @@ import functools
 import itertools
 import json
 import random
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from loadtests.bench_batch import API_KEY, Stack, percentile, serving
+from loadtests.bench_stack import (
+    API_KEY,
+    Stack,
+    add_common_arguments,
+    base_config,
+    bench_model,
+    percentile,
+    running,
+    serving,
+)
 
 MODES = ("round_robin", "thaw_chat", "thaw_responses")
 MODEL = "chat"
@@ -56,37 +63,19 @@ WORDS = ("river stone lantern orchard copper meadow signal harbor winter thread 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, required=True, help="write the JSON report here")
-    p.add_argument("--rounds", type=int, default=2, help="rounds of the three modes (default 2)")
+    add_common_arguments(p, rounds_of="three modes")
     p.add_argument("--conversations", type=int, default=8, help="conversations at once per mode (default 8)")
     p.add_argument("--turns", type=int, default=6, help="turns per conversation (default 6)")
-    p.add_argument("--size", default="tiny", help="the demo model's size (default tiny)")
     p.add_argument("--seed", type=int, default=7, help="the openings' seed")
-    p.add_argument("--work-dir", type=Path, default=None, help="keep the run's files here (default: a temp dir)")
 
 
 def _log(msg: str) -> None:
     print(f"[bench conversations] {msg}", file=sys.stderr, flush=True)
 
 
-def stack_config(store: Any, uri: str, data_dir: Path, port: int) -> dict[str, Any]:
-    from thaw.config import hash_api_key
-
-    return {
-        "data_dir": str(data_dir), "log_level": "info", "server": {"host": "127.0.0.1", "port": port},
-        "object_store": {"kind": "s3", "endpoint_url": store.endpoint_url, "bucket": store.bucket,
-                         "region": store.region, "credentials": {"source": "file", "file": str(store.credentials_file)}},
-        "shapes": [{"name": "cpu-bench", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8,
-                    "price_per_hour_usd": 0.0}],
-        "pools": [{"shape": "cpu-bench", "provider": "local", "standby_min": 0, "standby_max": 0,
-                   "max_instances": 2}],
-        "models": [{"name": MODEL, "uri": uri, "served_name": MODEL, "shape": "cpu-bench",
-                    "max_context_tokens": 2048,
-                    "engine": {"enforce_eager": True, "cpu_kvcache_gib": 1, "load_format": "thaw"},
-                    "autoscaling": {"min_replicas": 2, "max_replicas": 2, "idle_grace_s": 3600,
-                                    "activation_timeout_s": 600, "max_concurrency_per_replica": 32}}],
-        "tenants": [{"name": "bench", "api_key_hashes": [hash_api_key(API_KEY)], "allowed_models": ["*"]}],
-    }
+def stack_config(store: Any, uris: list[str], data_dir: Path, port: int) -> dict[str, Any]:
+    return base_config(store, data_dir, port, standby=0, max_instances=2,
+                       models=[bench_model(MODEL, uris[0], min_replicas=2, max_replicas=2, max_context_tokens=2048)])
 
 
 def opening(rng: random.Random) -> str:
@@ -214,49 +203,27 @@ def engine_urls(stack: Stack) -> list[tuple[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadtests.bench_cold_start import _ensure_model, _environment, _store
-    from thaw.embedded_store import free_port
-
     if min(args.rounds, args.conversations, args.turns - 1) < 1:
         raise SystemExit("--rounds and --conversations must be positive, --turns at least 2")
-    own_work = args.work_dir is None
-    work = Path(tempfile.mkdtemp(prefix="thaw-bench-conv-")) if own_work else args.work_dir.resolve()
-    work.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    environment = _environment()
     runs: list[dict[str, Any]] = []
-    try:
-        with _store(argparse.Namespace(s3_endpoint_url=None, s3_credentials_file=None, bucket="thaw"),
-                    work) as store:
-            uri, facts = _ensure_model(store, args.size, work)
-            environment["model"] = facts
-            stack = Stack(stack_config(store, uri, work / "stack", free_port()), work)
-            stack.start()
-            try:
-                stack.wait("two ready replicas",
-                           lambda: sum(1 for w in stack.state()["workers"]
-                                       if w["model"] == MODEL and w["state"] == "ready") == 2)
-                stack.wait("both in the route table", lambda: len(engine_urls(stack)) == 2, 60)
-                engines = engine_urls(stack)
-                counter, lock = itertools.count(), threading.Lock()
-                for r in range(args.rounds):
-                    for mode in MODES:
-                        _log(f"round {r + 1}/{args.rounds}: {mode}")
-                        rngs = [random.Random(f"{args.seed}-{r}-{mode}-{i}") for i in range(args.conversations)]
-                        t0 = time.monotonic()
-                        with ThreadPoolExecutor(max_workers=args.conversations) as pool:
-                            one = functools.partial(conversation, mode, stack, engines, counter, lock,
-                                                    turns=args.turns)
-                            convs = list(pool.map(one, rngs))
-                        runs.append({"mode": mode, "round": r, "seconds": round(time.monotonic() - t0, 2),
-                                     "conversations": convs})
-                assert serving(stack.state(), MODEL)
-            finally:
-                stack.stop()
-    finally:
-        if own_work:
-            shutil.rmtree(work, ignore_errors=True)
-    environment["load_avg_1m_at_end"] = __import__("os").getloadavg()[0]
+    with running(args, "conversations", (0,), stack_config) as (stack, environment):
+        stack.wait("two ready replicas", lambda: sum(1 for w in stack.state()["workers"]
+                                                     if w["model"] == MODEL and w["state"] == "ready") == 2)
+        stack.wait("both in the route table", lambda: len(engine_urls(stack)) == 2, 60)
+        engines = engine_urls(stack)
+        counter, lock = itertools.count(), threading.Lock()
+        for r in range(args.rounds):
+            for mode in MODES:
+                _log(f"round {r + 1}/{args.rounds}: {mode}")
+                rngs = [random.Random(f"{args.seed}-{r}-{mode}-{i}") for i in range(args.conversations)]
+                t0 = time.monotonic()
+                with ThreadPoolExecutor(max_workers=args.conversations) as pool:
+                    one = functools.partial(conversation, mode, stack, engines, counter, lock, turns=args.turns)
+                    convs = list(pool.map(one, rngs))
+                runs.append({"mode": mode, "round": r, "seconds": round(time.monotonic() - t0, 2),
+                             "conversations": convs})
+        assert serving(stack.state(), MODEL)
     report = {"benchmark": "conversations", **summarize(runs), "runs": runs, "environment": environment,
               "settings": {"rounds": args.rounds, "conversations": args.conversations, "turns": args.turns,
                            "max_tokens": MAX_TOKENS, "opening_words": OPENING_WORDS, "size": args.size,

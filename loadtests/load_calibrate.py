@@ -781,17 +781,13 @@ class Stack:
 
     def start(self, timeout_s: float) -> None:
         endpoint = self.data_dir / "endpoint.json"
-        from thaw.process import die_with_parent
+        from thaw.process import spawn_group
 
         endpoint.unlink(missing_ok=True)
-        parent = os.getpid()
-        with open(self.log_path, "ab") as logf:
-            # Its own session (a Ctrl-C here reaches only this process, which stops it in
-            # order); SIGTERM to it if this process dies without stopping it.
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "thaw.cli.main", "up", "--config", str(self.config_path)],
-                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=lambda: die_with_parent(signal.SIGTERM, expected_parent=parent))
+        # Its own session (a Ctrl-C here reaches only this process, which stops it in
+        # order); SIGTERM to it if this process dies without stopping it.
+        self.proc = spawn_group([sys.executable, "-m", "thaw.cli.main", "up", "--config", str(self.config_path)],
+                                self.log_path)
         deadline = time.monotonic() + timeout_s
         while not endpoint.exists():
             self.check_alive()
@@ -823,17 +819,11 @@ class Stack:
         still alive. Returns the pids killed that way."""
         import psutil
 
+        from thaw.process import stop_group
+
         self.remember()
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(grace_s)
-            if self.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(10)
+        if self.proc is not None:
+            stop_group(self.proc, grace_s, term_leader_only=True)
         killed = []
         deadline = time.monotonic() + 15
         with self._seen_lock:

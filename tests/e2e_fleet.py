@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import psutil
 
 from tests.redis_server import RedisServer
 from thaw.controllers import Controllers
+from thaw.process import signal_group, spawn_group
 
 KEY = "thaw-demo-key"
 
@@ -45,11 +45,8 @@ class Fleet:
         return {"Authorization": f"Bearer {self.token()}"}
 
     def start(self, name: str, *argv: str) -> None:
-        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "thaw.cli.main", *argv, "--config", str(self.config)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp)
-        log.close()
+        self.procs[name] = spawn_group([sys.executable, "-m", "thaw.cli.main", *argv, "--config", str(self.config)],
+                                       self.tmp / f"{name}.log", cwd=self.tmp)
 
     def start_controller(self) -> None:
         port = self.controller_url.rsplit(":", 1)[1]
@@ -105,16 +102,14 @@ def kill_local_workers(data_dir: Path) -> None:
     """The workers outlive a controller on purpose; the test removes them at the end."""
     for rec in (data_dir / "local-workers").glob("*.json"):
         info = json.loads(rec.read_text())
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(info["pid"]), signal.SIGTERM)
+        signal_group(int(info["pid"]), signal.SIGTERM)
     deadline = time.time() + 40
     for rec in (data_dir / "local-workers").glob("*.json"):
         pid = int(json.loads(rec.read_text())["pid"])
         while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE \
                 and time.time() < deadline:
             time.sleep(0.2)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+        signal_group(pid, signal.SIGKILL)
 
 
 def chat(client: openai.OpenAI, model: str, max_tokens: int = 8) -> str:

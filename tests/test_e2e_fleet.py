@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from activator.ledger import query_usage
-from loadtests.procs import kill_group
+from thaw.process import stop_group
 from tests.conftest import BUCKET
 from tests.e2e_fleet import KEY, Fleet, kill_local_workers
 from tests.redis_server import RedisServer
@@ -87,7 +87,7 @@ def fleet(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
     finally:
         for name in [n for n in f.procs if n.startswith("activator")] + ["controller"]:
             if name in f.procs:
-                kill_group(f.procs[name], 60)
+                stop_group(f.procs[name], 60)
         kill_local_workers(f.data_dir)
         redis.stop()
 
@@ -252,7 +252,7 @@ def test_a_budget_change_from_the_cli_applies_survives_a_restart_and_is_an_event
     events = thaw("pool", "events", "--since", "10m")
     assert events.returncode == 0 and "budget" in events.stdout and "operator" in events.stdout
     # A restart (SIGTERM) keeps the band: no launch, no terminate.
-    kill_group(fleet.procs["controller"], 60)
+    stop_group(fleet.procs["controller"], 60)
     assert fleet.procs["controller"].returncode == 0
     fleet.start_controller()
     state = fleet.wait("adopted", lambda s: s["adopted"])
@@ -430,7 +430,7 @@ def test_activator_workers_share_one_port_and_each_keeps_its_own_ledger(fleet: F
         children = psutil.Process(fleet.procs["activator-c"].pid).children()
         assert len(children) == 2
     finally:
-        kill_group(fleet.procs["activator-c"], 40)
+        stop_group(fleet.procs["activator-c"], 40)
     # Stopped on purpose: not one of the fleet's processes that must keep running.
     assert fleet.procs.pop("activator-c").returncode == 0
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in children)

@@ -36,7 +36,7 @@ import psycopg
 import pytest
 import yaml
 
-from loadtests.procs import kill_group
+from thaw.process import stop_group
 from tests.conftest import BUCKET
 from tests.e2e_fleet import KEY, Fleet, Load, chat, kill_local_workers
 from tests.e2e_stack import push_demo
@@ -94,7 +94,7 @@ def fleet(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path, postgres: 
     finally:
         for name in [n for n in f.procs if n.startswith("activator")] + ["controller-a", "controller-b"]:
             if name in f.procs and f.procs[name].poll() is None:
-                kill_group(f.procs[name], 60)
+                stop_group(f.procs[name], 60)
         kill_local_workers(f.data_dir)
 
 

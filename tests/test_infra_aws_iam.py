@@ -49,7 +49,7 @@ from activator.files import store_upload
 from activator.ledger import Ledger, UsageRecord
 from activator.shipping import UsageShipper
 from activator.tokens import TokenCounter, s3_fetcher
-from loadtests.procs import kill_group
+from thaw.process import stop_group
 from snapshotter.archive import create_archive
 from snapshotter.store import SnapshotLocation, read_snapshot_manifest, upload_snapshot
 from tests.moto_stack import STACK_NAME, as_list, client, deploy, role_policies
@@ -312,7 +312,7 @@ def thaw_process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[su
     try:
         yield proc
     finally:
-        kill_group(proc, 30)
+        stop_group(proc, 30)
 
 
 def wait_for(what: str, pred: Any, procs: list[tuple[subprocess.Popen[bytes], Path]], timeout_s: float = 90) -> Any:

@@ -1,12 +1,25 @@
-"""Tie a process's life to its parent's (Linux ``PR_SET_PDEATHSIG``)."""
+"""Child processes that lead their own process group: started, signalled and stopped
+with their group, and (``tied``) dying with this process (Linux ``PR_SET_PDEATHSIG``).
+
+Every service, worker, engine host, store and benchmark peer Thaw starts goes through
+here, so one rule holds everywhere: a child's own children go with it, and nothing
+outlives the process that started it by accident.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import os
 import signal
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+# What a stopped group is given after SIGKILL to be reaped.
+_REAP_S = 10.0
 
 
 def die_with_parent(sig: int = signal.SIGTERM, expected_parent: int | None = None) -> bool:
@@ -25,3 +38,110 @@ def die_with_parent(sig: int = signal.SIGTERM, expected_parent: int | None = Non
     if expected_parent is not None and os.getppid() != expected_parent:
         os.kill(os.getpid(), sig)
     return True
+
+
+def _tie() -> Callable[[], object]:
+    parent = os.getpid()
+    return lambda: die_with_parent(signal.SIGTERM, expected_parent=parent)
+
+
+def spawn_group(cmd: Sequence[str], log: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None,
+                tied: bool = True) -> subprocess.Popen[bytes]:
+    """``cmd`` leading a process group of its own, stdout and stderr appended to ``log``,
+    stdin from /dev/null; with ``tied``, SIGTERMed if this process dies first."""
+    with open(log, "ab") as logf:
+        return subprocess.Popen(list(cmd), stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, cwd=cwd, start_new_session=True, preexec_fn=_tie() if tied else None)
+
+
+async def spawn_group_async(cmd: Sequence[str], log: Path | None, *, env: dict[str, str] | None = None,
+                            cwd: Path | None = None, tied: bool = True,
+                            limit: int = 2**16) -> asyncio.subprocess.Process:
+    """:func:`spawn_group` on the event loop. ``log`` None: stdin, stdout and stderr are
+    pipes (lines up to ``limit`` bytes) for the caller to talk over."""
+    tie = _tie() if tied else None
+    if log is None:
+        pipe = asyncio.subprocess.PIPE
+        return await asyncio.create_subprocess_exec(*cmd, stdin=pipe, stdout=pipe, stderr=pipe, env=env, cwd=cwd,
+                                                    start_new_session=True, preexec_fn=tie, limit=limit)
+    # A local file open is fast; the child inherits the descriptor.
+    logf = open(log, "ab")  # noqa: SIM115, ASYNC230
+    try:
+        return await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf, env=env, cwd=cwd,
+            start_new_session=True, preexec_fn=tie)
+    finally:
+        logf.close()
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """``sig`` to every process of group ``pgid``; nothing if it is gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is in group ``pgid``.
+
+    Orphaned members are reparented to init, which may be slow to reap them (or not
+    reap them at all in a container): zombies do not count.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 3 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _term(proc: subprocess.Popen[bytes] | asyncio.subprocess.Process, leader_only: bool) -> None:
+    if leader_only:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+    else:
+        signal_group(proc.pid, signal.SIGTERM)
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float, *, term_leader_only: bool = False) -> None:
+    """SIGTERM the group ``proc`` leads (``term_leader_only``: ``proc`` alone, which
+    stops its own children in order), wait up to ``grace_s`` for ``proc``, then SIGKILL
+    whatever is left of the group."""
+    if proc.poll() is None:
+        _term(proc, term_leader_only)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(grace_s)
+    signal_group(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(_REAP_S)
+
+
+async def stop_group_async(proc: asyncio.subprocess.Process, grace_s: float, *,
+                           term_leader_only: bool = False) -> bool:
+    """:func:`stop_group` on the event loop; whether it took SIGKILL."""
+    if proc.returncode is not None:
+        signal_group(proc.pid, signal.SIGKILL)
+        return False
+    _term(proc, term_leader_only)
+    killed = False
+    try:
+        await asyncio.wait_for(proc.wait(), grace_s)
+    except TimeoutError:
+        killed = True
+    signal_group(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.wait(), _REAP_S)
+    return killed
+

@@ -23,6 +23,7 @@ import psutil
 
 from thaw.embedded_store import free_port
 from thaw.log import get_logger
+from thaw.process import signal_group, spawn_group_async
 from warm_pool.providers import Instance, InstanceState
 
 log = get_logger()
@@ -109,15 +110,10 @@ class LocalProvider:
                "--data-dir", str(self.data_dir / "workers" / worker_id), "--log-level", self.log_level]
         if self.orphan_after_s is not None:
             cmd += ["--exit-when-orphaned-s", str(self.orphan_after_s)]
-        # A local file open is fast; the child inherits the descriptor.
-        logf = open(logs / f"worker-{worker_id}.log", "ab")  # noqa: SIM115, ASYNC230
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf,
-                env={**os.environ, **self._worker_env}, start_new_session=True,
-            )
-        finally:
-            logf.close()
+        # Not tied to the controller: a restarted controller adopts its workers (an
+        # orphaned one exits by itself after --exit-when-orphaned-s).
+        proc = await spawn_group_async(cmd, logs / f"worker-{worker_id}.log", env={**os.environ, **self._worker_env},
+                                       tied=False)
         self._children[worker_id] = proc
         rec = {"worker_id": worker_id, "instance_id": instance_id, "shape": shape, "pid": proc.pid, "port": port,
                "launched_at": time.time(), "create_time": psutil.Process(proc.pid).create_time()}
@@ -137,12 +133,10 @@ class LocalProvider:
         wid, pid = str(rec["worker_id"]), int(rec["pid"])  # type: ignore[call-overload]
         if _alive(pid, float(rec["create_time"])):  # type: ignore[arg-type]
             # The worker drains and stops its engine on SIGTERM; its group goes after.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGTERM)
+            signal_group(pid, signal.SIGTERM)
             if not await self._wait_exit(wid, pid, self.stop_timeout_s):
                 log.warning("worker_kill", worker_id=wid, after_s=self.stop_timeout_s)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
             await self._wait_exit(wid, pid, 5.0)
         self._record_path(wid).unlink(missing_ok=True)
         self._children.pop(wid, None)

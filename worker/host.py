@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from thaw.log import get_logger
+from thaw.process import group_alive, signal_group, spawn_group_async
 from worker.launch import LaunchCommand, ParkCommand, SwapCommand, decode_event
 
 log = get_logger()
@@ -79,12 +80,9 @@ class EngineHostProcess:
             "PYTHONUNBUFFERED": "1",
             "THAW_AGENT_PID": str(os.getpid()),
         }
-        proc = await asyncio.create_subprocess_exec(
-            python, "-m", "worker.engine_host",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd,
-            start_new_session=True, limit=STREAM_LIMIT_BYTES,
-        )
+        # Not tied by the kernel: the host watches THAW_AGENT_PID itself.
+        proc = await spawn_group_async([python, "-m", "worker.engine_host"], None, env=env, cwd=cwd, tied=False,
+                                       limit=STREAM_LIMIT_BYTES)
         log.info("engine_host_started", pid=proc.pid)
         return cls(proc, on_event)
 
@@ -156,48 +154,16 @@ class EngineHostProcess:
         pgid = self.pid  # session leader: its pid is the group id
         if grace_s > 0:
             deadline = time.monotonic() + grace_s
-            _signal_group(pgid, signal.SIGTERM)
+            signal_group(pgid, signal.SIGTERM)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._proc.wait(), grace_s)
             # Nothing signals "group empty": poll it.
-            while await asyncio.to_thread(_group_alive, pgid) and time.monotonic() < deadline:  # noqa: ASYNC110
+            while await asyncio.to_thread(group_alive, pgid) and time.monotonic() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
-            if self._proc.returncode is None or await asyncio.to_thread(_group_alive, pgid):
+            if self._proc.returncode is None or await asyncio.to_thread(group_alive, pgid):
                 log.warning("engine_host_kill", host_pid=self.pid, after_s=grace_s)
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
         await self.wait()
         for task in self._readers:
             task.cancel()
         log.info("engine_host_stopped", host_pid=self.pid, returncode=self._proc.returncode)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process is in group ``pgid``.
-
-    Orphaned members are reparented to init, which may be slow to reap them (or not
-    reap them at all in a container): zombies do not count.
-    """
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False

@@ -29,6 +29,8 @@ import httpx
 import openai
 import psutil
 
+from thaw.process import signal_group
+
 # What a client can see. "ok": a 200 stream that ended with its finish reason and the
 # usage chunk; "error_event": a 200 stream that ended with an OpenAI-shaped error event;
 # "http_error": an OpenAI-shaped error response; "connection_error": no answer at all
@@ -383,8 +385,7 @@ def kill_worker(agent_pid: int) -> list[int]:
     groups = [os.getpgid(agent_pid), *engine_groups(agent_pid)]
     frozen = freeze(agent_pid)
     for g in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(g, signal.SIGKILL)
+        signal_group(g, signal.SIGKILL)
     for p in frozen:  # one that left the groups (a setsid child) dies too
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
@@ -408,8 +409,7 @@ def kill_engine(agent_pid: int) -> list[int]:
     """The engine crashes under a live agent: its engine hosts' groups, SIGKILL."""
     groups = engine_groups(agent_pid)
     for g in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(g, signal.SIGKILL)
+        signal_group(g, signal.SIGKILL)
     return groups
 
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from loadtests.procs import kill_group
+from thaw.process import stop_group
 from thaw.embedded_store import free_port
 
 TOKEN = "services-test-token"
@@ -85,7 +85,7 @@ def test_services_start_register_and_exit_0_on_sigterm(tmp_path: Path) -> None:
     finally:
         codes = {}
         for name in ("activator", "worker", "controller"):
-            kill_group(procs[name], 60)  # SIGTERM, then SIGKILL for what is left after 60 s
+            stop_group(procs[name], 60)  # SIGTERM, then SIGKILL for what is left after 60 s
             codes[name] = procs[name].returncode
     assert codes == {"activator": 0, "worker": 0, "controller": 0}, {
         n: (tmp_path / f"{n}.log").read_text()[-1500:] for n, c in codes.items() if c}

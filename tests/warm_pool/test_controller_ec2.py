@@ -24,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from loadtests.procs import kill_group
+from thaw.process import stop_group
 from tests.warm_pool.fleet import serve
 from tests.warm_pool.moto_ec2 import TOKEN_PARAM, Aws, NoCapacity
 from thaw.config import ThawConfig, parse_config
@@ -79,7 +79,7 @@ def worker_process(cfg_path: Path, instance_id: str, worker_id: str, log: Path) 
     try:
         yield proc
     finally:
-        kill_group(proc, 30)
+        stop_group(proc, 30)
 
 
 async def until(what: str, pred: Any, timeout_s: float = 30.0) -> None:

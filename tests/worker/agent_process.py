@@ -20,6 +20,7 @@ import yaml
 from tests.conftest import BUCKET
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint
+from thaw.process import spawn_group
 
 STANDBY_TIMEOUT_S = 120.0
 TOKEN = "agent-test-cluster-token"
@@ -102,13 +103,9 @@ def running_agent(root: Path, worker_id: str, s3: S3Endpoint) -> Iterator[Agent]
                     "price_per_hour_usd": 0}],
     }))
     env = {**os.environ, "AWS_ACCESS_KEY_ID": s3.access_key or "", "AWS_SECRET_ACCESS_KEY": s3.secret_key or ""}
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "--config", str(config), "--port", str(port),
-             "--worker-id", worker_id, "--shape", "cpu-small", "--data-dir", str(root / "data"),
-             "--log-level", "debug"],
-            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-        )
+    proc = spawn_group([sys.executable, "-m", "worker", "--config", str(config), "--port", str(port),
+                        "--worker-id", worker_id, "--shape", "cpu-small", "--data-dir", str(root / "data"),
+                        "--log-level", "debug"], log_path, env=env)
     a = Agent(proc, f"http://127.0.0.1:{port}", log_path, time.monotonic())
     try:
         yield a

@@ -25,6 +25,7 @@ from thaw.aio import wait_event
 from thaw.config import ThawConfig, hash_api_key
 from thaw.log import get_logger
 from thaw.private_files import write_private
+from thaw.process import spawn_group_async, stop_group_async
 
 log = get_logger()
 
@@ -83,20 +84,10 @@ class _Service:
     restarts: int = 0
 
     async def start(self) -> None:
-        from thaw.process import die_with_parent
-
-        parent = os.getpid()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        logf = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 (a local file: fast)
-        try:
-            # Its own session (Ctrl-C reaches `thaw up` only, which stops the services in
-            # order); it dies with `thaw up` even if that is SIGKILLed.
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
-                preexec_fn=lambda: die_with_parent(signal.SIGTERM, expected_parent=parent),
-            )
-        finally:
-            logf.close()
+        # Its own session (Ctrl-C reaches `thaw up` only, which stops the services in
+        # order); it dies with `thaw up` even if that is SIGKILLed.
+        self.proc = await spawn_group_async(self.argv, self.log_path)
 
     async def healthy(self, timeout_s: float) -> bool:
         import httpx
@@ -116,15 +107,9 @@ class _Service:
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
-        except TimeoutError:
+        # SIGTERM to the service alone: it stops what it started, in order.
+        if await stop_group_async(proc, timeout_s, term_leader_only=True):
             log.warning("service_kill", service=self.name, after_s=timeout_s)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
 
 
 def _refuse_remote_pools(cfg: ThawConfig) -> None:

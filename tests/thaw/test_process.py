@@ -1,0 +1,93 @@
+"""Process groups (thaw/process.py), with real processes: a stopped group takes its
+grandchildren with it, a leader that ignores SIGTERM is killed after the grace, a tied
+child dies with its parent, and the async forms do the same."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from thaw.process import group_alive, spawn_group, spawn_group_async, stop_group, stop_group_async
+
+# A leader that starts a grandchild in its own group, says so, then waits; with IGNORE
+# set it ignores SIGTERM.
+LEADER = """
+import os, signal, subprocess, sys, time
+if os.environ.get("IGNORE"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print("child", child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def wait_for(pred: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def grandchild(log: Path) -> int:
+    wait_for(lambda: "child" in log.read_text())
+    return int(log.read_text().split()[1])
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_a_stopped_group_takes_its_grandchildren(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    proc = spawn_group([sys.executable, "-c", LEADER], log)
+    kid = grandchild(log)
+    assert os.getpgid(kid) == proc.pid and group_alive(proc.pid)
+    stop_group(proc, 5)
+    assert proc.returncode is not None
+    wait_for(lambda: gone(kid) and not group_alive(proc.pid))
+
+
+def test_a_leader_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    proc = spawn_group([sys.executable, "-c", LEADER], log, env={**os.environ, "IGNORE": "1"})
+    kid = grandchild(log)
+    stop_group(proc, 0.5, term_leader_only=True)
+    assert proc.returncode == -signal.SIGKILL
+    wait_for(lambda: gone(kid))
+
+
+def test_a_tied_child_dies_with_its_parent(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    # A parent that starts a tied child, prints its pid, and exits at once.
+    parent = (f"import sys; from pathlib import Path; from thaw.process import spawn_group; "
+              f"p = spawn_group([sys.executable, '-c', 'import time; time.sleep(600)'], Path({str(log)!r})); "
+              f"print(p.pid, flush=True)")
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60, check=True)
+    pid = int(out.stdout.split()[0])
+    wait_for(lambda: gone(pid))
+
+
+async def test_the_async_forms_stop_a_group_and_say_whether_they_killed(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    proc = await spawn_group_async([sys.executable, "-c", LEADER], log)
+    kid = grandchild(log)
+    assert not await stop_group_async(proc, 10)
+    wait_for(lambda: gone(kid))
+    stubborn_log = tmp_path / "stubborn.log"
+    stubborn = await spawn_group_async([sys.executable, "-c", LEADER], stubborn_log,
+                                       env={**os.environ, "IGNORE": "1"})
+    kid = grandchild(stubborn_log)
+    assert await stop_group_async(stubborn, 0.5, term_leader_only=True)
+    wait_for(lambda: gone(kid))
+    piped = await spawn_group_async([sys.executable, "-c", "print(input().upper())"], None)
+    out, _ = await piped.communicate(b"hello\n")
+    assert out == b"HELLO\n"
