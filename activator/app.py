@@ -289,16 +289,15 @@ def create_app(
                      "error": public_failure(st.failure_kind) if routes.state_of(m.name) == "failed" else None},
         }
 
+    # An ApiError raised by a route is answered by the handler above (OpenAI's shape,
+    # the request id): routes raise, none maps errors itself.
     async def list_models(request: Request, only: str | None) -> Response:
         rid = request_id_from(request)
-        try:
-            principal = service.principal(request)
-            if only is not None:
-                model = service.resolve_model(principal, only)
-                return JSONResponse({"object": "list", "data": [model_entry(model.name)]},
-                                    headers={"x-request-id": rid})
-        except ApiError as exc:
-            return error_response(exc, {"x-request-id": rid})
+        principal = service.principal(request)
+        if only is not None:
+            model = service.resolve_model(principal, only)
+            return JSONResponse({"object": "list", "data": [model_entry(model.name)]},
+                                headers={"x-request-id": rid})
         data = [model_entry(m.name) for m in service.cfg.models if principal.may_use(m.name)]
         return JSONResponse({"object": "list", "data": data}, headers={"x-request-id": rid})
 
@@ -308,12 +307,8 @@ def create_app(
 
     @app.get("/v1/models/{model:path}", responses=ERROR_RESPONSES)
     async def model_by_id(model: str, request: Request) -> Response:
-        rid = request_id_from(request)
-        try:
-            m = service.resolve_model(service.principal(request), model)
-        except ApiError as exc:
-            return error_response(exc, {"x-request-id": rid})
-        return JSONResponse(model_entry(m.name), headers={"x-request-id": rid})
+        m = service.resolve_model(service.principal(request), model)
+        return JSONResponse(model_entry(m.name), headers={"x-request-id": request_id_from(request)})
 
     @app.get("/m/{model}/v1/models", responses=ERROR_RESPONSES)
     async def models_for(model: str, request: Request) -> Response:
@@ -324,11 +319,8 @@ def create_app(
         """The caller's own usage records (never another tenant's) and their totals, from
         every activator's shipped segments and this one's ledger, with the shipping lag."""
         rid = request_id_from(request)
-        try:
-            principal = service.principal(request)
-            lo, hi = parse_time(since, "since"), parse_time(until, "until")
-        except ApiError as exc:
-            return error_response(exc, {"x-request-id": rid})
+        principal = service.principal(request)
+        lo, hi = parse_time(since, "since"), parse_time(until, "until")
         fleet = await asyncio.to_thread(read_usage, usage_reader, {activator_id: ledger.path},
                                         tenant=principal.tenant, since=lo, until=hi)
         reason = fleet.reason
