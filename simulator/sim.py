@@ -70,6 +70,7 @@ from thaw.config import Model, ThawConfig
 from thaw.engine_class import engine_class_of
 from thaw.fit import engine_capacity, engine_memory
 from thaw.wire import CachedWeights, WorkerState
+from warm_pool.autoscaler import steady_band
 from warm_pool.keepalive import keep_alive_decision, keep_alive_window
 from warm_pool.policy import (
     COLD_START_WINDOW_S,
@@ -798,12 +799,8 @@ class Simulator:
         if a.ttft_slo_s is not None and any(o.ttfts for o in sc.observations):
             return False
         # The raw count stays at the current one while every demand value the windows
-        # can hold is in (lower, upper]: no step up or down, no panic.
-        tc = a.target_concurrency
-        upper = current * tc if current < a.max_replicas else INF
-        if a.panic_threshold <= 1.0 and upper != INF:
-            upper = math.nextafter(upper, -INF)
-        lower = (current - 1) * tc if current > max(a.min_replicas, 1) else -INF
+        # can hold is in the autoscaler's steady band: no step up or down, no panic.
+        lower, upper = steady_band(current, a)
         if not lower < demand <= upper:
             m.band_for = None
             return False

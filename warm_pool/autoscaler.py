@@ -157,6 +157,21 @@ def bounds(raw: int, current: int, floor: int, a: Autoscaling) -> int:
     return max(floor, min(a.max_replicas, raw, step_cap) if raw > current else min(a.max_replicas, raw))
 
 
+def steady_band(current: int, a: Autoscaling) -> tuple[float, float]:
+    """The window demand ``(lower, upper]`` for which :func:`desired` and :func:`bounds`
+    keep ``current`` replicas (at least ``max(min_replicas, 1)``) and the panic window
+    cannot trigger panic: a model whose every observation lies in it scales neither
+    way. Infinite where a bound holds whatever the demand (``min_replicas``,
+    ``max_replicas``)."""
+    tc = a.target_concurrency
+    # Panic triggers at ``panic_threshold`` x current x target (also at max_replicas,
+    # where it holds scale-down off for a stable window).
+    upper = min(current * tc if current < a.max_replicas else math.inf,
+                math.nextafter(a.panic_threshold * current * tc, -math.inf))
+    lower = (current - 1) * tc if current > max(a.min_replicas, 1) else -math.inf
+    return lower, upper
+
+
 def autoscale(state: ScaleState, *, current: int, now: float, a: Autoscaling, demand_now: int,
               keep_warm: bool, loading: int = 0) -> tuple[ScaleResult, ScaleState]:
     """The replicas this model should have now.

@@ -13,6 +13,7 @@ from warm_pool.autoscaler import (
     bounds,
     desired,
     observe,
+    steady_band,
     window_metrics,
 )
 
@@ -50,6 +51,22 @@ def m(stable: float, panic: float | None = None, ttft: float | None = None) -> W
 def test_desired(metrics: WindowMetrics, current: int, cfg: Autoscaling, want: int, panic: bool) -> None:
     raw, is_panic, _, reason = desired(metrics, current, cfg)
     assert (raw, is_panic) == (want, panic), reason
+
+
+@pytest.mark.parametrize("cfg", [A, A.model_copy(update={"panic_threshold": 1.0, "min_replicas": 2}),
+                                 A.model_copy(update={"max_replicas": 3})])
+def test_the_steady_band_is_where_desired_keeps_the_replicas(cfg: Autoscaling) -> None:
+    # The simulator skips judging a model whose demand stays in this band: it must be
+    # exactly where desired() and bounds() keep `current` and panic does not trigger
+    # (below the floor a model is brought up, not judged by the band).
+    floor = max(cfg.min_replicas, 1)
+    for current in range(floor, cfg.max_replicas + 1):
+        lower, upper = steady_band(current, cfg)
+        for tenth in range(0, 20 * 10 * int(cfg.target_concurrency) + 1):
+            d = tenth / 10
+            raw, panic, _, _ = desired(m(d), current, cfg)
+            steady = bounds(raw, current, floor, cfg) == current and not panic
+            assert steady == (lower < d <= upper), (current, d, lower, upper, raw, panic)
 
 
 def test_a_ttft_breach_waits_while_a_replica_loads() -> None:
