@@ -30,10 +30,7 @@ from simulator.traces import (
     window,
     write_generic,
 )
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_INVALID = 2
+from thaw.exits import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 
 _UNIT_S = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
 _DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|min|m|h|d|w)?\s*")

@@ -23,9 +23,9 @@ from simulator.run import Inputs, simulate
 from simulator.sim import GIB, engine_sizes, tier_order
 from simulator.sweep import trace_info
 from thaw.config import ThawConfig
+from thaw.exits import EXIT_INVALID, EXIT_OK
 from thaw.fit import engine_capacity
 
-EXIT_OK, EXIT_INVALID = 0, 2
 # The two runs, in the order they are printed.
 RUNS = ("one_per_instance", "packed")
 _HEADERS = {"one_per_instance": "one per instance", "packed": "packed"}

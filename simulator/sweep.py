@@ -51,6 +51,7 @@ from pydantic import ValidationError
 from simulator.gen_cli import fail
 from simulator.run import Inputs, simulate
 from thaw.config import Autoscaling, Pool, ThawConfig, format_errors
+from thaw.exits import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 
 KeepAlive = Literal["fixed", "histogram"]
 KEEP_ALIVES: tuple[KeepAlive, ...] = get_args(KeepAlive)
@@ -64,7 +65,6 @@ DEFAULT_IDLE_GRACE_S: tuple[float, ...] = (30.0, 60.0, 120.0, 300.0, 600.0, 1800
 KNATIVE_IDLE_GRACE_S = 90.0
 TEN_MINUTES_S = 600.0
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 _T = TypeVar("_T")
 

@@ -9,11 +9,8 @@ import os
 from pathlib import Path
 
 from thaw.config import DEFAULT_CONFIG_PATH, ConfigError, ThawConfig, load_config
+from thaw.exits import EXIT_FAILED, EXIT_INVALID, EXIT_STORE  # noqa: F401 - the commands' codes
 from thaw.log import setup_logging
-
-EXIT_FAILED = 1
-EXIT_INVALID = 2
-EXIT_STORE = 3
 
 
 class CliError(Exception):

@@ -10,11 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from thaw.exits import EXIT_INVALID, EXIT_NO_PLAN
 from thaw.planner import catalog, render
 from thaw.planner.sizing import DEFAULT_HEADROOM, DEFAULT_TPOT_P99_MS, DEFAULT_TTFT_P99_S, plan
-
-EXIT_NO_PLAN = 1
-EXIT_INVALID = 2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

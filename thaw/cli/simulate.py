@@ -13,8 +13,7 @@ from simulator.run import DEFAULT_TTFT_SLO_S, Inputs, SimError, prepare, simulat
 from simulator.sim import engine_classes, tier_order
 from simulator.traces import FORMATS, TraceError, read_trace
 from thaw.config import ConfigError, load_config
-
-EXIT_FAILED, EXIT_INVALID = 1, 2
+from thaw.exits import EXIT_FAILED, EXIT_INVALID
 
 ENGINE_CLASSES_HELP = (
     "Pre-built engines (pools[].prebuild): a cold start on a standby holding a built engine of the model's "

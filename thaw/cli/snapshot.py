@@ -36,14 +36,11 @@ from snapshotter.store import (
     read_snapshot_manifest,
 )
 from thaw.config import ConfigError, Model, ThawConfig, load_config
+from thaw.exits import EXIT_FAILED, EXIT_INVALID, EXIT_STORE
 from thaw.log import get_logger, setup_logging
 from thaw.objstore import S3Endpoint, StoreConfigError, resolve_endpoint
 from thaw.s3errors import error_code
 from thaw.s3uri import parse_s3_uri
-
-EXIT_FAILED = 1
-EXIT_INVALID = 2
-EXIT_STORE = 3
 
 COMMANDS: dict[str, str] = {
     "build": "Start a configured model once (compiled mode) and upload its compile caches as its snapshot.",
