@@ -32,13 +32,13 @@ import pytest
 import yaml
 
 from activator.ledger import query_usage
-from thaw.process import stop_group
 from tests.conftest import BUCKET
 from tests.e2e_fleet import KEY, Fleet, kill_local_workers
 from tests.redis_server import RedisServer
 from thaw.config import hash_api_key
 from thaw.embedded_store import EmbeddedStore, free_port
 from thaw.objstore import S3Endpoint
+from thaw.process import stop_group
 from weight_streaming.push import push_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]

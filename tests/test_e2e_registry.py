@@ -36,7 +36,6 @@ import psycopg
 import pytest
 import yaml
 
-from thaw.process import stop_group
 from tests.conftest import BUCKET
 from tests.e2e_fleet import KEY, Fleet, Load, chat, kill_local_workers
 from tests.e2e_stack import push_demo
@@ -45,6 +44,7 @@ from thaw.config import hash_api_key
 from thaw.controllers import Controllers
 from thaw.embedded_store import EmbeddedStore, free_port
 from thaw.objstore import S3Endpoint
+from thaw.process import stop_group
 from weight_streaming.push import push_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]

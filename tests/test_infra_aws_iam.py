@@ -49,7 +49,6 @@ from activator.files import store_upload
 from activator.ledger import Ledger, UsageRecord
 from activator.shipping import UsageShipper
 from activator.tokens import TokenCounter, s3_fetcher
-from thaw.process import stop_group
 from snapshotter.archive import create_archive
 from snapshotter.store import SnapshotLocation, read_snapshot_manifest, upload_snapshot
 from tests.moto_stack import STACK_NAME, as_list, client, deploy, role_policies
@@ -58,6 +57,7 @@ from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
 from thaw.aws_stack import token_secret_name
 from thaw.config import BatchConfig, parse_config
 from thaw.embedded_store import free_port
+from thaw.process import stop_group
 from thaw.wire import NewBatch, NewFile
 from warm_pool.batch_runner import BatchRunner
 from warm_pool.batches import BatchStore

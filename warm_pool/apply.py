@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -111,7 +111,7 @@ class Applier:
                     continue
             spec = {k: v for k, v in entry.items() if k != "name"}
             number = max((r.revision for r in record.revisions), default=0) + 1 if record else 1
-            action = "deploy" if current is None else "update"
+            action: Literal["deploy", "update"] = "deploy" if current is None else "update"
             changes.append(PlannedChange(
                 kind="model", name=name, action=action, revision=None if dry_run else number, fields=fields))
             batch.revisions.append((ModelRevision(

@@ -17,6 +17,7 @@ shape. Of two changes based on the same revision the second is refused (409).
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -308,18 +309,18 @@ class ModelRegistry:
             await self._on_change(cfg)
             return self.records[name]
 
-    def with_tenants(self, tenants: list[Tenant]) -> ThawConfig:
+    def with_tenants(self, tenants: builtins.list[Tenant]) -> ThawConfig:
         """The config in force were ``tenants`` the tenants (raises ``ValidationError``)."""
         return with_models(self.written.model_copy(update={"tenants": tenants}), self._entries())
 
-    async def tenants_changed(self, tenants: list[Tenant], cfg: ThawConfig, version: int) -> None:
+    async def tenants_changed(self, tenants: builtins.list[Tenant], cfg: ThawConfig, version: int) -> None:
         """The tenants changed (``warm_pool.tenants``, holding :attr:`lock`): ``cfg`` is
         :meth:`with_tenants`'s answer for them, ``version`` the registry's."""
         self.base = self.written.model_copy(update={"tenants": tenants})
         self.cfg, self.version = cfg, version
         await self._on_change(cfg)
 
-    def _entries(self) -> list[dict[str, Any]]:
+    def _entries(self) -> builtins.list[dict[str, Any]]:
         return [{"name": r.name, **spec} for r in self.records.values() if (spec := current_spec(r)) is not None]
 
     # -- parts ------------------------------------------------------------------------

@@ -11,7 +11,9 @@ revokes its keys and is refused while it owns private models.
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -54,7 +56,7 @@ class TenantAdmin:
             raise RegistryRefused(f"no tenant {name!r} (`thaw tenants ls` lists them)", 404)
         return tenant
 
-    def _in_force(self) -> list[Tenant]:
+    def _in_force(self) -> builtins.list[Tenant]:
         """The tenants in force, as the registry holds them (no read of the database)."""
         return list(self.registry.base.tenants)
 
@@ -74,7 +76,8 @@ class TenantAdmin:
                 update["allowed_models"] = list(body.allowed_models)
             if body.limits is not None:
                 # 0 lifts a limit.
-                limits = {**old.limits.model_dump(), **{k: v or None for k, v in body.limits.items()}}
+                limits: dict[str, Any] = {**old.limits.model_dump(),
+                                          **{k: v or None for k, v in body.limits.items()}}
                 update["limits"] = RateLimits.model_validate(limits)
             if not update:
                 raise RegistryRefused("nothing to change: give allowed_models or limits")
@@ -113,7 +116,7 @@ class TenantAdmin:
                            inputs={"who": who, "tenant": name, "keys_revoked": revoked})
         return revoked
 
-    async def _commit(self, tenants: list[Tenant], tenant: Tenant, who: str, *, new: bool,
+    async def _commit(self, tenants: builtins.list[Tenant], tenant: Tenant, who: str, *, new: bool,
                       outcome: str) -> TenantRecord:
         names = {m.name for m in self.registry.cfg.models}
         unknown = [a for a in tenant.allowed_models if a != "*" and a not in names]

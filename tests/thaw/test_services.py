@@ -14,8 +14,8 @@ import httpx
 import pytest
 import yaml
 
-from thaw.process import stop_group
 from thaw.embedded_store import free_port
+from thaw.process import stop_group
 
 TOKEN = "services-test-token"
 

@@ -24,11 +24,11 @@ import httpx
 import pytest
 import yaml
 
-from thaw.process import stop_group
 from tests.warm_pool.fleet import serve
 from tests.warm_pool.moto_ec2 import TOKEN_PARAM, Aws, NoCapacity
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
+from thaw.process import stop_group
 from thaw.wire import BudgetChange, WorkerState, WorkerStatus
 from warm_pool.api import create_pool_app
 from warm_pool.control import HttpWorkerControl

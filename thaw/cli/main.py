@@ -539,14 +539,14 @@ def cmd_usage(args: argparse.Namespace) -> int:
         # Per tenant its totals across models (as before models were priced), and per model.
         tenants: dict[str, dict[str, Any]] = {}
         for t in sorted({t for t, _ in rows}):
-            mine = {model: v for (tt, model), v in rows.items() if tt == t}
-            costs_known = [v["cost_usd"] for v in mine.values() if v["cost_usd"] is not None]
+            by_model = {model: v for (tt, model), v in rows.items() if tt == t}
+            costs_known = [v["cost_usd"] for v in by_model.values() if v["cost_usd"] is not None]
             tenants[t] = {**usage_totals(r for r in records if r["tenant"] == t),
-                          "gpu_seconds": round(sum(v["gpu_seconds"] for v in mine.values()), 3),
+                          "gpu_seconds": round(sum(v["gpu_seconds"] for v in by_model.values()), 3),
                           "cost_usd": round(sum(costs_known), 6) if costs_known else None,
-                          "unpriced_requests": sum(v["unpriced_requests"] or 0 for v in mine.values())
+                          "unpriced_requests": sum(v["unpriced_requests"] or 0 for v in by_model.values())
                           if costs_known else None,
-                          "models": mine}
+                          "models": by_model}
         print(json.dumps({"tenants": tenants, "records": records, "shipping": fleet.shipping(),
                           "complete": fleet.complete, "incomplete_reason": fleet.reason, "prices_note": no_prices},
                          indent=2))

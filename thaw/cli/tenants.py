@@ -100,22 +100,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'TENANT':16} {'MODELS':24} {'LIMITS':28} {'KEY':14} {'SOURCE':8} STATUS")
         for t in tenants:
             models = ",".join(t["allowed_models"])[:24]
-            limits = _show_limits(t["limits"])[:28]
+            shown_limits = _show_limits(t["limits"])[:28]
             shown = 0
             for h in t["config_key_hashes"]:
                 hx = h.removeprefix("sha256:")
-                print(f"{t['name']:16} {models:24} {limits:28} {hx[:12] + '…':14} {'config':8} "
+                print(f"{t['name']:16} {models:24} {shown_limits:28} {hx[:12] + '…':14} {'config':8} "
                       f"{'revoked' if hx in revoked else 'active'}")
                 shown += 1
             for r in keys:
                 if r["tenant"] == t["name"] and r["label"] != "config":
                     when = datetime.fromtimestamp(r["created_at"], UTC).strftime("%Y-%m-%d %H:%M")
-                    print(f"{t['name']:16} {models:24} {limits:28} {r['prefix'] + '…':14} {'added':8} "
+                    print(f"{t['name']:16} {models:24} {shown_limits:28} {r['prefix'] + '…':14} {'added':8} "
                           f"{'revoked' if r['revoked_at'] else 'active'} (added {when}"
                           f"{', ' + r['label'] if r['label'] else ''})")
                     shown += 1
             if not shown:
-                print(f"{t['name']:16} {models:24} {limits:28} {'-':14} {'-':8} no key (`thaw tenants add`)")
+                print(f"{t['name']:16} {models:24} {shown_limits:28} {'-':14} {'-':8} no key (`thaw tenants add`)")
     return 0
 
 
