@@ -48,7 +48,7 @@ from activator.metrics import ActivatorMetrics
 from activator.protocol import ERROR_RESPONSES, ErrorResponse, add_request_schemas, request_body
 from activator.responses import CREATE_BODY as RESPONSES_BODY
 from activator.responses import ResponsesApi
-from activator.routing import RouteWatcher, public_failure
+from activator.route_watcher import RouteWatcher, public_failure
 from activator.service import CompletionService, Kind, RequestContext
 from activator.shipping import S3Client, UsageShipper
 from activator.tokens import FileFetcher, TokenCounter

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from activator.protocol import Kind
-from activator.routing import RouteWatcher
+from activator.route_watcher import RouteWatcher
 from activator.service import UPSTREAM_PATH, CompletionService, RequestContext
 from thaw.config import BatchConfig
 from thaw.controllers import ControllerClient

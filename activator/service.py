@@ -34,8 +34,8 @@ from activator.ledger import Ledger, UsageRecord
 from activator.limits import Admission, Limiter, LocalLimiter
 from activator.metrics import PHASES, ActivatorMetrics
 from activator.protocol import Kind, parse_request, tenant_cache_salt
-from activator.router import prefix_key
-from activator.routing import Acquired, Replica, RouteWatcher, cold_start_tier
+from activator.replica_choice import prefix_key
+from activator.route_watcher import Acquired, Replica, RouteWatcher, cold_start_tier
 from activator.throttle import FailedAuthThrottle
 from activator.tokens import COMPLETIONS_DEFAULT_MAX_TOKENS, PromptRejected, TokenCounter
 from activator.upstream import UpstreamPool, UpstreamResponse
@@ -227,12 +227,7 @@ class CompletionService:
             # usage chunk only when the client asked for it.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
 
-        st = self.routes.routes[model.name]
-        st.last_request_at = self.clock()
-        st.arrivals += 1
-        # No ready replica: this request is part of a cold start, answered or not. (All
-        # replicas busy is not a cold start: it waits in the fair queue, as hot traffic.)
-        ctx.cold = not st.replicas
+        ctx.cold = self.routes.arrive(model.name, self.clock())
         key = affinity or prefix_key(kind, body)
         try:
             acquired = await self.routes.acquire(model, ctx.arrival, key, ctx.tenant or "")
@@ -242,11 +237,11 @@ class CompletionService:
         ctx.cold, ctx.queue_s = acquired.cold, acquired.queue_s
         if acquired.cold:
             ctx.enqueued_at = ctx.arrival  # demand is signalled as the request is queued
-        st.in_flight += 1
+        self.routes.started(model.name)
         try:
             upstream, replica, first = await self._send(model, kind, body, acquired, ctx, stream=stream)
         except BaseException:
-            st.in_flight -= 1
+            self.routes.ended(model.name, self.clock())
             raise
         ctx.replica = replica.assignment_id or replica.worker_id
         ctx.revision = replica.revision
@@ -395,10 +390,7 @@ class CompletionService:
             ctx.status = 502
             raise UpstreamError(f"the replica failed while answering: {exc or type(exc).__name__}") from None
         finally:
-            self.routes.release(model.name, replica)
-            st = self.routes.routes[model.name]
-            st.in_flight -= 1
-            st.last_request_at = self.clock()
+            self.routes.ended(model.name, self.clock(), replica)
             upstream.release()
         ctx.status = upstream.status
         usage_from_body(content, ctx.usage)
@@ -427,9 +419,7 @@ class CompletionService:
             if done:
                 return
             done = True
-            self.routes.release(model.name, replica)
-            self.routes.routes[model.name].in_flight -= 1
-            self.routes.routes[model.name].last_request_at = self.clock()
+            self.routes.ended(model.name, self.clock(), replica)
             # A stream read to its end gives its connection back; one cut short closes it
             # (and vLLM aborts the request).
             if upstream.at_eof():
@@ -514,7 +504,7 @@ class CompletionService:
         self.metrics.ttft.labels(model.name).observe(now - ctx.arrival)
         if not ctx.cold:
             # The autoscaler's TTFT target is about serving capacity, not cold starts.
-            self.routes.routes[model.name].note_ttft(now - ctx.arrival)
+            self.routes.note_ttft(model.name, now - ctx.arrival)
         if ctx.cold and replica.assignment_id and replica.assignment_id not in self._recorded_cold:
             self._recorded_cold.add(replica.assignment_id)
             self._record_cold_start(model, replica, ctx, now)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from activator.routing import RouteWatcher
+from activator.route_watcher import RouteWatcher
 from tests.warm_pool.fleet import TOKEN, InProcessProvider, controller, fleet_config, states, until
 from thaw.wire import WorkerState, WorkerStatus
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from activator.routing import RouteWatcher
+from activator.route_watcher import RouteWatcher
 from tests.postgres_server import PostgresServer
 from tests.warm_pool.fleet import (
     TOKEN,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from activator.routing import RouteWatcher
+from activator.route_watcher import RouteWatcher
 from tests.warm_pool.fleet import (
     TOKEN,
     FakeStoreReader,

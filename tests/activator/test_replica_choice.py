@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from activator.router import choose, prefix_key
+from activator.replica_choice import choose, prefix_key
 
 
 @dataclass

@@ -21,7 +21,7 @@ import httpx
 from pydantic import BaseModel
 
 from activator.errors import NotFound, ServiceUnavailable, TooManyRequests
-from activator.router import choose
+from activator.replica_choice import choose
 from thaw.auth import bearer
 from thaw.config import Model
 from thaw.controllers import Controllers
@@ -371,6 +371,32 @@ class RouteWatcher:
         cap = m.autoscaling.max_concurrency_per_replica
         free = [r for r in self.routes[model].replicas if r.outstanding < cap]
         return choose(free, key)  # type: ignore[return-value]
+
+    # -- a request's life, as the service reports it (the only writers of these counts) --
+
+    def arrive(self, model: str, now: float) -> bool:
+        """A request for ``model`` arrived: counted; whether it finds no ready replica
+        (part of a cold start, answered or not; all replicas busy is not one)."""
+        st = self.routes[model]
+        st.last_request_at = now
+        st.arrivals += 1
+        return not st.replicas
+
+    def started(self, model: str) -> None:
+        """A request acquired its replica and is being sent."""
+        self.routes[model].in_flight += 1
+
+    def ended(self, model: str, now: float, replica: Replica | None = None) -> None:
+        """A started request ended (``replica``: its slot is freed too)."""
+        if replica is not None:
+            self.release(model, replica)
+        st = self.routes[model]
+        st.in_flight -= 1
+        st.last_request_at = now
+
+    def note_ttft(self, model: str, seconds: float) -> None:
+        """A hot request's time to first byte (the autoscaler's TTFT target)."""
+        self.routes[model].note_ttft(seconds)
 
     def fair_depth(self, model: str) -> int:
         return sum(len(q) for q in self.routes[model].fair.values())

@@ -11,7 +11,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
-from activator.routing import Replica, RouteWatcher, cold_start_tier, public_failure
+from activator.route_watcher import Replica, RouteWatcher, cold_start_tier, public_failure
 from thaw.config import parse_config
 from thaw.embedded_store import free_port
 
