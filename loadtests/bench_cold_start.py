@@ -89,6 +89,7 @@ from typing import Any
 
 from loadtests.procs import tail
 from thaw.process import spawn_group, stop_group
+from thaw.units import GiB
 
 # On-demand vLLM.
 BASELINE_EAGER = "baseline_eager"
@@ -204,7 +205,6 @@ LAUNCH_SHAPE = "cpu-launch"
 # the base, kept warm, the adapter loaded into it).
 PACK_SHAPE = "cpu-pack"
 LORA_SHAPE = "cpu-lora"
-GiB = 1 << 30
 # Thaw's loader's log line in an engine core (weight_streaming.vllm_loader): how long
 # it read the weights. Also the proof that the loader ran.
 _THAW_LOAD_LINE = re.compile(r"Thaw streamer: .*? in ([0-9.]+) s \(")

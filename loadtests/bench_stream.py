@@ -68,8 +68,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-MiB = 1 << 20
-GiB = 1 << 30
+from thaw.units import GiB, MiB
+
 PAGE = 4096
 # The ceiling grid: chunk MiB x GETs in flight (also the grid of --sweep).
 CEILING_CHUNKS_MIB = (4, 8, 16, 32, 64)

@@ -88,6 +88,7 @@ from loadtests.load_schema import (
     Verdict,
 )
 from loadtests.load_stats import completed, percentile, tpot_ms
+from thaw.units import GiB
 
 if TYPE_CHECKING:
     from simulator.sim import SimResult
@@ -121,7 +122,6 @@ PROBE_MAX_TOKENS = 8
 HOT_PROBES_PER_COLD = 3
 # The controller's tick (warm_pool.manager's poll interval): the simulator ticks the same.
 CONTROLLER_TICK_S = 0.25
-GiB = 1 << 30
 
 
 class CalibrationError(RuntimeError):
@@ -1245,8 +1245,8 @@ def _terminated(signum: int, frame: object) -> None:
 def _calibrate(args: argparse.Namespace, out: Path, trace: Trace, trace_file: Path, info: TraceInfo,
                names: list[str]) -> int:
     from loadtests.load_run import plan_requests, replay
-    from thaw.demo_model import parse_size_bytes
     from thaw.embedded_store import free_port
+    from thaw.units import parse_size_bytes
 
     started = time.time()
     work = out / "work"

@@ -27,6 +27,7 @@ from typing import Any
 from thaw.config import Model, ThawConfig
 from thaw.planner import catalog
 from thaw.planner.sizing import replica_performance
+from thaw.units import GiB
 
 GB = 1e9
 # Assumptions of the default cost model (each overridable per model in a costs file).
@@ -141,14 +142,14 @@ def planner_costs(model: Model, cfg: ThawConfig, catalog_model: str) -> ModelCos
     if perf.max_batch < 1:
         raise CostError(
             f"model {model.name!r} as {spec.id} does not fit {gpus} x {gpu.id}: weights "
-            f"{perf.weights_bytes / catalog.GIB:.1f} GiB leave room for {perf.kv_capacity_tokens} tokens of KV, "
+            f"{perf.weights_bytes / GiB:.1f} GiB leave room for {perf.kv_capacity_tokens} tokens of KV, "
             f"less than one {model.max_context_tokens}-token sequence")
     # The replica's batch: its concurrency cap, unless its KV cache holds fewer.
     perf = replica_performance(spec, gpu, gpus, context_tokens=model.max_context_tokens,
                                batch=max(1, min(batch, perf.max_batch)))
     weights_gb = perf.weights_bytes / GB
     return ModelCosts(
-        weights_gib=perf.weights_bytes / catalog.GIB,
+        weights_gib=perf.weights_bytes / GiB,
         standby_load_s=weights_gb / LOAD_GB_PER_S + ENGINE_INIT_S,
         host_load_s=weights_gb / HOST_LOAD_GB_PER_S + ENGINE_INIT_S,
         disk_load_s=weights_gb / DISK_LOAD_GB_PER_S + ENGINE_INIT_S,

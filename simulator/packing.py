@@ -20,7 +20,8 @@ from typing import Any
 
 from simulator.gen_cli import fail
 from simulator.run import Inputs, simulate
-from simulator.sim import GIB, engine_sizes, tier_order
+from simulator.sim import engine_sizes, tier_order
+from thaw.units import GiB
 from simulator.sweep import trace_info
 from thaw.config import ThawConfig
 from thaw.exits import EXIT_INVALID, EXIT_OK
@@ -82,13 +83,13 @@ def fit_notes(cfg: ThawConfig, inputs: Inputs) -> list[str]:
         for m in cfg.models:
             if m.shape == pool.shape and m.name in sizes:
                 per_size[sizes[m.name]] = per_size.get(sizes[m.name], 0) + 1
-        engines = "; ".join(f"{n} model(s) of {size / GIB:.1f} GiB: {cap // size if size else 0} per instance"
+        engines = "; ".join(f"{n} model(s) of {size / GiB:.1f} GiB: {cap // size if size else 0} per instance"
                             for size, n in sorted(per_size.items()))
-        notes.append(f"packing {pool.shape}: {cap / GIB:.1f} GiB per instance; {engines or 'no models'}")
+        notes.append(f"packing {pool.shape}: {cap / GiB:.1f} GiB per instance; {engines or 'no models'}")
         if shape.gpu_count > 0:
             tight = [m.name for m in cfg.models
                      if m.name in sizes and m.shape == pool.shape
-                     and inputs.costs.models[m.name].weights_gib * GIB >= sizes[m.name]]
+                     and inputs.costs.models[m.name].weights_gib * GiB >= sizes[m.name]]
             if tight:
                 notes.append(f"warning: {len(tight)} model(s) ({', '.join(tight[:3])}{', ...' if len(tight) > 3 else ''}) "
                              "have weights as large as their engine's share of the GPU: no room for a KV cache "

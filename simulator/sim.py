@@ -69,6 +69,7 @@ from simulator.traces import Trace
 from thaw.config import Model, ThawConfig
 from thaw.engine_class import engine_class_of
 from thaw.fit import engine_capacity, engine_memory
+from thaw.units import GiB
 from thaw.wire import CachedWeights, WorkerState
 from warm_pool.autoscaler import steady_band
 from warm_pool.keepalive import keep_alive_decision, keep_alive_window
@@ -101,7 +102,6 @@ INF = math.inf
 MAX_TTFTS = 256
 
 _SERVING = frozenset(("loading", "ready"))
-GIB = 1 << 30
 _STANDBY_LIKE = frozenset(("launching", "starting", "standby", "draining"))
 
 # Where a cold start's replica got its model, about the fastest start first: a wake, an
@@ -149,7 +149,7 @@ def engine_sizes(cfg: ThawConfig, costs: CostModel) -> dict[str, int]:
     none for an adapter (no engine: it is loaded into its base's)."""
     packing = {p.shape for p in cfg.pools if p.pack}
     shapes = {s.name: s for s in cfg.shapes}
-    return {m.name: engine_memory(int(costs.models[m.name].weights_gib * GIB), m.engine, shapes[m.shape])
+    return {m.name: engine_memory(int(costs.models[m.name].weights_gib * GiB), m.engine, shapes[m.shape])
             for m in cfg.models if m.shape in packing and m.base is None}
 
 
@@ -227,8 +227,8 @@ class _Worker:
                 held.pop(next(iter(held)))
             held[m.name] = m
         self.cached = tuple(
-            CachedWeights(uri=h.cfg.uri, tier=tier, bytes=int(h.costs.weights_gib * GIB),  # type: ignore[arg-type]
-                          total_bytes=int(h.costs.weights_gib * GIB))
+            CachedWeights(uri=h.cfg.uri, tier=tier, bytes=int(h.costs.weights_gib * GiB),  # type: ignore[arg-type]
+                          total_bytes=int(h.costs.weights_gib * GiB))
             for tier, held in (("host", self.host), ("disk", self.disk)) for h in held.values())
         self.view = self._view()
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from thaw.units import human_bytes, parse_size_bytes
+
 # --- model shape ---------------------------------------------------------
 
 TINY = "tiny"
@@ -166,54 +168,13 @@ class DemoModelInfo:
             f"demo model {self.path} (size={self.size}, seed={seed})",
             f"  LlamaForCausalLM {self.dims.summary()}",
             f"  parameters {self.num_parameters:,} ({_human_count(self.num_parameters)}), "
-            f"weights {self.weight_bytes:,} bytes ({_human_bytes(self.weight_bytes)}) "
-            f"in {len(self.weight_files)} file(s), {_human_bytes(self.total_bytes)} on disk",
+            f"weights {self.weight_bytes:,} bytes ({human_bytes(self.weight_bytes)}) "
+            f"in {len(self.weight_files)} file(s), {human_bytes(self.total_bytes)} on disk",
         ]
         for f in self.files:
             digest = f"  sha256={f.sha256[:16]}" if f.sha256 else ""
-            lines.append(f"    {f.name:<40} {_human_bytes(f.size_bytes):>10}{digest}")
+            lines.append(f"    {f.name:<40} {human_bytes(f.size_bytes):>10}{digest}")
         return "\n".join(lines)
-
-
-# --- sizes -----------------------------------------------------------------
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_size_bytes(size: str | int) -> int:
-    """Parse ``"256MiB"``, ``"1GiB"``, ``"1.5GB"``, ``"1000000"`` or an int into a byte count.
-
-    Binary units (KiB, MiB, GiB, TiB) are powers of 1024, decimal ones (KB, MB,
-    GB, TB) powers of 1000; case is ignored. Raises ValueError otherwise.
-    """
-    if isinstance(size, bool):
-        raise ValueError(f"size must be a byte count or a string, not {size!r}")
-    if isinstance(size, int):
-        n = size
-    else:
-        m = _SIZE_RE.match(size)
-        unit = m.group(2).lower() if m else None
-        if m is None or unit not in _UNITS:
-            raise ValueError(
-                f"cannot parse size {size!r}: use {TINY!r}, a byte count, or a number with one of "
-                "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (e.g. '256MiB', '1GiB')"
-            )
-        n = int(float(m.group(1)) * _UNITS[unit])
-    if n <= 0:
-        raise ValueError(f"size must be positive, got {size!r}")
-    return n
 
 
 def tiny_dims() -> DemoDims:
@@ -270,7 +231,10 @@ def dims_for_size(size: str | int) -> DemoDims:
     """
     if isinstance(size, str) and size.strip().lower() == TINY:
         return tiny_dims()
-    target_params = parse_size_bytes(size) // BYTES_PER_PARAM
+    try:
+        target_params = parse_size_bytes(size) // BYTES_PER_PARAM
+    except ValueError as exc:
+        raise ValueError(f"{exc} (or {TINY!r})") from None
 
     def params(hidden: int, layers: int, intermediate: int) -> int:
         return _dims_with(hidden, layers, intermediate).num_parameters
@@ -299,7 +263,7 @@ def dims_for_size(size: str | int) -> DemoDims:
         smallest = _dims_with(_WIDTHS[0], 1, _INTERMEDIATE_MULTIPLE).weight_bytes
         raise ValueError(
             f"size {size!r} is too small for a demo model: the smallest is about "
-            f"{_human_bytes(smallest)} of weights (or use {TINY!r})"
+            f"{human_bytes(smallest)} of weights (or use {TINY!r})"
         )
     return dims
 
@@ -732,15 +696,6 @@ def _sha256_file(path: Path) -> str:
         while block := f.read(1 << 22):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _human_count(n: int) -> str:

@@ -15,8 +15,8 @@ from thaw.config import EngineArgs, InstanceShape, Model, ThawConfig
 
 # The planner owns the KV-size formula; the fit check and `thaw plan` share it.
 from thaw.planner.sizing import kv_bytes_per_token_of_config as kv_bytes_per_token
+from thaw.units import GiB
 
-GIB = 1024**3
 # Without the model's config.json: a KV cache for one full-context sequence is assumed
 # to need this much (an 8B model at 8k tokens needs about 1 GiB in bf16).
 FALLBACK_KV_GIB = 1.0
@@ -43,26 +43,26 @@ def fit_problem(index: int | None, model: Model, cfg: ThawConfig, size: ModelSiz
         kv = per_token * model.max_context_tokens
         kv_note = f"one {model.max_context_tokens}-token sequence"
     else:
-        kv = int(FALLBACK_KV_GIB * GIB)
+        kv = int(FALLBACK_KV_GIB * GiB)
         kv_note = f"assumed {FALLBACK_KV_GIB:g} GiB: no config.json to size it"
     if shape.gpu_count > 0:
         gpus = e.tensor_parallel_size or 1
-        usable = gpus * shape.gpu_memory_gib * GIB * e.gpu_memory_utilization
+        usable = gpus * shape.gpu_memory_gib * GiB * e.gpu_memory_utilization
         where = (f"{gpus} x {shape.gpu_memory_gib:g} GiB x gpu_memory_utilization "
-                 f"{e.gpu_memory_utilization:g} = {usable / GIB:.1f} GiB")
+                 f"{e.gpu_memory_utilization:g} = {usable / GiB:.1f} GiB")
     else:
-        kv = max(kv, int(e.cpu_kvcache_gib * GIB))
-        kv_note = f"cpu_kvcache_gib {e.cpu_kvcache_gib:g}" if kv == int(e.cpu_kvcache_gib * GIB) else kv_note
+        kv = max(kv, int(e.cpu_kvcache_gib * GiB))
+        kv_note = f"cpu_kvcache_gib {e.cpu_kvcache_gib:g}" if kv == int(e.cpu_kvcache_gib * GiB) else kv_note
         # The host cache tier holds a copy of the weights in the same memory.
-        usable = (shape.host_memory_gib - shape.host_cache_gib) * GIB
+        usable = (shape.host_memory_gib - shape.host_cache_gib) * GiB
         where = f"host memory {shape.host_memory_gib:g} GiB" + (
             f" less host_cache_gib {shape.host_cache_gib:g}" if shape.host_cache_gib else "")
     need = size.weights_bytes + kv
     if need <= usable:
         return None
     what = f"models[{index}] ({model.name})" if index is not None else f"model {model.name!r}"
-    return (f"{what}: weights {size.weights_bytes / GIB:.1f} GiB ({size.source}) + "
-            f"KV cache {kv / GIB:.2f} GiB ({kv_note}) = {need / GIB:.1f} GiB do not fit shape "
+    return (f"{what}: weights {size.weights_bytes / GiB:.1f} GiB ({size.source}) + "
+            f"KV cache {kv / GiB:.2f} GiB ({kv_note}) = {need / GiB:.1f} GiB do not fit shape "
             f"{shape.name!r}: {where}; use a shape with more GPU memory or raise tensor_parallel_size")
 
 
@@ -80,8 +80,8 @@ def engine_memory(weights_bytes: int, engine: EngineArgs, shape: InstanceShape) 
     CPU, its weights, its ``cpu_kvcache_gib`` and its processes."""
     if shape.gpu_count > 0:
         gpus = engine.tensor_parallel_size or 1
-        return int(gpus * shape.gpu_memory_gib * GIB * engine.gpu_memory_utilization)
-    return weights_bytes + int(engine.cpu_kvcache_gib * GIB) + int(CPU_ENGINE_PROCESS_GIB * GIB)
+        return int(gpus * shape.gpu_memory_gib * GiB * engine.gpu_memory_utilization)
+    return weights_bytes + int(engine.cpu_kvcache_gib * GiB) + int(CPU_ENGINE_PROCESS_GIB * GiB)
 
 
 # A worker that packs keeps an engine host imported for its next packed engine
@@ -94,8 +94,8 @@ def engine_capacity(shape: InstanceShape) -> int:
     its GPUs' memory, or on the CPU its host memory less the host cache tier and the
     spare engine host."""
     if shape.gpu_count > 0:
-        return int(shape.gpu_count * shape.gpu_memory_gib * GIB)
-    return int((shape.host_memory_gib - shape.host_cache_gib - SPARE_ENGINE_HOST_GIB) * GIB)
+        return int(shape.gpu_count * shape.gpu_memory_gib * GiB)
+    return int((shape.host_memory_gib - shape.host_cache_gib - SPARE_ENGINE_HOST_GIB) * GiB)
 
 
 def pack_problem(need: int, held: Sequence[int], capacity: int) -> str | None:
@@ -104,5 +104,5 @@ def pack_problem(need: int, held: Sequence[int], capacity: int) -> str | None:
     free = capacity - sum(held)
     if need <= free:
         return None
-    return (f"the engine needs {need / GIB:.2f} GiB but {free / GIB:.2f} GiB are free: "
-            f"{len(held)} engine(s) hold {sum(held) / GIB:.2f} GiB of {capacity / GIB:.2f} GiB")
+    return (f"the engine needs {need / GiB:.2f} GiB but {free / GiB:.2f} GiB are free: "
+            f"{len(held)} engine(s) hold {sum(held) / GiB:.2f} GiB of {capacity / GiB:.2f} GiB")

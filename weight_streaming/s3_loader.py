@@ -58,6 +58,7 @@ from typing import Any, Protocol
 import torch
 
 from thaw.log import get_logger
+from thaw.units import MiB
 from weight_streaming.cache import CacheWriter, DiskCache
 from weight_streaming.host_pool import HostBufferPool
 from weight_streaming.manifest import Manifest, join_key, parse_s3_uri
@@ -94,7 +95,6 @@ __all__ = [
 
 log = get_logger()
 
-MiB = 1 << 20
 # Chosen with `thaw bench stream --sweep` (docs/BENCHMARKS.md). 16 MiB is the part size
 # `thaw push` uploads, so an aligned range is one stored part; 16 GETs in flight keep
 # the store busy while some readers are paging in fresh memory. On loopback SeaweedFS

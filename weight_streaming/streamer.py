@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from thaw.units import MiB
 from weight_streaming.host_pool import HostBufferPool
 from weight_streaming.safetensors_header import (
     MalformedSafetensors,
@@ -64,7 +65,6 @@ __all__ = [
     "torch_dtype",
 ]
 
-MiB = 1 << 20
 DEFAULT_CHUNK_BYTES = 32 * MiB
 DEFAULT_CONCURRENCY = 8
 # One read covers the length prefix and, for almost every file, the whole header:

@@ -45,6 +45,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
+from thaw.units import GiB, MiB
 from weight_streaming.cache import DiskCache
 from weight_streaming.s3_loader import (
     DEFAULT_S3_CHUNK_BYTES,
@@ -63,8 +64,6 @@ logger = init_logger("vllm.thaw_loader")
 
 LOAD_FORMAT = "thaw"
 INDEX_FILE = "model.safetensors.index.json"
-MiB = 1 << 20
-GiB = 1 << 30
 
 # model_loader_extra_config keys this loader understands.
 _EXTRA_KEYS = frozenset({"concurrency", "chunk_mib", "cache_dir", "cache_max_gib", "host_cache_dir",

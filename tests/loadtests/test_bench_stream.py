@@ -14,11 +14,8 @@ import pytest
 from loadtests import bench_stream as bench
 from loadtests.bench_stream import GridPoint as P
 from thaw.objstore import S3Endpoint
+from thaw.units import GiB, MiB
 from weight_streaming.manifest import parse_s3_uri
-
-GiB = 1 << 30
-MiB = 1 << 20
-
 
 # --- the grid -------------------------------------------------------------------------
 

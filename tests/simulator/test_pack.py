@@ -18,9 +18,8 @@ from simulator.sim import Simulator, engine_sizes
 from tests.simulator.support import config, costs, equivalence_cfg, trace
 from thaw.config import ThawConfig
 from thaw.fit import engine_capacity
+from thaw.units import GiB
 from warm_pool.policy import Pack
-
-GIB = 1 << 30
 
 
 def pack_config(models: int = 3, *, pack: bool = True, shares: list[float] | None = None, **kw: object) -> ThawConfig:
@@ -92,7 +91,7 @@ def test_a_model_that_does_not_fit_takes_a_standby() -> None:
     r = Simulator(cfg, costs(cfg), trace(THREE), record_decisions=True).run()
     assert [(d.model, d.worker_id) for _, d in r.decisions if isinstance(d, Pack)] == [("m2", "gpu-000002")]
     assert [(c.model, c.tier) for c in r.cold_starts] == [("m0", "s3"), ("m1", "s3"), ("m2", "packed")]
-    assert engine_sizes(cfg, costs(cfg)) == {m: int(44.4 * GIB * share)
+    assert engine_sizes(cfg, costs(cfg)) == {m: int(44.4 * GiB * share)
                                               for m, share in (("m0", 0.5), ("m1", 0.6), ("m2", 0.3))}
 
 
@@ -101,7 +100,7 @@ def test_workers_report_capacity_only_where_their_pool_packs() -> None:
         sim = Simulator(pack_config(pack=pack), costs(pack_config()), trace(THREE))
         [w] = sim.workers.values()
         assert w.view.capacity_bytes == cap and w.view.memory_bytes == 0
-    assert engine_capacity(pack_config().shapes[0]) == int(44.4 * GIB)
+    assert engine_capacity(pack_config().shapes[0]) == int(44.4 * GiB)
 
 
 def test_a_released_engine_frees_its_room_at_once_in_both_modes() -> None:
@@ -195,7 +194,7 @@ def test_the_cli_compares_packing_side_by_side(tmp_path: Path, capsys: pytest.Ca
     assert set(runs) == {"one_per_instance", "packed"} and doc["gpu_memory_utilization"] == 0.3
     assert runs["packed"]["summary"]["instance_seconds"] == pytest.approx(2 * 51.1)
     assert runs["packed"]["summary"]["cold_starts_by_tier"] == {"s3": 1, "packed": 2}
-    assert doc["capacity_bytes"] == {"gpu": int(44.4 * GIB)}
+    assert doc["capacity_bytes"] == {"gpu": int(44.4 * GiB)}
     # Without a .json name, --out is the directory of compare-packing.json.
     assert main([*args, "--compare-packing", "--out", str(tmp_path / "d")]) == 0
     assert (tmp_path / "d" / "compare-packing.json").exists()

@@ -19,8 +19,7 @@ from snapshotter.archive import (
     check_member,
     extract_archive,
 )
-
-MiB = 1 << 20
+from thaw.units import MiB
 
 
 def _tar(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:

@@ -236,28 +236,6 @@ def test_chat_template_renders_llama3_turns(tiny: dm.DemoModelInfo) -> None:
 
 
 @pytest.mark.parametrize(
-    ("size", "expected"),
-    [
-        ("256MiB", 256 * 1024**2),
-        ("1GiB", 1024**3),
-        ("1gib", 1024**3),
-        ("1.5GB", 1_500_000_000),
-        (" 64 MiB ", 64 * 1024**2),
-        ("1000000", 1_000_000),
-        (12345, 12345),
-    ],
-)
-def test_parse_size_bytes(size: str | int, expected: int) -> None:
-    assert dm.parse_size_bytes(size) == expected
-
-
-@pytest.mark.parametrize("size", ["", "big", "1 GiBs", "-5MiB", "0", 0, "1e9", "MiB"])
-def test_parse_size_rejects_garbage(size: str | int) -> None:
-    with pytest.raises(ValueError):
-        dm.parse_size_bytes(size)
-
-
-@pytest.mark.parametrize(
     "size", ["32MiB", "64MiB", "100MB", "256MiB", "1GiB", "2GiB", "16GiB", "140GiB"]
 )
 def test_dims_for_size_land_within_ten_percent(size: str) -> None:

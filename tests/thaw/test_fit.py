@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from thaw.config import ThawConfig, parse_config
-from thaw.fit import GIB, ModelSize, fit_problem, kv_bytes_per_token
+from thaw.fit import ModelSize, fit_problem, kv_bytes_per_token
+from thaw.units import GiB
 
 # Llama 3 70B's shape: 80 layers, 64 heads, 8 KV heads, head_dim 8192 / 64 = 128.
 LLAMA_70B = {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192,
@@ -50,13 +51,13 @@ def test_kv_bytes_per_token_of_llama_70b() -> None:
 def test_fit_against_tensor_parallel_gpus(gpus: int, gpu_gib: float, weights_gib: float, fits: bool) -> None:
     cfg = config(gpus, gpu_gib)
     assert cfg.models[0].engine.tensor_parallel_size == gpus  # from the shape
-    problem = fit_problem(0, cfg.models[0], cfg, ModelSize(int(weights_gib * GIB), "manifest", LLAMA_70B))
+    problem = fit_problem(0, cfg.models[0], cfg, ModelSize(int(weights_gib * GiB), "manifest", LLAMA_70B))
     assert (problem is None) is fits, problem
 
 
 def test_the_message_names_both_numbers() -> None:
     cfg = config(1, 80)
-    problem = fit_problem(0, cfg.models[0], cfg, ModelSize(140 * GIB, "--assume-size", None))
+    problem = fit_problem(0, cfg.models[0], cfg, ModelSize(140 * GiB, "--assume-size", None))
     assert problem is not None
     assert "models[0] (m)" in problem and "140.0 GiB (--assume-size)" in problem
     assert "1 x 80 GiB x gpu_memory_utilization 0.9 = 72.0 GiB" in problem
@@ -128,7 +129,7 @@ def test_config_check_sizes_a_pushed_model_from_its_manifest(store: Any, s3: Any
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     # The size is the manifest's, and the KV cache is sized from the model's config.json.
-    assert f"weights {manifest.total_bytes / GIB:.1f} GiB (manifest)" in out.stderr
+    assert f"weights {manifest.total_bytes / GiB:.1f} GiB (manifest)" in out.stderr
     assert "one 512-token sequence" in out.stderr
 
 
@@ -143,16 +144,16 @@ def test_engine_memory_is_a_share_of_the_gpu_or_weights_kv_and_processes_on_the_
                         price_per_hour_usd=1.0)
     cpu = InstanceShape(name="c", gpu_type="cpu", gpu_count=0, host_memory_gib=16, host_cache_gib=4,
                         price_per_hour_usd=0.1)
-    assert engine_memory(10 * GIB, EngineArgs(gpu_memory_utilization=0.25), gpu) == 12 * GIB
-    assert engine_capacity(gpu) == 48 * GIB
-    assert engine_memory(GIB // 2, EngineArgs(cpu_kvcache_gib=1), cpu) == int((1.5 + CPU_ENGINE_PROCESS_GIB) * GIB)
-    assert engine_capacity(cpu) == 11 * GIB  # less the host cache and the spare engine host
+    assert engine_memory(10 * GiB, EngineArgs(gpu_memory_utilization=0.25), gpu) == 12 * GiB
+    assert engine_capacity(gpu) == 48 * GiB
+    assert engine_memory(GiB // 2, EngineArgs(cpu_kvcache_gib=1), cpu) == int((1.5 + CPU_ENGINE_PROCESS_GIB) * GiB)
+    assert engine_capacity(cpu) == 11 * GiB  # less the host cache and the spare engine host
 
 
 def test_a_pack_refusal_names_what_is_needed_and_what_is_free() -> None:
     from thaw.fit import pack_problem
 
-    assert pack_problem(3 * GIB, [2 * GIB, 3 * GIB], 8 * GIB) is None
-    problem = pack_problem(4 * GIB, [2 * GIB, 3 * GIB], 8 * GIB)
+    assert pack_problem(3 * GiB, [2 * GiB, 3 * GiB], 8 * GiB) is None
+    problem = pack_problem(4 * GiB, [2 * GiB, 3 * GiB], 8 * GiB)
     assert problem == ("the engine needs 4.00 GiB but 3.00 GiB are free: 2 engine(s) hold 5.00 GiB "
                        "of 8.00 GiB")

@@ -19,8 +19,7 @@ from thaw.planner.sizing import (
     ttft_utilisation_cap,
     weights_read_per_step,
 )
-
-GIB = 1024**3
+from thaw.units import GiB
 
 
 def values(p: Plan) -> dict[str, float | int | str]:
@@ -36,7 +35,7 @@ def test_dense_llama_70b_on_h100_step_by_step() -> None:
     v = values(p)
     approx = pytest.approx
     # 70.6e9 params x 2 B = 141.2e9 B = 131.50 GiB
-    assert v["weights"] == approx(141.2e9 / GIB)
+    assert v["weights"] == approx(141.2e9 / GiB)
     # 2 (K,V) x 80 layers x 8 KV heads x 128 dims x 2 B = 327,680 B
     assert v["KV cache per token"] == 327_680
     # 100 req/s x 1000 tokens x (1 - 0.5 prefix hits) = 50,000 tokens/s; 100 x 200 = 20,000 tokens/s
@@ -102,7 +101,7 @@ def test_moe_mixtral_on_h100_step_by_step() -> None:
     p = plan(mixtral, catalog.gpu("h100"), rps=10, input_tokens=1000, output_tokens=1000)
     v = values(p)
     # 46.7e9 x 2 B = 93.4e9 B = 86.99 GiB; 2 x 32 layers x 8 KV heads x 128 x 2 B = 131,072 B per token
-    assert v["weights"] == pytest.approx(93.4e9 / GIB)
+    assert v["weights"] == pytest.approx(93.4e9 / GiB)
     assert v["KV cache per token"] == 131_072
     # prefill FLOPs use the 12.9e9 active params: 2 x 12.9e9 + 4 x 32 x 4096 x 500 = 26.062e9
     assert v["prefill FLOPs per token"] == pytest.approx(26.062144e9)

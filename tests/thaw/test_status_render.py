@@ -4,8 +4,7 @@ the memory each holds and what the worker holds of its capacity."""
 from __future__ import annotations
 
 from thaw.cli.status import render_pool
-
-GIB = 1 << 30
+from thaw.units import GiB
 
 
 def test_packed_engines_are_listed_under_their_worker_with_their_memory() -> None:
@@ -20,9 +19,9 @@ def test_packed_engines_are_listed_under_their_worker_with_their_memory() -> Non
              "state": "ready", "model": "tuned", "age_s": 5},
         ],
         "worker_details": [
-            {"id": "w-1", "shape": "cpu", "capacity_bytes": 12 * GIB, "memory_bytes": 3 * GIB},
+            {"id": "w-1", "shape": "cpu", "capacity_bytes": 12 * GiB, "memory_bytes": 3 * GiB},
             {"id": "w-2", "shape": "cpu"},
-            {"id": "w-1.tuned-1", "shape": "cpu", "host_worker_id": "w-1", "memory_bytes": 2 * GIB},
+            {"id": "w-1.tuned-1", "shape": "cpu", "host_worker_id": "w-1", "memory_bytes": 2 * GiB},
         ],
     }
     lines = render_pool(state).splitlines()

@@ -15,6 +15,7 @@ from prometheus_client import generate_latest
 from tests.warm_pool.fleet import EXAMPLE, FakeStoreReader
 from thaw.config import ThawConfig, parse_config
 from thaw.engine_class import engine_class_of
+from thaw.units import GiB
 from thaw.wire import (
     AdapterRequest,
     AdapterUnload,
@@ -410,7 +411,6 @@ async def test_prebuild_asks_a_standby_for_an_engine_and_assignments_carry_the_c
     assert any(e.kind == "assign" and e.worker_id == "w-1" for e in m.events)
 
 
-GIB = 1 << 30
 
 
 def packing_config() -> ThawConfig:
@@ -430,9 +430,9 @@ async def test_a_packed_engine_is_asked_of_a_serving_worker_and_tracked_as_a_rep
     classes = ModelClasses(lambda uri: LLAMA, clock=clock, refresh_s=60, read_size=lambda uri: 100 << 20)
     provider.running["w-1"] = Instance("i-w-1", "w-1", "gpu", clock() - 60, InstanceState.RUNNING)
     m = await manager(cfg, provider, control, clock, classes)
-    share = int(48 * GIB * 0.4)
+    share = int(48 * GiB * 0.4)
     beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://w-1:9001",
-         memory_bytes=share, capacity_bytes=48 * GIB)
+         memory_bytes=share, capacity_bytes=48 * GiB)
     clock.t += m.adopt_grace_s
     m.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
                        "tuned": ModelActivity(queued=1, last_request_at=clock())})
@@ -467,7 +467,7 @@ async def test_a_packed_engine_is_asked_of_a_serving_worker_and_tracked_as_a_rep
     # Gone from the worker's list: forgotten, and a late heartbeat of it is refused.
     clock.t += 20
     beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://w-1:9001",
-         memory_bytes=share, capacity_bytes=48 * GIB, engines=[])
+         memory_bytes=share, capacity_bytes=48 * GiB, engines=[])
     assert engine_id not in m.facts
     with pytest.raises(UnknownInstance):
         m.heartbeat(WorkerStatus(worker_id=engine_id, instance_id="i-w-1", shape="gpu", state=S.DRAINING,
@@ -486,7 +486,7 @@ async def test_a_packed_engine_of_an_unknown_worker_is_refused_and_a_refused_pac
                                  control_url="http://w-9/engines/w-9.x", started_at=0.0, state_since=clock(),
                                  host_worker_id="w-9"))
     beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://w-1:9001",
-         memory_bytes=int(48 * GIB * 0.4), capacity_bytes=48 * GIB)
+         memory_bytes=int(48 * GiB * 0.4), capacity_bytes=48 * GiB)
     clock.t += m.adopt_grace_s
     m.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
                        "tuned": ModelActivity(queued=1, last_request_at=clock())})
@@ -542,7 +542,7 @@ async def test_a_worker_terminated_takes_its_packed_engines_with_it() -> None:
     provider.running["w-1"] = Instance("i-w-1", "w-1", "gpu", clock() - 60, InstanceState.RUNNING)
     m = await manager(packing_config(), provider, control, clock)
     beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://w-1:9001",
-         capacity_bytes=48 * GIB, engines=["w-1.e"])
+         capacity_bytes=48 * GiB, engines=["w-1.e"])
 
     def engine_beat() -> None:
         m.heartbeat(WorkerStatus(worker_id="w-1.e", instance_id="i-w-1", shape="gpu", state=S.READY,

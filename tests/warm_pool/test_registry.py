@@ -11,13 +11,12 @@ import yaml
 from tests.warm_pool.conftest import StateDb
 from tests.warm_pool.fleet import EXAMPLE, FakeStoreReader, registry_config
 from thaw.config import ThawConfig, parse_config
+from thaw.units import GiB
 from thaw.wire import ModelDeploy, ModelRollback, ModelSpec, ModelUpdate
 from warm_pool.db import Db
 from warm_pool.events import EventLog
 from warm_pool.registry import ModelRegistry, RegistryRefused
 from warm_pool.registry_store import RegistryStore, StaleRevision
-
-GIB = 2**30
 
 
 class Registry:
@@ -92,7 +91,7 @@ async def test_a_deploy_is_served_and_outlives_a_restart(state_db: StateDb) -> N
 ])
 async def test_a_refused_deploy_says_why_and_changes_nothing(
         fields: dict[str, Any], status: int, says: str, state_db: StateDb) -> None:
-    reader = FakeStoreReader(sizes={"s3://thaw/models/missing": None, "s3://thaw/models/huge": 40 * GIB})  # type: ignore[dict-item]
+    reader = FakeStoreReader(sizes={"s3://thaw/models/missing": None, "s3://thaw/models/huge": 40 * GiB})  # type: ignore[dict-item]
     reg = Registry(state_db(), reader=reader)
     before = (reg.r.version, reg.r.list(), reg.r.cfg)
     with pytest.raises(RegistryRefused) as info:

@@ -26,6 +26,7 @@ from tests.weight_streaming.support import (
     small_filesystem,
 )
 from thaw.objstore import S3Endpoint
+from thaw.units import KiB
 from weight_streaming import streamer
 from weight_streaming.cache import CachedModel, DiskCache, entry_name
 from weight_streaming.host_pool import HostBufferPool
@@ -46,7 +47,6 @@ from weight_streaming.sources import StreamError
 
 pytestmark = pytest.mark.integration
 
-KiB = 1024
 # Small chunks so a ~1 MB model is many parallel ranged GETs.
 CHUNK = 64 * KiB
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")

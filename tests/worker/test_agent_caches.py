@@ -16,12 +16,11 @@ import pytest
 
 from tests.worker.fakes import SECRET, TOKEN, FakeEngine, FakeHost, World, ready, wait_state
 from thaw.objstore import S3Endpoint
+from thaw.units import GiB
 from weight_streaming.cache import DiskCache
 from worker.api import create_app
 from worker.host import OnEvent
 from worker.settings import AgentSettings
-
-GiB = 1 << 30
 
 
 def cache_dirs(tmp_path: Path) -> tuple[Path, Path]:

@@ -12,13 +12,13 @@ from typing import Any
 import httpx
 
 from tests.worker.fakes import World, agent_client, assign_body, ready, wait_state
+from thaw.units import GiB
 
-GIB = 1 << 30
-PACKING = {"capacity_bytes": 8 * GIB}
+PACKING = {"capacity_bytes": 8 * GiB}
 
 
 def pack_body(engine_id: str, memory_gib: float, **over: Any) -> dict[str, Any]:
-    return assign_body(assignment_id=f"a-{engine_id}", engine_id=engine_id, memory_bytes=int(memory_gib * GIB),
+    return assign_body(assignment_id=f"a-{engine_id}", engine_id=engine_id, memory_bytes=int(memory_gib * GiB),
                        model="tuned", uri="s3://thaw/models/tuned", served_model_name="tuned", **over)
 
 
@@ -36,19 +36,19 @@ async def until(c: httpx.AsyncClient, path: str, pred: Any, timeout_s: float = 5
 async def test_a_packed_engine_is_a_worker_of_its_own(tmp_path: Path) -> None:
     world = World()
     async with agent_client(world, tmp_path, settings=PACKING) as c:
-        await ready(c, memory_bytes=3 * GIB)
+        await ready(c, memory_bytes=3 * GiB)
         r = await c.post("/engines", json=pack_body("w1.e1", 3))
         assert r.status_code == 202, r.text
         st = r.json()
         assert st["worker_id"] == "w1.e1" and st["host_worker_id"] == "w1" and st["model"] == "tuned"
-        assert st["control_url"].endswith("/engines/w1.e1") and st["memory_bytes"] == 3 * GIB
+        assert st["control_url"].endswith("/engines/w1.e1") and st["memory_bytes"] == 3 * GiB
         st = (await until(c, "/engines/w1.e1/state", lambda r: r.json()["state"] == "ready")).json()
         # Its own engine host: the spare the worker kept imported (hosts[1]); the worker's
         # own is still serving, and the next spare started (hosts[2]).
         assert len(world.hosts) == 3 and world.hosts[1].launches and not world.hosts[2].launched
         assert st["engine_url"] and st["assignment_id"] == "a-w1.e1"
         own = (await c.get("/state")).json()
-        assert own["state"] == "ready" and own["engines"] == ["w1.e1"] and own["capacity_bytes"] == 8 * GIB
+        assert own["state"] == "ready" and own["engines"] == ["w1.e1"] and own["capacity_bytes"] == 8 * GiB
         # The same engine id again (a retried call) is the same engine.
         again = await c.post("/engines", json=pack_body("w1.e1", 3))
         assert again.status_code == 202 and len(world.hosts) == 3
@@ -57,7 +57,7 @@ async def test_a_packed_engine_is_a_worker_of_its_own(tmp_path: Path) -> None:
 async def test_an_engine_that_does_not_fit_is_refused_naming_both_numbers(tmp_path: Path) -> None:
     world = World()
     async with agent_client(world, tmp_path, settings=PACKING) as c:
-        await ready(c, memory_bytes=3 * GIB)
+        await ready(c, memory_bytes=3 * GiB)
         assert (await c.post("/engines", json=pack_body("w1.e1", 3))).status_code == 202
         r = await c.post("/engines", json=pack_body("w1.e2", 2.5))
         assert r.status_code == 409, r.text
@@ -79,7 +79,7 @@ async def test_a_worker_that_does_not_pack_refuses(tmp_path: Path) -> None:
 async def test_a_released_engine_goes_away_and_its_room_comes_back(tmp_path: Path) -> None:
     world = World()
     async with agent_client(world, tmp_path, settings=PACKING) as c:
-        await ready(c, memory_bytes=3 * GIB)
+        await ready(c, memory_bytes=3 * GiB)
         assert (await c.post("/engines", json=pack_body("w1.e1", 5))).status_code == 202
         await until(c, "/engines/w1.e1/state", lambda r: r.json()["state"] == "ready")
         assert (await c.post("/engines", json=pack_body("w1.e2", 1))).status_code == 409
@@ -98,7 +98,7 @@ async def test_a_released_engine_goes_away_and_its_room_comes_back(tmp_path: Pat
 async def test_a_failed_packed_engine_is_released_without_a_new_host(tmp_path: Path) -> None:
     world = World()
     async with agent_client(world, tmp_path, settings=PACKING) as c:
-        await ready(c, memory_bytes=3 * GIB)
+        await ready(c, memory_bytes=3 * GiB)
         world.on_launch = "crash"
         assert (await c.post("/engines", json=pack_body("w1.e1", 1))).status_code == 202
         st = (await until(c, "/engines/w1.e1/state", lambda r: r.json()["state"] == "failed")).json()
@@ -115,7 +115,7 @@ async def test_a_packed_engine_takes_the_spare_host_even_before_it_imported(tmp_
     comes after it (passed on); either way the packed engine launches on it."""
     world = World()
     async with agent_client(world, tmp_path, settings=PACKING) as c:
-        await ready(c, memory_bytes=1 * GIB)
+        await ready(c, memory_bytes=1 * GiB)
         world.import_on_spawn = False  # the next spare will not have imported when taken
         assert (await c.post("/engines", json=pack_body("w1.e1", 1))).status_code == 202
         await until(c, "/engines/w1.e1/state", lambda r: r.json()["state"] == "ready")

@@ -49,7 +49,7 @@ def _version() -> str:
 
 def _assumed_sizes(values: list[str], cfg: ThawConfig) -> dict[str | None, int]:
     """``--assume-size SIZE`` (every model) or ``NAME=SIZE``, as byte counts by model (None: all)."""
-    from thaw.demo_model import parse_size_bytes
+    from thaw.units import parse_size_bytes
 
     out: dict[str | None, int] = {}
     for v in values:

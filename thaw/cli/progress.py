@@ -6,15 +6,8 @@ import json
 import time
 from typing import TextIO
 
+from thaw.units import human_bytes
 from weight_streaming.push import FileProgress
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 class ProgressBar:
@@ -40,7 +33,7 @@ class ProgressBar:
         filled = int(frac * self.width)
         eta_s = f"{eta:.0f}s" if eta != float("inf") else "?"
         line = (f"\r[{'#' * filled}{'.' * (self.width - filled)}] {frac * 100:5.1f}%  "
-                f"{_fmt_bytes(sent)} / {_fmt_bytes(total)}  {_fmt_bytes(rate)}/s  ETA {eta_s}  ")
+                f"{human_bytes(sent)} / {human_bytes(total)}  {human_bytes(rate)}/s  ETA {eta_s}  ")
         self.out.write(line)
         self.out.flush()
         self._drawn = True

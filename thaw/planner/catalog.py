@@ -10,8 +10,6 @@ import re
 from dataclasses import dataclass
 from typing import TypeVar
 
-GIB = 1024**3
-
 
 @dataclass(frozen=True)
 class ModelSpec:

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from thaw.planner import catalog
-from thaw.planner.catalog import GIB, GpuSpec, InstanceSpec, ModelSpec
+from thaw.planner.catalog import GpuSpec, InstanceSpec, ModelSpec
+from thaw.units import GiB
 
 # -- constants ------------------------------------------------------------------------
 # vLLM's default --gpu-memory-utilization: the share of each GPU's memory the engine
@@ -120,7 +121,7 @@ def decode_step_s(model: ModelSpec, gpu: GpuSpec, gpus: int, *, batch: int, cont
 def kv_capacity_bytes(model: ModelSpec, gpu: GpuSpec, gpus: int) -> float:
     """KV cache room on ``gpus`` GPUs: memory x GPU_MEMORY_UTILIZATION - weights
     (activations are taken to fit in the rest, as vLLM's profiling leaves them)."""
-    return gpus * gpu.memory_gib * GIB * GPU_MEMORY_UTILIZATION - weights_bytes(model)
+    return gpus * gpu.memory_gib * GiB * GPU_MEMORY_UTILIZATION - weights_bytes(model)
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,7 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, rps: float, input_tokens: int, outpu
     add("model", model.name, "", model.source)
     add("parameters (total / active)", f"{model.params_total / 1e9:g}B / {model.params_active / 1e9:g}B",
         "params", "model row's source")
-    add("weights", weights_bytes(model) / GIB, "GiB",
+    add("weights", weights_bytes(model) / GiB, "GiB",
         f"{model.params_total / 1e9:g}e9 params x {model.dtype_bytes} B ({_dtype(model)})")
     kv_tok = model_kv_bytes_per_token(model)
     add("KV cache per token", kv_tok, "B",
@@ -333,9 +334,9 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, rps: float, input_tokens: int, outpu
     if not fitting:
         p = sizes[-1]
         usable = p * gpu.memory_gib * GPU_MEMORY_UTILIZATION
-        problem = (f"{model.name} does not fit {p} x {gpu.name}: weights {weights_bytes(model) / GIB:.1f} GiB + "
-                   f"KV for one {total_tokens}-token sequence {total_tokens * kv_tok / GIB:.2f} GiB = "
-                   f"{one_sequence / GIB:.1f} GiB > {p} x {gpu.memory_gib:g} GiB x gpu_memory_utilization "
+        problem = (f"{model.name} does not fit {p} x {gpu.name}: weights {weights_bytes(model) / GiB:.1f} GiB + "
+                   f"KV for one {total_tokens}-token sequence {total_tokens * kv_tok / GiB:.2f} GiB = "
+                   f"{one_sequence / GiB:.1f} GiB > {p} x {gpu.memory_gib:g} GiB x gpu_memory_utilization "
                    f"{GPU_MEMORY_UTILIZATION:g} = {usable:.1f} GiB usable"
                    + ("" if gpus_per_replica else
                       f" ({p} GPUs: the most on one {max(shapes, key=lambda s: s.gpu_count).id})"))
@@ -426,7 +427,7 @@ def _record(model: ModelSpec, gpu: GpuSpec, steps: list[Step],
     add("usable memory per replica", p * gpu.memory_gib * GPU_MEMORY_UTILIZATION, "GiB",
         f"{p} x {gpu.memory_gib:g} GiB x gpu_memory_utilization {GPU_MEMORY_UTILIZATION:g}")
     add("KV capacity per replica", perf.kv_capacity_tokens, "tokens",
-        f"(usable - weights {perf.weights_bytes / GIB:.1f} GiB) / {kv_tok} B per token")
+        f"(usable - weights {perf.weights_bytes / GiB:.1f} GiB) / {kv_tok} B per token")
     add("batch that fits the KV cache", o.kv_batch, "sequences",
         f"KV capacity / {total_tokens} tokens (input + output: admitted only if it can grow to full length)")
     add("KV read per sequence per step", decode_context, "tokens",
