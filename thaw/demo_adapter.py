@@ -14,7 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from thaw.demo_model import DemoFile, _json_text, _write_safetensors, _write_text, read_demo_model
+from thaw.demo_model import read_demo_model
+from thaw.demo_weights import DemoFile, json_text, write_safetensors, write_text
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -61,7 +62,7 @@ def build_demo_adapter(out_dir: Path, base_dir: Path, *, rank: int = DEFAULT_RAN
     if any(p.name not in ours for p in out_dir.iterdir()) or (any(out_dir.iterdir()) and not overwrite):
         raise FileExistsError(f"{out_dir} is not empty; build the adapter into an empty directory "
                               "(or pass overwrite=True / --overwrite over an earlier adapter)")
-    weights = _write_safetensors(out_dir / ADAPTER_WEIGHTS, list(shapes), shapes, seed)
+    weights = write_safetensors(out_dir / ADAPTER_WEIGHTS, list(shapes), shapes, seed)
     base_config = json.loads((base_dir / "config.json").read_text(encoding="utf-8"))
     config = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank,
@@ -70,6 +71,6 @@ def build_demo_adapter(out_dir: Path, base_dir: Path, *, rank: int = DEFAULT_RAN
         "target_modules": list(TARGET_MODULES), "fan_in_fan_out": False, "inference_mode": True,
         "base_model_name_or_path": base_config.get("_name_or_path") or base_dir.name,
     }
-    files = (weights, _write_text(out_dir / ADAPTER_CONFIG, _json_text(config)))
+    files = (weights, write_text(out_dir / ADAPTER_CONFIG, json_text(config)))
     return DemoAdapterInfo(path=out_dir, base=base_dir, rank=rank, seed=seed,
                            files=tuple(sorted(files, key=lambda f: f.name)))

@@ -8,9 +8,9 @@ engine load, chat, streaming responses) runs for real and fast.
 
 Everything is a pure function of ``(size, seed)`` and the corpus shipped in
 ``thaw/data/corpus.txt``: two builds give byte-identical files. Weights come
-from NumPy's PCG64 raw bit stream (stable across NumPy releases by NEP 19),
-not from torch, and are written by a small streaming safetensors writer so a
-multi-GiB variant never has to fit in memory.
+and their files are written by ``thaw.demo_weights``; the tokenizer is
+``thaw.demo_tokenizer``'s. This module chooses the shapes for a size and lays out
+the directory.
 """
 
 from __future__ import annotations
@@ -19,62 +19,44 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import re
-import struct
 import sys
-import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
+from thaw.demo_tokenizer import (
+    BOS_TOKEN,
+    END_OF_TEXT_TOKEN,
+    EOT_TOKEN,
+    TOKENIZER_VOCAB_SIZE,
+    token_ids,
+    tokenizer_config,
+    train_tokenizer,
+)
+from thaw.demo_weights import (
+    BYTES_PER_PARAM,
+    INIT_STD,
+    DemoFile,
+    json_text,
+    plan_shards,
+    read_safetensors_header,
+    write_safetensors,
+    write_text,
+)
 from thaw.units import human_bytes, parse_size_bytes
 
 # --- model shape ---------------------------------------------------------
 
 TINY = "tiny"
 DTYPE = "bfloat16"  # vLLM's CPU backend runs bf16 natively; GPUs do too.
-BYTES_PER_PARAM = 2
-INIT_STD = 0.02
 MAX_POSITION_EMBEDDINGS = 2048
 ROPE_THETA = 500000.0
 RMS_NORM_EPS = 1e-5
-# A single file up to this many bytes of tensor data; above it, shards of at
-# most this size (a tensor larger than the limit gets a shard of its own).
-MAX_SHARD_BYTES = 2 * 1024**3
-
 # Widths tried when scaling to a byte size, smallest first. Each is a
 # multiple of 128 so head_dim 64/128 divides it.
 _WIDTHS = (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192, 12288, 16384)
 _INTERMEDIATE_MULTIPLE = 64
-
-# --- tokenizer -----------------------------------------------------------
-
-BOS_TOKEN = "<|begin_of_text|>"
-END_OF_TEXT_TOKEN = "<|end_of_text|>"
-START_HEADER_TOKEN = "<|start_header_id|>"
-END_HEADER_TOKEN = "<|end_header_id|>"
-EOT_TOKEN = "<|eot_id|>"
-# Trained first, so they take ids 0..4 in this order.
-SPECIAL_TOKENS = (BOS_TOKEN, END_OF_TEXT_TOKEN, START_HEADER_TOKEN, END_HEADER_TOKEN, EOT_TOKEN)
-TOKENIZER_VOCAB_SIZE = 3072  # including the special tokens
-
-# Llama 3's template, verbatim in behaviour: BOS once, a header per turn,
-# content trimmed, <|eot_id|> after each turn, then the assistant header.
-CHAT_TEMPLATE = (
-    "{% set loop_messages = messages %}"
-    "{% for message in loop_messages %}"
-    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
-    " + message['content'] | trim + '<|eot_id|>' %}"
-    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
-    "{{ content }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
-)
 
 PROVENANCE_FILE = "thaw_demo.json"
 SINGLE_WEIGHTS_FILE = "model.safetensors"
@@ -90,11 +72,6 @@ _OUR_FILES = (
     INDEX_FILE,
     PROVENANCE_FILE,
 )
-
-# Elements generated per step when writing a tensor: bounds memory (~50 MB of
-# temporaries) independently of the model size.
-_CHUNK_ELEMENTS = 1 << 22
-
 
 @dataclass(frozen=True)
 class DemoDims:
@@ -128,15 +105,6 @@ class DemoDims:
             f"intermediate={self.intermediate_size} vocab={self.vocab_size} "
             f"max_pos={self.max_position_embeddings} dtype={self.dtype}"
         )
-
-
-@dataclass(frozen=True)
-class DemoFile:
-    """One file of a demo model directory; ``sha256`` is None when not computed."""
-
-    name: str
-    size_bytes: int
-    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -293,169 +261,6 @@ def expected_tensor_shapes(dims: DemoDims) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-# --- weights -----------------------------------------------------------------
-
-
-def _float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round float32 to bfloat16 (round to nearest, ties to even) and return the uint16 bits.
-
-    Inputs are finite by construction (no NaN handling needed).
-    """
-    bits = x.astype("<f4", copy=False).view("<u4")
-    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    return (rounded >> np.uint32(16)).astype("<u2")
-
-
-def _tensor_rng(name: str, seed: int) -> np.random.Generator:
-    # One stream per tensor, keyed by name, so a tensor's values do not depend
-    # on which other tensors exist or in which order they are written.
-    return np.random.default_rng([seed, zlib.crc32(name.encode())])
-
-
-def _uniform_chunks(name: str, n: int, seed: int) -> Iterator[np.ndarray]:
-    """float32 chunks of a uniform(-a, a) stream with std INIT_STD, from PCG64 raw bits.
-
-    ``random_raw`` is the bit generator's raw output, which NumPy keeps stable
-    across releases; the distribution methods carry no such promise.
-    """
-    bitgen = _tensor_rng(name, seed).bit_generator
-    half_width = INIT_STD * math.sqrt(3.0)
-    scale = np.float32(half_width / 2**23)
-    done = 0
-    while done < n:
-        count = min(_CHUNK_ELEMENTS, n - done)
-        raw = np.asarray(bitgen.random_raw((count + 1) // 2), dtype="<u8")
-        words = raw.view("<u4")[:count]  # two 32-bit words per draw, low word first
-        top24 = (words >> np.uint32(8)).astype(np.float32)  # exact: < 2**24
-        yield (top24 - np.float32(2**23 - 0.5)) * scale
-        done += count
-
-
-def _tensor_bytes(name: str, shape: tuple[int, ...], seed: int) -> Iterator[bytes]:
-    """The little-endian bf16 bytes of one tensor, in chunks."""
-    n = math.prod(shape)
-    if len(shape) == 1:  # RMSNorm weights start at 1.0
-        yield _float32_to_bf16_bits(np.ones(n, dtype=np.float32)).tobytes()
-        return
-    for chunk in _uniform_chunks(name, n, seed):
-        yield _float32_to_bf16_bits(chunk).tobytes()
-
-
-def _safetensors_header(names: Sequence[str], shapes: dict[str, tuple[int, ...]]) -> bytes:
-    """The 8-byte length plus JSON header for ``names`` laid out in that order."""
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name in names:
-        nbytes = math.prod(shapes[name]) * BYTES_PER_PARAM
-        header[name] = {
-            "dtype": "BF16",
-            "shape": list(shapes[name]),
-            "data_offsets": [offset, offset + nbytes],
-        }
-        offset += nbytes
-    body = json.dumps(header, separators=(",", ":")).encode()
-    body += b" " * (-len(body) % 8)  # data starts 8-byte aligned, as safetensors writes it
-    return struct.pack("<Q", len(body)) + body
-
-
-def _write_safetensors(
-    path: Path, names: list[str], shapes: dict[str, tuple[int, ...]], seed: int
-) -> DemoFile:
-    """Stream one safetensors file (tensors sorted by name) and return its size and sha256."""
-    names = sorted(names)
-    digest = hashlib.sha256()
-    size = 0
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
-        for block in _iter_file_blocks(names, shapes, seed):
-            f.write(block)
-            digest.update(block)
-            size += len(block)
-    os.replace(tmp, path)
-    return DemoFile(path.name, size, digest.hexdigest())
-
-
-def _iter_file_blocks(
-    names: list[str], shapes: dict[str, tuple[int, ...]], seed: int
-) -> Iterator[bytes]:
-    yield _safetensors_header(names, shapes)
-    for name in names:
-        yield from _tensor_bytes(name, shapes[name], seed)
-
-
-def _plan_shards(shapes: dict[str, tuple[int, ...]]) -> list[list[str]]:
-    """Group tensors (in module order) into files of at most MAX_SHARD_BYTES each."""
-    shards: list[list[str]] = [[]]
-    used = 0
-    for name, shape in shapes.items():
-        nbytes = math.prod(shape) * BYTES_PER_PARAM
-        if shards[-1] and used + nbytes > MAX_SHARD_BYTES:
-            shards.append([])
-            used = 0
-        shards[-1].append(name)
-        used += nbytes
-    return shards
-
-
-# --- tokenizer -------------------------------------------------------------
-
-
-def corpus_text() -> str:
-    """The English text the tokenizer is trained on (``thaw/data/corpus.txt``)."""
-    return resources.files("thaw").joinpath("data/corpus.txt").read_text(encoding="utf-8")
-
-
-def train_tokenizer() -> str:
-    """Train the byte-level BPE tokenizer and return its ``tokenizer.json`` text.
-
-    Deterministic: the corpus is fixed and the BPE trainer breaks count ties
-    by token id. Byte-level pre-tokenization and decoding mean any UTF-8 text
-    round-trips, even characters the corpus never shows.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB_SIZE,
-        min_frequency=1,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus_text().split("\n\n"), trainer=trainer)
-    if tok.get_vocab_size(with_added_tokens=True) != TOKENIZER_VOCAB_SIZE:
-        # The corpus ran out of merges: vocab_size in config.json would lie.
-        raise RuntimeError(
-            f"tokenizer trained to {tok.get_vocab_size(with_added_tokens=True)} tokens, "
-            f"expected {TOKENIZER_VOCAB_SIZE}; the corpus is too small"
-        )
-    bos_id = tok.token_to_id(BOS_TOKEN)
-    # Like Llama 3: BOS in front of plain encodings. Chat prompts already carry
-    # it from the template and vLLM encodes them without special tokens.
-    tok.post_processor = processors.Sequence(
-        [
-            processors.ByteLevel(trim_offsets=False),
-            processors.TemplateProcessing(
-                single=f"{BOS_TOKEN} $A",
-                pair=f"{BOS_TOKEN} $A {BOS_TOKEN}:1 $B:1",
-                special_tokens=[(BOS_TOKEN, bos_id)],
-            ),
-        ]
-    )
-    return tok.to_str()
-
-
-def _token_ids(tokenizer_json: str) -> dict[str, int]:
-    added = json.loads(tokenizer_json)["added_tokens"]
-    ids = {t["content"]: t["id"] for t in added}
-    missing = [t for t in SPECIAL_TOKENS if t not in ids]
-    if missing:
-        raise RuntimeError(f"tokenizer lacks special tokens {missing}")
-    return ids
-
-
 # --- the directory -----------------------------------------------------------
 
 
@@ -487,42 +292,6 @@ def _config(dims: DemoDims, ids: dict[str, int]) -> dict[str, object]:
         "use_cache": True,
         "vocab_size": dims.vocab_size,
     }
-
-
-def _tokenizer_config(ids: dict[str, int], dims: DemoDims) -> dict[str, object]:
-    return {
-        "added_tokens_decoder": {
-            str(ids[t]): {
-                "content": t,
-                "lstrip": False,
-                "normalized": False,
-                "rstrip": False,
-                "single_word": False,
-                "special": True,
-            }
-            for t in SPECIAL_TOKENS
-        },
-        "bos_token": BOS_TOKEN,
-        "chat_template": CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,
-        # A chat model: generation stops at the end of the assistant's turn.
-        "eos_token": EOT_TOKEN,
-        "model_input_names": ["input_ids", "attention_mask"],
-        "model_max_length": dims.max_position_embeddings,
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }
-
-
-def _write_text(path: Path, text: str) -> DemoFile:
-    data = text.encode("utf-8")
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-    return DemoFile(path.name, len(data), hashlib.sha256(data).hexdigest())
-
-
-def _json_text(obj: object) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def _size_label(size: str | int) -> str:
@@ -565,37 +334,37 @@ def build_demo_model(
 
     shapes = expected_tensor_shapes(dims)
     files: list[DemoFile] = []
-    shards = _plan_shards(shapes)
+    shards = plan_shards(shapes)
     if len(shards) == 1:
-        files.append(_write_safetensors(out_dir / SINGLE_WEIGHTS_FILE, shards[0], shapes, seed))
+        files.append(write_safetensors(out_dir / SINGLE_WEIGHTS_FILE, shards[0], shapes, seed))
     else:
         weight_map: dict[str, str] = {}
         for k, names in enumerate(shards, start=1):
             fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-            files.append(_write_safetensors(out_dir / fname, names, shapes, seed))
+            files.append(write_safetensors(out_dir / fname, names, shapes, seed))
             weight_map.update({n: fname for n in names})
         index = {
             "metadata": {"total_size": dims.weight_bytes},
             "weight_map": dict(sorted(weight_map.items())),
         }
-        files.append(_write_text(out_dir / INDEX_FILE, _json_text(index)))
+        files.append(write_text(out_dir / INDEX_FILE, json_text(index)))
 
     tokenizer_json = train_tokenizer()
-    ids = _token_ids(tokenizer_json)
-    files.append(_write_text(out_dir / "tokenizer.json", tokenizer_json))
+    ids = token_ids(tokenizer_json)
+    files.append(write_text(out_dir / "tokenizer.json", tokenizer_json))
     files.append(
-        _write_text(out_dir / "tokenizer_config.json", _json_text(_tokenizer_config(ids, dims)))
+        write_text(out_dir / "tokenizer_config.json", json_text(tokenizer_config(ids, dims.max_position_embeddings)))
     )
     files.append(
-        _write_text(
+        write_text(
             out_dir / "special_tokens_map.json",
-            _json_text({"bos_token": BOS_TOKEN, "eos_token": EOT_TOKEN}),
+            json_text({"bos_token": BOS_TOKEN, "eos_token": EOT_TOKEN}),
         )
     )
     files.append(
-        _write_text(
+        write_text(
             out_dir / "generation_config.json",
-            _json_text(
+            json_text(
                 {
                     "bos_token_id": ids[BOS_TOKEN],
                     "eos_token_id": [ids[END_OF_TEXT_TOKEN], ids[EOT_TOKEN]],
@@ -604,9 +373,9 @@ def build_demo_model(
         )
     )
     files.append(
-        _write_text(
+        write_text(
             out_dir / PROVENANCE_FILE,
-            _json_text(
+            json_text(
                 {
                     "builder": "thaw.demo_model",
                     "format_version": 1,
@@ -616,7 +385,7 @@ def build_demo_model(
             ),
         )
     )
-    files.append(_write_text(out_dir / "config.json", _json_text(_config(dims, ids))))
+    files.append(write_text(out_dir / "config.json", json_text(_config(dims, ids))))
     return DemoModelInfo(
         path=out_dir,
         dims=dims,
@@ -629,15 +398,6 @@ def build_demo_model(
 
 
 # --- reading a directory back ------------------------------------------------
-
-
-def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
-    """The JSON header of a safetensors file (tensor name -> dtype/shape/offsets), without ``__metadata__``."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return header
 
 
 def read_demo_model(out_dir: Path, *, hash_files: bool = False) -> DemoModelInfo:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from thaw.demo_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, build_demo_adapter
-from thaw.demo_model import build_demo_model, read_demo_model, read_safetensors_header
+from thaw.demo_model import build_demo_model, read_demo_model
+from thaw.demo_weights import read_safetensors_header
 
 
 @pytest.fixture(scope="module")

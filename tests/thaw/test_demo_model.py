@@ -17,6 +17,8 @@ import pytest
 from safetensors import safe_open
 
 from thaw import demo_model as dm
+from thaw import demo_weights
+from thaw.demo_weights import float32_to_bf16_bits
 
 SPECIALS = [
     "<|begin_of_text|>",
@@ -270,7 +272,7 @@ def test_large_variants_are_sharded_with_a_complete_index(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A 4 MiB shard limit on the ~10.5 MiB tiny model stands in for 2 GiB on a large one.
-    monkeypatch.setattr(dm, "MAX_SHARD_BYTES", 4 * 1024**2)
+    monkeypatch.setattr(demo_weights, "MAX_SHARD_BYTES", 4 * 1024**2)
     info = dm.build_demo_model(tmp_path / "m")
     d = info.path
     assert not (d / "model.safetensors").exists()
@@ -293,7 +295,7 @@ def test_large_variants_are_sharded_with_a_complete_index(
 def test_sharded_weights_equal_single_file_weights(
     tiny: dm.DemoModelInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dm, "MAX_SHARD_BYTES", 4 * 1024**2)
+    monkeypatch.setattr(demo_weights, "MAX_SHARD_BYTES", 4 * 1024**2)
     sharded = dm.build_demo_model(tmp_path / "m")
     index = json.loads((sharded.path / "model.safetensors.index.json").read_text())
     for name in ("lm_head.weight", "model.layers.2.self_attn.k_proj.weight"):
@@ -318,7 +320,7 @@ def test_sharded_weights_equal_single_file_weights(
     ],
 )
 def test_float32_to_bf16_rounds_to_nearest_even(value: float, bits: int) -> None:
-    out = dm._float32_to_bf16_bits(np.array([value], dtype=np.float32))
+    out = float32_to_bf16_bits(np.array([value], dtype=np.float32))
     assert out.dtype == np.dtype("<u2")
     assert int(out[0]) == bits
 
