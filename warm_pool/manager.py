@@ -164,6 +164,8 @@ class PoolManager:
         self._fresh_term(self.epoch)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        # Turns of the loop taken (a test waits on it to see that nothing happened).
+        self.steps = 0
         self._loop = True
         # Several controllers on one database: this one leads while it holds the lease.
         self.leadership = None if lease is None else Leadership(
@@ -388,6 +390,7 @@ class PoolManager:
                 raise
             except Exception:
                 log.exception("pool_tick_failed")
+            self.steps += 1
             await wait_event(self._wake, self.poll_interval_s)
             self._wake.clear()
 

@@ -29,6 +29,7 @@ from activator.metrics import ActivatorMetrics
 from tests.activator.fake_engine import FakeEngine, serve, serve_app
 from tests.activator.support import KEY, make_config, replica, table
 from tests.redis_server import RedisServer
+from tests.waiting import until
 from thaw.config import LimitsConfig, RateLimits, parse_config
 from thaw.wire import KeyTable
 
@@ -80,20 +81,6 @@ async def refused(lim: RedisLimiter, limits: RateLimits, tokens: int = 0) -> Too
 
 def degraded(lim: RedisLimiter) -> float:
     return lim.metrics.registry.get_sample_value("thaw_limits_degraded") or 0.0
-
-
-async def until(cond: Callable[[], Any], timeout_s: float, what: str) -> None:
-    """Poll ``cond`` (a function or a coroutine function) until it is true, or fail."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        done = cond()
-        if asyncio.iscoroutine(done):
-            done = await done
-        if done:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 # -- shared buckets ---------------------------------------------------------------------
@@ -172,10 +159,10 @@ async def test_a_dead_activators_leases_lapse_and_a_live_ones_do_not(
         except TooManyRequests:
             return False
 
-    await until(slot_free, 10.0, "the dead activator's lease lapsed")
+    await until("the dead activator's lease lapsed", slot_free, 10.0)
     # The dead lease lasted its TTL; the live one, refreshed, outlived it.
     assert time.monotonic() - t0 >= 0.8
-    await asyncio.sleep(1.5)  # past the live lease's first TTL: only refreshes keep it
+    await asyncio.sleep(1.5)  # quiet: past the live lease's first TTL, only refreshes keep it
     assert (await refused(live, lim)).code == "concurrency_limit_exceeded"
     await live.settle(long_stream, None, time.time())
     client = redis.Redis(port=redis_server.port, decode_responses=True)
@@ -226,7 +213,7 @@ async def test_redis_stopped_degrades_to_this_activators_share_then_recovers(
 
     with structlog.testing.capture_logs() as logs:
         redis_server.start()  # empty: a fresh bucket
-        await until(lambda: degraded(a) == 0, 10.0, "the limiter left degraded mode")
+        await until("the limiter left degraded mode", lambda: degraded(a) == 0, 10.0)
     assert [e["log_level"] for e in logs if e["event"] == "limits_restored"] == ["info"]
     adm = await admit(a, lim)
     assert adm.headers["x-ratelimit-limit-requests"] == "10"  # shared again
@@ -305,8 +292,9 @@ async def test_two_activators_one_redis_then_redis_stops(engine_url: str, redis_
         apps = [create_app(cfg, pool_url, activator_id=f"act{i}") for i in range(2)]
         with serve_app(apps[0], lifespan="on") as url0, serve_app(apps[1], lifespan="on") as url1:
             urls = [url0, url1]
-            await until(lambda: all(a.state.routes.activators == 2 and a.state.routes.routes["demo"].replicas
-                                    for a in apps), 20.0, "both activators have the controller's table")
+            await until("both activators have the controller's table",
+                        lambda: all(a.state.routes.activators == 2 and a.state.routes.routes["demo"].replicas
+                                    for a in apps), 20.0)
             async with httpx.AsyncClient(timeout=30) as client:
                 async def send(i: int, rid: str) -> httpx.Response:
                     r = await client.post(f"{urls[i]}/v1/chat/completions", json=chat,

@@ -12,6 +12,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 
 from activator.route_watcher import Replica, RouteWatcher, cold_start_tier, public_failure
+from tests.waiting import until
 from thaw.config import parse_config
 from thaw.embedded_store import free_port
 
@@ -59,13 +60,12 @@ async def test_demand_signals_are_coalesced_one_in_flight_per_model(controller: 
         # Twenty requests wait at zero within a few milliseconds: one signal goes out.
         model = CFG.models[0]
         waits = [asyncio.create_task(w._wait_cold(model, asyncio.get_running_loop().time())) for _ in range(20)]
-        await asyncio.sleep(0.1)
-        assert seen == ["demo"] and w.demand_coalesced == 19
+        await until("the demand signal", lambda: seen == ["demo"])
+        assert w.demand_coalesced == 19
         # Once it is answered, the next waiting request may signal again.
-        await asyncio.sleep(0.4)
+        await until("the signal answered", lambda: "demo" not in w._demand_in_flight)
         w.signal_demand("demo")
-        await asyncio.sleep(0.05)
-        assert seen == ["demo", "demo"]
+        await until("a second signal", lambda: seen == ["demo", "demo"])
         for t in waits:
             t.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
@@ -150,7 +150,7 @@ async def test_an_ejected_replica_comes_back_after_its_ejection_and_wakes_the_wa
         w.eject("demo", route.url)
         await asyncio.sleep(0.6)
         w.eject("demo", route.url)
-        await asyncio.sleep(0.6)  # past the first timer, 0.4 s before the second
+        await asyncio.sleep(0.6)  # quiet: past the first timer, 0.4 s before the second
         assert w.routes["demo"].replicas == []
         for _ in range(50):
             if w.routes["demo"].replicas:

@@ -135,7 +135,7 @@ async def test_a_reader_that_falls_behind_pauses_the_replica() -> None:
     pool = UpstreamPool()
     try:
         r = await pool.post(url, b"{}", {})
-        await asyncio.sleep(0.3)  # the reader does not read meanwhile
+        await asyncio.sleep(0.3)  # quiet: the reader does not read meanwhile
         assert r._buffered < 1024 * 1024  # paused near the high-water mark, not 4 MiB
         total = len(await r.read())
         assert total == 64 * len(big)

@@ -29,6 +29,7 @@ import httpx
 import openai
 import psutil
 
+from tests.waiting import wait_until  # noqa: F401 - the fault tests' import
 from thaw.process import signal_group
 
 # What a client can see. "ok": a 200 stream that ended with its finish reason and the
@@ -421,17 +422,6 @@ def service_pid(up_pid: int, module: str) -> int | None:
                 if module in " ".join(c.cmdline()):
                     return c.pid
     return None
-
-
-def wait_until(what: str, pred: Callable[[], Any], timeout_s: float, interval_s: float = 0.2) -> Any:
-    deadline = time.time() + timeout_s
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def flip_byte(client: Any, bucket: str, key: str, offset_from_end: int = 64) -> None:

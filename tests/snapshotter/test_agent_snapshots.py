@@ -204,7 +204,7 @@ async def test_disabled_snapshots_touch_nothing(
     assert state["snapshot"]["status"] == "disabled" and reason in state["snapshot"]["reason"]
     assert state["snapshot"]["fingerprint"] is None
     assert state["phases"]["assigned"] <= state["phases"]["snapshot_restored"] <= state["phases"]["engine_ready"]
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # quiet: nothing restores or captures later either
     assert snaps.restores == [] and snaps.captures == []
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import uvicorn
 import yaml
 
+from tests import waiting
 from tests.worker.fakes import FakeEngine, FakeHost, World
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
@@ -176,11 +177,14 @@ async def controller(cfg: ThawConfig, provider: InProcessProvider, port: int, **
 
 
 async def until(what: str, pred: Any, m: PoolManager, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {m.status().model_dump_json(indent=1)}")
-        await asyncio.sleep(0.02)
+    await waiting.until(what, pred, timeout_s, detail=lambda: m.status().model_dump_json(indent=1))
+
+
+async def steps_pass(m: PoolManager, n: int = 5, timeout_s: float = 30.0) -> None:
+    """``n`` more turns of the manager's loop (each decides and acts): what a test waits
+    for to say that nothing happened, whatever the machine's speed."""
+    start = m.steps
+    await waiting.until(f"{n} turns of the loop", lambda: m.steps >= start + n, timeout_s)
 
 
 def states(m: PoolManager) -> dict[str, str]:

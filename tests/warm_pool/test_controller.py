@@ -10,7 +10,15 @@ from pathlib import Path
 import httpx
 
 from activator.route_watcher import RouteWatcher
-from tests.warm_pool.fleet import TOKEN, InProcessProvider, controller, fleet_config, states, until
+from tests.warm_pool.fleet import (
+    TOKEN,
+    InProcessProvider,
+    controller,
+    fleet_config,
+    states,
+    steps_pass,
+    until,
+)
 from thaw.wire import WorkerState, WorkerStatus
 
 
@@ -70,7 +78,8 @@ async def test_a_controller_restart_keeps_the_workers_the_replicas_and_the_route
             epoch_a, launched = m.epoch, provider.launched
             await a.stop()  # the controller goes away (its workers do not)
         # While it is down the activator keeps routing to the replica it knew.
-        await asyncio.sleep(0.5)
+        await until("the activator lost the controller", lambda: not watcher.connected, m)
+        await asyncio.sleep(0.5)  # quiet: half a second without a controller changes nothing
         assert not watcher.connected and watcher.routes["demo"].replicas
         async with controller(cfg, provider, port) as b:
             m = b.manager
@@ -82,7 +91,7 @@ async def test_a_controller_restart_keeps_the_workers_the_replicas_and_the_route
             assert states(m) == before and provider.launched == launched
             assert [r.worker_id for r in watcher.routes["demo"].replicas] == [
                 w for w, s in before.items() if s == "ready"]
-            await asyncio.sleep(0.5)
+            await steps_pass(m)
             assert states(m) == before
             assert not [e for e in m.events if e.kind in ("launch", "assign", "release", "terminate")]
     finally:
@@ -129,7 +138,7 @@ async def test_a_budget_change_is_validated_applied_within_a_tick_and_survives_a
     async with controller(cfg, provider, port_of(provider), state_dir=state_dir) as c:
         assert c.manager.cfg.pools[0].standby_min == 2 and c.manager.budget_view().pools[0].source == "run time"
         await until("adopted", lambda: c.manager.adopted, c.manager)
-        await asyncio.sleep(0.5)
+        await steps_pass(c.manager)
         assert provider.launched == 2
 
 

@@ -24,7 +24,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.warm_pool.fleet import serve
+from tests.waiting import until
+from tests.warm_pool.fleet import serve, steps_pass
 from tests.warm_pool.moto_ec2 import TOKEN_PARAM, Aws, NoCapacity
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
@@ -82,14 +83,6 @@ def worker_process(cfg_path: Path, instance_id: str, worker_id: str, log: Path) 
         stop_group(proc, 30)
 
 
-async def until(what: str, pred: Any, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 def live(aws: Aws) -> list[dict[str, Any]]:
     return [i for i in aws.described() if i["State"]["Name"] in ("pending", "running")]
 
@@ -122,7 +115,7 @@ async def test_restart_with_instances_present_launches_none(aws: Aws, tmp_path: 
             await until("adopted", lambda: b.adopted)
             await until("the worker heard again", lambda: b.facts.get(worker_id) is not None
                         and b.facts[worker_id].status is not None, timeout_s=30)
-            await asyncio.sleep(1.0)  # several ticks after adoption
+            await steps_pass(b, 10)  # several turns after adoption
             assert b.epoch != epoch and proc.poll() is None
             assert [i["InstanceId"] for i in live(aws)] == [instance_id]
             assert not [e for e in b.events if e.kind in ("launch", "terminate")]
@@ -178,7 +171,7 @@ async def test_no_capacity_anywhere_backs_the_shape_off(aws: Aws, tmp_path: Path
         assert "InsufficientInstanceCapacity" in (row.backoff_reason or "")
         assert row.provider_status["outcome"] == "no_capacity"
         # Within the backoff nothing is tried; after it, one more round (then 4 s).
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # quiet: within the backoff nothing is tried
         assert len(nocap.attempts) == 4
         await until("the retry after the backoff", lambda: len(nocap.attempts) == 8, timeout_s=10)
         await until("the second failure", lambda: sum(e.outcome == "failed" for e in m.events) == 2)

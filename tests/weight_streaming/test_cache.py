@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from weight_streaming import cache as cache_module
 from weight_streaming.cache import CachedModel, CacheError, DiskCache, entry_name
 
 
@@ -42,13 +43,14 @@ def test_hit_returns_the_bytes_and_miss_returns_none(tmp_path: Path) -> None:
     assert cache.lookup("b", "A", "e2", 3) is None
 
 
-def test_budget_evicts_least_recently_used(tmp_path: Path) -> None:
+def test_budget_evicts_least_recently_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A clock a millisecond further on at every reading: distinct mtimes on any file system.
+    ticks = itertools.count(1_700_000_000 * 10**9, 10**6)
+    monkeypatch.setattr(cache_module.time, "time_ns", lambda: next(ticks))
     cache = DiskCache(tmp_path, max_bytes=300)
     for k in "ABC":
         assert put(cache, k, bytes(100))
-        time.sleep(0.01)  # distinct mtimes even on coarse clocks
     assert cache.lookup("b", "A", "e1", 100) is not None  # A is now the most recent
-    time.sleep(0.01)
     # 300 used + 100 new > 300: evict the least recently used, which is B (not A).
     assert put(cache, "D", bytes(100))
     assert names(cache) == ["C", "A", "D"]

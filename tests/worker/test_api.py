@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.waiting import until
 from tests.worker.fakes import (
     SECRET,
     TOKEN,
@@ -180,9 +181,8 @@ async def test_engine_failure_event_fails_kills_and_prestarts_a_fresh_host(
     assert body["error"] == "engine failed to start: FileNotFoundError: NoSuchKey"
     assert body["engine_url"] is None
     # The failed host was killed without a grace period, a fresh one started at once.
-    await asyncio.sleep(0.05)
-    assert world.hosts[0].stops == [0.0]
-    assert len(world.hosts) == 2 and world.hosts[1].returncode is None
+    await until("a fresh host", lambda: len(world.hosts) == 2)
+    assert world.hosts[0].stops == [0.0] and world.hosts[1].returncode is None
     assert (await client.get("/healthz")).status_code == 200
     assert (await client.post("/release", json={"assignment_id": "a1"})).status_code == 202
     await wait_state(client, "standby")
@@ -273,8 +273,7 @@ async def test_release_while_loading_aborts_the_load(world: World, client: httpx
     world.on_launch = "hang"
     await wait_state(client, "standby")
     await client.post("/assign", json=assign_body())
-    await asyncio.sleep(0.05)
-    assert world.hosts[0].launches
+    await until("the launch", lambda: world.hosts[0].launches)
     r = await client.post("/release", json={})
     assert r.status_code == 202
     await wait_state(client, "standby")
