@@ -43,7 +43,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from thaw.config import Autoscaling, ThawConfig
+from thaw.config import Autoscaling, Model, ThawConfig
 from thaw.wire import CachedWeights, FailureKind, WorkerState
 from warm_pool.autoscaler import ScaleResult, ScaleState, autoscale, evolve, observe
 from warm_pool.batch_policy import batch_launches, lent_to_batch, to_preempt, wanting_batch
@@ -509,6 +509,61 @@ def track(ms: ModelState, act: ModelActivity, a: Autoscaling, now: float) -> Mod
     return evolve(ms, scale=observe(ms.scale, now, act.demand, act.arrivals, act.ttfts, a.stable_window_s))
 
 
+@dataclass
+class _Tick:
+    """One tick's working state, shared by the stages of :func:`decide` (each stage a
+    function of its own, in the order ``decide`` runs them)."""
+
+    snap: Snapshot
+    cfg: ThawConfig
+    now: float
+    only: Collection[str] | None
+    models: dict[str, ModelState]
+    n_assign: int
+    tag: str
+    by_name: dict[str, Model]
+    # Workers that run packed engines: not standbys even when their own engine is gone.
+    hosting: set[str]
+    free: dict[str, list[WorkerView]]  # standbys by shape, ready to take a model
+    packing: set[str]  # the shapes whose pools pack engines
+    room: dict[str, int]  # free bytes per worker that packs
+    shape_of: dict[str, str]
+    activity: dict[str, ModelActivity]
+    decisions: list[Decision] = field(default_factory=list)
+    asleep: dict[str, list[WorkerView]] = field(default_factory=dict)
+    gone: set[str] = field(default_factory=set)  # asleep workers released this tick
+    launches_for_demand: dict[str, int] = field(default_factory=dict)
+    cold_now: dict[str, int] = field(default_factory=dict)
+    cold_class_now: dict[str, int] = field(default_factory=dict)
+    adapters_added: dict[str, int] = field(default_factory=dict)
+    preempted: set[str] = field(default_factory=set)  # workers lent to batch, taken back this tick
+    batch_extra: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, snap: Snapshot, state: PolicyState, cfg: ThawConfig, now: float,
+              only: Collection[str] | None) -> _Tick:
+        hosting = {w.host for w in snap.workers if w.host is not None}
+        free: dict[str, list[WorkerView]] = {}
+        for w in sorted((w for w in snap.workers if w.state == "standby" and w.host is None and w.id not in hosting),
+                        key=lambda w: w.id):
+            free.setdefault(w.shape, []).append(w)
+        packing = {p.shape for p in cfg.pools if p.pack}
+        # A base's engines serve its adapters too: it scales, and stays, for their traffic
+        # as well as its own.
+        activity = dict(snap.activity)
+        for m in cfg.models:
+            if m.base is not None and m.name in snap.activity:
+                activity[m.base] = activity.get(m.base, ModelActivity()).plus(snap.activity[m.name])
+        return cls(snap=snap, cfg=cfg, now=now, only=only, models=dict(state.models), n_assign=state.assignments,
+                   tag=f"{state.epoch}-" if state.epoch else "", by_name={m.name: m for m in cfg.models},
+                   hosting=hosting, free=free, packing=packing, room=pack_room(snap.workers) if packing else {},
+                   shape_of={w.id: w.shape for w in snap.workers}, activity=activity)
+
+    def assignment_id(self, model: str) -> str:
+        self.n_assign += 1
+        return f"{model}-{self.tag}{self.n_assign}"
+
+
 def decide(
     snap: Snapshot, state: PolicyState, cfg: ThawConfig, now: float, *,
     only: Collection[str] | None = None, pools: bool = True,
@@ -520,267 +575,280 @@ def decide(
     their state untouched) and ``pools=False`` (no pool's inputs changed since its last
     judgement: the pools are judged only if this tick's model decisions touch them).
     """
-    decisions: list[Decision] = []
-    models = dict(state.models)
-    by_name = {m.name: m for m in cfg.models}
-    n_assign = state.assignments
-    tag = f"{state.epoch}-" if state.epoch else ""
-    # Workers that run packed engines: not standbys even when their own engine is gone.
-    hosting = {w.host for w in snap.workers if w.host is not None}
-    free: dict[str, list[WorkerView]] = {}
-    for w in sorted((w for w in snap.workers if w.state == "standby" and w.host is None and w.id not in hosting),
-                    key=lambda w: w.id):
-        free.setdefault(w.shape, []).append(w)
-    packing = {p.shape for p in cfg.pools if p.pack}
-    room = pack_room(snap.workers) if packing else {}
-    shape_of = {w.id: w.shape for w in snap.workers}
+    t = _Tick.start(snap, state, cfg, now, only)
+    _failures(t)
+    if only is None:
+        _removed(t)  # never in the simulator's partial ticks (it removes no model)
+    _asleep(t)
+    for m in _judged(t):
+        _model(t, m)
+    _batch(t)
+    if not pools and not t.decisions and not t.launches_for_demand and not t.batch_extra:
+        return t.decisions, PolicyState(models=t.models, assignments=t.n_assign, epoch=state.epoch,
+                                        pools=state.pools)
+    if only is not None:
+        # Models not judged this tick still wait for the launches they asked for.
+        for name, ms in t.models.items():
+            if ms.unmet and name not in only:
+                m_cfg = t.by_name.get(name)
+                if m_cfg is not None:
+                    t.launches_for_demand[m_cfg.shape] = t.launches_for_demand.get(m_cfg.shape, 0) + ms.unmet
+    pool_states = _pools(t, state)
+    return t.decisions, PolicyState(models=t.models, assignments=t.n_assign, epoch=state.epoch, pools=pool_states)
 
-    # 1. Failed loads: count once, back off, reset the worker (an adapter: unload it).
-    for w in snap.workers:
+
+def _failures(t: _Tick) -> None:
+    """1. Failed loads: count once, back off, reset the worker (an adapter: unload it);
+    an unreachable worker is terminated."""
+    now = t.now
+    for w in t.snap.workers:
         for name, st in w.adapters:
             if st == "failed":
-                ms = models.get(name, ModelState())
+                ms = t.models.get(name, ModelState())
                 key = f"{w.id}/{w.assignment_id}/{name}"
                 if key != ms.counted_assignment:
                     failures = ms.failures + 1
-                    models[name] = evolve(ms, failures=failures, backoff_until=now + backoff_s(failures),
-                                          last_error=f"loading the adapter failed on {w.id}",
-                                          last_failure_kind="engine", counted_assignment=key)
-                decisions.append(UnloadAdapter(w.id, name, "failed"))
-    for w in snap.workers:
+                    t.models[name] = evolve(ms, failures=failures, backoff_until=now + backoff_s(failures),
+                                            last_error=f"loading the adapter failed on {w.id}",
+                                            last_failure_kind="engine", counted_assignment=key)
+                t.decisions.append(UnloadAdapter(w.id, name, "failed"))
+    for w in t.snap.workers:
         if w.state == "failed":
             if w.model is not None:
-                ms = models.get(w.model, ModelState())
+                ms = t.models.get(w.model, ModelState())
                 if w.assignment_id is None or w.assignment_id != ms.counted_assignment:
                     if w.served and (ms.last_crash_at is None or now - ms.last_crash_at > CRASH_WINDOW_S):
                         # A replica that served, then crashed: its weights and settings are
                         # proven, so the model is placed again at once, its requests wait
                         # for that instead of being refused.
-                        models[w.model] = evolve(ms, last_crash_at=now, counted_assignment=w.assignment_id)
+                        t.models[w.model] = evolve(ms, last_crash_at=now, counted_assignment=w.assignment_id)
                     else:
                         failures = ms.failures + 1
-                        models[w.model] = ModelState(
+                        t.models[w.model] = ModelState(
                             failures=failures, backoff_until=now + backoff_s(failures),
                             last_error=w.error, last_failure_kind=w.failure_kind or "engine",
                             counted_assignment=w.assignment_id,
                             last_crash_at=now if w.served else ms.last_crash_at,
                         )
-            decisions.append(Release(w.id, w.model, "failed"))
+            t.decisions.append(Release(w.id, w.model, "failed"))
         elif w.state == "unreachable":
-            decisions.append(Terminate(w.id, "unreachable"))
+            t.decisions.append(Terminate(w.id, "unreachable"))
 
-    # Models no longer served (`thaw models rm`): their replicas drain and are released,
-    # their adapters unloaded (asleep ones go below). Never in the simulator's partial
-    # ticks (it removes none).
-    if only is None:
-        for w in snap.workers:
-            if w.model is not None and w.model not in by_name and w.state in _SERVING:
-                decisions.append(Release(w.id, w.model, "removed"))
-            for name, st in w.adapters:
-                if name not in by_name and st in ("loading", "ready"):
-                    decisions.append(UnloadAdapter(w.id, name, "removed"))
 
-    # Asleep workers: released once past their model's asleep_ttl_s, else kept for a wake.
-    asleep: dict[str, list[WorkerView]] = {}
-    gone: set[str] = set()  # asleep workers released this tick
-    for w in sorted((w for w in snap.workers if w.state == "asleep"), key=lambda w: (w.since or 0.0, w.id)):
-        m_cfg = by_name.get(w.model) if w.model else None
+def _removed(t: _Tick) -> None:
+    """Models no longer served (`thaw models rm`): their replicas drain and are released,
+    their adapters unloaded (asleep ones go in :func:`_asleep`)."""
+    for w in t.snap.workers:
+        if w.model is not None and w.model not in t.by_name and w.state in _SERVING:
+            t.decisions.append(Release(w.id, w.model, "removed"))
+        for name, st in w.adapters:
+            if name not in t.by_name and st in ("loading", "ready"):
+                t.decisions.append(UnloadAdapter(w.id, name, "removed"))
+
+
+def _asleep(t: _Tick) -> None:
+    """Asleep workers: released once past their model's asleep_ttl_s (or asleep with an
+    outdated revision), else kept for a wake."""
+    for w in sorted((w for w in t.snap.workers if w.state == "asleep"), key=lambda w: (w.since or 0.0, w.id)):
+        m_cfg = t.by_name.get(w.model) if w.model else None
         ttl = m_cfg.autoscaling.asleep_ttl_s if m_cfg else 0.0
-        if m_cfg is None or ttl <= 0 or (w.since is not None and now - w.since >= ttl):
-            decisions.append(Release(w.id, w.model, "asleep_expired"))
-            gone.add(w.id)
-        elif w.revision in snap.outdated.get(m_cfg.name, ()):
-            decisions.append(Release(w.id, w.model, "rolled"))  # it would wake with old weights
-            gone.add(w.id)
+        if m_cfg is None or ttl <= 0 or (w.since is not None and t.now - w.since >= ttl):
+            t.decisions.append(Release(w.id, w.model, "asleep_expired"))
+            t.gone.add(w.id)
+        elif w.revision in t.snap.outdated.get(m_cfg.name, ()):
+            t.decisions.append(Release(w.id, w.model, "rolled"))  # it would wake with old weights
+            t.gone.add(w.id)
         else:
-            asleep.setdefault(m_cfg.name, []).append(w)
+            t.asleep.setdefault(m_cfg.name, []).append(w)
 
-    def reclaim(shape: str, for_model: str) -> bool:
-        """Release the longest-asleep worker of another model on ``shape`` for reuse."""
-        for name, ws in asleep.items():
-            if name == for_model:
-                continue
-            for w in ws:
-                if w.shape == shape and w.id not in gone:
-                    decisions.append(Release(w.id, w.model, "reclaimed"))
-                    gone.add(w.id)
-                    return True
-        return False
 
-    # 2. Per model: the autoscaler's target, with the keep-alive policy deciding when
-    # an idle model keeps a replica (or gets one back early) and when it goes to zero.
-    launches_for_demand: dict[str, int] = {}
-    cold_now: dict[str, int] = {}
-    cold_class_now: dict[str, int] = {}
-    # Models whose requests wait at zero take the free standbys first, the longest
-    # waiting first; the others follow in config order.
-    # A base's engines serve its adapters too: it scales, and stays, for their traffic as
-    # well as its own.
-    activity = dict(snap.activity)
-    for m in cfg.models:
-        if m.base is not None and m.name in snap.activity:
-            activity[m.base] = activity.get(m.base, ModelActivity()).plus(snap.activity[m.name])
-    judged = cfg.models if only is None else [m for m in cfg.models if m.name in only]
+def _reclaim(t: _Tick, shape: str, for_model: str) -> bool:
+    """Release the longest-asleep worker of another model on ``shape`` for reuse."""
+    for name, ws in t.asleep.items():
+        if name == for_model:
+            continue
+        for w in ws:
+            if w.shape == shape and w.id not in t.gone:
+                t.decisions.append(Release(w.id, w.model, "reclaimed"))
+                t.gone.add(w.id)
+                return True
+    return False
+
+
+def _judged(t: _Tick) -> list[Model]:
+    """The models judged this tick, in order: those whose requests wait at zero take the
+    free standbys first, the longest waiting first; the others follow in config order."""
+    judged = t.cfg.models if t.only is None else [m for m in t.cfg.models if m.name in t.only]
     waited = {m.name: since for m in judged
-              if (prev := models.get(m.name)) is not None and (since := prev.at_zero_since) is not None}
+              if (prev := t.models.get(m.name)) is not None and (since := prev.at_zero_since) is not None}
     if waited:
         judged = sorted(judged, key=lambda m: waited.get(m.name, math.inf))  # stable: config order after
-    adapters_added: dict[str, int] = {}
-    preempted: set[str] = set()  # workers lent to batch, taken back this tick
-    for m in judged:
-        act = activity.get(m.name, ModelActivity())
-        if m.base is None:
-            replicas = [w for w in snap.workers if w.model == m.name and w.state in _SERVING]
-            ready = [w for w in replicas if w.state == "ready"]
-        else:
-            # An adapter's replicas are the engines of its base that hold it.
-            hosts = [w for w in snap.workers if w.model == m.base and w.state == "ready"]
-            replicas = [w for w in hosts if w.adapter(m.name) in ("loading", "ready")]
-            ready = [w for w in replicas if w.adapter(m.name) == "ready"]
-        ms = models.get(m.name, ModelState())
-        if ready and ms.failures:
-            ms = evolve(ms, failures=0, backoff_until=0.0, last_error=None, last_failure_kind=None)
-        a = m.autoscaling
-        # A roll (a new revision's weights or engine): replicas of older revisions are
-        # replaced by as many current ones. For the autoscaler the model has as many
-        # replicas as the larger of the two sets (one replaces the other).
-        stale = snap.outdated.get(m.name, frozenset()) if m.base is None else frozenset()
-        outdated = [w for w in replicas if w.revision in stale]
-        if outdated:
-            replicas = [w for w in replicas if w.revision not in stale]
-            ready = [w for w in replicas if w.state == "ready"]
-        ms = track(ms, act, a, now)
-        window = keep_alive_window(ms.idle_histogram, a)
-        keep_warm = ms.idle_since is not None and keep_alive_decision(window, ms.idle_since, now).keep
-        result, scale = autoscale(ms.scale, current=max(len(replicas), len(outdated)), now=now, a=a,
-                                  demand_now=act.demand, keep_warm=keep_warm, loading=len(replicas) - len(ready))
-        at_zero_since = None
-        if act.demand and not replicas and not outdated:
-            if ms.at_zero_since is None and m.base is None:  # an adapter's is its base's
-                cold_now[m.shape] = cold_now.get(m.shape, 0) + 1
-                cls = snap.model_classes.get(m.name, "")
-                cold_class_now[cls] = cold_class_now.get(cls, 0) + 1
-            at_zero_since = now if ms.at_zero_since is None else ms.at_zero_since
-        models[m.name] = ms = evolve(ms, scale=scale, last_scale=result, keep_alive=window,
-                                     at_zero_since=at_zero_since)
-        want = result.target
-        unmet = 0
-        if m.base is not None:
-            decisions.extend(_adapter_decisions(m.name, hosts, replicas, want, act, ms, now,
-                                                max_loras=int(cfg.engine_args(by_name[m.base]).extra["max_loras"]),
-                                                added=adapters_added))
-            continue
-        # Each old replica is released once a current one is ready to take its traffic
-        # (one still loading at once: nobody waits on it).
-        if outdated:
-            covered = len(ready) + len(outdated) - want
-            for w in sorted(outdated, key=lambda w: (w.state != "loading", w.id)):
-                if w.state == "loading" or covered > 0:
-                    decisions.append(Release(w.id, m.name, "rolled"))
-                    covered -= w.state == "ready"
-        if len(replicas) < want:
-            if now < ms.backoff_until:
-                if ms.unmet:
-                    models[m.name] = evolve(ms, unmet=0)
-                continue
-            reason: AssignReason = ("roll" if outdated else
-                      "demand" if act.demand and not replicas else
-                      "prewarm" if not act.demand and not replicas and want > a.min_replicas else
-                      "min_replicas" if want <= a.min_replicas else "scale_up")
-            sleeping = [w for w in reversed(asleep.get(m.name, [])) if w.id not in gone]
-            for _ in range(want - len(replicas)):
-                standbys = free.get(m.shape) or []
-                n_assign += 1
-                need = snap.engine_bytes.get(m.name) if m.shape in packing else None
-                host = place_packed(room, shape_of, m.shape, need) if need else None
-                if sleeping:
-                    # Waking the model where it sleeps beats loading it anywhere.
-                    w = sleeping.pop(0)
-                    gone.add(w.id)
-                    decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}", reason))
-                elif host is not None and need:
-                    # Free room on a worker already serving: no standby is taken. (A pool
-                    # that packs pre-builds nothing, so no swap would be sooner.)
-                    room[host] -= need
-                    aid = f"{m.name}-{tag}{n_assign}"
-                    decisions.append(Pack(host, m.name, aid, f"{host}.{aid}", need, reason))
-                elif standbys:
-                    w, tier, secs = place(standbys, m.uri, model_bytes(snap.workers, m.uri),
-                                          snap.model_classes.get(m.name))
-                    decisions.append(Assign(w.id, m.name, f"{m.name}-{tag}{n_assign}", reason, tier,
-                                            round(secs, 3)))
-                elif (taken := to_preempt(snap.workers, m.shape, activity, preempted)) is not None:
-                    # A standby lent to batch work: the online model takes it back now.
-                    preempted.add(taken.id)
-                    decisions.append(Assign(taken.id, m.name, f"{m.name}-{tag}{n_assign}", reason, "preempt"))
-                else:
-                    n_assign -= 1
-                    if not reclaim(m.shape, m.name):
-                        launches_for_demand[m.shape] = launches_for_demand.get(m.shape, 0) + 1
-                        unmet += 1
-        if unmet != ms.unmet:
-            models[m.name] = ms = evolve(ms, unmet=unmet)
-        if len(replicas) > want:
-            # Release loading replicas first (nobody waits on them), then the newest ready;
-            # a model going idle with an asleep tier puts its ready ones to sleep instead.
-            extra = len(replicas) - want
-            idle = want <= a.min_replicas and not act.demand
-            # One on batch work stays while the model's batches have lines to run.
-            kept = snap.batch_demand.get(m.name, 0) > 0
-            going = [w for w in replicas if not (w.batch and kept)]
-            for w in sorted(going, key=lambda w: (w.state != "loading", w.id))[:extra]:
-                if w.state == "ready" and idle and a.asleep_ttl_s > 0:
-                    decisions.append(Sleep(w.id, m.name))
-                else:
-                    decisions.append(Release(w.id, m.name, "idle" if idle else "excess"))
+    return list(judged)
 
-    # Batch work takes the standbys online models left free this tick.
+
+def _model(t: _Tick, m: Model) -> None:
+    """2. One model: the autoscaler's target, with the keep-alive policy deciding when
+    an idle model keeps a replica (or gets one back early) and when it goes to zero;
+    then replicas placed, rolled or released to meet it."""
+    snap, now = t.snap, t.now
+    act = t.activity.get(m.name, ModelActivity())
+    if m.base is None:
+        replicas = [w for w in snap.workers if w.model == m.name and w.state in _SERVING]
+        ready = [w for w in replicas if w.state == "ready"]
+        hosts: list[WorkerView] = []
+    else:
+        # An adapter's replicas are the engines of its base that hold it.
+        hosts = [w for w in snap.workers if w.model == m.base and w.state == "ready"]
+        replicas = [w for w in hosts if w.adapter(m.name) in ("loading", "ready")]
+        ready = [w for w in replicas if w.adapter(m.name) == "ready"]
+    ms = t.models.get(m.name, ModelState())
+    if ready and ms.failures:
+        ms = evolve(ms, failures=0, backoff_until=0.0, last_error=None, last_failure_kind=None)
+    a = m.autoscaling
+    # A roll (a new revision's weights or engine): replicas of older revisions are
+    # replaced by as many current ones. For the autoscaler the model has as many
+    # replicas as the larger of the two sets (one replaces the other).
+    stale = snap.outdated.get(m.name, frozenset()) if m.base is None else frozenset()
+    outdated = [w for w in replicas if w.revision in stale]
+    if outdated:
+        replicas = [w for w in replicas if w.revision not in stale]
+        ready = [w for w in replicas if w.state == "ready"]
+    ms = track(ms, act, a, now)
+    window = keep_alive_window(ms.idle_histogram, a)
+    keep_warm = ms.idle_since is not None and keep_alive_decision(window, ms.idle_since, now).keep
+    result, scale = autoscale(ms.scale, current=max(len(replicas), len(outdated)), now=now, a=a,
+                              demand_now=act.demand, keep_warm=keep_warm, loading=len(replicas) - len(ready))
+    at_zero_since = None
+    if act.demand and not replicas and not outdated:
+        if ms.at_zero_since is None and m.base is None:  # an adapter's is its base's
+            t.cold_now[m.shape] = t.cold_now.get(m.shape, 0) + 1
+            cls = snap.model_classes.get(m.name, "")
+            t.cold_class_now[cls] = t.cold_class_now.get(cls, 0) + 1
+        at_zero_since = now if ms.at_zero_since is None else ms.at_zero_since
+    t.models[m.name] = ms = evolve(ms, scale=scale, last_scale=result, keep_alive=window,
+                                   at_zero_since=at_zero_since)
+    want = result.target
+    if m.base is not None:
+        t.decisions.extend(_adapter_decisions(m.name, hosts, replicas, want, act, ms, now,
+                                              max_loras=int(t.cfg.engine_args(t.by_name[m.base]).extra["max_loras"]),
+                                              added=t.adapters_added))
+        return
+    # Each old replica is released once a current one is ready to take its traffic
+    # (one still loading at once: nobody waits on it).
+    if outdated:
+        covered = len(ready) + len(outdated) - want
+        for w in sorted(outdated, key=lambda w: (w.state != "loading", w.id)):
+            if w.state == "loading" or covered > 0:
+                t.decisions.append(Release(w.id, m.name, "rolled"))
+                covered -= w.state == "ready"
+    if len(replicas) < want:
+        if now < ms.backoff_until:
+            if ms.unmet:
+                t.models[m.name] = evolve(ms, unmet=0)
+            return
+        reason: AssignReason = ("roll" if outdated else
+                                "demand" if act.demand and not replicas else
+                                "prewarm" if not act.demand and not replicas and want > a.min_replicas else
+                                "min_replicas" if want <= a.min_replicas else "scale_up")
+        unmet = _place(t, m, want - len(replicas), reason)
+        if unmet != ms.unmet:
+            t.models[m.name] = ms = evolve(ms, unmet=unmet)
+    elif ms.unmet:
+        t.models[m.name] = ms = evolve(ms, unmet=0)
+    if len(replicas) > want:
+        # Release loading replicas first (nobody waits on them), then the newest ready;
+        # a model going idle with an asleep tier puts its ready ones to sleep instead.
+        extra = len(replicas) - want
+        idle = want <= a.min_replicas and not act.demand
+        # One on batch work stays while the model's batches have lines to run.
+        kept = snap.batch_demand.get(m.name, 0) > 0
+        going = [w for w in replicas if not (w.batch and kept)]
+        for w in sorted(going, key=lambda w: (w.state != "loading", w.id))[:extra]:
+            if w.state == "ready" and idle and a.asleep_ttl_s > 0:
+                t.decisions.append(Sleep(w.id, m.name))
+            else:
+                t.decisions.append(Release(w.id, m.name, "idle" if idle else "excess"))
+
+
+def _place(t: _Tick, m: Model, n: int, reason: AssignReason) -> int:
+    """``n`` more replicas of ``m``, each where it serves soonest: a wake, free room on a
+    worker that packs, a standby, one lent to batch taken back, an asleep worker of
+    another model reclaimed; how many found none (launches asked of the pool)."""
+    sleeping = [w for w in reversed(t.asleep.get(m.name, [])) if w.id not in t.gone]
+    unmet = 0
+    for _ in range(n):
+        standbys = t.free.get(m.shape) or []
+        need = t.snap.engine_bytes.get(m.name) if m.shape in t.packing else None
+        host = place_packed(t.room, t.shape_of, m.shape, need) if need else None
+        if sleeping:
+            # Waking the model where it sleeps beats loading it anywhere.
+            w = sleeping.pop(0)
+            t.gone.add(w.id)
+            t.decisions.append(Assign(w.id, m.name, t.assignment_id(m.name), reason))
+        elif host is not None and need:
+            # Free room on a worker already serving: no standby is taken. (A pool that
+            # packs pre-builds nothing, so no swap would be sooner.)
+            t.room[host] -= need
+            aid = t.assignment_id(m.name)
+            t.decisions.append(Pack(host, m.name, aid, f"{host}.{aid}", need, reason))
+        elif standbys:
+            w, tier, secs = place(standbys, m.uri, model_bytes(t.snap.workers, m.uri),
+                                  t.snap.model_classes.get(m.name))
+            t.decisions.append(Assign(w.id, m.name, t.assignment_id(m.name), reason, tier, round(secs, 3)))
+        elif (taken := to_preempt(t.snap.workers, m.shape, t.activity, t.preempted)) is not None:
+            # A standby lent to batch work: the online model takes it back now.
+            t.preempted.add(taken.id)
+            t.decisions.append(Assign(taken.id, m.name, t.assignment_id(m.name), reason, "preempt"))
+        elif not _reclaim(t, m.shape, m.name):
+            t.launches_for_demand[m.shape] = t.launches_for_demand.get(m.shape, 0) + 1
+            unmet += 1
+    return unmet
+
+
+def _batch(t: _Tick) -> None:
+    """Batch work takes the standbys online models left free this tick; what finds none
+    may buy instances within ``batch.max_usd_per_hour`` (``batch_extra``)."""
     batch_waiting: dict[str, int] = {}
-    if snap.batch_demand:
-        placed = {d.model for d in decisions if isinstance(d, Assign | Pack)}
-        for name in wanting_batch(cfg, snap.workers, snap.batch_demand, placed, only):
-            m = by_name[name]
-            ms = models.get(name, ModelState())
-            standbys = free.get(m.shape) or []
-            if now < ms.backoff_until:
+    if t.snap.batch_demand:
+        placed = {d.model for d in t.decisions if isinstance(d, Assign | Pack)}
+        for name in wanting_batch(t.cfg, t.snap.workers, t.snap.batch_demand, placed, t.only):
+            m = t.by_name[name]
+            ms = t.models.get(name, ModelState())
+            standbys = t.free.get(m.shape) or []
+            if t.now < ms.backoff_until:
                 continue
             if not standbys:
                 batch_waiting[m.shape] = batch_waiting.get(m.shape, 0) + 1
                 continue
-            n_assign += 1
-            w, tier, secs = place(standbys, m.uri, model_bytes(snap.workers, m.uri), snap.model_classes.get(name))
-            decisions.append(Assign(w.id, name, f"{name}-{tag}{n_assign}", "batch", tier, round(secs, 3), batch=True))
-    batch_extra = batch_launches(cfg, batch_waiting)
+            w, tier, secs = place(standbys, m.uri, model_bytes(t.snap.workers, m.uri),
+                                  t.snap.model_classes.get(name))
+            t.decisions.append(Assign(w.id, name, t.assignment_id(name), "batch", tier, round(secs, 3), batch=True))
+    t.batch_extra = batch_launches(t.cfg, batch_waiting)
 
-    # 3. Per pool: the standby target follows recent cold starts (with hysteresis), within
-    # the pool's budget and the global one, carried out through the stopped tier. A
-    # standby lent to batch is one of them.
+
+def _pools(t: _Tick, state: PolicyState) -> dict[str, PoolState]:
+    """3. Per pool: the standby target follows recent cold starts (with hysteresis),
+    within the pool's budget and the global one, carried out through the stopped tier.
+    A standby lent to batch is one of them. The pools' state for the next tick."""
+    snap, cfg, now, decisions = t.snap, t.cfg, t.now, t.decisions
+    launches_for_demand, hosting, gone = t.launches_for_demand, t.hosting, t.gone
     shapes = {s.name: s for s in cfg.shapes}
     assigned_now = {d.worker_id for d in decisions if isinstance(d, Assign) and not d.batch}
-    lent = {w.id for w in snap.workers if lent_to_batch(w, activity) and w.id not in assigned_now}
+    lent = {w.id for w in snap.workers if lent_to_batch(w, t.activity) and w.id not in assigned_now}
     lent |= {d.worker_id for d in decisions if isinstance(d, Assign) and d.batch}
-    if not pools and not decisions and not launches_for_demand and not batch_extra:
-        return decisions, PolicyState(models=models, assignments=n_assign, epoch=state.epoch, pools=state.pools)
-    if only is not None:
-        # Models not judged this tick still wait for the launches they asked for.
-        for name, ms in models.items():
-            if ms.unmet and name not in only:
-                m_cfg = by_name.get(name)
-                if m_cfg is not None:
-                    launches_for_demand[m_cfg.shape] = launches_for_demand.get(m_cfg.shape, 0) + ms.unmet
     pool_states = dict(state.pools)
     asks: list[PoolAsk] = []
     for pool in cfg.pools:
         shape = shapes[pool.shape]
         ps = pool_states.get(pool.shape, PoolState())
-        colds = tuple(t for t in ps.cold_starts if now - t < COLD_START_WINDOW_S) + (now,) * cold_now.get(pool.shape, 0)
+        colds = tuple(t for t in ps.cold_starts if now - t < COLD_START_WINDOW_S) + (now,) * t.cold_now.get(pool.shape, 0)
         target, sizer = size_standby(ps.sizer, cold_starts_per_min=cold_start_rate(colds, now, COLD_START_WINDOW_S),
                                      boot_s=shape.boot_s, pool=pool, now=now)
         class_colds = ps.class_cold_starts
         if pool.prebuild:
             classes_here = {snap.model_classes.get(m.name, "") for m in cfg.models if m.shape == pool.shape}
             class_colds = {cls: tuple(t for t in ps.class_cold_starts.get(cls, ()) if now - t < COLD_START_WINDOW_S)
-                           + (now,) * cold_class_now.get(cls, 0) for cls in classes_here}
+                           + (now,) * t.cold_class_now.get(cls, 0) for cls in classes_here}
         pool_states[pool.shape] = evolve(ps, sizer=sizer, cold_starts=colds, target=target,
                                          class_cold_starts=class_colds)
         # Instances only: a packed engine is part of its worker's.
@@ -828,7 +896,7 @@ def decide(
         if running > g.standby:
             running = max(len([w for w in standby if w.state != "draining"]), g.standby)
         # Batch's own spend buys instances beyond the band while its lines wait.
-        extra = batch_extra.get(pool.shape, 0)
+        extra = t.batch_extra.get(pool.shape, 0)
         plan = plan_tiers(g.standby + extra, running, len(stopped), pool)
         for w in stopped[: plan.start_stopped]:
             decisions.append(Start(w.id, "standby"))
@@ -863,4 +931,4 @@ def decide(
             decisions.extend(plan_prebuilds(named, waiting, target=g.standby,
                                             class_cold_starts={c: len(ts) for c, ts in colds_by_class.items()}))
 
-    return decisions, PolicyState(models=models, assignments=n_assign, epoch=state.epoch, pools=pool_states)
+    return pool_states
