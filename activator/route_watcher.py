@@ -5,6 +5,9 @@ a ready replica gets one at once (least outstanding requests); otherwise it wait
 the model's cold queue — bounded, FIFO, with a deadline — while the pool manager is
 told about the demand. When replicas appear the waiters are released in arrival
 order; when the model's load fails they all get the reason at once.
+
+One piece: the route table, the cold queues and the fair queues change together on
+every table and every request; their invariants are checked in one place.
 """
 
 from __future__ import annotations

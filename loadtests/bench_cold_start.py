@@ -64,6 +64,9 @@ first engine launch of a worker, the first request through the activator) are no
 charged to whichever variant happens to run first.
 
 Module-level imports stay light: the CLI builds its parser from this module.
+
+One piece: one benchmark (its baseline, Thaw's tiers, the report), read top to bottom as
+its report reads.
 """
 
 from __future__ import annotations

@@ -48,6 +48,9 @@ and what Thaw costs over plain GETs at equal settings.
 
 GiB/s everywhere is the model's safetensors bytes over wall seconds. Prints a summary
 and writes every sample, the environment and the parameters as JSON.
+
+One piece: one benchmark (the ceiling sweep, each loader, the report), read top to bottom
+as its report reads.
 """
 
 from __future__ import annotations

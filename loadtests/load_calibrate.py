@@ -39,6 +39,9 @@ One run, on this machine:
 The arithmetic (trace, config, cost model, comparison, verdict) is pure functions at
 the top; the stack, the probes and the replay below them. Exit 0 when the run completed
 (whatever the verdict), 1 when it failed, 2 for bad options.
+
+One piece: one benchmark (stack, measurement, replay, comparison, report), read top to
+bottom as its report reads; its parts share the run's settings and nothing else uses them.
 """
 
 from __future__ import annotations

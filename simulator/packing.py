@@ -21,11 +21,11 @@ from typing import Any
 from simulator.gen_cli import fail
 from simulator.run import Inputs, simulate
 from simulator.sim import engine_sizes, tier_order
-from thaw.units import GiB
 from simulator.sweep import trace_info
 from thaw.config import ThawConfig
 from thaw.exits import EXIT_INVALID, EXIT_OK
 from thaw.fit import engine_capacity
+from thaw.units import GiB
 
 # The two runs, in the order they are printed.
 RUNS = ("one_per_instance", "packed")

@@ -54,6 +54,9 @@ judged as one (the base's activity includes its adapters', an adapter's replicas
 its base's engines): all of them when any one's decision can change. The two modes
 make the same decisions (tests/simulator/test_sim.py), the default one many times
 faster.
+
+One piece: the event loop and the world state every event changes; split, each handler
+would reach into another module's state. The rules are not here (``warm_pool.policy``).
 """
 
 from __future__ import annotations

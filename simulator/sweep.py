@@ -28,6 +28,9 @@ The baselines:
 Every variant is the base config with a few keys changed (:class:`Settings`), built by
 :func:`apply_settings`; simulations are deterministic, so the results do not depend on
 how many processes ran them.
+
+One piece: the sweep, its baselines, frontier and recommendation share the variants'
+naming and the report's columns.
 """
 
 from __future__ import annotations

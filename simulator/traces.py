@@ -37,6 +37,9 @@ is rounded to microseconds and non-decreasing; ``models`` and ``tenants`` are so
 names, each used by at least one request (a transform that drops a model's last
 request drops the name and renumbers). So a trace equals its own round trip through
 :func:`write_generic`. ``source`` says where a trace came from and is not compared.
+
+One piece: the trace type and its four readers, which share one column layout and one
+validation.
 """
 
 from __future__ import annotations

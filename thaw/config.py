@@ -3,6 +3,9 @@
 Every consumer reads resolved values from these models; defaults are resolved here,
 once. Units are in field names (``_s``, ``_gib``, ``_usd``). A bad file fails at start
 with one line per problem naming the field (see :func:`format_errors`).
+
+One piece: the whole config schema, each field defined once with its validation, so the
+docs, the CLI and every service read the same definition.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ the activator import these models; nothing on the wire is an unchecked dict.
 
 No message carries a secret: workers take object-store credentials from their own
 environment, and the cluster token travels only in the ``Authorization`` header.
+
+One piece: every message between the services is defined here and only here (one
+definition per fact), so a change to the wire is one diff.
 """
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ launching, stop excess ones before terminating). Ones draining back to standby c
 never more than ``max_instances`` in all. With ``prebuild``, standbys build engines of
 the named models' classes before any request, each class's share of the standbys
 following the cold starts of its models (:func:`plan_prebuilds`).
+
+One piece: ``decide`` and the placement rules its stages share; the other policies it
+calls are modules of their own (named above).
 """
 
 from __future__ import annotations

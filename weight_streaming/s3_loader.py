@@ -42,6 +42,9 @@ How a load goes:
 With ``tp_size > 1`` a rank reads only its part of each file, so a miss cannot be
 cached as it streams: the whole object is first fetched into the cache (same parallel
 GETs), then the rank's part is read from local disk.
+
+One piece: the load's steps (list, cache, stream, verify) in the order the numbered
+list above gives them.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ How a load works:
      host RAM, and buys no extra overlap. Tensors are views of the device buffer.
 4. Any failure cancels the remaining chunks and raises; a load never returns a
    partial set of tensors.
+
+One piece: the plan, the reader threads and the copy to the target share one
+buffer-ownership discipline, which is easier to check in one place.
 """
 
 from __future__ import annotations

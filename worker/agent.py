@@ -23,6 +23,10 @@ Tasks (``worker.tasks``): host replacements run to completion even when whoever
 asked for them is cancelled (a half-spawned engine host would be an orphan);
 everything else (assignment, release, restarts after a crash) is cancelled on
 shutdown.
+
+One piece: the agent's state machine; every transition is a method here, so what the
+worker does on each request or event can be read in one place (its parts are modules of
+their own, listed above).
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ JSON is rewritten after every section so a timeout keeps what was measured):
 8. environment facts and the headline ``ratios``.
 
 Needs only torch, safetensors and numpy (and the repo's ``weight_streaming``).
+
+One piece: the device machine runs this file alone, without Thaw's packages or vLLM, so
+everything it needs is in it.
 """
 
 from __future__ import annotations
