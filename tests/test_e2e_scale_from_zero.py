@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import BUCKET
 from tests.e2e_stack import KEY, Stack, running_stack
+from tests.waiting import wait_until
 from thaw.embedded_store import EmbeddedStore
 from thaw.objstore import S3Endpoint
 
@@ -55,6 +56,10 @@ def test_streamed_request_at_zero_cold_starts_once_then_serves_hot(stack: Stack)
     # The standby worker has paid its imports; the model has no replica.
     stack.wait_for("a standby worker", lambda s: workers_in(s, "standby"))
     assert demo_state(stack.state())["replicas"] == {}
+    # `thaw up` said the API was up at once, and "serving" only once a worker stood by.
+    wait_until("thaw up to say serving", lambda: "thaw up: serving on" in stack.log.read_text(), 30)
+    said = stack.log.read_text()
+    assert said.index("thaw up: the API is up on") < said.index("thaw up: serving on")
 
     t0 = time.time()
     raw = stack.client().chat.completions.with_raw_response.create(

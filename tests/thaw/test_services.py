@@ -89,3 +89,11 @@ def test_services_start_register_and_exit_0_on_sigterm(tmp_path: Path) -> None:
             codes[name] = procs[name].returncode
     assert codes == {"activator": 0, "worker": 0, "controller": 0}, {
         n: (tmp_path / f"{n}.log").read_text()[-1500:] for n, c in codes.items() if c}
+
+
+def test_standing_by_is_a_standby_or_a_serving_worker() -> None:
+    from thaw.cli.up import standing_by
+
+    assert not standing_by({"workers": [{"state": "starting"}, {"state": "launching"}]})
+    assert standing_by({"workers": [{"state": "starting"}, {"state": "standby"}]})
+    assert standing_by({"workers": [{"state": "ready"}]}) and not standing_by({})

@@ -119,6 +119,30 @@ def _refuse_remote_pools(cfg: ThawConfig) -> None:
                              "local pools (run `thaw controller` for a fleet, see docs/DEPLOY.md)")
 
 
+def standing_by(state: dict[str, object]) -> bool:
+    """A worker is ready to take a model at once (a standby) or serves one already."""
+    workers = state.get("workers")
+    return isinstance(workers, list) and any(
+        isinstance(w, dict) and w.get("state") in ("standby", "ready") for w in workers)
+
+
+async def _say_serving_when_ready(cfg: ThawConfig, controller_url: str, base_url: str, stop: asyncio.Event) -> None:
+    import httpx
+
+    from thaw.auth import bearer, local_token
+
+    started = time.monotonic()
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        while not stop.is_set():
+            with contextlib.suppress(httpx.HTTPError, ValueError, OSError):
+                r = await http.get(f"{controller_url}/v1/state", headers=bearer(local_token(cfg.data_dir)))
+                if r.status_code == 200 and standing_by(r.json()):
+                    print(f"thaw up: serving on {base_url} (a worker stands by: a cold start takes seconds; "
+                          f"ready {time.monotonic() - started:.0f} s after the API)", flush=True)
+                    return
+            await wait_event(stop, 0.5)
+
+
 async def serve(cfg: ThawConfig, config_path: Path, port: int | None, stop: asyncio.Event) -> int:
     """Run `thaw controller` and one `thaw activator` as child processes (the controller
     launches the local workers) until ``stop``; a service that dies is restarted."""
@@ -146,7 +170,18 @@ async def serve(cfg: ThawConfig, config_path: Path, port: int | None, stop: asyn
                 "models": [m.resolved_served_name for m in cfg.models], "api_key": _demo_key(cfg),
                 "control_url": controller_url, "pid": os.getpid()}
         write_endpoint_file(cfg, info)
-        print(f"thaw up: serving on {base_url}", flush=True)
+        kept = any(p.standby_min > 0 for p in cfg.pools) or any(m.autoscaling.min_replicas > 0 for m in cfg.models)
+        if kept:
+            # The API answers now, but a worker is still importing vLLM: a request sent
+            # now waits for that too. Say so, and say "serving" once one stands by.
+            print(f"thaw up: the API is up on {base_url}; a standby worker is starting (importing vLLM takes "
+                  "10-20 s): a request sent before it is ready waits for it", flush=True)
+            waiter: asyncio.Task[None] | None = asyncio.create_task(
+                _say_serving_when_ready(cfg, controller_url, base_url, stop))
+        else:
+            print(f"thaw up: serving on {base_url} (no standby is kept, standby_min 0: each cold start "
+                  "launches a worker first)", flush=True)
+            waiter = None
         for m in cfg.models:
             print(f"  model {m.resolved_served_name!r} ({m.uri}), scales to zero after "
                   f"{m.autoscaling.idle_grace_s:g} s idle", flush=True)
@@ -164,6 +199,8 @@ async def serve(cfg: ThawConfig, config_path: Path, port: int | None, stop: asyn
                     await asyncio.sleep(min(2.0 ** (svc.restarts - 1), 30.0))
                     await svc.start()
         rc = 0
+        if waiter is not None:
+            waiter.cancel()
     finally:
         print("thaw up: stopping", flush=True)
         await activator.stop(20.0)
