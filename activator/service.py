@@ -8,6 +8,7 @@ A client that disconnects closes the upstream request, which makes vLLM abort it
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -37,7 +38,13 @@ from activator.protocol import Kind, parse_request, tenant_cache_salt
 from activator.replica_choice import prefix_key
 from activator.route_watcher import Acquired, Replica, RouteWatcher, cold_start_tier
 from activator.throttle import FailedAuthThrottle
-from activator.tokens import COMPLETIONS_DEFAULT_MAX_TOKENS, PromptRejected, TokenCounter
+from activator.tokens import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    INLINE_COUNT_CHARS,
+    PromptRejected,
+    TokenCounter,
+    prompt_chars,
+)
 from activator.upstream import UpstreamPool, UpstreamResponse
 from activator.usage import DONE, StreamTap, Usage, usage_from_body
 from thaw.config import Model, ThawConfig
@@ -277,7 +284,11 @@ class CompletionService:
         lengths: list[int] | None = None
         if counter is not None:
             try:
-                lengths = counter.prompt_lengths(kind, body, max_model_len=model.max_context_tokens)
+                if prompt_chars(kind, body) < INLINE_COUNT_CHARS:
+                    lengths = counter.prompt_lengths(kind, body, max_model_len=model.max_context_tokens)
+                else:  # milliseconds of rendering and encoding: not on the loop every stream shares
+                    lengths = await asyncio.to_thread(counter.prompt_lengths, kind, body,
+                                                      max_model_len=model.max_context_tokens)
             except PromptRejected as exc:  # the template refuses these messages, as it would in the engine
                 raise BadRequest(f"the messages do not fit the model's chat template: {exc}",
                                  param="messages") from None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,10 +57,107 @@ class PromptRejected(ValueError):
     """The chat template refused these messages (vLLM answers 400 with this reason)."""
 
 
+# Segments shorter than this are encoded each time (a dict lookup would not be cheaper
+# by much); the cache holds at most this many segments per model, least recent out.
+MIN_CACHED_SEGMENT_CHARS = 64
+MAX_CACHED_SEGMENTS = 8192
+# One count in this many is also made whole and compared (a tokenizer whose segments do
+# not add up is caught, logged and counted whole from then on).
+CHECK_EVERY = 256
+
+
+class SegmentCounter:
+    """Token counts of a text as the sum of its segments' between special tokens.
+
+    A Hugging Face tokenizer splits its input on added tokens before it normalizes,
+    pre-tokenizes or merges anything, so the tokens of a text are its special tokens
+    plus the tokens of each piece between them, counted on its own. A conversation's
+    next turn repeats every earlier message: each message is such a piece, counted once
+    and cached, so only the new tail is encoded. Only special tokens that match their
+    exact text (no stripping, no normalization) split; a tokenizer whose sample texts do
+    not add up this way is counted whole (:meth:`for_tokenizer` returns None).
+    """
+
+    def __init__(self, backend: Any, specials: list[str]) -> None:
+        import re
+
+        self.backend = backend
+        self.split = re.compile("(" + "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")")
+        self.specials = frozenset(specials)
+        self.cache: dict[str, int] = {}  # insertion-ordered: the oldest first
+        # Large prompts are counted on a thread beside the event loop's own counting.
+        self.lock = threading.Lock()
+        self.added = {flag: len(backend.encode("", add_special_tokens=flag)) for flag in (False, True)}
+        self.hits = self.misses = self.calls = 0
+        self.broken = False
+
+    @classmethod
+    def for_tokenizer(cls, backend: Any, samples: Iterable[str]) -> SegmentCounter | None:
+        specials = [t.content for t in backend.get_added_tokens_decoder().values()
+                    if t.special and t.content and not (t.lstrip or t.rstrip or t.single_word or t.normalized)]
+        if not specials:
+            return None
+        counter = cls(backend, specials)
+        for text in samples:
+            for flag in (False, True):
+                if counter.count(text, flag) != len(backend.encode(text, add_special_tokens=flag)):
+                    return None
+        counter.cache.clear()
+        return counter
+
+    def count(self, text: str, add_special: bool) -> int:
+        n = self.added[add_special]
+        for piece in self.split.split(text):
+            if not piece:
+                continue
+            if piece in self.specials:
+                n += 1
+                continue
+            if len(piece) < MIN_CACHED_SEGMENT_CHARS:
+                n += len(self.backend.encode(piece, add_special_tokens=False))
+                continue
+            with self.lock:
+                got = self.cache.pop(piece, None)  # re-inserted below: now the most recent
+            if got is None:
+                self.misses += 1
+                got = len(self.backend.encode(piece, add_special_tokens=False))
+            else:
+                self.hits += 1
+            with self.lock:
+                if len(self.cache) >= MAX_CACHED_SEGMENTS:
+                    del self.cache[next(iter(self.cache))]
+                self.cache[piece] = got
+            n += got
+        return n
+
+
+# A prompt of at least this many characters is counted on a thread: rendering and
+# encoding it takes milliseconds, which every stream on the event loop would wait.
+INLINE_COUNT_CHARS = 16_384
+
+
+def prompt_chars(kind: str, body: dict[str, Any]) -> int:
+    """About how many characters a request's prompt has (cheap: no rendering)."""
+    if kind == "chat":
+        total = 0
+        for m in body.get("messages") or ():
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                total += len(content)
+            elif isinstance(content, list):
+                total += sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+        return total
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(p) for p in prompt if isinstance(p, str)) if isinstance(prompt, list) else 0
+
+
 @dataclass
 class ModelTokenizer:
     tokenizer: Any  # a transformers TokenizersBackend
     apply_params: frozenset[str]  # what its apply_chat_template takes by name
+    segments: SegmentCounter | None = None
 
     def prompt_lengths(self, kind: str, body: dict[str, Any], *, max_model_len: int | None = None) -> list[int] | None:
         """Tokens in each prompt the engine runs for ``body`` (a chat: one; a batch of
@@ -114,7 +212,19 @@ class ModelTokenizer:
         """Tokens in ``text``: the Rust tokenizer's own encode, which is what the
         transformers call (``tokenizer(text)["input_ids"]``) runs underneath, without
         the Python around it (a fifth of the activator's CPU per request)."""
-        return len(self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=add_special))
+        backend = self.tokenizer.backend_tokenizer
+        seg = self.segments
+        if seg is None or seg.broken:
+            return len(backend.encode(text, add_special_tokens=add_special))
+        n = seg.count(text, add_special)
+        seg.calls += 1
+        if seg.calls % CHECK_EVERY == 0:
+            whole = len(backend.encode(text, add_special_tokens=add_special))
+            if whole != n:
+                seg.broken = True
+                log.warning("segment_count_mismatch", segments=n, whole=whole)
+                return whole
+        return n
 
 
 def _truncated(n: int, kind: str, body: dict[str, Any], max_model_len: int | None) -> int:
@@ -183,7 +293,26 @@ def build_tokenizer(files: Mapping[str, bytes]) -> ModelTokenizer:
     for fn in (tok.apply_chat_template, PythonBackend.apply_chat_template):
         params |= {p.name for p in inspect.signature(fn).parameters.values()
                    if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
-    return ModelTokenizer(tok, frozenset(params))
+    return ModelTokenizer(tok, frozenset(params), SegmentCounter.for_tokenizer(tok.backend_tokenizer,
+                                                                             _samples(tok)))
+
+
+def _samples(tok: Any) -> list[str]:
+    """Texts to check segment counting on: a conversation rendered by the model's own
+    chat template (when it has one), and plain text around its special tokens."""
+    texts = ["Hello there, how are you today?  Fine.\n\n  Thanks!", "x" * 200 + " y\n" * 50]
+    specials = [t.content for t in tok.backend_tokenizer.get_added_tokens_decoder().values() if t.special]
+    texts += [f"{a} text {s} more\n{b}" for s in specials for a, b in (("", ""), ("  ", "\n"))]
+    try:
+        texts.append(tok.apply_chat_template(
+            [{"role": "system", "content": "You are terse. " * 8},
+             {"role": "user", "content": "What is 2 + 2?\n\nSay it twice."},
+             {"role": "assistant", "content": " Four. Four.  "},
+             {"role": "user", "content": "Thanks " * 20}],
+            tokenize=False, add_generation_prompt=True))
+    except Exception:  # no template, or one that wants other roles: plain texts only
+        pass
+    return texts
 
 
 class TokenCounter:

@@ -513,6 +513,11 @@ async def test_context_length_exceeded_before_any_gpu_work(
             await c.chat.completions.create(model="thaw-demo", max_tokens=100,
                                             messages=[{"role": "user", "content": "word " * 3000}])
         assert info.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
+        # A prompt over INLINE_COUNT_CHARS is counted on a thread, with the same answer.
+        with pytest.raises(openai.BadRequestError) as info:
+            await c.chat.completions.create(model="thaw-demo", max_tokens=100,
+                                            messages=[{"role": "user", "content": "word " * 4000}])
+        assert info.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
         assert "maximum context length is 2048 tokens" in info.value.body["message"]  # type: ignore[index]
         with pytest.raises(openai.BadRequestError) as info:
             await c.chat.completions.create(model="thaw-demo", max_tokens=2040,

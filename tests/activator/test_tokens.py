@@ -83,3 +83,68 @@ async def test_prefetch_loads_tokenizers_before_the_first_request_and_retries_mi
     # Not in the store at start-up (pushed later, say): the first request tries again.
     assert await counter.get("s3://b/later") is None
     assert fetched and set(fetched) == {"s3://b/later"}
+
+
+async def test_counting_by_segments_is_the_whole_count_and_encodes_only_the_new_tail(demo_model_dir: Path) -> None:
+    import random
+
+    from activator.tokens import MIN_CACHED_SEGMENT_CHARS
+
+    tok = await TokenCounter(fetcher(demo_model_dir)).get("s3://b/demo")
+    assert tok is not None and tok.segments is not None
+    backend = tok.tokenizer.backend_tokenizer
+    rng = random.Random(5)
+    words = ["the", " river", "  stone\n", "\n\n", "Ünïcode", "😀", "<|eot_id|>", "<|begin_of_text|>", "x" * 90,
+             " ", "\t", "<|start_header_id|>user<|end_header_id|>", "<|eot", "_id|>", "12.5%"]
+    for _ in range(300):
+        text = "".join(rng.choice(words) for _ in range(rng.randint(0, 40)))
+        for special in (False, True):
+            assert tok.segments.count(text, special) == len(backend.encode(text, add_special_tokens=special)), text
+    # A conversation's next turn: the earlier messages come from the cache.
+    history = [{"role": "system", "content": "You are a careful assistant. " * 10}]
+    seg = tok.segments
+    for turn in range(4):
+        history.append({"role": "user", "content": f"Question {turn}: " + "tell me more about rivers. " * 5})
+        misses = seg.misses
+        n = tok.count("chat", {"messages": history})
+        text = tok.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
+        assert n == len(backend.encode(text, add_special_tokens=False))
+        if turn:
+            assert seg.misses - misses == 2  # only the new messages: the last answer, the new question
+        history.append({"role": "assistant", "content": f"Rivers run ({turn}). " * 8})
+    assert all(len(k) >= MIN_CACHED_SEGMENT_CHARS for k in seg.cache)
+
+
+def test_a_tokenizer_whose_segments_do_not_add_up_is_counted_whole(demo_model_dir: Path) -> None:
+    from tokenizers import AddedToken, Tokenizer
+
+    from activator.tokens import CHECK_EVERY, ModelTokenizer, SegmentCounter
+
+    backend = Tokenizer.from_str((demo_model_dir / "tokenizer.json").read_text())
+    # A special token that eats the spaces around it: splitting there would count them.
+    backend.add_special_tokens([AddedToken("<|sep|>", lstrip=True, rstrip=True, special=True)])
+    only_stripping = Tokenizer.from_str(backend.to_str())
+    assert SegmentCounter.for_tokenizer(only_stripping, ["a  <|sep|>  b"]) is not None  # it does not split there
+    # A counter that goes wrong is caught by the periodic whole count and retired.
+    seg = SegmentCounter(backend, ["<|eot_id|>"])
+    seg.added = {False: 5, True: 5}  # wrong on purpose
+
+    class Fake:
+        backend_tokenizer = backend
+
+    tok = ModelTokenizer(Fake(), frozenset(), seg)
+    counts = [tok._length("hello there", False) for _ in range(CHECK_EVERY)]
+    whole = len(backend.encode("hello there", add_special_tokens=False))
+    assert counts[-1] == whole and seg.broken and tok._length("hello there", False) == whole
+
+
+def test_prompt_chars_is_a_cheap_size_of_the_prompt() -> None:
+    from activator.tokens import prompt_chars
+
+    chat = {"messages": [{"role": "user", "content": "abc"},
+                         {"role": "user", "content": [{"type": "text", "text": "de"}, {"type": "image_url"}]},
+                         "not a message"]}
+    assert prompt_chars("chat", chat) == 5
+    assert prompt_chars("completions", {"prompt": "abcd"}) == 4
+    assert prompt_chars("completions", {"prompt": ["ab", "c", [1, 2]]}) == 3
+    assert prompt_chars("completions", {"prompt": [1, 2, 3]}) == 0 and prompt_chars("chat", {}) == 0
