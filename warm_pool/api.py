@@ -54,15 +54,13 @@ from thaw.wire import (
     TenantRecords,
     WorkerStatus,
 )
-from warm_pool.admin import UnknownKey, UnknownTenant
+from warm_pool.api_errors import NotFound, refusal_doc
+from warm_pool.api_errors import install as install_refusals
 from warm_pool.batch_api import batch_router
-from warm_pool.db import StateUnavailable
-from warm_pool.facts import UnknownInstance
 from warm_pool.files_api import files_router
 from warm_pool.manager import PoolManager
 from warm_pool.persist import BudgetRefused
 from warm_pool.policy import ModelActivity
-from warm_pool.registry import RegistryRefused
 from warm_pool.responses_api import responses_router
 
 
@@ -95,15 +93,8 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
 
     refuse_in_api_shape(app)
 
-    @app.exception_handler(RegistryRefused)
-    async def registry_refused(_: Request, exc: RegistryRefused) -> JSONResponse:
-        # A change of models or tenants that was checked and refused: nothing changed.
-        return JSONResponse({"error": str(exc)}, status_code=exc.status)
-
-    @app.exception_handler(StateUnavailable)
-    async def state_unavailable(_: Request, exc: StateUnavailable) -> JSONResponse:
-        # PostgreSQL is away: nothing was changed; the caller may retry.
-        return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "2"})
+    # Refusals raised by the routes: one table (warm_pool.api_errors).
+    install_refusals(app)
 
     async def follow_the_leader(request: Request, call_next: Any) -> Response:
         # A follower decides nothing and holds nothing a caller needs: it says where the
@@ -135,11 +126,7 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
     @app.post("/v1/workers/heartbeat", response_model=HeartbeatReply,
               responses={403: refusal("An instance this controller did not launch, or one it is terminating")})
     async def heartbeat(body: WorkerStatus) -> Response:
-        try:
-            reply = manager.heartbeat(body)
-        except UnknownInstance as exc:
-            return JSONResponse({"error": str(exc)}, status_code=403)
-        return JSONResponse(reply.model_dump(mode="json"))
+        return JSONResponse(manager.heartbeat(body).model_dump(mode="json"))
 
     @app.post("/v1/reports", status_code=204)
     async def report(body: ActivityReport) -> Response:
@@ -155,7 +142,7 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
     async def demand(body: DemandSignal) -> JSONResponse:
         model = manager.cfg.model(body.model)
         if model is None:
-            return JSONResponse({"error": f"unknown model {body.model!r}"}, status_code=404)
+            raise NotFound(f"unknown model {body.model!r}")
         manager.demand(model.name)
         return JSONResponse({"accepted": True}, status_code=202)
 
@@ -219,10 +206,7 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
 
     @app.post("/v1/keys/admin/revoke", response_model=RevokeReply, responses={404: refusal("No such active key")})
     async def revoke_admin_key(body: RevokeKey, request: Request) -> Response:
-        try:
-            return reply(await manager.key_admin.revoke_admin(body.key, actor(request)))
-        except UnknownKey as exc:
-            return JSONResponse({"error": str(exc)}, status_code=404)
+        return reply(await manager.key_admin.revoke_admin(body.key, actor(request)))
 
     @app.get("/v1/keys", response_model=KeyTable)
     async def keys() -> Response:
@@ -231,18 +215,12 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
     @app.post("/v1/keys", response_model=NewKeyReply, status_code=201,
               responses={404: refusal("No such tenant in the config")})
     async def add_key(body: NewKey, request: Request) -> Response:
-        try:
-            reply = await manager.add_key(body.tenant, body.label, actor(request))
-        except UnknownTenant as exc:
-            return JSONResponse({"error": str(exc)}, status_code=404)
+        reply = await manager.add_key(body.tenant, body.label, actor(request))
         return Response(reply.model_dump_json(), status_code=201, media_type="application/json")
 
     @app.post("/v1/keys/revoke", response_model=RevokeReply, responses={404: refusal("No such active key")})
     async def revoke_key(body: RevokeKey, request: Request) -> Response:
-        try:
-            reply = await manager.revoke_key(body.key, actor(request))
-        except UnknownKey as exc:
-            return JSONResponse({"error": str(exc)}, status_code=404)
+        reply = await manager.revoke_key(body.key, actor(request))
         return Response(reply.model_dump_json(), media_type="application/json")
 
     # -- the model registry (warm_pool.registry) -------------------------------------
@@ -345,6 +323,4 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
 FOLLOWER_PATHS = frozenset({"/healthz", "/metrics", "/v1/leader"})
 
 
-def refusal(description: str) -> dict[str, Any]:
-    """An error answer in /openapi.json."""
-    return {"model": ErrorReply, "description": description}
+refusal = refusal_doc  # an error answer in /openapi.json

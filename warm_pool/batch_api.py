@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from thaw.config import Name
 from thaw.wire import (
@@ -25,6 +25,7 @@ from thaw.wire import (
     NewBatch,
     ReleaseLine,
 )
+from warm_pool.api_errors import BadRequest, NotFound, Unprocessable
 from warm_pool.batch_runner import BatchRunner
 from warm_pool.batches import MAX_PAGE, BatchStore, new_batch_id
 from warm_pool.files import FileIndex
@@ -36,10 +37,6 @@ def _json(model: Any, status: int = 200) -> Response:
     return Response(model.model_dump_json(), status_code=status, media_type="application/json")
 
 
-def _error(message: str, status: int) -> JSONResponse:
-    return JSONResponse(ErrorReply(error=message).model_dump(exclude_none=True), status_code=status)
-
-
 def batch_router(store: BatchStore, files: FileIndex, runner: BatchRunner, clock: Callable[[], float]) -> APIRouter:
     router = APIRouter()
 
@@ -48,9 +45,9 @@ def batch_router(store: BatchStore, files: FileIndex, runner: BatchRunner, clock
     async def create(body: NewBatch) -> Response:
         found = await asyncio.to_thread(files.get, body.tenant, body.input_file_id)
         if found is None:
-            return _error(f"No such File object: {body.input_file_id}", 400)
+            raise BadRequest(f"No such File object: {body.input_file_id}")
         if found.purpose != "batch":
-            return _error(f"file {body.input_file_id} has purpose {found.purpose!r}, not 'batch'", 400)
+            raise BadRequest(f"file {body.input_file_id} has purpose {found.purpose!r}, not 'batch'")
         record = await asyncio.to_thread(store.create, body, new_batch_id(), clock())
         runner.kick()
         return _json(record, 201)
@@ -63,13 +60,15 @@ def batch_router(store: BatchStore, files: FileIndex, runner: BatchRunner, clock
     @router.get("/v1/batches/{batch_id}", response_model=BatchRecord, responses=NOT_FOUND)
     async def get(batch_id: str, tenant: Name) -> Response:
         record = await asyncio.to_thread(store.get, tenant, batch_id)
-        return _error(f"No such Batch object: {batch_id}", 404) if record is None else _json(record)
+        if record is None:
+            raise NotFound(f"No such Batch object: {batch_id}")
+        return _json(record)
 
     @router.post("/v1/batches/{batch_id}/cancel", response_model=BatchRecord, responses=NOT_FOUND)
     async def cancel(batch_id: str, tenant: Name) -> Response:
         record = await asyncio.to_thread(store.cancel, tenant, batch_id, clock())
         if record is None:
-            return _error(f"No such Batch object: {batch_id}", 404)
+            raise NotFound(f"No such Batch object: {batch_id}")
         runner.kick()
         return _json(record)
 
@@ -84,13 +83,15 @@ def batch_router(store: BatchStore, files: FileIndex, runner: BatchRunner, clock
     @router.get("/v1/admin/batches/{batch_id}", response_model=BatchRecord, responses=NOT_FOUND)
     async def show(batch_id: str) -> Response:
         record = await asyncio.to_thread(store.get, None, batch_id)
-        return _error(f"no batch {batch_id!r}", 404) if record is None else _json(record)
+        if record is None:
+            raise NotFound(f"no batch {batch_id!r}")
+        return _json(record)
 
     @router.post("/v1/admin/batches/{batch_id}/cancel", response_model=BatchRecord, responses=NOT_FOUND)
     async def cancel_any(batch_id: str) -> Response:
         found = await asyncio.to_thread(store.get, None, batch_id)
         if found is None:
-            return _error(f"no batch {batch_id!r}", 404)
+            raise NotFound(f"no batch {batch_id!r}")
         record = await asyncio.to_thread(store.cancel, found.tenant, batch_id, clock())
         runner.kick()
         return _json(record)
@@ -105,7 +106,7 @@ def batch_router(store: BatchStore, files: FileIndex, runner: BatchRunner, clock
                  responses={422: {"model": ErrorReply, "description": "Neither or both of response and error"}})
     async def result(batch_id: str, line: Annotated[int, Path(ge=1, le=2**31)], body: LineResult) -> Response:
         if (body.response is None) == (body.error is None):
-            return _error("give exactly one of response and error", 422)
+            raise Unprocessable("give exactly one of response and error")
         kept = await asyncio.to_thread(store.finish, batch_id, line, response=body.response, error=body.error,
                                        at=clock())
         runner.kick()

@@ -54,7 +54,7 @@ class FileIndex:
         record = FileRecord(**new.model_dump(), created_at=at)
         with self.db.write() as tx:
             if tx.one("SELECT 1 FROM files WHERE id = ?", (new.id,)) is not None:
-                raise FileExists(new.id)
+                raise FileExists(f"file {new.id!r} exists")
             tx.execute(f"INSERT INTO files ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
                        (new.id, new.tenant, new.filename, new.purpose, new.bytes, new.lines, new.key, at))
         return record

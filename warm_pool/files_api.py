@@ -9,11 +9,12 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from thaw.config import Name
 from thaw.wire import ErrorReply, FileList, FileRecord, NewFile
-from warm_pool.files import MAX_PAGE, FileExists, FileIndex
+from warm_pool.api_errors import NotFound
+from warm_pool.files import MAX_PAGE, FileIndex
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "description": "The tenant has no such file"}}
 
@@ -21,17 +22,10 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "descri
 def files_router(index: FileIndex, clock: Callable[[], float]) -> APIRouter:
     router = APIRouter()
 
-    def missing(file_id: str) -> JSONResponse:
-        return JSONResponse(ErrorReply(error=f"no file {file_id!r}").model_dump(exclude_none=True), status_code=404)
-
     @router.post("/v1/files", response_model=FileRecord, status_code=201,
                  responses={409: {"model": ErrorReply, "description": "The id is indexed already"}})
     async def add(body: NewFile) -> Response:
-        try:
-            record = await asyncio.to_thread(index.add, body, clock())
-        except FileExists:
-            return JSONResponse(ErrorReply(error=f"file {body.id!r} exists").model_dump(exclude_none=True),
-                                status_code=409)
+        record = await asyncio.to_thread(index.add, body, clock())  # FileExists: 409
         return Response(record.model_dump_json(), status_code=201, media_type="application/json")
 
     @router.get("/v1/files", response_model=FileList)
@@ -44,13 +38,15 @@ def files_router(index: FileIndex, clock: Callable[[], float]) -> APIRouter:
     @router.get("/v1/files/{file_id}", response_model=FileRecord, responses=NOT_FOUND)
     async def get(file_id: str, tenant: Name) -> Response:
         record = await asyncio.to_thread(index.get, tenant, file_id)
-        return missing(file_id) if record is None else Response(record.model_dump_json(),
-                                                                media_type="application/json")
+        if record is None:
+            raise NotFound(f"no file {file_id!r}")
+        return Response(record.model_dump_json(), media_type="application/json")
 
     @router.delete("/v1/files/{file_id}", response_model=FileRecord, responses=NOT_FOUND)
     async def remove(file_id: str, tenant: Name) -> Response:
         record = await asyncio.to_thread(index.remove, tenant, file_id)
-        return missing(file_id) if record is None else Response(record.model_dump_json(),
-                                                                media_type="application/json")
+        if record is None:
+            raise NotFound(f"no file {file_id!r}")
+        return Response(record.model_dump_json(), media_type="application/json")
 
     return router

@@ -21,16 +21,13 @@ from thaw.wire import (
     NewItems,
     StoredResponse,
 )
-from warm_pool.responses_store import ChainTooLong, ConversationFull, Exists, ResponseStore
+from warm_pool.api_errors import NotFound
+from warm_pool.responses_store import ResponseStore
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorReply, "description": "The tenant has no such response or conversation"}}
 FULL: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorReply, "description": "The conversation is full, or the id is taken"}}
-
-
-def _error(message: str, status: int) -> JSONResponse:
-    return JSONResponse(ErrorReply(error=message).model_dump(exclude_none=True), status_code=status)
 
 
 def _page(page: ItemPage) -> Response:
@@ -44,70 +41,73 @@ def responses_router(store: ResponseStore, clock: Callable[[], float]) -> APIRou
 
     @router.post("/v1/stored-responses", status_code=201, responses={**NOT_FOUND, **FULL})
     async def save(body: StoredResponse) -> Response:
-        try:
-            kept = await asyncio.to_thread(store.save, body.tenant, body.response.model_dump(),
-                                           [i.model_dump() for i in body.input_items], replica=body.replica,
-                                           at=clock(), conversation=body.conversation)
-        except (ConversationFull, Exists) as exc:
-            return _error(str(exc), 409)
+        kept = await asyncio.to_thread(store.save, body.tenant, body.response.model_dump(),
+                                       [i.model_dump() for i in body.input_items], replica=body.replica,
+                                       at=clock(), conversation=body.conversation)
         if not kept:
-            return _error(f"no conversation {body.conversation!r}", 404)
+            raise NotFound(f"no conversation {body.conversation!r}")
         return JSONResponse({"id": body.response.id}, status_code=201)
 
     @router.get("/v1/stored-responses/{response_id}", responses=NOT_FOUND)
     async def get(response_id: str, tenant: Name) -> Response:
         found = await asyncio.to_thread(store.get, tenant, response_id)
-        return _error(f"no response {response_id!r}", 404) if found is None else JSONResponse(found)
+        if found is None:
+            raise NotFound(f"no response {response_id!r}")
+        return JSONResponse(found)
 
     @router.get("/v1/stored-responses/{response_id}/history", response_model=ItemPage, responses={
         **NOT_FOUND, 409: {"model": ErrorReply, "description": "The chain is too long to continue"}})
     async def history(response_id: str, tenant: Name) -> Response:
-        try:
-            found = await asyncio.to_thread(store.history, tenant, response_id)
-        except ChainTooLong as exc:
-            return _error(str(exc), 409)
+        found = await asyncio.to_thread(store.history, tenant, response_id)
         if found is None:
-            return _error(f"no response {response_id!r}", 404)
+            raise NotFound(f"no response {response_id!r}")
         return _page(ItemPage(items=found[0], replica=found[1]))
 
     @router.get("/v1/stored-responses/{response_id}/input_items", response_model=ItemPage, responses=NOT_FOUND)
     async def input_items(response_id: str, tenant: Name) -> Response:
         found = await asyncio.to_thread(store.input_items, tenant, response_id)
-        return _error(f"no response {response_id!r}", 404) if found is None else _page(ItemPage(items=found))
+        if found is None:
+            raise NotFound(f"no response {response_id!r}")
+        return _page(ItemPage(items=found))
 
     @router.delete("/v1/stored-responses/{response_id}", status_code=204, responses=NOT_FOUND)
     async def delete(response_id: str, tenant: Name) -> Response:
         gone = await asyncio.to_thread(store.delete, tenant, response_id)
-        return Response(status_code=204) if gone else _error(f"no response {response_id!r}", 404)
+        if not gone:
+            raise NotFound(f"no response {response_id!r}")
+        return Response(status_code=204)
 
     # -- conversations ----------------------------------------------------------------------
 
-    def no_conversation(conversation_id: str) -> JSONResponse:
-        return _error(f"no conversation {conversation_id!r}", 404)
+    def no_conversation(conversation_id: str) -> NotFound:
+        return NotFound(f"no conversation {conversation_id!r}")
 
     @router.post("/v1/stored-conversations", status_code=201, responses=FULL)
     async def create_conversation(body: NewConversation) -> Response:
-        try:
-            made = await asyncio.to_thread(store.create_conversation, body.tenant, body.id, body.metadata,
-                                           [i.model_dump() for i in body.items], clock())
-        except (ConversationFull, Exists) as exc:
-            return _error(str(exc), 409)
+        made = await asyncio.to_thread(store.create_conversation, body.tenant, body.id, body.metadata,
+                                       [i.model_dump() for i in body.items], clock())
         return JSONResponse(made, status_code=201)
 
     @router.get("/v1/stored-conversations/{conversation_id}", responses=NOT_FOUND)
     async def get_conversation(conversation_id: str, tenant: Name) -> Response:
         found = await asyncio.to_thread(store.conversation, tenant, conversation_id)
-        return no_conversation(conversation_id) if found is None else JSONResponse(found)
+        if found is None:
+            raise no_conversation(conversation_id)
+        return JSONResponse(found)
 
     @router.post("/v1/stored-conversations/{conversation_id}", responses=NOT_FOUND)
     async def update_conversation(conversation_id: str, tenant: Name, body: ConversationPatch) -> Response:
         found = await asyncio.to_thread(store.update_conversation, tenant, conversation_id, body.metadata, clock())
-        return no_conversation(conversation_id) if found is None else JSONResponse(found)
+        if found is None:
+            raise no_conversation(conversation_id)
+        return JSONResponse(found)
 
     @router.delete("/v1/stored-conversations/{conversation_id}", status_code=204, responses=NOT_FOUND)
     async def delete_conversation(conversation_id: str, tenant: Name) -> Response:
         gone = await asyncio.to_thread(store.delete_conversation, tenant, conversation_id)
-        return Response(status_code=204) if gone else no_conversation(conversation_id)
+        if not gone:
+            raise no_conversation(conversation_id)
+        return Response(status_code=204)
 
     @router.get("/v1/stored-conversations/{conversation_id}/items", response_model=ItemPage, responses=NOT_FOUND)
     async def list_items(conversation_id: str, tenant: Name, after: str | None = None,
@@ -118,28 +118,31 @@ def responses_router(store: ResponseStore, clock: Callable[[], float]) -> APIRou
             kw["limit"] = limit
         found = await asyncio.to_thread(lambda: store.conversation_items(tenant, conversation_id, **kw))
         if found is None:
-            return no_conversation(conversation_id)
+            raise no_conversation(conversation_id)
         return _page(ItemPage(items=found[0], has_more=found[1], replica=found[2]))
 
     @router.post("/v1/stored-conversations/{conversation_id}/items", response_model=ItemPage,
                  responses={**NOT_FOUND, **FULL})
     async def add_items(conversation_id: str, tenant: Name, body: NewItems) -> Response:
-        try:
-            added = await asyncio.to_thread(store.add_items, tenant, conversation_id,
-                                            [i.model_dump() for i in body.items], clock())
-        except ConversationFull as exc:
-            return _error(str(exc), 409)
-        return no_conversation(conversation_id) if added is None else _page(ItemPage(items=added))
+        added = await asyncio.to_thread(store.add_items, tenant, conversation_id,
+                                        [i.model_dump() for i in body.items], clock())
+        if added is None:
+            raise no_conversation(conversation_id)
+        return _page(ItemPage(items=added))
 
     @router.get("/v1/stored-conversations/{conversation_id}/items/{item_id}", responses=NOT_FOUND)
     async def get_item(conversation_id: str, item_id: str, tenant: Name) -> Response:
         found = await asyncio.to_thread(store.conversation_item, tenant, conversation_id, item_id)
-        return _error(f"no item {item_id!r}", 404) if found is None else JSONResponse(found)
+        if found is None:
+            raise NotFound(f"no item {item_id!r}")
+        return JSONResponse(found)
 
     @router.delete("/v1/stored-conversations/{conversation_id}/items/{item_id}", status_code=204,
                    responses=NOT_FOUND)
     async def delete_item(conversation_id: str, item_id: str, tenant: Name) -> Response:
         gone = await asyncio.to_thread(store.delete_item, tenant, conversation_id, item_id, clock())
-        return Response(status_code=204) if gone else _error(f"no item {item_id!r}", 404)
+        if not gone:
+            raise NotFound(f"no item {item_id!r}")
+        return Response(status_code=204)
 
     return router

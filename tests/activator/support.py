@@ -77,3 +77,47 @@ def fetcher(model_dir: Path):  # type: ignore[no-untyped-def]
         return path.read_bytes() if path.exists() else None
 
     return fetch
+
+
+def controller_stand_in(routes: RouteTable, db: Any) -> Any:
+    """A controller as an activator sees it: ``routes`` as its route table, no keys, every
+    report accepted, and the real Files, Batches and stored-responses APIs on ``db`` (a
+    ``warm_pool.db.Db``), refusing as the controller does. Its batches fail validation:
+    it has no store."""
+    import time
+
+    from fastapi import FastAPI
+    from fastapi.responses import Response
+
+    from thaw.wire import KeyTable
+    from warm_pool.api_errors import install
+    from warm_pool.batch_api import batch_router
+    from warm_pool.batch_runner import BatchRunner
+    from warm_pool.batches import BatchStore
+    from warm_pool.files import FileIndex
+    from warm_pool.files_api import files_router
+    from warm_pool.responses_api import responses_router
+    from warm_pool.responses_store import ResponseStore
+
+    app = FastAPI()
+    install(app)
+    files, batches = FileIndex(db), BatchStore(db)
+    runner = BatchRunner(batches, files, None, "thaw", "files/", resolver=lambda tenant: lambda model: None,
+                         clock=time.time)
+    app.include_router(files_router(files, time.time))
+    app.include_router(batch_router(batches, files, runner, time.time))
+    app.include_router(responses_router(ResponseStore(db), time.time))
+
+    @app.get("/v1/routes")
+    async def route_table() -> Response:
+        return Response(routes.model_dump_json(), media_type="application/json")
+
+    @app.get("/v1/keys")
+    async def keys() -> Response:
+        return Response(KeyTable(version=0, keys=[]).model_dump_json(), media_type="application/json")
+
+    @app.post("/v1/{anything:path}")
+    async def accepted() -> Response:
+        return Response(status_code=204)
+
+    return app

@@ -10,7 +10,6 @@ requests get 400s naming the parameter."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,17 +18,15 @@ from typing import Any
 import openai
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import Response
 from openai.types.responses import Response as SdkResponse
 
 from activator.app import create_app
 from tests.activator.fake_engine import FakeEngine
-from tests.activator.support import KEY, LIMITED_KEY, make_config, replica
+from tests.activator.support import KEY, LIMITED_KEY, controller_stand_in, make_config, replica
 from tests.warm_pool.fleet import serve
 from thaw.embedded_store import free_port
-from thaw.wire import KeyTable, RouteTable
+from thaw.wire import RouteTable
 from warm_pool.db import Db
-from warm_pool.responses_api import responses_router
 from warm_pool.responses_store import ResponseStore
 
 
@@ -46,25 +43,10 @@ class World:
         return c
 
 
-def controller(engine_url: str, store: ResponseStore) -> FastAPI:
+def controller(engine_url: str, db: Db) -> FastAPI:
     entry = {"served_name": "thaw-demo", "replicas": [replica(engine_url)]}
     table = RouteTable.model_validate({"epoch": "e", "version": 1, "models": {"demo": entry}})
-    app = FastAPI()
-    app.include_router(responses_router(store, time.time))
-
-    @app.get("/v1/routes")
-    async def routes() -> Response:
-        return Response(table.model_dump_json(), media_type="application/json")
-
-    @app.get("/v1/keys")
-    async def keys() -> Response:
-        return Response(KeyTable(version=0, keys=[]).model_dump_json(), media_type="application/json")
-
-    @app.post("/v1/reports")
-    async def reports() -> Response:
-        return Response(status_code=204)
-
-    return app
+    return controller_stand_in(table, db)  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -74,7 +56,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     store = ResponseStore(db)
     engine_port, ctl_port, port = free_port(), free_port(), free_port()
     started = [await serve(engine.app, engine_port),
-               await serve(controller(f"http://127.0.0.1:{engine_port}", store), ctl_port)]
+               await serve(controller(f"http://127.0.0.1:{engine_port}", db), ctl_port)]
     app = create_app(make_config(tmp_path), f"http://127.0.0.1:{ctl_port}", activator_id="r")
     started.append(await serve(app, port))
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,26 +20,19 @@ import boto3
 import pytest
 import schemathesis
 import yaml
-from fastapi import FastAPI, Response
+from fastapi import FastAPI
 from schemathesis import Case
 
 from activator.app import create_app
 from tests.activator.fake_engine import FakeEngine
-from tests.activator.support import EXAMPLE, KEY, LIMITED_KEY, replica
+from tests.activator.support import EXAMPLE, KEY, LIMITED_KEY, controller_stand_in, replica
 from tests.fuzz.support import fuzz_config, running
 from tests.warm_pool.fleet import serve
 from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
 from thaw.config import Server, ThawConfig, hash_api_key, parse_config
 from thaw.embedded_store import free_port
-from thaw.wire import KeyTable, RouteTable
-from warm_pool.batch_api import batch_router
-from warm_pool.batch_runner import BatchRunner
-from warm_pool.batches import BatchStore
+from thaw.wire import RouteTable
 from warm_pool.db import Db
-from warm_pool.files import FileIndex
-from warm_pool.files_api import files_router
-from warm_pool.responses_api import responses_router
-from warm_pool.responses_store import ResponseStore
 
 MODELS = ("thaw-demo", "other")
 
@@ -72,28 +64,7 @@ def route_feed(engine_url: str) -> FastAPI:
     entry = {"served_name": "thaw-demo", "replicas": [replica(engine_url)]}
     table = RouteTable.model_validate({"epoch": "fuzz", "version": 1, "models": {
         "demo": entry, "other": {**entry, "served_name": "other"}}})
-    app = FastAPI()
-    db = Db.sqlite(None)
-    files, batches = FileIndex(db), BatchStore(db)
-    runner = BatchRunner(batches, files, None, "thaw", "files/", resolver=lambda tenant: lambda model: None,
-                         clock=time.time)
-    app.include_router(files_router(files, time.time))
-    app.include_router(batch_router(batches, files, runner, time.time))
-    app.include_router(responses_router(ResponseStore(db), time.time))
-
-    @app.get("/v1/routes")
-    async def routes() -> Response:
-        return Response(table.model_dump_json(), media_type="application/json")
-
-    @app.get("/v1/keys")
-    async def keys() -> Response:
-        return Response(KeyTable(version=0, keys=[]).model_dump_json(), media_type="application/json")
-
-    @app.post("/v1/{anything:path}")
-    async def accepted() -> Response:
-        return Response(status_code=204)
-
-    return app
+    return controller_stand_in(table, Db.sqlite(None))
 
 
 def openapi() -> dict[str, Any]:
