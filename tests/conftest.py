@@ -14,6 +14,12 @@ from thaw.objstore import S3Endpoint
 
 BUCKET = "thaw-test"
 
+# Lanes of scripts/test (pytest-xdist workers gw0, gw1, ...) pick listening ports from
+# ranges of their own, and so do the servers they start (they inherit this).
+if (_lane := os.environ.get("PYTEST_XDIST_WORKER", "")).startswith("gw"):
+    _low = 10_000 + 5_000 * int(_lane[2:])
+    os.environ["THAW_LISTEN_PORTS"] = f"{_low}-{_low + 5_000}"
+
 
 @pytest.fixture(scope="session")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStore]:
@@ -59,3 +65,13 @@ def postgres() -> Iterator[PostgresServer]:
     finally:
         server.stop()
         server.remove()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The lanes `scripts/test` runs the suite in (pytest-xdist, ``--dist loadgroup``):
+    every test that starts a real vLLM engine in one lane, one after another as without
+    xdist, so no two engines' start-ups compete for the CPU; the other tests, a module at
+    a time (its module-scoped fixtures set up once), in the lanes beside it."""
+    for item in items:
+        group = "engine" if item.get_closest_marker("engine") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))

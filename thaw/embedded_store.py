@@ -62,16 +62,27 @@ def _ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999
 
 
+def _listen_range() -> tuple[int, int]:
+    """Where :func:`free_port` picks: ``THAW_LISTEN_PORTS`` (``LOW-HIGH``, e.g. so that
+    test processes running side by side never pick the same port), else from 10000 up
+    to the kernel's ephemeral range."""
+    given = os.environ.get("THAW_LISTEN_PORTS", "")
+    if given:
+        low, _, high = given.partition("-")
+        return int(low), int(high)
+    return _LISTEN_PORTS_FROM, _ephemeral_ports()[0]
+
+
 def free_port() -> int:
     """A free loopback port for a server to listen on, outside the kernel's ephemeral
     range: a port picked there can be taken by an outgoing connection (SeaweedFS makes
     dozens while it starts) before the server binds it, and the server dies with
     "address already in use". Never the same port twice from one process."""
-    low, _ = _ephemeral_ports()
+    start, end = _listen_range()
     rng = random.SystemRandom()
-    if low - _LISTEN_PORTS_FROM >= 1000:
+    if end - start >= 1000:
         for _ in range(500):
-            port = rng.randrange(_LISTEN_PORTS_FROM, low)
+            port = rng.randrange(start, end)
             if port not in _handed_out and _port_free(port):
                 _handed_out.add(port)
                 return port

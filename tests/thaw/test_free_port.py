@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from thaw.embedded_store import _ephemeral_ports, free_port
 
 
@@ -17,3 +19,10 @@ def test_ports_are_outside_the_ephemeral_range_free_and_never_repeated() -> None
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", p))  # free to listen on
 
+
+
+def test_thaw_listen_ports_bounds_where_ports_are_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+
+
+    monkeypatch.setenv("THAW_LISTEN_PORTS", "21000-22500")
+    assert all(21000 <= free_port() < 22500 for _ in range(50))
