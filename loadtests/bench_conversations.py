@@ -102,6 +102,8 @@ def chat_turn(url: str, model: str, messages: list[dict[str, str]]) -> dict[str,
         r.raise_for_status()
         out["replica"] = r.headers.get("x-thaw-replica", url)
         for chunk in _sse(r.iter_lines()):
+            if "error" in chunk:
+                raise RuntimeError(f"error chunk from {url}: {chunk['error']}")
             delta = ((chunk.get("choices") or [{}])[0].get("delta") or {}).get("content")
             if delta:
                 out["ttft_s"] = out["ttft_s"] or round(time.perf_counter() - t0, 4)
@@ -109,6 +111,8 @@ def chat_turn(url: str, model: str, messages: list[dict[str, str]]) -> dict[str,
             if chunk.get("usage"):
                 u = chunk["usage"]
                 out["usage"] = (u["prompt_tokens"], (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    if out["usage"] is None:
+        raise RuntimeError(f"no usage chunk from {url} (HTTP {r.status_code}, {len(out['text'])} chars)")
     return out
 
 
@@ -130,12 +134,14 @@ def responses_turn(base_url: str, text: str, previous: str | None) -> dict[str, 
         for event in _sse(r.iter_lines()):
             if event["type"] == "response.output_text.delta":
                 out["ttft_s"] = out["ttft_s"] or round(time.perf_counter() - t0, 4)
-            elif event["type"] == "response.completed":
+            elif event["type"] in ("response.completed", "response.incomplete"):  # incomplete: at max_output_tokens
                 u = event["response"]["usage"]
                 out["id"] = event["response"]["id"]
                 out["usage"] = (u["input_tokens"], u["input_tokens_details"]["cached_tokens"])
             elif event["type"] == "error":
                 raise RuntimeError(f"error event: {event}")
+    if out["usage"] is None:
+        raise RuntimeError(f"no response.completed or response.incomplete event (HTTP {r.status_code})")
     return out
 
 
