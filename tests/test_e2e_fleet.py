@@ -33,7 +33,7 @@ import yaml
 
 from activator.ledger import query_usage
 from tests.conftest import BUCKET
-from tests.e2e_fleet import KEY, Fleet, kill_local_workers
+from tests.e2e_fleet import KEY, Fleet, chat, kill_local_workers
 from tests.redis_server import RedisServer
 from thaw.config import hash_api_key
 from thaw.embedded_store import EmbeddedStore, free_port
@@ -96,6 +96,15 @@ def ready_workers(state: dict[str, Any]) -> list[dict[str, Any]]:
     return [w for w in state["workers"] if w["state"] == "ready" and w["model"] == "demo"]
 
 
+def serving(fleet: Fleet) -> dict[str, Any]:
+    """The fleet's state once the demo model has a ready replica: brought up by a request
+    if no earlier test left one, so each test runs alone (``-k``) as in the module."""
+    if not ready_workers(fleet.state()):
+        fleet.wait("a standby worker", lambda s: any(w["state"] == "standby" for w in s["workers"]))
+        assert chat(fleet.client("a"), "thaw-demo")
+    return fleet.wait("a ready replica", lambda s: ready_workers(s))
+
+
 def test_a_cold_request_through_a_starts_one_replica_and_b_is_hot(fleet: Fleet) -> None:
     fleet.wait("a standby worker", lambda s: any(w["state"] == "standby" for w in s["workers"]))
     raw = fleet.client("a").chat.completions.with_raw_response.create(
@@ -118,7 +127,7 @@ def test_a_cold_request_through_a_starts_one_replica_and_b_is_hot(fleet: Fleet) 
 
 
 def test_the_control_plane_refuses_calls_without_the_cluster_token(fleet: Fleet) -> None:
-    state = fleet.state()
+    state = serving(fleet)
     worker = ready_workers(state)[0]
     for url in (f"{fleet.controller_url}/v1/state", f"{fleet.controller_url}/v1/routes",
                 f"{fleet.controller_url}/metrics", f"{worker['control_url']}/state",
@@ -136,6 +145,7 @@ def test_the_control_plane_refuses_calls_without_the_cluster_token(fleet: Fleet)
 def test_controller_sigkill_and_restart_under_streamed_load(fleet: Fleet) -> None:
     # From a settled fleet: a standby launched to replace one an earlier test took may
     # still be starting, and would be standby by the end (CI saw exactly that).
+    serving(fleet)
     before = fleet.wait("no worker still launching or starting", lambda s: s["workers"] and all(
         w["state"] in ("standby", "ready") for w in s["workers"]), timeout_s=240)
     replica = ready_workers(before)[0]
@@ -306,7 +316,7 @@ def test_a_key_revoked_at_the_controller_is_refused_by_both_activators_within_a_
 
 
 def test_a_tenant_limit_holds_across_both_activators_and_splits_while_redis_is_down(fleet: Fleet) -> None:
-    fleet.wait("a ready replica", lambda s: ready_workers(s))
+    serving(fleet)
     clients = {n: fleet.client(n, METERED_KEY) for n in fleet.activators}
     sent: dict[str, tuple[str, int]] = {}  # request id -> (activator, status)
     for i in range(2 * METERED_RPM):
@@ -349,7 +359,7 @@ def test_a_tenant_limit_holds_across_both_activators_and_splits_while_redis_is_d
 
 
 def test_usage_counts_every_request_once_across_both_and_a_sigkilled_activator(fleet: Fleet) -> None:
-    fleet.wait("a ready replica", lambda s: ready_workers(s))
+    serving(fleet)
     completed: list[str] = []
     failed: list[str] = []
     stop = threading.Event()
@@ -411,7 +421,7 @@ def fleet_s3_objects(fleet: Fleet) -> list[dict[str, Any]]:
 
 
 def test_activator_workers_share_one_port_and_each_keeps_its_own_ledger(fleet: Fleet) -> None:
-    fleet.wait("a ready replica", lambda s: ready_workers(s))
+    serving(fleet)
     port = free_port()
     fleet.start("activator-c", "activator", "--controller", fleet.controller_url, "--port", str(port),
                 "--id", "c", "--workers", "2")
@@ -437,7 +447,7 @@ def test_activator_workers_share_one_port_and_each_keeps_its_own_ledger(fleet: F
 
 
 def test_a_response_made_through_one_activator_continues_through_the_other(fleet: Fleet) -> None:
-    fleet.wait("a ready replica", lambda s: ready_workers(s))
+    serving(fleet)
     first = fleet.client("a").responses.create(model="thaw-demo", input="Hello from a.", max_output_tokens=4)
     second = fleet.client("b").responses.create(model="thaw-demo", input="And b?", previous_response_id=first.id,
                                                 max_output_tokens=4)
@@ -448,7 +458,7 @@ def test_a_response_made_through_one_activator_continues_through_the_other(fleet
 
 
 def test_a_batch_survives_a_controller_sigkill_with_every_line_answered_once(fleet: Fleet) -> None:
-    fleet.wait("a ready replica", lambda s: ready_workers(s))
+    serving(fleet)
     client = fleet.client("a")
     n = 96
     lines = [json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
