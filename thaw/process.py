@@ -132,8 +132,7 @@ async def stop_group_async(proc: asyncio.subprocess.Process, grace_s: float, *,
                            term_leader_only: bool = False) -> bool:
     """:func:`stop_group` on the event loop; whether it took SIGKILL."""
     if proc.returncode is not None:
-        signal_group(proc.pid, signal.SIGKILL)
-        return False
+        return False  # reaped already: its pid (and group id) may be another's by now
     _term(proc, term_leader_only)
     killed = False
     try:
