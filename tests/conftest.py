@@ -67,11 +67,22 @@ def postgres() -> Iterator[PostgresServer]:
         server.remove()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The lanes `scripts/test` runs the suite in (pytest-xdist, ``--dist loadgroup``):
     every test that starts a real vLLM engine in one lane, one after another as without
     xdist, so no two engines' start-ups compete for the CPU; the other tests, a module at
-    a time (its module-scoped fixtures set up once), in the lanes beside it."""
+    a time (its module-scoped fixtures set up once), in the lanes beside it.
+
+    The group is the nodeid's ``@`` suffix, which xdist's scheduler reads. xdist 3.8 adds
+    it from ``xdist_group`` marks by setting ``item._nodeid``, which pytest 9 no longer
+    reads (a node's id is ``item._id``), so it is set here, after xdist's own hook."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import coerce_node_id
+
     for item in items:
+        if item.nodeid.rfind("@") > item.nodeid.rfind("]"):
+            continue  # grouped already
         group = "engine" if item.get_closest_marker("engine") else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
