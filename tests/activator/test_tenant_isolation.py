@@ -263,11 +263,17 @@ SECRET_ANSWER = "quartz-heron-5519"
 
 async def test_prompts_and_answers_reach_only_their_requester_and_no_log(
     stack: tuple[FastAPI, httpx.AsyncClient, FakeEngine, str], caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
 ) -> None:
     app, client, fake, url = stack
     fake.reply = SECRET_ANSWER
     secret_chat = {"model": "thaw-demo", "messages": [{"role": "user", "content": SECRET_PROMPT}]}
     caplog.set_level(logging.DEBUG)
+    # Every level reaches the capture, whatever level an earlier test in this process
+    # configured (setup_logging's filtering logger drops events before any processor).
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    request.addfinalizer(lambda: structlog.configure(**saved))
     with structlog.testing.capture_logs() as events:
         # Answered, streamed or not, both endpoints, and both URL forms.
         for path, body in (("/v1/chat/completions", secret_chat),
