@@ -27,14 +27,12 @@ from tests.warm_pool.fleet import serve
 from thaw.embedded_store import free_port
 from thaw.wire import RouteTable
 from warm_pool.db import Db
-from warm_pool.responses_store import ResponseStore
 
 
 @dataclass
 class World:
     url: str
     engine: FakeEngine
-    store: ResponseStore
     clients: list[openai.AsyncOpenAI]
 
     def client(self, key: str = KEY) -> openai.AsyncOpenAI:
@@ -53,7 +51,6 @@ def controller(engine_url: str, db: Db) -> FastAPI:
 async def world(tmp_path: Path) -> AsyncIterator[World]:
     engine = FakeEngine("one", tokens=3)
     db = Db.sqlite(None)
-    store = ResponseStore(db)
     engine_port, ctl_port, port = free_port(), free_port(), free_port()
     started = [await serve(engine.app, engine_port),
                await serve(controller(f"http://127.0.0.1:{engine_port}", db), ctl_port)]
@@ -62,7 +59,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     try:
         while app.state.routes.version < 1:  # noqa: ASYNC110 - the watcher offers no event
             await asyncio.sleep(0.01)
-        w = World(f"http://127.0.0.1:{port}", engine, store, [])
+        w = World(f"http://127.0.0.1:{port}", engine, [])
         yield w
         for c in w.clients:
             await c.close()
