@@ -59,6 +59,8 @@ def test_a_request_at_zero_is_served_by_a_swap_and_the_engine_is_kept(stack: Sta
     st = stack.state()
     built = kept_engine(st)
     assert built is not None and built["model"] == "demo"
+    # The operators' view names the class both models share (thaw models ls shows it).
+    assert model(st, "demo")["engine_class"] == model(st, "tuned")["engine_class"] == built["engine_class"]
     out = stack.client().chat.completions.create(model="tuned", messages=[{"role": "user", "content": "Hi"}],
                                                  max_tokens=4, stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in out if c.choices)

@@ -486,6 +486,9 @@ class ModelRow(_Msg):
     error: str | None
     backoff_until: float | None
     last_cold_start: ColdStartRecord | None
+    # Its engine class (thaw.engine_class) as the controller computed it from the
+    # model's config.json and engine settings; None until read (or unreadable).
+    engine_class: str | None = None
 
 
 class PoolStatus(_Msg):

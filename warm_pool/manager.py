@@ -540,4 +540,5 @@ class PoolManager:
         return pool_status(now=now, cfg=self.cfg, fleet=self.fleet, views=views,
                            routes=self.route_table(now, views), activity=act, cold_starts=self.cold_starts,
                            shape_backoff=self.actuator.shape_backoff, providers=self.providers, state=self.state,
-                           epoch=self.epoch, adopted=self.adopted, standby_seconds=self.standby_seconds)
+                           epoch=self.epoch, adopted=self.adopted, standby_seconds=self.standby_seconds,
+                           classes=self.model_classes.classes if self.model_classes is not None else None)

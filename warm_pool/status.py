@@ -36,9 +36,10 @@ def pool_status(*, now: float, cfg: ThawConfig, fleet: FleetFacts, views: dict[s
                 routes: dict[str, ModelRoute], activity: dict[str, ModelActivity],
                 cold_starts: Mapping[str, ColdStartRecord], shape_backoff: Mapping[str, ShapeBackoff],
                 providers: Mapping[str, Provider], state: PolicyState, epoch: str, adopted: bool,
-                standby_seconds: Mapping[str, tuple[float, float]] | None = None) -> PoolStatus:
+                standby_seconds: Mapping[str, tuple[float, float]] | None = None,
+                classes: Mapping[str, str] | None = None) -> PoolStatus:
     """The pool's status at ``now``; ``standby_seconds``: per shape, standby
-    instance-seconds idle and lent to batch."""
+    instance-seconds idle and lent to batch; ``classes``: each model's engine class."""
     use = standby_use(views.values(), activity)
     shapes = []
     for p in cfg.pools:
@@ -74,6 +75,7 @@ def pool_status(*, now: float, cfg: ThawConfig, fleet: FleetFacts, views: dict[s
             if m.base is not None else count_states(v.state for v in views.values() if v.model == m.name),
             queued=a.queued, in_flight=a.in_flight, last_request_at=a.last_request_at,
             error=r.error, backoff_until=r.backoff_until, last_cold_start=cold_starts.get(m.name),
+            engine_class=(classes or {}).get(m.name),
         ))
     workers, details = [], []
     for wid in sorted(views):

@@ -395,6 +395,8 @@ async def test_prebuild_asks_a_standby_for_an_engine_and_assignments_carry_the_c
     demo = cfg.models[0]
     expected = engine_class_of(LLAMA, demo.engine, max_model_len=demo.max_context_tokens).id
     assert classes.classes == {"demo": expected} and reads == [demo.uri]
+    # Operators see it (GET /v1/state, thaw models ls).
+    assert {r.name: r.engine_class for r in m.status().models} == {"demo": expected}
     [(kind, url, req)] = control.calls
     assert (kind, url) == ("prebuild", "http://w-1")
     assert (req.model, req.uri, req.engine_class, req.max_model_len) == (

@@ -139,17 +139,21 @@ def run(args: argparse.Namespace) -> int:
         records = _get(cfg, url, "/v1/admin/models")["models"]
         rows = {r["name"]: r for r in _get(cfg, url, "/v1/state")["models"]}
         if args.json:
-            print(json.dumps([{**r, "replicas": rows.get(r["name"], {}).get("replicas", {})} for r in records],
+            print(json.dumps([{**r, "replicas": rows.get(r["name"], {}).get("replicas", {}),
+                               "engine_class": rows.get(r["name"], {}).get("engine_class")} for r in records],
                              indent=2))
             return 0
-        print(f"{'NAME':24} {'REV':>4} {'STATE':8} {'SHAPE':10} {'TENANT':12} {'REPLICAS':10} {'CHANGED':20} URI")
+        # CLASS: the engine class (models of one class swap into one pre-built engine).
+        print(f"{'NAME':24} {'REV':>4} {'STATE':8} {'SHAPE':10} {'TENANT':12} {'REPLICAS':10} {'CLASS':12} "
+              f"{'CHANGED':20} URI")
         for r in records:
             rev = _current(r) or (r["revisions"][-1] if r["revisions"] else {})
             spec = rev.get("spec", {})
-            ready = rows.get(r["name"], {}).get("replicas", {}).get("ready", 0)
+            row = rows.get(r["name"], {})
+            ready = row.get("replicas", {}).get("ready", 0)
             state = "serving" if r["revision"] else "removed"
             print(f"{r['name']:24} {r['revision'] or '-':>4} {state:8} {spec.get('shape', '-'):10} "
-                  f"{spec.get('tenant') or '-':12} {ready:<10} "
+                  f"{spec.get('tenant') or '-':12} {ready:<10} {row.get('engine_class') or '-':12} "
                   f"{_when(r['removed_at'] if not r['revision'] else rev.get('created_at')):20} "
                   f"{spec.get('uri') or spec.get('adapter_uri') or '-'}")
     elif command == "describe":
