@@ -19,6 +19,16 @@ engine host's process group and starts a fresh engine host for the next model. A
 failure stops the engine host at once and starts a fresh one too; the failure stays
 visible until a release clears it.
 
+Engines kept across models (``pools[].prebuild``): standing by, the agent builds an
+engine of a class it is asked for (``prebuild``); an assignment of a model of that
+class (``worker.identity``: same class and vocabulary) swaps its weights into that
+engine (``worker.swap_server`` in the engine host, ``worker.swap_core`` in the engine
+core) instead of launching one; a release parks the drained engine (serving nothing,
+prefix cache dropped) rather than stopping it, when the controller's assignment named
+its class. A swap or park that fails marks the engine dirty: it is stopped and a fresh
+host started, as for any failure. An assignment of batch work on a standby is
+preempted (``_preempt``) the moment an online assignment arrives.
+
 Tasks (``worker.tasks``): host replacements run to completion even when whoever
 asked for them is cancelled (a half-spawned engine host would be an orphan);
 everything else (assignment, release, restarts after a crash) is cancelled on
