@@ -1,7 +1,8 @@
 """Batches end to end with the official openai client: `thaw up` (real vLLM on the CPU),
-a file of 40 lines with 3 bad ones uploaded, the batch created and polled to
+a file of 41 lines with 4 bad ones uploaded (three refused when the file is read, one
+past the model's context refused when it runs), the batch created and polled to
 ``completed``; its 37 answers equal the same requests sent online (greedy), in input
-order; the error file names the 3 lines; the counts agree; the lines are billed as
+order; the error file names the 4 lines; the counts agree; the lines are billed as
 ``service_tier`` batch. A cancelled batch ends with what it answered. Another tenant
 sees neither the file nor the batch.
 
@@ -34,7 +35,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 OTHER_KEY = "thaw-other-tenant-key"
 CHAT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
-BAD_LINES = {5: "invalid_json_line", 17: "missing_custom_id", 30: "model_not_found"}
+# Three lines refused when the file is read, one by the activator when it runs (its
+# prompt is past the model's context).
+BAD_LINES = {5: "invalid_json_line", 17: "missing_custom_id", 30: "model_not_found", 36: "context_length_exceeded"}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +82,8 @@ def input_file(n: int, bad: dict[int, str], max_tokens: int = 6, **kw: Any) -> t
             del item["custom_id"]
         elif kind == "model_not_found":
             item["body"] = {**item["body"], "model": "no-such-model"}
+        elif kind == "context_length_exceeded":
+            item["body"] = {**item["body"], "messages": [{"role": "user", "content": "many words " * 20_000}]}
         else:
             good[item["custom_id"]] = item["body"]
         lines.append(json.dumps(item).encode())
@@ -102,7 +107,7 @@ def jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
 
 def test_a_batch_answers_as_online_and_names_its_bad_lines(stack: Stack) -> None:
     client = stack.client()
-    data, good = input_file(40, BAD_LINES)
+    data, good = input_file(41, BAD_LINES)
     # Online first (which brings the model up): the answers the batch must equal.
     online = {cid: client.chat.completions.create(**b).choices[0].message.content for cid, b in good.items()}
     uploaded = client.files.create(file=("requests.jsonl", data), purpose="batch")
@@ -113,7 +118,7 @@ def test_a_batch_answers_as_online_and_names_its_bad_lines(stack: Stack) -> None
     done = wait_until(client, created.id, {"completed", "failed", "expired", "cancelled"})
     assert done.status == "completed", done
     assert done.request_counts is not None
-    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (40, 37, 3)
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (41, 37, 4)
     assert done.in_progress_at and done.finalizing_at and done.completed_at
 
     output = jsonl(client, done.output_file_id)
@@ -123,14 +128,18 @@ def test_a_batch_answers_as_online_and_names_its_bad_lines(stack: Stack) -> None
         assert x["response"]["body"]["choices"][0]["message"]["content"] == online[x["custom_id"]], x
     errors = jsonl(client, done.error_file_id)
     assert [(x["error"]["line"], x["error"]["code"]) for x in errors] == sorted(BAD_LINES.items())
-    assert all(x["response"] is None for x in errors)
+    # The line refused at run time keeps the activator's answer, as OpenAI's error file does.
+    assert [x["response"] and x["response"]["status_code"] for x in errors] == [None, None, None, 400]
 
     # Another tenant: neither the file nor the batch exists.
     other = openai.OpenAI(base_url=stack.base_url, api_key=OTHER_KEY, max_retries=0)
     with pytest.raises(openai.NotFoundError):
         other.batches.retrieve(created.id)
-    with pytest.raises(openai.NotFoundError):
-        other.files.retrieve(uploaded.id)
+    for file_id in (uploaded.id, done.output_file_id, done.error_file_id):
+        with pytest.raises(openai.NotFoundError):
+            other.files.retrieve(file_id)  # type: ignore[arg-type]
+        with pytest.raises(openai.NotFoundError):
+            other.files.content(file_id)  # type: ignore[arg-type]
     with pytest.raises(openai.NotFoundError):
         other.batches.cancel(created.id)
     assert [b.id for b in other.batches.list()] == [] and [f.id for f in other.files.list()] == []

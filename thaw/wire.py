@@ -491,6 +491,14 @@ class ModelRow(_Msg):
     engine_class: str | None = None
 
 
+class BatchQueue(_Msg):
+    """Batch work at the controller: batches by status, and the lines of batches not
+    yet ended by state (pending: queued; leased: running; done; failed)."""
+
+    batches: dict[str, int] = {}
+    lines: dict[str, int] = {}
+
+
 class PoolStatus(_Msg):
     now: float
     controller_epoch: str
@@ -501,6 +509,7 @@ class PoolStatus(_Msg):
     models: list[ModelRow]
     workers: list[WorkerRow]
     worker_details: list[WorkerDetail]
+    batch: BatchQueue = BatchQueue()
 
 
 class PoolEvent(_Msg):

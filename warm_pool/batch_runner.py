@@ -66,6 +66,17 @@ def request_id(batch_id: str, line: int) -> str:
     return "batch_req_" + hashlib.sha256(f"{batch_id}/{line}".encode()).hexdigest()[:24]
 
 
+def refusal(result: dict[str, Any] | None, line: int) -> dict[str, Any]:
+    """The error entry of a line the engine or activator answered with an error status:
+    the answer's own code and message, with the line's number."""
+    body = (result or {}).get("body")
+    err = body.get("error") if isinstance(body, dict) else None
+    err = err if isinstance(err, dict) else {}
+    status = (result or {}).get("status_code")
+    return {"code": err.get("code") or f"http_{status}",
+            "message": f"line {line}: {err.get('message') or f'answered with status {status}'}", "line": line}
+
+
 class BatchRunner:
     """``client``: a boto3 S3 client of the object store, made on first use (None: no
     store, and every batch fails its validation); ``resolver(tenant)``: that tenant's
@@ -91,6 +102,8 @@ class BatchRunner:
         # Per model, the lines of running batches not answered yet, as of the last tick
         # (what batch asks of the pool: warm_pool.batch_policy).
         self.demand: dict[str, int] = {}
+        # The last tick's batches by status, and lines of running batches by (model, state).
+        self.census: tuple[dict[str, int], dict[tuple[str, str], int]] = ({}, {})
         # Called when the models with batch work change (the pool decides again now).
         self.on_demand: Callable[[], None] | None = None
 
@@ -133,8 +146,9 @@ class BatchRunner:
             self.demand = demand
             self.on_demand()
         self.demand = demand
+        batches, lines = await asyncio.to_thread(self.store.census)
+        self.census = (batches, lines)
         if self.metrics is not None:
-            batches, lines = await asyncio.to_thread(self.store.census)
             self.metrics.batches.clear()
             for status, n in batches.items():
                 self.metrics.batches.labels(status).set(n)
@@ -201,7 +215,9 @@ class BatchRunner:
                 entry: dict[str, Any] = {"id": request_id(b.id, line), "custom_id": custom_id}
                 ok = state == "done" and result is not None and 200 <= int(result.get("status_code", 0)) < 300
                 if state == "done":
-                    entry.update(response=result, error=None)
+                    # A refused request (e.g. past the model's context) keeps the answer as
+                    # OpenAI writes it, and names its line and reason as every bad line does.
+                    entry.update(response=result, error=None if ok else refusal(result, line))
                 else:
                     entry.update(response=None, error={**(result or {}), "line": line})
                 kind = "output" if ok else "error"

@@ -541,4 +541,5 @@ class PoolManager:
                            routes=self.route_table(now, views), activity=act, cold_starts=self.cold_starts,
                            shape_backoff=self.actuator.shape_backoff, providers=self.providers, state=self.state,
                            epoch=self.epoch, adopted=self.adopted, standby_seconds=self.standby_seconds,
-                           classes=self.model_classes.classes if self.model_classes is not None else None)
+                           classes=self.model_classes.classes if self.model_classes is not None else None,
+                           batch_census=self.batch_runner.census)

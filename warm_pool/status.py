@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from thaw.config import ThawConfig
 from thaw.wire import (
+    BatchQueue,
     ColdStartRecord,
     ModelRoute,
     ModelRow,
@@ -37,9 +38,11 @@ def pool_status(*, now: float, cfg: ThawConfig, fleet: FleetFacts, views: dict[s
                 cold_starts: Mapping[str, ColdStartRecord], shape_backoff: Mapping[str, ShapeBackoff],
                 providers: Mapping[str, Provider], state: PolicyState, epoch: str, adopted: bool,
                 standby_seconds: Mapping[str, tuple[float, float]] | None = None,
-                classes: Mapping[str, str] | None = None) -> PoolStatus:
+                classes: Mapping[str, str] | None = None,
+                batch_census: tuple[Mapping[str, int], Mapping[tuple[str, str], int]] | None = None) -> PoolStatus:
     """The pool's status at ``now``; ``standby_seconds``: per shape, standby
-    instance-seconds idle and lent to batch; ``classes``: each model's engine class."""
+    instance-seconds idle and lent to batch; ``classes``: each model's engine class;
+    ``batch_census``: batches by status and running batches' lines by (model, state)."""
     use = standby_use(views.values(), activity)
     shapes = []
     for p in cfg.pools:
@@ -96,5 +99,10 @@ def pool_status(*, now: float, cfg: ThawConfig, fleet: FleetFacts, views: dict[s
             host_worker_id=v.host, memory_bytes=v.memory_bytes or None, capacity_bytes=v.capacity_bytes or None,
             adapters=list(f.status.adapters) if f.status else [], batch=v.batch,
         ))
+    batches, lines = batch_census or ({}, {})
+    by_state: dict[str, int] = {}
+    for (_, st), n in lines.items():
+        by_state[st] = by_state.get(st, 0) + n
     return PoolStatus(now=now, controller_epoch=epoch, adopted=adopted, shapes=shapes,
-                      models=models, workers=workers, worker_details=details)
+                      models=models, workers=workers, worker_details=details,
+                      batch=BatchQueue(batches=dict(batches), lines=by_state))

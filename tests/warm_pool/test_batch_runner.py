@@ -114,6 +114,9 @@ async def test_a_batch_is_validated_answered_and_finalized_in_input_order(world:
                  at=w["clock"]())
     await w["runner"].tick()
     assert store.get("acme", batch.id).status == "in_progress"  # type: ignore[union-attr]
+    # What thaw pool status shows of it: the batch running, its lines by state.
+    assert w["runner"].census == ({"in_progress": 1}, {("demo", "leased"): 1, ("demo", "done"): 2,
+                                                       ("-", "failed"): 1})
     store.finish(batch.id, 1, response=ok(1), at=w["clock"]())
     await w["runner"].tick()
     done = store.get("acme", batch.id)
@@ -128,7 +131,9 @@ async def test_a_batch_is_validated_answered_and_finalized_in_input_order(world:
     assert all(x["error"] is None and x["id"].startswith("batch_req_") for x in output)
     errors = read_file(w, done.error_file_id)
     assert [(x["custom_id"], x["response"] and x["response"]["status_code"], x["error"] and x["error"]["line"])
-            for x in errors] == [("r2", 400, None), (None, None, 4)]
+            for x in errors] == [("r2", 400, 2), (None, None, 4)]
+    assert errors[0]["error"]["code"] == "context_length_exceeded" and errors[0]["error"]["message"] == (
+        "line 2: too long")
     assert errors[1]["error"]["code"] == "invalid_json_line" and "line 4" in errors[1]["error"]["message"]
     # Finalizing again (a controller that died before recording it) writes the same files.
     w["runner"]._finish(done, "finalize")

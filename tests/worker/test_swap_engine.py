@@ -6,7 +6,8 @@ engine of the model it swapped in, in both orders, with everything around the
 weights the new model's (served name, chat template, generation defaults); a prompt
 cached under the previous model is no prefix-cache hit under the next; a released
 replica goes back to standby with its engine and takes the next model by swap; a
-swap whose weights the store cannot serve whole never serves.
+swap that fails half-way (a shard failing its sha256, a shard the store no longer
+has, a tensor of another shape) never serves.
 """
 
 from __future__ import annotations
@@ -82,6 +83,22 @@ def models(s3: S3Endpoint, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     second = split_in_two_shards(broken)
     push_model(s3.client(), broken, uris["broken"])
     flip_byte(s3.client(), BUCKET, f"{uris['broken'].removeprefix(f's3://{BUCKET}/')}/{second}")
+    # gone: the same two shards, the second deleted from the store after the push (the
+    # manifest still lists it): the store fails the swap half-way.
+    uris["gone"] = f"{base}/gone"
+    push_model(s3.client(), broken, uris["gone"])
+    s3.client().delete_object(Bucket=BUCKET, Key=f"{uris['gone'].removeprefix(f's3://{BUCKET}/')}/{second}")
+    # misshapen: the second shard's first tensor one row short (its manifest agrees with
+    # it, config.json does not): the shapes do not match the engine's.
+    misshapen = root / "misshapen"
+    shutil.copytree(broken, misshapen)
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(str(misshapen / second))
+    first = sorted(tensors)[0]
+    tensors[first] = tensors[first][:-1].clone()
+    save_file(tensors, str(misshapen / second), metadata={"format": "pt"})
+    uris["misshapen"] = f"{base}/misshapen"
+    push_model(s3.client(), misshapen, uris["misshapen"])
     shutil.rmtree(root)
     return uris
 
@@ -226,3 +243,28 @@ def test_no_prefix_cache_hit_crosses_a_swap_and_a_failed_swap_never_serves(
                    json={"model": "broken", "prompt": PROMPT, "max_tokens": 1})
     back = release(agent)
     assert back["prebuilt"] is None
+
+
+@pytest.mark.parametrize("bad, kind", [("gone", "store"), ("misshapen", None)])
+def test_a_swap_failing_half_way_in_the_store_or_on_shapes_never_serves(
+        agent: Agent, models: dict[str, str], engine_class: str, bad: str, kind: str | None) -> None:
+    # A kept engine of the class, then a model whose second shard the store cannot serve
+    # (or whose tensors do not fit the engine's shapes): the first shard is in the engine
+    # when the swap fails. Nothing is served from it; the engine goes with its host.
+    prebuild(agent, models["a"], engine_class)
+    with agent.http() as c:
+        r = c.post("/assign", json={"assignment_id": bad, "model": bad, "uri": models[bad],
+                                    "served_model_name": bad, "max_model_len": MAX_LEN, "engine": ENGINE,
+                                    "engine_class": engine_class})
+        assert r.status_code == 202
+    failed, seen = agent.wait_state("failed", "ready", timeout_s=LOAD_S)
+    assert failed["state"] == "failed" and "ready" not in seen, (failed, seen)
+    assert "swapping the model into the engine failed" in failed["error"], failed["error"]
+    if kind is not None:
+        assert failed["failure_kind"] == kind, failed
+    assert failed["engine_url"] is None and failed["prebuilt"] is None
+    back = release(agent)
+    assert back["prebuilt"] is None
+    # The worker is whole again: the next model is served by a fresh engine.
+    fresh = assign(agent, f"after-{bad}", models["a"], "a", None)
+    assert answers(fresh["engine_url"], "a")["names"] == ["a"]

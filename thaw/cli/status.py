@@ -120,7 +120,19 @@ def render_pool(state: dict[str, Any]) -> str:
             share = s.get("standby_batch_share")
             out.append(f"    batch: {s.get('standby_lent_to_batch', 0)} standby lent now; "
                        + ("no standby time yet" if share is None else f"{share:.0%} of standby time since start"))
-    return "\n".join(out + [""] + _models(state, now) + [""] + _workers(state))
+    return "\n".join(out + _batch(state) + [""] + _models(state, now) + [""] + _workers(state))
+
+
+def _batch(state: dict[str, Any]) -> list[str]:
+    """The batch queue: batches by status, and their lines queued, running and ended."""
+    b = state.get("batch") or {}
+    batches, lines = b.get("batches") or {}, b.get("lines") or {}
+    live = {s: n for s, n in batches.items() if s in ("validating", "in_progress", "finalizing", "cancelling")}
+    if not live and not any(lines.values()):
+        return []
+    return [f"  batch: {', '.join(f'{n} {s}' for s, n in sorted(live.items())) or 'none running'}; lines "
+            f"{lines.get('pending', 0)} queued, {lines.get('leased', 0)} running, {lines.get('done', 0)} done, "
+            f"{lines.get('failed', 0)} failed"]
 
 
 def render_events(events: list[dict[str, Any]], now: float) -> str:
