@@ -7,8 +7,10 @@ leases that many lines from the controller and runs each on a slot of its own, a
 whole (``CompletionService.run_batch_line``), then sends the answer. An online request
 that finds every slot taken cuts one batch request of its model at once
 (``RouteWatcher.yield_batch``): the slot is handed to it, and the cut line is given back
-to the controller to run later. A line whose run fails (a replica gone) is given back
-too; an answer no controller takes (one restarting) is sent again while the lease
+to the controller to run later. A line whose standby the controller took back for an
+online cold start (its engine stopped mid-request) is given back the same way; a line
+whose run fails otherwise (a replica gone) is given back counting a failure (three and
+it is answered with an error); an answer no controller takes (one restarting) is sent again while the lease
 lasts, and a line whose answer never arrives runs again when its lease ends (the
 controller keeps only the first answer).
 """
@@ -26,7 +28,7 @@ from typing import Any
 import httpx
 
 from activator.protocol import Kind
-from activator.route_watcher import RouteWatcher
+from activator.route_watcher import Replica, RouteWatcher
 from activator.service import UPSTREAM_PATH, CompletionService, RequestContext
 from thaw.config import BatchConfig
 from thaw.controllers import ControllerClient
@@ -41,6 +43,9 @@ log = get_logger()
 ANSWER_RETRY_S = 0.5
 ANSWER_RETRY_MAX_S = 5.0
 ANSWER_RETRY_FOR_S = 300.0
+# How long a line whose standby died waits for the route table to say whether the
+# controller took that standby back (a cut, not a failure of the line).
+PREEMPTED_WAIT_S = 5.0
 # A batch's endpoint -> the kind of request its lines are.
 KINDS: dict[str, Kind] = {path: kind for kind, path in UPSTREAM_PATH.items()}
 
@@ -159,6 +164,14 @@ class BatchWorker:
                 raise
             except Exception as exc:
                 free()
+                if replica.batch and await self._taken_back(replica):
+                    # Its standby was taken back for an online cold start: the line was cut,
+                    # not failed, and goes back to run later without counting against it.
+                    log.info("batch_line_preempted", batch_id=line.batch_id, line=line.line,
+                             worker_id=replica.worker_id)
+                    self.metrics.batch_lines.labels(line.model, "preempted").inc()
+                    await self._give_back(line)
+                    return
                 log.warning("batch_line_failed", batch_id=line.batch_id, line=line.line, error=repr(exc))
                 await self._give_back(line, failure=f"{type(exc).__name__}: {exc}"[:2000])
                 return
@@ -179,6 +192,17 @@ class BatchWorker:
             self.running.get(line.model, {}).pop(key, None)
             if task is not None:
                 self._cut.discard(task)
+
+    async def _taken_back(self, replica: Replica) -> bool:
+        """Whether the route table shows ``replica``'s worker taken for other work,
+        waiting up to PREEMPTED_WAIT_S for it (the engine dies as the assignment that
+        takes it back starts; the table says so within a feed's turn)."""
+        until = self.clock() + PREEMPTED_WAIT_S
+        while not self.routes.taken_back(replica):
+            if self.clock() >= until:
+                return False
+            await asyncio.sleep(0.1)
+        return True
 
     async def _answer(self, line: LeasedLine, result: LineResult) -> bool:
         """Send the answer, again and again while no controller takes it (one restarting)

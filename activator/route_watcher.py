@@ -488,6 +488,12 @@ class RouteWatcher:
         allowed = sum(cap if r.batch else cap * share for r in st.replicas)
         return max(0, min(int(allowed) - running, free))
 
+    def taken_back(self, rep: Replica) -> bool:
+        """Whether the worker of ``rep`` (a standby lent to batch) now serves another
+        assignment in the route table: the controller took it back for online work."""
+        return any(r.worker_id == rep.worker_id and r.assignment_id != rep.assignment_id
+                   for st in self.routes.values() for r in st.listed)
+
     def take_batch_slot(self, model: str) -> Replica | None:
         """A free slot for a batch request (``release`` frees it), if no online request
         waits for one."""

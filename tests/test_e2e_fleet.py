@@ -495,8 +495,8 @@ def test_a_batch_survives_a_controller_sigkill_with_every_line_answered_once(fle
     assert [x["custom_id"] for x in output] == [f"line-{i}" for i in range(n)]
     assert all(x["response"]["status_code"] == 200 for x in output)
     # The kill came mid-batch, and each line was answered once: one answered batch run in
-    # the activators' ledgers per line, no more (a run that failed without an answer, on a
-    # machine this loaded, is recorded with its error status and runs again).
+    # the activators' ledgers per line, no more (only the answer a line keeps is billed;
+    # a run that failed without an answer is not billed and runs again).
     assert 0 < len(answered_before) < n
     answered = [r for r in _batch_runs(fleet) if r["status"] == 200]
     assert {r["request_id"] for r in answered} == {x["response"]["request_id"] for x in output}
