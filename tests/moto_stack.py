@@ -33,7 +33,7 @@ def deploy(url: str, **overrides: str) -> dict[str, Any]:
     cert = boto3.client("acm", **kw).request_certificate(DomainName="api.example.com")["CertificateArn"]
     params = {"ClusterName": "prod", "VpcId": vpc, "PrivateSubnetIds": ",".join(subnets[:2]),
               "PublicSubnetIds": ",".join(subnets[2:]), "CertificateArn": cert, "ClientCidr": "203.0.113.0/24",
-              "Shape2InstanceType": "p5.48xlarge", "LongestStreamSeconds": "1200", "ActivatorMinSize": "3",
+              "OperatorCidr": "10.0.9.0/24", "Shape2InstanceType": "p5.48xlarge", "LongestStreamSeconds": "1200", "ActivatorMinSize": "3",
               **overrides}
     cfn.create_stack(StackName=STACK_NAME, TemplateBody=TEMPLATE.read_text().replace(DLAMI, AL2023),
                      Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in params.items()],

@@ -158,8 +158,10 @@ def test_each_security_group_admits_exactly_the_documented_paths(stack: dict[str
     assert admits("ControllerSecurityGroup") == {
         (8100, 8100, "ActivatorSecurityGroup"), (8100, 8100, "WorkerSecurityGroup"),
         (8100, 8100, "ControlBalancerSecurityGroup"), (8100, 8100, "ControllerSecurityGroup")}
+    # Operators reach the controllers' internal load balancer from the OperatorCidr only.
     assert admits("ControlBalancerSecurityGroup") == {(8100, 8100, "ActivatorSecurityGroup"),
-                                                      (8100, 8100, "WorkerSecurityGroup")}
+                                                      (8100, 8100, "WorkerSecurityGroup"),
+                                                      (8100, 8100, "10.0.9.0/24")}
     assert admits("WorkerSecurityGroup") == {(8200, 8200, "ControllerSecurityGroup"),
                                              (8200, 65535, "ActivatorSecurityGroup")}
     assert admits("DatabaseSecurityGroup") == {(5432, 5432, "ControllerSecurityGroup")}
