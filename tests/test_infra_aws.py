@@ -185,6 +185,8 @@ def test_roles_are_least_privilege(stack: dict[str, Any]) -> None:
     assert worker["WriteCapturedSnapshots"]["Resource"] == f"{bucket}/snapshots/*"
     assert set(worker["ReadWeightsSnapshotsAndConfig"]["Resource"]) == {
         f"{bucket}/models/*", f"{bucket}/snapshots/*", f"{bucket}/config/*"}
+    assert worker["ListModelsAndSnapshots"]["Condition"] == {
+        "StringLike": {"s3:prefix": ["models/*", "snapshots/*"]}}
 
     ctl = roles["ControllerRole"]
     account = "123456789012"

@@ -248,6 +248,11 @@ def test_the_worker_reads_its_model_and_writes_a_snapshot_only(aws: dict[str, An
     with pytest.raises(botocore.exceptions.ClientError) as info_:
         s3.put_object(Bucket=bucket, Key="usage/forged/segment.ndjson", Body=b"{}")
     assert denied(info_), info_.value
+    # It lists the models and snapshots it reads, not the tenants' usage or files.
+    for prefix in ("usage/", "files/", ""):
+        with pytest.raises(botocore.exceptions.ClientError) as info_:
+            s3.list_objects_v2(Bucket=bucket, Prefix=prefix)
+        assert denied(info_), (prefix, info_.value)
 
 
 # -- the activator -----------------------------------------------------------------------------
