@@ -7,6 +7,7 @@ Pure: the caller supplies the weights' size (the store's manifest, or an operato
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,14 +75,23 @@ def fit_problem(index: int | None, model: Model, cfg: ThawConfig, size: ModelSiz
 CPU_ENGINE_PROCESS_GIB = 2.0
 
 
+def cpu_kvcache_gib(engine: EngineArgs) -> int:
+    """The KV cache a CPU engine gets: vLLM reads whole GiB, so ``cpu_kvcache_gib`` is
+    rounded up (at least 1) for the launch, and counted so in the fit."""
+    return max(1, math.ceil(engine.cpu_kvcache_gib))
+
+
 def engine_memory(weights_bytes: int, engine: EngineArgs, shape: InstanceShape) -> int:
-    """The memory one engine of a model holds on ``shape``: on a GPU, its share of the
-    devices (``gpu_memory_utilization``: vLLM sizes its KV cache to fill it); on the
-    CPU, its weights, its ``cpu_kvcache_gib`` and its processes."""
+    """The memory one engine of a model holds on ``shape``: on a GPU, its share of each
+    device it uses (``gpu_memory_utilization``: vLLM sizes its KV cache to fill it); on
+    the CPU, its weights, its KV cache and its processes.
+
+    The engines of a worker are not pinned to devices: each uses the first
+    ``tensor_parallel_size`` of them, so the first device holds a share of every engine,
+    and that device is what packing fills (``engine_capacity``)."""
     if shape.gpu_count > 0:
-        gpus = engine.tensor_parallel_size or 1
-        return int(gpus * shape.gpu_memory_gib * GiB * engine.gpu_memory_utilization)
-    return weights_bytes + int(engine.cpu_kvcache_gib * GiB) + int(CPU_ENGINE_PROCESS_GIB * GiB)
+        return int(shape.gpu_memory_gib * GiB * engine.gpu_memory_utilization)
+    return weights_bytes + cpu_kvcache_gib(engine) * GiB + int(CPU_ENGINE_PROCESS_GIB * GiB)
 
 
 # A worker that packs keeps an engine host imported for its next packed engine
@@ -91,10 +101,10 @@ SPARE_ENGINE_HOST_GIB = 1.0
 
 def engine_capacity(shape: InstanceShape) -> int:
     """The memory the engines of one worker of ``shape`` may hold together when it packs:
-    its GPUs' memory, or on the CPU its host memory less the host cache tier and the
-    spare engine host."""
+    one GPU's memory (every engine uses the first device: see ``engine_memory``), or on
+    the CPU its host memory less the host cache tier and the spare engine host."""
     if shape.gpu_count > 0:
-        return int(shape.gpu_count * shape.gpu_memory_gib * GiB)
+        return int(shape.gpu_memory_gib * GiB)
     return int((shape.host_memory_gib - shape.host_cache_gib - SPARE_ENGINE_HOST_GIB) * GiB)
 
 

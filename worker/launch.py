@@ -13,7 +13,6 @@ This module is imported by the engine host before vLLM, so it stays light.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from typing import Annotated, Any, Literal
@@ -21,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from thaw.config import EngineArgs
+from thaw.fit import cpu_kvcache_gib
 from thaw.wire import FailureKind
 
 # Events (the "event" field of a line on the engine host's stdout).
@@ -153,7 +153,7 @@ def engine_env(
     env = {
         **store_env,
         # vLLM reads whole GiB here; round up so the configured space always fits.
-        "VLLM_CPU_KVCACHE_SPACE": str(max(1, math.ceil(engine.cpu_kvcache_gib))),
+        "VLLM_CPU_KVCACHE_SPACE": str(cpu_kvcache_gib(engine)),
         # The executor runs inside the engine core process (no extra worker process).
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "HF_HUB_OFFLINE": "1",

@@ -148,6 +148,15 @@ def test_engine_memory_is_a_share_of_the_gpu_or_weights_kv_and_processes_on_the_
     assert engine_capacity(gpu) == 48 * GiB
     assert engine_memory(GiB // 2, EngineArgs(cpu_kvcache_gib=1), cpu) == int((1.5 + CPU_ENGINE_PROCESS_GIB) * GiB)
     assert engine_capacity(cpu) == 11 * GiB  # less the host cache and the spare engine host
+    # vLLM takes whole GiB of CPU KV cache (at least 1): a fraction is counted as launched.
+    assert engine_memory(GiB // 2, EngineArgs(cpu_kvcache_gib=0.5), cpu) == engine_memory(
+        GiB // 2, EngineArgs(cpu_kvcache_gib=1), cpu)
+    assert engine_memory(0, EngineArgs(cpu_kvcache_gib=1.25), cpu) == int((2 + CPU_ENGINE_PROCESS_GIB) * GiB)
+    # Engines are not pinned to devices: each uses the first ones, so on a 4-GPU shape
+    # packing fills one device, whatever an engine's tensor-parallel size.
+    quad = gpu.model_copy(update={"gpu_count": 4})
+    assert engine_capacity(quad) == 48 * GiB
+    assert engine_memory(0, EngineArgs(gpu_memory_utilization=0.5, tensor_parallel_size=2), quad) == 24 * GiB
 
 
 def test_a_pack_refusal_names_what_is_needed_and_what_is_free() -> None:
