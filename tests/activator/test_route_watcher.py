@@ -104,6 +104,13 @@ def test_cold_start_tier_says_where_the_replica_got_its_model() -> None:
     # Weights swapped into an engine built before, from wherever they were read.
     assert cold_start_tier(100.0, rep(load_tier="host", load_swap=True, worker_started_at=50.0)) == "swap"
     assert cold_start_tier(100.0, rep(load_tier="s3", load_swap=True)) == "swap"
+    # An engine packed beside others: its worker was serving, so never a launch.
+    assert cold_start_tier(100.0, rep(load_tier="s3", packed=True, worker_started_at=101.0)) == "packed"
+    # An adapter into a base serving before the request; a base brought up for it counts
+    # where the base came from.
+    assert cold_start_tier(100.0, rep(adapter=True, base_ready_at=90.0, load_tier="host")) == "adapter"
+    assert cold_start_tier(100.0, rep(adapter=True, base_ready_at=110.0, load_tier="host",
+                                      worker_started_at=50.0)) == "host"
 
 
 async def test_a_route_table_taken_in_during_a_request_does_not_leak_its_slot() -> None:
