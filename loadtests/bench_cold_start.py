@@ -112,7 +112,8 @@ LAUNCH = "launch"
 SWAP_HOST = "swap_host_eager"
 SWAP_S3 = "swap_s3_eager"
 SWAP_HOST_COMPILED = "swap_host_compiled"
-SWAP_VARIANTS = (SWAP_HOST, SWAP_S3, SWAP_HOST_COMPILED)
+SWAP_S3_COMPILED = "swap_s3_compiled"
+SWAP_VARIANTS = (SWAP_HOST, SWAP_S3, SWAP_HOST_COMPILED, SWAP_S3_COMPILED)
 # A model packed into the free room of a worker serving another (pools[].pack): its own
 # engine host is spawned and builds the engine beside the other's.
 PACKED = "packed_eager"
@@ -138,10 +139,11 @@ BASELINES = {
 # response's x-thaw-tier). Anything else fails the rep: it measured something else.
 EXPECTED_TIER = {
     EAGER: "s3", HOST: "host", DISK: "disk", HOT: "hot", NO_SNAPSHOT: "s3", SNAPSHOT: "s3", LAUNCH: "launch",
-    SWAP_HOST: "swap", SWAP_S3: "swap", SWAP_HOST_COMPILED: "swap", PACKED: "packed", ADAPTER: "adapter",
+    SWAP_HOST: "swap", SWAP_S3: "swap", SWAP_HOST_COMPILED: "swap", SWAP_S3_COMPILED: "swap", PACKED: "packed",
+    ADAPTER: "adapter",
 }
 # Where a swap variant's weights must come from (the cold-start record's weights_from).
-EXPECTED_WEIGHTS = {SWAP_HOST: "host", SWAP_S3: "s3", SWAP_HOST_COMPILED: "host"}
+EXPECTED_WEIGHTS = {SWAP_HOST: "host", SWAP_S3: "s3", SWAP_HOST_COMPILED: "host", SWAP_S3_COMPILED: "s3"}
 THAW_VARIANTS = tuple(EXPECTED_TIER)
 # The order of each round of reps. A standby_eager rep leaves the model in both caches,
 # so host_eager after it needs no priming start, and disk_eager only drops the host copy.
@@ -159,6 +161,7 @@ RATIOS = {
     "swap_host_eager_vs_baseline_eager": (SWAP_HOST, BASELINE_EAGER),
     "swap_s3_eager_vs_baseline_eager": (SWAP_S3, BASELINE_EAGER),
     "swap_host_compiled_vs_baseline_compiled": (SWAP_HOST_COMPILED, BASELINE_COMPILED),
+    "swap_s3_compiled_vs_baseline_compiled": (SWAP_S3_COMPILED, BASELINE_COMPILED),
     "packed_eager_vs_baseline_eager": (PACKED, BASELINE_EAGER),
     "adapter_vs_baseline_eager": (ADAPTER, BASELINE_EAGER),
     # A packed cold start against a standby's (both read the weights from the store).
@@ -383,6 +386,8 @@ VARIANT_DESCRIPTIONS = {
              "loaded into that engine: tier adapter",
     SWAP_HOST_COMPILED: "the same as swap_host_eager with compiled engines (the engine was built, compiled "
                         "and warmed up ahead)",
+    SWAP_S3_COMPILED: "the same as swap_host_compiled with the weight caches emptied: the swap streams the "
+                      "weights from the store",
 }
 
 
@@ -1128,7 +1133,7 @@ def _thaw_rep(stack: Stack, variant: str, rep: int, snapshot_source: str | None)
         stack.wait_beside(m.adapter_base, model)
         sample = stack.cold_start(model)
     elif variant in SWAP_VARIANTS:
-        model = m.swap_compiled if variant == SWAP_HOST_COMPILED else (m.swap or "")
+        model = m.swap_compiled if variant in (SWAP_HOST_COMPILED, SWAP_S3_COMPILED) else (m.swap or "")
         _prepare_tier(stack, model, EXPECTED_WEIGHTS[variant], shape=SWAP_SHAPE, swap=True)
         sample = stack.cold_start(model)
     else:

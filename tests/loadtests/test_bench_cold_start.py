@@ -55,7 +55,7 @@ MEDIANS = {
     bench.BASELINE_COMPILED: 44.0, bench.BASELINE_COMPILED_THAW: 40.0,
     bench.EAGER: 2.0, bench.HOST: 1.0, bench.DISK: 1.5, bench.LAUNCH: 30.0,
     bench.SNAPSHOT: 5.5, bench.NO_SNAPSHOT: None,
-    bench.SWAP_HOST: 0.4, bench.SWAP_S3: 0.8, bench.SWAP_HOST_COMPILED: 0.44,
+    bench.SWAP_HOST: 0.4, bench.SWAP_S3: 0.8, bench.SWAP_HOST_COMPILED: 0.44, bench.SWAP_S3_COMPILED: 0.88,
 }
 
 
@@ -73,6 +73,7 @@ def test_ratios_compare_like_with_like() -> None:
         "swap_host_eager_vs_baseline_eager": 0.02,  # 0.4 / 20
         "swap_s3_eager_vs_baseline_eager": 0.04,  # 0.8 / 20
         "swap_host_compiled_vs_baseline_compiled": 0.01,  # 0.44 / 44
+        "swap_s3_compiled_vs_baseline_compiled": 0.02,  # 0.88 / 44
         # packed beside a serving model, an adapter into a serving base: not run here
         "packed_eager_vs_baseline_eager": None, "adapter_vs_baseline_eager": None,
         "packed_eager_vs_standby_eager": None,
