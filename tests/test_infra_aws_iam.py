@@ -53,6 +53,7 @@ from snapshotter.archive import create_archive
 from snapshotter.store import SnapshotLocation, read_snapshot_manifest, upload_snapshot
 from tests.moto_stack import STACK_NAME, as_list, client, deploy, role_policies
 from tests.postgres_server import PostgresServer
+from tests.redis_server import RedisServer
 from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
 from thaw.aws_stack import token_secret_name
 from thaw.config import BatchConfig, parse_config
@@ -336,7 +337,7 @@ def wait_for(what: str, pred: Any, procs: list[tuple[subprocess.Popen[bytes], Pa
 
 
 def test_the_fleet_runs_with_the_generated_config(aws: dict[str, Any], postgres: PostgresServer,
-                                                   tmp_path: Path) -> None:
+                                                   tmp_path: Path, request: pytest.FixtureRequest) -> None:
     raw = json.loads(json.dumps(aws["raw"]))
     port = free_port()
     shape = raw["shapes"][0]
@@ -350,6 +351,13 @@ def test_the_fleet_runs_with_the_generated_config(aws: dict[str, Any], postgres:
                   "cache": {"dir": str(tmp_path / "cache"), "max_gib": 1}})
     raw["pools"][0].update({"standby_min": 1, "standby_max": 1})
     raw["cluster"].update({"heartbeat_interval_s": 0.5, "worker_timeout_s": 30})
+    # The limits store: a redis-server on loopback in place of ElastiCache.
+    (tmp_path / "redis").mkdir()
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    request.addfinalizer(redis.stop)
+    raw["limits"]["url"] = redis.url
+    api_port = free_port()
     cfg_path = tmp_path / "thaw.yaml"
     cfg_path.write_text(yaml.safe_dump(raw))
     assert parse_config(raw).cluster.token_secret == token_secret_name("prod")
@@ -394,6 +402,39 @@ def test_the_fleet_runs_with_the_generated_config(aws: dict[str, Any], postgres:
             assert deploy.returncode == 0, deploy.stdout + deploy.stderr
             state = httpx.get(f"http://127.0.0.1:{port}/v1/state", headers=token, timeout=5).json()
             assert [m["name"] for m in state["models"]] == ["demo"]
+
+            # An activator with its role's keys: it reads the token from Secrets Manager,
+            # follows the controller, and counts a prompt with the model's tokenizer read
+            # from the store (a prompt past the context is refused before any engine).
+            def thaw_cli(*argv: str) -> str:
+                out = subprocess.run([sys.executable, "-m", "thaw.cli.main", *argv, "--config", str(cfg_path)],
+                                     capture_output=True, text=True, timeout=60,
+                                     env={**os.environ, "THAW_CLUSTER_TOKEN": TOKEN})
+                assert out.returncode == 0, out.stdout + out.stderr
+                return out.stdout
+
+            thaw_cli("tenants", "create", "acme")  # every model, by default
+            key = thaw_cli("tenants", "add", "acme").strip()
+            act_log = tmp_path / "activator.log"
+            argv = ["activator", "--config", str(cfg_path), "--host", "127.0.0.1", "--port", str(api_port),
+                    "--id", "act-iam"]
+            with thaw_process(argv, role_env(aws, "ActivatorRole"), act_log) as act:
+                procs.append((act, act_log))
+                api = f"http://127.0.0.1:{api_port}/v1"
+                auth = {"Authorization": f"Bearer {key}"}
+
+                def listed() -> list[str]:
+                    try:
+                        r = httpx.get(f"{api}/models", headers=auth, timeout=5)
+                    except httpx.HTTPError:
+                        return []
+                    return [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
+
+                assert wait_for("the activator serving the catalog", listed, procs)
+                long = {"model": listed()[0], "max_tokens": 4,
+                        "messages": [{"role": "user", "content": "many words " * 20_000}]}
+                r = httpx.post(f"{api}/chat/completions", headers=auth, json=long, timeout=60)
+                assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
     # Nothing was refused on the way.
-    for log in (ctl_log, worker_log):
+    for log in (ctl_log, worker_log, tmp_path / "activator.log"):
         assert "AccessDenied" not in log.read_text(), log.read_text()[-2000:]
