@@ -145,19 +145,21 @@ def test_a_batch_answers_as_online_and_names_its_bad_lines(stack: Stack) -> None
     assert [b.id for b in other.batches.list()] == [] and [f.id for f in other.files.list()] == []
     assert created.id in [b.id for b in client.batches.list()]
 
-    # Billed apart: one batch record per answered line.
+    # Billed apart: one batch record per line the activator answered (the 37, and the one
+    # it refused past the context, which has no tokens to bill).
     usage = httpx.get(f"{stack.base_url}/usage", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).json()
-    tiers = [r.get("service_tier") for r in usage["data"]]
-    assert tiers.count("batch") == 37 and tiers.count(None) >= 37
+    batch = sorted(r["status"] for r in usage["data"] if r.get("service_tier") == "batch")
+    assert batch == [200] * 37 + [400]
+    assert [r.get("service_tier") for r in usage["data"]].count(None) >= 37
     # This activator ran them on its spare slots, and says so.
     metrics = stack.metrics()
-    assert metrics[("thaw_batch_lines_total", (("model", "demo"), ("outcome", "answered")))] == 37
+    assert metrics[("thaw_batch_lines_total", (("model", "demo"), ("outcome", "answered")))] == 38
     # `thaw usage` shows them apart (priced at batch.price_factor where the model has prices).
     out = subprocess.run([sys.executable, "-m", "thaw.cli.main", "usage", "--config", str(stack.config),
                           "--format", "json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout)["tenants"]["demo"]["models"]["demo"]
-    assert row["batch"]["requests"] == 37 and row["requests"] >= 74
+    assert row["batch"]["requests"] == 38 and row["requests"] >= 75
 
 
 def test_a_cancelled_batch_ends_with_what_it_answered(stack: Stack) -> None:

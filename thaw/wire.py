@@ -493,7 +493,8 @@ class ModelRow(_Msg):
 
 class BatchQueue(_Msg):
     """Batch work at the controller: batches by status, and the lines of batches not
-    yet ended by state (pending: queued; leased: running; done; failed)."""
+    yet ended by state (pending: queued; leased: running; done; refused: answered with
+    an error status; failed)."""
 
     batches: dict[str, int] = {}
     lines: dict[str, int] = {}

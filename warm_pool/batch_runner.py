@@ -30,7 +30,7 @@ from typing import Any, Literal
 from thaw.batch_lines import check_lines
 from thaw.log import get_logger
 from thaw.wire import BatchLineError, BatchRecord, NewFile
-from warm_pool.batches import BatchStore
+from warm_pool.batches import ANSWERED, BatchStore, answered_ok
 from warm_pool.files import FileExists, FileIndex
 from warm_pool.metrics import PoolMetrics
 
@@ -213,8 +213,10 @@ class BatchRunner:
             counts = {"output": 0, "error": 0}
             for line, custom_id, state, result in self.store.results(b.id):
                 entry: dict[str, Any] = {"id": request_id(b.id, line), "custom_id": custom_id}
-                ok = state == "done" and result is not None and 200 <= int(result.get("status_code", 0)) < 300
-                if state == "done":
+                # (A line kept as done before refused lines had a state of their own is
+                # judged by its status too.)
+                ok = state == "done" and result is not None and answered_ok(result)
+                if state in ANSWERED:
                     # A refused request (e.g. past the model's context) keeps the answer as
                     # OpenAI writes it, and names its line and reason as every bad line does.
                     entry.update(response=result, error=None if ok else refusal(result, line))

@@ -2,8 +2,11 @@
 database, so that a restarted controller (or the next leader) carries every batch on.
 
 A line is ``pending`` until an activator leases it (``leased``, until its lease ends: a
-lease that ends unanswered is pending again), then ``done`` (a response) or ``failed``
-(an error; lines the check refused are failed from the start). A line's result is
+lease that ends unanswered is pending again), then ``done`` (a 2xx response),
+``refused`` (a response with an error status: the request was answered, and refused,
+e.g. past the model's context) or ``failed`` (an error without a response; lines the
+check refused are failed from the start). Refused and failed lines are the batch's
+``failed`` count and its error file's lines, as OpenAI counts them. A line's result is
 written once: the first answer for a line that is not finished wins and later ones are
 ignored, so a line run twice (a lease that ended while its answer was on the way) is
 counted once. The batch's statuses are OpenAI's; what moves a batch on (validating,
@@ -60,7 +63,9 @@ CREATE INDEX IF NOT EXISTS batch_lines_by_state ON batch_lines (state, batch_id,
     "ALTER TABLE batch_lines ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
 ]
 # batches.body: the BatchRecord without its counts (JSON); batch_lines.result: for a done
-# line {"status_code", "request_id", "body"}, for a failed one {"code", "message"}.
+# or refused line {"status_code", "request_id", "body"}, for a failed one {"code", "message"}.
+# The states a line with a response ends in.
+ANSWERED = ("done", "refused")
 
 WINDOW_S = {"24h": 24 * 3600.0}
 # A line whose run failed this many times without an answer is answered with an error.
@@ -72,6 +77,11 @@ MAX_PAGE = 100
 
 def new_batch_id() -> str:
     return f"batch_{uuid.uuid4().hex}"
+
+
+def answered_ok(response: dict[str, Any]) -> bool:
+    """Whether a line's response is a success (2xx): it goes to the output file."""
+    return 200 <= int(response.get("status_code", 0)) < 300
 
 
 class BatchStore:
@@ -220,7 +230,8 @@ class BatchStore:
         whether this one is the kept one (also when it is sent again: a response with the
         request id of the one kept, whose first reply was lost)."""
         assert (response is None) != (error is None)
-        state, result = ("done", response) if response is not None else ("failed", error)
+        state, result = (("done" if answered_ok(response) else "refused"), response) if response is not None \
+            else ("failed", error)
         with self.db.write() as tx:
             changed = tx.execute(
                 "UPDATE batch_lines SET state = ?, result = ?, finished_at = ?, lease_owner = NULL, "
@@ -230,8 +241,8 @@ class BatchStore:
                 return True
             if response is None or response.get("request_id") is None:
                 return False
-            row = tx.one("SELECT result FROM batch_lines WHERE batch_id = ? AND line = ? AND state = 'done'",
-                         (batch_id, line))
+            row = tx.one("SELECT result FROM batch_lines WHERE batch_id = ? AND line = ? "
+                         "AND state IN ('done', 'refused')", (batch_id, line))
         return row is not None and json.loads(row[0]).get("request_id") == response["request_id"]
 
     def release(self, batch_id: str, line: int, owner: str, *, failure: str | None = None,
@@ -275,7 +286,8 @@ class BatchStore:
         """Each finished line in input order: (line, custom_id, state, result)."""
         with self.db.read() as tx:
             rows = tx.query("SELECT line, custom_id, state, result FROM batch_lines "
-                            "WHERE batch_id = ? AND state IN ('done', 'failed') ORDER BY line", (batch_id,))
+                            "WHERE batch_id = ? AND state IN ('done', 'refused', 'failed') ORDER BY line",
+                            (batch_id,))
         for line, cid, state, result in rows:
             yield line, cid, state, json.loads(result) if result else None
 
@@ -307,7 +319,8 @@ class BatchStore:
                                (batch_id,)))
         total = sum(int(c) for c in counts.values())
         return record.model_copy(update={"request_counts": BatchCounts(
-            total=total, completed=int(counts.get("done", 0)), failed=int(counts.get("failed", 0)))})
+            total=total, completed=int(counts.get("done", 0)),
+            failed=int(counts.get("failed", 0)) + int(counts.get("refused", 0)))})
 
     @staticmethod
     def _move(tx: Tx, record: BatchRecord, status: BatchStatus, at: float, **fields: Any) -> BatchRecord:

@@ -55,8 +55,8 @@ def test_the_batch_queue_is_shown_with_its_lines_and_the_standby_time_lent() -> 
              "standby_max": 2, "max_instances": 4, "budget_usd_per_hour": None, "spend_usd_per_hour": 0.0,
              "standby_lent_to_batch": 1, "standby_batch_share": 0.25}
     text = render_pool({**base, "shapes": [shape], "batch": {
-        "batches": {"in_progress": 2, "completed": 5}, "lines": {"pending": 30, "leased": 4, "done": 12, "failed": 1}}})
+        "batches": {"in_progress": 2, "completed": 5}, "lines": {"pending": 30, "leased": 4, "done": 12, "refused": 2, "failed": 1}}})
     assert "batch: 1 standby lent now; 25% of standby time since start" in text
-    assert "batch: 2 in_progress; lines 30 queued, 4 running, 12 done, 1 failed" in text
+    assert "batch: 2 in_progress; lines 30 queued, 4 running, 12 done, 3 failed" in text
     # Nothing running: no batch line (ended batches are history, in thaw batches ls).
     assert "lines" not in render_pool({**base, "shapes": [], "batch": {"batches": {"completed": 5}, "lines": {}}})

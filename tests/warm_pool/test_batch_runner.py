@@ -115,8 +115,8 @@ async def test_a_batch_is_validated_answered_and_finalized_in_input_order(world:
     await w["runner"].tick()
     assert store.get("acme", batch.id).status == "in_progress"  # type: ignore[union-attr]
     # What thaw pool status shows of it: the batch running, its lines by state.
-    assert w["runner"].census == ({"in_progress": 1}, {("demo", "leased"): 1, ("demo", "done"): 2,
-                                                       ("-", "failed"): 1})
+    assert w["runner"].census == ({"in_progress": 1}, {("demo", "leased"): 1, ("demo", "done"): 1,
+                                                       ("demo", "refused"): 1, ("-", "failed"): 1})
     store.finish(batch.id, 1, response=ok(1), at=w["clock"]())
     await w["runner"].tick()
     done = store.get("acme", batch.id)
@@ -124,7 +124,8 @@ async def test_a_batch_is_validated_answered_and_finalized_in_input_order(world:
     assert registry.get_sample_value("thaw_batches", {"status": "completed"}) == 1
     assert registry.get_sample_value("thaw_batches", {"status": "in_progress"}) is None
     assert registry.get_sample_value("thaw_batch_lines", {"model": "demo", "state": "pending"}) is None
-    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (4, 3, 1)
+    # r2, answered with an error status, counts as failed: the counts agree with the files.
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (4, 2, 2)
     output = read_file(w, done.output_file_id)
     assert [(x["custom_id"], x["response"]["body"]["choices"][0]["message"]["content"]) for x in output] == [
         ("r1", "a1"), ("r3", "a3")]

@@ -132,7 +132,7 @@ def _batch(state: dict[str, Any]) -> list[str]:
         return []
     return [f"  batch: {', '.join(f'{n} {s}' for s, n in sorted(live.items())) or 'none running'}; lines "
             f"{lines.get('pending', 0)} queued, {lines.get('leased', 0)} running, {lines.get('done', 0)} done, "
-            f"{lines.get('failed', 0)} failed"]
+            f"{lines.get('failed', 0) + lines.get('refused', 0)} failed"]
 
 
 def render_events(events: list[dict[str, Any]], now: float) -> str:
