@@ -43,17 +43,19 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from simulator import packing, sweep
+    from simulator import oracle, packing, sweep
 
     add_trace_arguments(p)
     p.epilog = ENGINE_CLASSES_HELP
     p.add_argument("--out", metavar="DIR", type=Path, default=Path("sim-out"),
                    help="where summary.json, run.json and cold_starts.jsonl go (default sim-out); with "
-                        "--compare-packing, a FILE.json or the DIR of compare-packing.json")
+                        "--compare-packing (--oracle), a FILE.json or the DIR of compare-packing.json "
+                        "(oracle.json)")
     p.add_argument("--exact", action="store_true",
                    help="judge every model on every tick, as the controller does (slow; same decisions)")
     sweep.add_sweep_arguments(p)
     packing.add_compare_arguments(p)
+    oracle.add_arguments(p)
     sub = p.add_subparsers(dest="trace_command", metavar="SUBCOMMAND", required=False)
     gen_cli.add_gen_arguments(sub.add_parser(
         "gen", help="Draw a synthetic trace of many low-traffic models.",
@@ -109,8 +111,8 @@ def load_inputs(args: argparse.Namespace) -> Inputs | int:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "trace_command", None):
         return gen_cli.run(args)
-    if args.sweep and args.compare_packing:
-        return gen_cli.fail("--sweep and --compare-packing: choose one", EXIT_INVALID)
+    if sum(bool(x) for x in (args.sweep, args.compare_packing, args.oracle)) > 1:
+        return gen_cli.fail("--sweep, --compare-packing and --oracle: choose one", EXIT_INVALID)
     if args.gpu_memory_utilization is not None and not args.compare_packing:
         return gen_cli.fail("--gpu-memory-utilization goes with --compare-packing", EXIT_INVALID)
     inputs = load_inputs(args)
@@ -124,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
         from simulator import packing
 
         return packing.run_compare(args, inputs)
+    if args.oracle:
+        from simulator import oracle
+
+        return oracle.run_oracle(args, inputs.trace, inputs.costs)
     result, wall_s = simulate(inputs, exact=args.exact)
     write(args.out, result, inputs, wall_s, {
         "command": "thaw simulate", "config": str(args.config), "trace_file": str(args.trace),

@@ -1,0 +1,178 @@
+"""The best any keep-alive policy could do on a trace, with perfect foresight
+(`thaw simulate --oracle`): the yardstick a policy's cold starts are measured against.
+
+The accounting, per model of the trace (one replica: keep-alive is about the time a
+model has none):
+
+- each request is busy from its arrival for its serving time (``input_tokens /
+  prefill_tokens_per_s + output_tokens * tpot_s``, the simulator's cost model); the
+  busy intervals merged are when the replica is in use, and the **gaps** between them
+  are when a keep-alive policy decides;
+- in each gap a policy either keeps the replica (it costs the gap's length in idle
+  replica-seconds, and the next request is hot) or lets it go (it costs no idle time
+  after the release, and the next request is a cold start);
+- a model's first request is a cold start whatever the policy (no foresight before
+  the trace: scheduled pre-warm is another matter).
+
+A fixed timeout ``T`` keeps every gap up to ``T`` and pays ``T`` of idle time in each
+longer gap before it lets go. The oracle, given a budget of idle replica-seconds, keeps
+the shortest gaps that fit: every kept gap saves exactly one cold start, so the most
+gaps for the budget are the shortest ones (exchange argument), and no policy with the
+same idle time can have fewer cold starts. ``distance`` puts a policy's (idle time,
+cold starts) against the oracle at the same idle time.
+
+Pure: arrays in, numbers out; the CLI shell is ``run_oracle``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simulator.costs import CostModel
+from simulator.gen_cli import fail
+from simulator.traces import Trace
+from thaw.exits import EXIT_INVALID, EXIT_OK
+
+# The fixed timeouts `thaw simulate --oracle` puts against the oracle (seconds).
+TIMEOUTS_S = (60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14_400.0)
+
+
+def idle_gaps(arrivals: Sequence[float], busy_s: Sequence[float]) -> list[float]:
+    """The idle gaps of one model's replica: between the merged busy intervals
+    ``[arrival, arrival + busy)`` of its requests (in any order)."""
+    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i])
+    gaps: list[float] = []
+    end: float | None = None
+    for i in order:
+        start = arrivals[i]
+        if end is not None and start > end:
+            gaps.append(start - end)
+        end = max(end if end is not None else start, start + busy_s[i])
+    return gaps
+
+
+@dataclass(frozen=True)
+class Gaps:
+    """Every model's idle gaps, pooled: the oracle and fixed timeouts read only these."""
+
+    models: int  # models with at least one request: each has one unavoidable cold start
+    gaps: np.ndarray  # sorted ascending
+    busy_s: float  # replica-seconds in use, the same under every policy
+
+    @property
+    def cumulative(self) -> np.ndarray:
+        return np.cumsum(self.gaps)
+
+    def oracle_cold_starts(self, idle_s: float) -> int:
+        """The fewest cold starts any keep-alive policy can have with ``idle_s`` seconds
+        of idle replica time: the shortest gaps kept while they fit."""
+        kept = int(np.searchsorted(self.cumulative, idle_s, side="right"))
+        return self.models + len(self.gaps) - kept
+
+    def oracle_idle_s(self, cold_starts: int) -> float:
+        """The least idle time that gets cold starts down to ``cold_starts``."""
+        need = self.models + len(self.gaps) - cold_starts
+        if need <= 0:
+            return 0.0
+        if need > len(self.gaps):
+            return float("inf")
+        return float(self.cumulative[need - 1])
+
+    def fixed_timeout(self, timeout_s: float) -> tuple[float, int]:
+        """A fixed keep-alive of ``timeout_s``: its idle replica-seconds and cold starts."""
+        g = self.gaps
+        cut = int(np.searchsorted(g, timeout_s, side="right"))
+        idle = float(g[:cut].sum()) + timeout_s * (len(g) - cut)
+        return idle, self.models + len(g) - cut
+
+
+def gaps_of(trace: Trace, costs: CostModel) -> Gaps:
+    """The trace's gaps under the cost model's serving times (a model it does not
+    know serves with the first model's figures: the trace's models are configured from
+    one template)."""
+    t = np.asarray(trace.t, dtype=float)
+    model = np.asarray(trace.model)
+    fallback = next(iter(costs.models.values()))
+    all_gaps: list[float] = []
+    busy = 0.0
+    models = 0
+    for code, name in enumerate(trace.models):
+        idx = np.nonzero(model == code)[0]
+        if not len(idx):
+            continue
+        c = costs.models.get(name, fallback)
+        serve = (np.asarray(trace.input_tokens)[idx] / c.prefill_tokens_per_s
+                 + np.asarray(trace.output_tokens)[idx] * c.tpot_s)
+        arrivals = t[idx].tolist()
+        gaps = idle_gaps(arrivals, serve.tolist())
+        models += 1
+        all_gaps.extend(gaps)
+        # In use: the trace's span of this model less its gaps.
+        span = max(a + s for a, s in zip(arrivals, serve.tolist(), strict=True)) - min(arrivals)
+        busy += span - sum(gaps)
+    return Gaps(models, np.sort(np.asarray(all_gaps, dtype=float)), busy)
+
+
+def distance(g: Gaps, idle_s: float, cold_starts: int) -> dict[str, Any]:
+    """A policy's point against the oracle at the same idle time: the extra cold starts,
+    and the ratio of its cold starts to the oracle's."""
+    best = g.oracle_cold_starts(idle_s)
+    return {"idle_replica_hours": round(idle_s / 3600, 3), "cold_starts": cold_starts,
+            "oracle_cold_starts": best, "extra_cold_starts": cold_starts - best,
+            "vs_oracle": round(cold_starts / best, 3) if best else None}
+
+
+def oracle_report(g: Gaps, timeouts_s: Sequence[float] = TIMEOUTS_S) -> dict[str, Any]:
+    """Each fixed timeout against the oracle, and the oracle's frontier at the same
+    budgets."""
+    rows = []
+    for timeout in timeouts_s:
+        idle, cold = g.fixed_timeout(timeout)
+        rows.append({"policy": f"fixed {timeout:g} s", "timeout_s": timeout, **distance(g, idle, cold)})
+    return {"models": g.models, "gaps": len(g.gaps), "busy_replica_hours": round(g.busy_s / 3600, 3),
+            "always_warm_idle_replica_hours": round(float(g.gaps.sum()) / 3600, 3),
+            "fewest_cold_starts": g.models, "policies": rows}
+
+
+def format_report(doc: dict[str, Any]) -> str:
+    head = (f"{doc['models']} models, {doc['gaps']} idle gaps; busy {doc['busy_replica_hours']:.1f} replica-h, "
+            f"every gap kept {doc['always_warm_idle_replica_hours']:.1f} idle replica-h")
+    rows = [("policy", "idle replica-h", "cold starts", "oracle's at that cost", "extra", "x oracle")]
+    for r in doc["policies"]:
+        rows.append((r["policy"], f"{r['idle_replica_hours']:.2f}", str(r["cold_starts"]),
+                     str(r["oracle_cold_starts"]), str(r["extra_cold_starts"]),
+                     "-" if r["vs_oracle"] is None else f"{r['vs_oracle']:.2f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)).rstrip()
+             for r in rows]
+    return "\n".join([head, *lines])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--oracle", action="store_true",
+                   help="the best any keep-alive policy could do with perfect foresight, against fixed "
+                        "timeouts at the same idle replica time (writes OUT/oracle.json, or OUT itself "
+                        "when it ends in .json)")
+
+
+def run_oracle(args: argparse.Namespace, trace: Trace, costs: CostModel) -> int:
+    """`thaw simulate --oracle`: the table on stdout, the figures in JSON."""
+    if not costs.models:
+        return fail("--oracle: no model to take serving times from", EXIT_INVALID)
+    doc = {"command": "thaw simulate --oracle", "config": str(args.config), "trace_file": str(args.trace),
+           **oracle_report(gaps_of(trace, costs))}
+    out = Path(args.out)
+    path = out if out.suffix == ".json" else out / "oracle.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(format_report(doc), flush=True)
+    print(f"wrote {path}", file=sys.stderr)
+    return EXIT_OK

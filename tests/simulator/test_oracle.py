@@ -1,0 +1,98 @@
+"""The keep-alive oracle on traces small enough to work out by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simulator.oracle import Gaps, distance, gaps_of, idle_gaps, oracle_report
+from tests.simulator.support import config
+
+
+def test_gaps_are_between_merged_busy_intervals() -> None:
+    # Busy [0, 10), [5, 12) (overlapping: one interval [0, 12)), [20, 21), [100, 130).
+    assert idle_gaps([100.0, 0.0, 5.0, 20.0], [30.0, 10.0, 7.0, 1.0]) == [8.0, 79.0]
+    # Back to back: no gap; one request: none.
+    assert idle_gaps([0.0, 10.0], [10.0, 1.0]) == []
+    assert idle_gaps([3.0], [1.0]) == []
+
+
+# Two models: a with gaps 8 and 79, b with gaps 30, 200 and 1000. First requests: 2 cold
+# starts that no policy avoids.
+HAND = Gaps(models=2, gaps=np.array([8.0, 30.0, 79.0, 200.0, 1000.0]), busy_s=50.0)
+
+
+def test_the_oracle_keeps_the_shortest_gaps_that_fit_the_budget() -> None:
+    assert HAND.oracle_cold_starts(0) == 7  # nothing kept: 2 first requests + 5 gaps
+    assert HAND.oracle_cold_starts(7.9) == 7
+    assert HAND.oracle_cold_starts(8) == 6  # the 8 s gap
+    assert HAND.oracle_cold_starts(38) == 5  # 8 + 30
+    assert HAND.oracle_cold_starts(116) == 5
+    assert HAND.oracle_cold_starts(117) == 4  # 8 + 30 + 79 (not the 200 s gap alone)
+    assert HAND.oracle_cold_starts(1317) == 2  # every gap: only the first requests
+    assert HAND.oracle_cold_starts(10**9) == 2
+    # The inverse: the least idle time for a number of cold starts.
+    assert [HAND.oracle_idle_s(n) for n in (7, 6, 5, 4, 3, 2)] == [0.0, 8.0, 38.0, 117.0, 317.0, 1317.0]
+    assert HAND.oracle_idle_s(1) == float("inf")
+
+
+def test_a_fixed_timeout_pays_its_timeout_in_every_gap_it_does_not_bridge() -> None:
+    # 60 s: keeps 8 and 30 (38 s), pays 60 s in each of 79, 200, 1000 (180 s): 218 s idle,
+    # cold starts 2 + 3.
+    assert HAND.fixed_timeout(60) == (218.0, 5)
+    assert HAND.fixed_timeout(0) == (0.0, 7)
+    assert HAND.fixed_timeout(1000) == (1317.0, 2)
+    # At 218 s of idle time the oracle keeps 8 + 30 + 79 = 117 (200 more does not fit):
+    # 4 cold starts, one fewer than the timeout's 5.
+    d = distance(HAND, *HAND.fixed_timeout(60))
+    assert (d["oracle_cold_starts"], d["extra_cold_starts"], d["vs_oracle"]) == (4, 1, 1.25)
+
+
+@pytest.mark.parametrize("timeout", [0.0, 5.0, 8.0, 30.0, 60.0, 79.0, 150.0, 200.0, 999.0, 1000.0, 5000.0])
+def test_no_fixed_timeout_beats_the_oracle(timeout: float) -> None:
+    idle, cold = HAND.fixed_timeout(timeout)
+    assert cold >= HAND.oracle_cold_starts(idle)
+
+
+def test_gaps_of_a_trace_use_the_cost_models_serving_times(tmp_path: Path) -> None:
+    from simulator.costs import CostModel, ModelCosts
+    from simulator.traces import from_columns
+
+    c = ModelCosts(weights_gib=1, standby_load_s=10, asleep_load_s=1, release_s=0, prefill_tokens_per_s=100,
+                   tpot_s=0.5, source="test")
+    # m0: requests at 0 and 100, each 1 s of prefill (100 tokens) + 2 s of output (4 x 0.5):
+    # busy [0, 3) and [100, 103), one gap of 97 s. m1: one request: no gap.
+    trace = from_columns([0.0, 100.0, 50.0], [0, 0, 1], [0, 0, 0], [100, 100, 100], [4, 4, 4],
+                         ["m0", "m1"], ["t"], "test")
+    g = gaps_of(trace, CostModel({"m0": c, "m1": c}))
+    assert (g.models, g.gaps.tolist(), g.busy_s) == (2, [97.0], pytest.approx(9.0))
+    report = oracle_report(g, timeouts_s=(60.0, 100.0))
+    assert [(r["policy"], r["cold_starts"], r["oracle_cold_starts"]) for r in report["policies"]] == [
+        ("fixed 60 s", 3, 3), ("fixed 100 s", 2, 2)]
+
+
+def test_the_cli_writes_the_oracle_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from thaw.cli.main import main
+
+    cfg_file = tmp_path / "thaw.yaml"
+    cfg_file.write_text(config(1, idle_grace_s=100).model_dump_json(exclude={"data_dir"}))
+    costs_file = tmp_path / "costs.json"
+    costs_file.write_text(json.dumps({"defaults": {"weights_gib": 1, "standby_load_s": 10, "asleep_load_s": 1,
+                                                   "release_s": 0, "prefill_tokens_per_s": 100, "tpot_s": 0.5}}))
+    tr_file = tmp_path / "trace.csv"
+    tr_file.write_text("timestamp,model,tenant,input_tokens,output_tokens\n"
+                       "0,m0,t,100,4\n100,m0,t,100,4\n1000,m0,t,100,4\n")
+    args = ["simulate", "--trace", str(tr_file), "--config", str(cfg_file), "--costs", str(costs_file)]
+    assert main([*args, "--oracle", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "1 models, 2 idle gaps" in out and "fixed 300 s" in out
+    doc = json.loads((tmp_path / "o" / "oracle.json").read_text())
+    # Gaps 97 and 897 s. Fixed 300 s: 97 + 300 idle, 2 cold starts; the oracle at 397 s
+    # keeps the 97 s gap only: 2 as well.
+    row = next(r for r in doc["policies"] if r["timeout_s"] == 300.0)
+    assert (row["cold_starts"], row["oracle_cold_starts"], row["extra_cold_starts"]) == (2, 2, 0)
+    assert main([*args, "--oracle", "--sweep"]) == 2
+    assert "choose one" in capsys.readouterr().err
