@@ -52,6 +52,7 @@ import yaml
 from pydantic import ValidationError
 
 from simulator.gen_cli import fail
+from simulator.oracle import Gaps, distance, gaps_of, oracle_report
 from simulator.run import Inputs, simulate
 from thaw.config import Autoscaling, Pool, ThawConfig, format_errors
 from thaw.exits import EXIT_FAILED, EXIT_INVALID, EXIT_OK
@@ -393,14 +394,28 @@ def _fmt_s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def format_table(points: Sequence[Point]) -> str:
-    """Every point sorted by cost, the frontier marked."""
-    rows = [("variant", "usd", "cold_share", "ttft_p50_s", "ttft_p99_s", "slo_met", "timeouts", "frontier")]
+def against_oracle(g: Gaps, summary: dict[str, Any]) -> dict[str, Any]:
+    """A simulated run against the keep-alive oracle (``simulator.oracle``) at its idle
+    replica time (its replica-seconds less the trace's busy time). Its cold starts are
+    all the run's, scale-ups and loads included, so the distance is an upper bound on
+    what its keep-alive alone lost."""
+    return distance(g, max(summary["replica_seconds"] - g.busy_s, 0.0), summary["cold_starts"])
+
+
+def format_table(points: Sequence[Point], oracle: Sequence[dict[str, Any]] | None = None) -> str:
+    """Every point sorted by cost, the frontier marked; ``oracle``: each point's
+    distance to the keep-alive oracle (``against_oracle``), in the points' order."""
+    rows = [("variant", "usd", "cold_share", "ttft_p50_s", "ttft_p99_s", "slo_met", "timeouts", "x_oracle",
+             "frontier")]
+    ratio: dict[int, float | None] = {id(p): None for p in points}
+    for p, o in zip(points, oracle or [], strict=False):
+        ratio[id(p)] = o["vs_oracle"]
     for p in sorted(points, key=lambda p: (p.summary["usd"], p.name)):
         s = p.summary
         rows.append((p.name + (" (baseline)" if p.variant.kind == "baseline" else ""), f"{s['usd']:.2f}",
                      f"{s['cold_start_share']:.2%}", _fmt_s(s["ttft_s"]["p50"]), _fmt_s(s["ttft_s"]["p99"]),
-                     f"{s['slo_met_share']:.2%}", str(s["activation_timeouts"]), "yes" if p.frontier else ""))
+                     f"{s['slo_met_share']:.2%}", str(s["activation_timeouts"]), _fmt_s(ratio[id(p)]),
+                     "yes" if p.frontier else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(("* " if r[-1] == "yes" else "  ") + "  ".join(
         c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
@@ -414,7 +429,9 @@ def trace_info(inputs: Inputs, trace_file: str | None) -> dict[str, Any]:
 
 
 def sweep_document(points: Sequence[Point], axes: Axes, inputs: Inputs, meta: dict[str, Any]) -> dict[str, Any]:
-    """``sweep.json``: every point's settings and summary, the frontier, the baselines."""
+    """``sweep.json``: every point's settings and summary, its distance to the keep-alive
+    oracle, the frontier, the baselines."""
+    g = gaps_of(inputs.trace, inputs.costs)
     return {
         **meta,
         "ttft_slo_s": inputs.ttft_slo_s,
@@ -422,7 +439,9 @@ def sweep_document(points: Sequence[Point], axes: Axes, inputs: Inputs, meta: di
         "axes": axes.to_json(),
         "objectives": ["usd", "cold_start_share", "ttft_s.p99"],
         "points": [{"name": p.name, "kind": p.variant.kind, "settings": p.variant.settings.to_json(),
-                    "frontier": p.frontier, "summary": p.summary} for p in points],
+                    "frontier": p.frontier, "summary": p.summary, "oracle": against_oracle(g, p.summary)}
+                   for p in points],
+        "oracle": {k: v for k, v in oracle_report(g, ()).items() if k != "policies"},
         "frontier": [p.name for p in points if p.frontier],
         "baselines": {name: desc for name, (_, desc) in BASELINES.items()},
     }
@@ -555,7 +574,8 @@ def run_sweep(args: argparse.Namespace, inputs: Inputs) -> int:
     meta = {"command": "thaw simulate --sweep", "config": str(args.config), "model_template": args.model_template,
             "trace": trace_info(inputs, args.trace)}
     _write(args.out, png, points, axes, inputs, meta)
-    print(format_table(points), flush=True)
+    g = gaps_of(inputs.trace, inputs.costs)
+    print(format_table(points, [against_oracle(g, p.summary) for p in points]), flush=True)
     front = sum(p.frontier for p in points)
     print(f"{len(points)} variants ({len(BASELINES)} baselines) in {wall_s:.1f} s with {args.jobs} job(s); "
           f"{front} on the frontier (*); wrote {args.out / 'sweep.json'} and {png}", file=sys.stderr)

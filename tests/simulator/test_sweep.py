@@ -198,6 +198,16 @@ def test_sweep_writes_points_frontier_and_plot(swept: dict[str, Any]) -> None:
     assert points["budget=none idle_grace=30 keep_alive=fixed"]["settings"] == {
         "budget_usd_per_hour": None, "idle_grace_s": 30.0, "keep_alive": "fixed"}
     assert (swept["outs"][1] / "frontier.png").read_bytes().startswith(PNG_SIGNATURE)
+    # Each point against the keep-alive oracle at its idle replica time. A fixed keep-alive
+    # never does better than it; always-on does (its replicas are up before the first
+    # requests, which the oracle, a keep-alive policy, counts as cold).
+    assert doc["oracle"]["models"] == N_MODELS
+    for p in doc["points"]:
+        o = p["oracle"]
+        assert o["cold_starts"] == p["summary"]["cold_starts"], (p["name"], o)
+        if p["settings"].get("keep_alive") == "fixed":
+            assert o["extra_cold_starts"] >= 0, (p["name"], o)
+    assert points["always-on"]["oracle"]["extra_cold_starts"] < 0
 
 
 def test_always_on_costs_most_and_cold_starts_only_on_first_loads(swept: dict[str, Any],
