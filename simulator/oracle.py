@@ -31,6 +31,7 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ class Gaps:
     gaps: np.ndarray  # sorted ascending
     busy_s: float  # replica-seconds in use, the same under every policy
 
-    @property
+    @cached_property
     def cumulative(self) -> np.ndarray:
         return np.cumsum(self.gaps)
 
@@ -100,6 +101,7 @@ def gaps_of(trace: Trace, costs: CostModel) -> Gaps:
     one template)."""
     t = np.asarray(trace.t, dtype=float)
     model = np.asarray(trace.model)
+    prompt, output = np.asarray(trace.input_tokens), np.asarray(trace.output_tokens)
     fallback = next(iter(costs.models.values()))
     all_gaps: list[float] = []
     busy = 0.0
@@ -109,15 +111,13 @@ def gaps_of(trace: Trace, costs: CostModel) -> Gaps:
         if not len(idx):
             continue
         c = costs.models.get(name, fallback)
-        serve = (np.asarray(trace.input_tokens)[idx] / c.prefill_tokens_per_s
-                 + np.asarray(trace.output_tokens)[idx] * c.tpot_s)
-        arrivals = t[idx].tolist()
-        gaps = idle_gaps(arrivals, serve.tolist())
+        serve = prompt[idx] / c.prefill_tokens_per_s + output[idx] * c.tpot_s
+        arrivals = t[idx]
+        gaps = idle_gaps(arrivals.tolist(), serve.tolist())
         models += 1
         all_gaps.extend(gaps)
         # In use: the trace's span of this model less its gaps.
-        span = max(a + s for a, s in zip(arrivals, serve.tolist(), strict=True)) - min(arrivals)
-        busy += span - sum(gaps)
+        busy += float((arrivals + serve).max() - arrivals.min()) - sum(gaps)
     return Gaps(models, np.sort(np.asarray(all_gaps, dtype=float)), busy)
 
 

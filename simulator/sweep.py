@@ -557,11 +557,13 @@ def _sweep(args: argparse.Namespace, inputs: Inputs) -> tuple[list[Point], Axes,
 
 
 def _write(out: Path, png: Path, points: Sequence[Point], axes: Axes, inputs: Inputs,
-           meta: dict[str, Any]) -> None:
+           meta: dict[str, Any]) -> dict[str, Any]:
+    """Write sweep.json and the plot; the document written."""
     out.mkdir(parents=True, exist_ok=True)
     doc = sweep_document(points, axes, inputs, meta)
     (out / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
     plot_frontier(points, png, _title(meta["trace"]))
+    return doc
 
 
 def run_sweep(args: argparse.Namespace, inputs: Inputs) -> int:
@@ -573,9 +575,8 @@ def run_sweep(args: argparse.Namespace, inputs: Inputs) -> int:
     png = args.png or args.out / "frontier.png"
     meta = {"command": "thaw simulate --sweep", "config": str(args.config), "model_template": args.model_template,
             "trace": trace_info(inputs, args.trace)}
-    _write(args.out, png, points, axes, inputs, meta)
-    g = gaps_of(inputs.trace, inputs.costs)
-    print(format_table(points, [against_oracle(g, p.summary) for p in points]), flush=True)
+    doc = _write(args.out, png, points, axes, inputs, meta)
+    print(format_table(points, [p["oracle"] for p in doc["points"]]), flush=True)
     front = sum(p.frontier for p in points)
     print(f"{len(points)} variants ({len(BASELINES)} baselines) in {wall_s:.1f} s with {args.jobs} job(s); "
           f"{front} on the frontier (*); wrote {args.out / 'sweep.json'} and {png}", file=sys.stderr)
