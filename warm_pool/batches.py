@@ -241,8 +241,8 @@ class BatchStore:
                 return True
             if response is None or response.get("request_id") is None:
                 return False
-            row = tx.one("SELECT result FROM batch_lines WHERE batch_id = ? AND line = ? "
-                         "AND state IN ('done', 'refused')", (batch_id, line))
+            row = tx.one("SELECT result FROM batch_lines WHERE batch_id = ? AND line = ? AND state IN (?, ?)",
+                         (batch_id, line, *ANSWERED))
         return row is not None and json.loads(row[0]).get("request_id") == response["request_id"]
 
     def release(self, batch_id: str, line: int, owner: str, *, failure: str | None = None,
@@ -286,8 +286,7 @@ class BatchStore:
         """Each finished line in input order: (line, custom_id, state, result)."""
         with self.db.read() as tx:
             rows = tx.query("SELECT line, custom_id, state, result FROM batch_lines "
-                            "WHERE batch_id = ? AND state IN ('done', 'refused', 'failed') ORDER BY line",
-                            (batch_id,))
+                            "WHERE batch_id = ? AND state IN (?, ?, ?) ORDER BY line", (batch_id, *ANSWERED, "failed"))
         for line, cid, state, result in rows:
             yield line, cid, state, json.loads(result) if result else None
 
