@@ -98,12 +98,20 @@ def count(service: Service, outcome: str) -> float:
         "thaw_batch_lines_total", {"model": "bulk", "outcome": outcome}) or 0.0
 
 
+async def running_line(worker: BatchWorker, service: Service, replica: ReplicaRoute) -> asyncio.Task[None]:
+    """LINE running on ``replica`` (bulk's one replica), leased as the worker's step
+    leases it: its task, once the service has the request."""
+    worker.routes.apply(table(1, bulk=[replica], solo=[]))
+    run = asyncio.create_task(worker._run(LINE))
+    worker.running.setdefault("bulk", {})[(LINE.batch_id, LINE.line)] = run
+    await asyncio.wait_for(service.started.wait(), 5)
+    return run
+
+
 async def test_a_line_whose_standby_is_taken_back_goes_back_uncounted(
         world: tuple[BatchWorker, Service, Controller]) -> None:
     worker, service, controller = world
-    worker.routes.apply(table(1, bulk=[lent()], solo=[]))
-    run = asyncio.create_task(worker._run(LINE))
-    await asyncio.wait_for(service.started.wait(), 5)
+    run = await running_line(worker, service, lent())
     # The controller assigns the lent standby to solo (an online cold start): the batch
     # engine dies under the line, and the table says the worker serves solo now.
     worker.routes.apply(table(2, bulk=[], solo=[ReplicaRoute(
@@ -118,9 +126,7 @@ async def test_a_line_whose_standby_is_taken_back_goes_back_uncounted(
 async def test_a_line_whose_replica_fails_otherwise_counts_a_failure(
         world: tuple[BatchWorker, Service, Controller]) -> None:
     worker, service, controller = world
-    worker.routes.apply(table(1, bulk=[lent()], solo=[]))
-    run = asyncio.create_task(worker._run(LINE))
-    await asyncio.wait_for(service.started.wait(), 5)
+    run = await running_line(worker, service, lent())
     # The worker still serves bulk under the same assignment: not taken back.
     service.outcome.set_exception(httpx.RemoteProtocolError("Server disconnected without sending a response."))
     await asyncio.wait_for(run, 5)
@@ -132,10 +138,7 @@ async def test_a_line_whose_replica_fails_otherwise_counts_a_failure(
 async def test_a_line_cut_for_an_online_request_goes_back_uncounted(
         world: tuple[BatchWorker, Service, Controller]) -> None:
     worker, service, controller = world
-    worker.routes.apply(table(1, bulk=[lent("w2", "bulk-1", batch=False)], solo=[]))
-    run = asyncio.create_task(worker._run(LINE))
-    worker.running.setdefault("bulk", {})[(LINE.batch_id, LINE.line)] = run
-    await asyncio.wait_for(service.started.wait(), 5)
+    run = await running_line(worker, service, lent("w2", "bulk-1", batch=False))
     assert worker.routes.routes["bulk"].replicas[0].outstanding == 1
     worker.yield_to_online("bulk")
     await asyncio.wait_for(run, 5)
@@ -150,9 +153,7 @@ async def test_an_answer_is_billed_only_when_the_controller_keeps_it(
         world: tuple[BatchWorker, Service, Controller], kept: bool) -> None:
     worker, service, controller = world
     controller.kept = kept
-    worker.routes.apply(table(1, bulk=[lent()], solo=[]))
-    run = asyncio.create_task(worker._run(LINE))
-    await asyncio.wait_for(service.started.wait(), 5)
+    run = await running_line(worker, service, lent())
     service.outcome.set_result((200, json.dumps({"choices": [{"message": {"content": "hi"}}]}).encode()))
     await asyncio.wait_for(run, 5)
     [(path, body)] = controller.posts

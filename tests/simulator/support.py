@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from simulator.costs import CostModel, ModelCosts
@@ -101,3 +103,20 @@ def equivalence_cfg(variant: int) -> ThawConfig:
     data["pools"][0]["prebuild"] = ["m0", "m2"]
     data["shapes"][0]["host_cache_gib"] = 2.0
     return ThawConfig.model_validate(data)
+
+
+def cli_args(tmp_path: Path, cfg: ThawConfig, rows: list[tuple[float, str, int, int]], *,
+             prefill: float, tpot_s: float) -> list[str]:
+    """`thaw simulate` arguments for ``cfg`` and a trace of ``rows`` (time, model, input
+    and output tokens; one tenant), written under ``tmp_path`` with a costs file of
+    every model's serving figures (10 s loads)."""
+    cfg_file = tmp_path / "thaw.yaml"
+    cfg_file.write_text(cfg.model_dump_json(exclude={"data_dir"}))
+    costs_file = tmp_path / "costs.json"
+    costs_file.write_text(json.dumps({"defaults": {
+        "weights_gib": 1, "standby_load_s": 10, "asleep_load_s": 1, "release_s": 0,
+        "prefill_tokens_per_s": prefill, "tpot_s": tpot_s}}))
+    tr_file = tmp_path / "trace.csv"
+    tr_file.write_text("timestamp,model,tenant,input_tokens,output_tokens\n"
+                       + "".join(f"{t},{m},t,{i},{o}\n" for t, m, i, o in rows))
+    return ["simulate", "--trace", str(tr_file), "--config", str(cfg_file), "--costs", str(costs_file)]

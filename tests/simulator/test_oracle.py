@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from simulator.oracle import Gaps, distance, gaps_of, idle_gaps, oracle_report
-from tests.simulator.support import config
+from tests.simulator.support import cli_args, config
 
 
 def test_gaps_are_between_merged_busy_intervals() -> None:
@@ -77,15 +77,8 @@ def test_gaps_of_a_trace_use_the_cost_models_serving_times(tmp_path: Path) -> No
 def test_the_cli_writes_the_oracle_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from thaw.cli.main import main
 
-    cfg_file = tmp_path / "thaw.yaml"
-    cfg_file.write_text(config(1, idle_grace_s=100).model_dump_json(exclude={"data_dir"}))
-    costs_file = tmp_path / "costs.json"
-    costs_file.write_text(json.dumps({"defaults": {"weights_gib": 1, "standby_load_s": 10, "asleep_load_s": 1,
-                                                   "release_s": 0, "prefill_tokens_per_s": 100, "tpot_s": 0.5}}))
-    tr_file = tmp_path / "trace.csv"
-    tr_file.write_text("timestamp,model,tenant,input_tokens,output_tokens\n"
-                       "0,m0,t,100,4\n100,m0,t,100,4\n1000,m0,t,100,4\n")
-    args = ["simulate", "--trace", str(tr_file), "--config", str(cfg_file), "--costs", str(costs_file)]
+    args = cli_args(tmp_path, config(1, idle_grace_s=100), [(0, "m0", 100, 4), (100, "m0", 100, 4),
+                                                            (1000, "m0", 100, 4)], prefill=100, tpot_s=0.5)
     assert main([*args, "--oracle", "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     assert "1 models, 2 idle gaps" in out and "fixed 300 s" in out

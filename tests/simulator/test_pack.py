@@ -15,7 +15,7 @@ from simulator.costs import CostModel
 from simulator.packing import fit_notes, packing_variants
 from simulator.run import Inputs
 from simulator.sim import Simulator, engine_sizes
-from tests.simulator.support import config, costs, equivalence_cfg, trace
+from tests.simulator.support import cli_args, config, costs, equivalence_cfg, trace
 from thaw.config import ThawConfig
 from thaw.fit import engine_capacity
 from thaw.units import GiB
@@ -170,16 +170,8 @@ def test_fit_notes_say_how_many_engines_fit_and_warn_of_weights_that_fill_their_
 def test_the_cli_compares_packing_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from thaw.cli.main import main
 
-    cfg_file = tmp_path / "thaw.yaml"
-    cfg_file.write_text(config(3, idle_grace_s=100).model_dump_json(exclude={"data_dir"}))
-    costs_file = tmp_path / "costs.json"
-    costs_file.write_text(json.dumps({"defaults": {"weights_gib": 1, "standby_load_s": 10, "asleep_load_s": 1,
-                                                   "release_s": 0, "prefill_tokens_per_s": 1000, "tpot_s": 0.01}}))
-    tr_file = tmp_path / "trace.csv"
-    tr_file.write_text("timestamp,model,tenant,input_tokens,output_tokens\n"
-                       + "".join(f"{t},{m},t,{i},{o}\n" for t, m, i, o in THREE))
+    args = cli_args(tmp_path, config(3, idle_grace_s=100), THREE, prefill=1000, tpot_s=0.01)
     out = tmp_path / "packing.json"
-    args = ["simulate", "--trace", str(tr_file), "--config", str(cfg_file), "--costs", str(costs_file)]
     assert main([*args, "--compare-packing", "--gpu-memory-utilization", "0.3", "--out", str(out)]) == 0
     captured = capsys.readouterr()
     rows = {line[:20].strip(): line[20:].split() for line in captured.out.splitlines()}
