@@ -75,7 +75,7 @@ from thaw.fit import engine_capacity, engine_memory
 from thaw.units import GiB
 from thaw.wire import CachedWeights, WorkerState
 from warm_pool.autoscaler import steady_band
-from warm_pool.keepalive import keep_alive_decision, keep_alive_window
+from warm_pool.keepalive import IdlePools, keep_alive_decision
 from warm_pool.policy import (
     COLD_START_WINDOW_S,
     Assign,
@@ -96,6 +96,7 @@ from warm_pool.policy import (
     UnloadAdapter,
     WorkerView,
     decide,
+    idle_pools,
     kept_classes,
     track,
 )
@@ -256,7 +257,7 @@ class _Model:
     __slots__ = ("idx", "name", "cfg", "a", "costs", "cls", "ready", "serving", "queue", "queued", "in_flight",
                  "arrivals", "hot_ttfts", "last_request_at", "cold_open", "cold_since", "cold_tier",
                  "slo_s", "prefill_tps", "tpot_s", "max_conc", "max_queue", "timeout_s",
-                 "band_for", "keep_cache", "deadline_key", "deadline_times", "stats", "base", "adapters", "group")
+                 "band_for", "deadline_key", "deadline_times", "stats", "base", "adapters", "group")
 
     def __init__(self, idx: int, m: Model, costs: ModelCosts, slo_s: float, cls: str | None = None) -> None:
         self.idx, self.name, self.cfg, self.a, self.costs = idx, m.name, m, m.autoscaling, costs
@@ -288,7 +289,6 @@ class _Model:
         self.deadline_times: tuple[float, ...] = ()  # the keep-alive deadlines still due
         # The replica count the whole window was last found in band for (None: not).
         self.band_for: int | None = None
-        self.keep_cache: tuple[Any, Any] | None = None
         self.stats = _Stats()
 
 
@@ -385,6 +385,10 @@ class Simulator:
         # handed to decide() is never changed afterwards).
         self.state = PolicyState(epoch="sim")
         self.ms: dict[str, ModelState] = {}
+        # The keep-alive policy's pooled prior as this tick started (what decide() reads
+        # too); kept up only when some model learns its keep-alive.
+        self.learns = any(m.autoscaling.keep_alive == "histogram" for m in cfg.models)
+        self.idle_pools = IdlePools()
         self.heap: list[tuple[float, int, int, Any, int]] = []
         self.seq = 0
         self.now = 0.0
@@ -766,12 +770,10 @@ class Simulator:
         self.touched.discard(m)
 
     def _keep(self, m: _Model, ms: ModelState, t: float) -> tuple[bool, Any]:
-        """The keep-alive policy's word for an idle model now, and its window."""
-        h = ms.idle_histogram
-        if m.keep_cache is None or m.keep_cache[0] is not h:
-            m.keep_cache = (h, keep_alive_window(h, m.a))
-        window = m.keep_cache[1]
-        if ms.idle_since is None:
+        """The keep-alive policy's word for an idle model now, and its window (judged by
+        ``track``: a model never tracked has none, and is not idle)."""
+        window = ms.keep_alive
+        if ms.idle_since is None or window is None:
             return False, window
         return keep_alive_decision(window, ms.idle_since, t).keep, window
 
@@ -840,8 +842,9 @@ class Simulator:
         if m.deadline_key == key:
             return
         m.deadline_key = key
+        # (A window kept until the next request has no end to wake at.)
         due = tuple(ms.idle_since + after for after in (window.prewarm_after_s, window.keep_until_s)
-                    if after is not None and ms.idle_since + after > t)
+                    if after is not None and math.isfinite(after) and ms.idle_since + after > t)
         m.deadline_times = due
         for when in due:
             heapq.heappush(self.deadlines, (when, m.idx))
@@ -873,6 +876,8 @@ class Simulator:
                 self.dirty.add(self.models[idx])
         dirty, self.dirty = self.dirty, set()
         self.changed_now, self.shapes_changed = self.shapes_changed, set()
+        if self.learns:
+            self.idle_pools = idle_pools(self.ms, self.cfg, self.idle_pools, t)
         if self.exact:
             judge = self.models
         else:
@@ -896,7 +901,7 @@ class Simulator:
                     ms = self.ms.get(x.name) or ModelState()
                     if tracked:
                         # This tick's bookkeeping first: judged as it would leave the model.
-                        ms = track(ms, self._tracked_activity(x), x.a, t)
+                        ms = track(ms, self._tracked_activity(x), x.cfg, self.cfg, t, self.idle_pools)
                     states.append((x, ms, tracked))
                 if not all(self._settled(x, ms, t) for x, ms, _ in states):
                     judge.extend(group)  # decide() does the bookkeeping itself
@@ -918,9 +923,10 @@ class Simulator:
         pools = True if self.exact else self.pools_dirty
         self.pools_dirty = False
         state = PolicyState(models=dict(self.ms), pools=self.state.pools, assignments=self.state.assignments,
-                            epoch=self.state.epoch)
+                            epoch=self.state.epoch, idle_pools=self.idle_pools)
         decisions, self.state = decide(snap, state, self.cfg, t, only=only, pools=pools)
         self.ms = dict(self.state.models)
+        self.idle_pools = self.state.idle_pools
         self.judged += len(judge)
         for m in judge:
             self._reported(m)

@@ -127,32 +127,36 @@ class ObjectStore(_Strict):
 
 
 class KeepAliveHistogram(_Strict):
-    """The hybrid histogram keep-alive policy (Shahrad et al., USENIX ATC 2020): a
-    histogram of a model's idle intervals decides when to let its last replica go and
-    when to bring one back before the next request."""
+    """The learned keep-alive policy (``keep_alive: histogram``, ``warm_pool.keepalive``):
+    per model, a histogram of its idle intervals, blended with every model's while it
+    has few of its own, decides how long an idle model keeps its replica and whether to
+    let it go and bring one back just before the next request, at the least expected
+    idle replica time plus cold starts priced in replica-seconds."""
 
     # Width of one bin, and the longest idle interval the histogram holds; longer ones
-    # are out of range.
+    # are out of range (counted, with their total length).
     bin_s: PositiveFloat = 60.0
     range_s: PositiveFloat = 4 * 3600.0
-    # Pre-warm shortly before this percentile of idle times; keep alive up to that one.
-    head_percentile: Annotated[float, Field(ge=0, le=100)] = 5.0
-    tail_percentile: Annotated[float, Field(ge=0, le=100)] = 99.0
-    # Widen both windows by this fraction (pre-warm earlier, keep alive longer).
-    margin: Annotated[float, Field(ge=0, le=1)] = 0.1
-    # Fall back to the fixed idle_grace_s with fewer samples than this, or when more
-    # than this share of the intervals were out of range.
-    min_samples: PositiveInt = 10
-    max_out_of_range_share: Annotated[float, Field(ge=0, le=1)] = 0.5
-    # A pattern is regular enough to pre-warm when the bin counts' coefficient of
-    # variation is at least this (the paper's "representative" test).
-    min_cv: NonNegativeFloat = 2.0
+    # What one cold start is worth, in idle replica-seconds. None: the model's
+    # idle_grace_s (a fixed timeout of T is the best blind policy at a price of T).
+    cold_start_price_s: PositiveFloat | None = None
+    # The price of a cold start that swaps weights into an engine built ahead (the
+    # model is in its pool's prebuild list), or loads an adapter into a serving base,
+    # as a fraction of the price above: they cost seconds, not a launch.
+    swap_price_factor: Annotated[float, Field(gt=0, le=1)] = 0.25
+    adapter_price_factor: Annotated[float, Field(gt=0, le=1)] = 0.05
+    # Every model's intervals pooled are the prior: a model with n of its own counts
+    # the pool as max(prior_samples - n, prior_floor) intervals. The floor keeps some
+    # weight on gaps longer than any the model has had yet.
+    prior_samples: NonNegativeFloat = 10.0
+    prior_floor: NonNegativeFloat = 1.0
+    # Pre-warm: release at once and ask for a replica this long before the predicted
+    # next request (loading takes time). False: never pre-warm.
+    prewarm: bool = True
+    prewarm_lead_s: NonNegativeFloat = 60.0
 
     @model_validator(mode="after")
     def _order(self) -> KeepAliveHistogram:
-        if self.head_percentile > self.tail_percentile:
-            raise ValueError(f"head_percentile ({self.head_percentile:g}) must not exceed tail_percentile "
-                             f"({self.tail_percentile:g})")
         if self.bin_s > self.range_s:
             raise ValueError(f"bin_s ({self.bin_s:g}) must not exceed range_s ({self.range_s:g})")
         return self
@@ -194,9 +198,8 @@ class Autoscaling(_Strict):
     # TTFT p90 over the stable window above this adds a replica even when concurrency
     # is under target. None: no TTFT target.
     ttft_slo_s: PositiveFloat | None = None
-    # fixed: release the last replica after idle_grace_s. histogram: the hybrid
-    # histogram policy (keep_alive_histogram), falling back to fixed while it has too
-    # few samples.
+    # fixed: release the last replica after idle_grace_s. histogram: the learned
+    # policy (keep_alive_histogram), fixed until any model has had an idle interval.
     keep_alive: Literal["fixed", "histogram"] = "fixed"
     keep_alive_histogram: KeepAliveHistogram = KeepAliveHistogram()
 

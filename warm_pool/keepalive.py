@@ -1,32 +1,46 @@
-"""The hybrid histogram keep-alive policy (Shahrad et al., "Serverless in the Wild",
-USENIX ATC 2020), adapted to LLM replicas. Pure: no I/O, no clock; time is passed in.
+"""The learned keep-alive policy (``keep_alive: histogram``), adapted from the hybrid
+histogram policy of Shahrad et al. ("Serverless in the Wild", USENIX ATC 2020) and the
+ski-rental view of keep-alive. Pure: no I/O, no clock; time is passed in.
 
-Per model, a histogram of *idle intervals*: from the moment the model went idle (no
-request in flight or queued) to its next request. From it, at each idle start t0:
+Per model, a histogram of its *idle intervals*: from the moment the model went idle (no
+request in flight or queued) to its next request, with the intervals past ``range_s``
+counted (and their total length kept) as out of range. Every model's histograms summed
+(of models that share the bins) are the **pooled prior**: a model with ``n`` intervals
+of its own reads the other models' as ``max(prior_samples - n, prior_floor)`` more, so a
+model with no history starts from what the fleet does, its own data takes over as it
+comes, and the floor keeps some weight on gaps longer than it has had yet (each new
+longest gap would otherwise be a cold start).
 
-- pre-warm after ``head * (1 - margin)``: release the last replica at once and bring
-  one back at ``t0 + prewarm_after_s``. When that is 0 (the head is in the first bin),
-  there is no pre-warm: the replica is kept from t0;
-- keep until ``tail * (1 + margin)``: past ``t0 + keep_until_s`` the model is at zero.
+At each idle start the window is the one with the least expected cost per idle period,
+over that blended distribution: idle replica-seconds, plus ``price`` for each cold
+start, where ``price`` is ``cold_start_price_s`` (default the model's ``idle_grace_s``:
+a fixed timeout of ``T`` is the best policy that knows nothing, at a price of ``T``)
+times the tier's factor (a swap into an engine built ahead, or an adapter loaded into a
+serving base, costs a fraction of a launch). The window:
 
-Bins are ``[i * bin_s, (i + 1) * bin_s)``, the last one cut at ``range_s``; an
-interval ``>= range_s`` is out of range. Percentiles use nearest rank over the
-in-range samples at bin resolution: the head is its bin's *lower* edge (pre-warm
-early), the tail its bin's *upper* edge (keep alive long enough).
+- keeps the replica until ``keep_until_s`` (a bin edge, or forever when even the
+  longest gaps are worth holding across), and
+- optionally pre-warms: releases at once and asks for a replica back at
+  ``prewarm_after_s`` (``prewarm_lead_s`` before a bin edge ``P``) when the gaps rarely
+  end before ``P``.
 
-The policy falls back to the fixed ``idle_grace_s`` (no pre-warm) while the histogram
-says little: too many intervals out of range (judged once there are ``min_samples``
-of them), fewer than ``min_samples`` in range, or a flat pattern (the bin counts'
-coefficient of variation below ``min_cv``, over every bin up to ``range_s``).
+With bins ``e_i = i * bin_s`` and prefix sums of the counts (``S0``) and of counts
+times bin midpoints (``S1``) over ``T`` intervals in all, keeping until ``e_K`` and
+pre-warming at ``r = e_P - lead`` costs ``A(K) + D(P)`` with
+``A(K) = price * (T - S0[K]) + S1[K] + (T - S0[K]) * e_K`` and
+``D(P) = price * S0[P] - S1[P] - r * (T - S0[P])`` (``D(0) = 0``: no pre-warm); the
+two parts are independent but for ``P <= K``, so one pass with a running minimum of
+``D`` finds the best window in O(bins).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from thaw.config import Autoscaling, KeepAliveHistogram
+from thaw.config import Autoscaling, KeepAliveHistogram, Model, ThawConfig
 
 
 def _bin_count(cfg: KeepAliveHistogram) -> int:
@@ -42,49 +56,58 @@ def _is_count(value: object) -> bool:
 class IdleHistogram:
     """Counts of one model's idle intervals. Bins are interpreted with the current
     :class:`KeepAliveHistogram`; ``counts`` only grows as far as the longest interval
-    seen, so an empty histogram is ``()``."""
+    seen, so an empty histogram is ``()``. ``out_of_range_s``: the out-of-range
+    intervals' total length (what keeping a replica across them would cost)."""
 
     counts: tuple[int, ...] = ()
     out_of_range: int = 0
+    out_of_range_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.counts, tuple) or not all(_is_count(c) for c in self.counts):
             raise ValueError(f"counts must be a tuple of non-negative integers, got {self.counts!r}")
         if not _is_count(self.out_of_range):
             raise ValueError(f"out_of_range must be a non-negative integer, got {self.out_of_range!r}")
+        s = self.out_of_range_s
+        if isinstance(s, bool) or not isinstance(s, int | float) or not 0 <= s < math.inf:
+            raise ValueError(f"out_of_range_s must be a finite number >= 0, got {s!r}")
 
     def total(self) -> int:
         """Every interval recorded, in range and out of range."""
         return sum(self.counts) + self.out_of_range
 
     def to_json(self) -> dict[str, Any]:
-        return {"counts": list(self.counts), "out_of_range": self.out_of_range}
+        return {"counts": list(self.counts), "out_of_range": self.out_of_range,
+                "out_of_range_s": self.out_of_range_s}
 
     @classmethod
     def from_json(cls, data: Any, cfg: KeepAliveHistogram | None = None) -> IdleHistogram:
-        """The histogram :meth:`to_json` wrote. Raises ValueError on anything else; with
+        """The histogram :meth:`to_json` wrote (``out_of_range_s`` may be missing: 0,
+        as written before it was kept). Raises ValueError on anything else; with
         ``cfg``, also on more bins than ``range_s / bin_s``."""
-        if not isinstance(data, dict) or set(data) != {"counts", "out_of_range"}:
-            raise ValueError("an idle histogram is an object with exactly 'counts' and 'out_of_range'")
+        if not isinstance(data, dict) or not {"counts", "out_of_range"} <= set(data) \
+                or not set(data) <= {"counts", "out_of_range", "out_of_range_s"}:
+            raise ValueError("an idle histogram is an object with 'counts', 'out_of_range' and optionally "
+                             "'out_of_range_s'")
         counts = data["counts"]
         if not isinstance(counts, list):
             raise ValueError(f"counts must be a list, got {type(counts).__name__}")
         if cfg is not None and len(counts) > _bin_count(cfg):
             raise ValueError(f"{len(counts)} bins, more than range_s / bin_s = {_bin_count(cfg)}")
-        return cls(tuple(counts), data["out_of_range"])
+        return cls(tuple(counts), data["out_of_range"], data.get("out_of_range_s", 0.0))
 
 
 def record_idle(h: IdleHistogram, idle_s: float, cfg: KeepAliveHistogram) -> IdleHistogram:
     """``h`` with one more observed idle interval (``>= range_s``: out of range)."""
-    if not idle_s >= 0:  # also rejects NaN
-        raise ValueError(f"an idle interval must be >= 0 s, got {idle_s!r}")
+    if not 0 <= idle_s < math.inf:  # also rejects NaN
+        raise ValueError(f"an idle interval must be a finite number of seconds >= 0, got {idle_s!r}")
     if idle_s >= cfg.range_s:
-        return IdleHistogram(h.counts, h.out_of_range + 1)
+        return IdleHistogram(h.counts, h.out_of_range + 1, h.out_of_range_s + idle_s)
     # Clamped: float division can round an interval just under range_s up a bin.
     i = min(math.floor(idle_s / cfg.bin_s), _bin_count(cfg) - 1)
     counts = list(h.counts) + [0] * max(0, i + 1 - len(h.counts))
     counts[i] += 1
-    return IdleHistogram(tuple(counts), h.out_of_range)
+    return IdleHistogram(tuple(counts), h.out_of_range, h.out_of_range_s)
 
 
 def idle_interval(idle_since: float | None, arrival: float) -> float | None:
@@ -96,6 +119,100 @@ def idle_interval(idle_since: float | None, arrival: float) -> float | None:
     return max(0.0, arrival - idle_since)
 
 
+# -- the pooled prior ------------------------------------------------------------------
+
+# Models pool their intervals with those that bin them alike: (bin_s, range_s).
+PoolKey = tuple[float, float]
+
+
+def pool_key(cfg: KeepAliveHistogram) -> PoolKey:
+    return (cfg.bin_s, cfg.range_s)
+
+
+def _combine(a: IdleHistogram, b: IdleHistogram, sign: int) -> IdleHistogram:
+    n = max(len(a.counts), len(b.counts))
+    ca = a.counts + (0,) * (n - len(a.counts))
+    cb = b.counts + (0,) * (n - len(b.counts))
+    counts = [x + sign * y for x, y in zip(ca, cb, strict=True)]
+    while counts and counts[-1] == 0:
+        counts.pop()
+    return IdleHistogram(tuple(counts), a.out_of_range + sign * b.out_of_range,
+                         max(0.0, a.out_of_range_s + sign * b.out_of_range_s))
+
+
+@dataclass(frozen=True)
+class IdlePools:
+    """Every model's idle histogram summed, per :data:`PoolKey`: derived from the
+    models' own histograms (:func:`pooled`), never recorded apart from them."""
+
+    pools: Mapping[PoolKey, IdleHistogram] = field(default_factory=dict)
+    # Each model's histogram (and its key) as summed: only changed ones are re-added.
+    seen: Mapping[str, tuple[PoolKey, IdleHistogram]] = field(default_factory=dict)
+    # When it was brought up to date: a window judged at ``at`` reads the pools as they
+    # stood at the tick's start, whoever judges first (the controller, the simulator).
+    at: float | None = None
+
+    def prior(self, name: str, key: PoolKey) -> IdleHistogram:
+        """The other models' intervals for model ``name``: its pool less its own (as
+        summed into it)."""
+        total = self.pools.get(key, IdleHistogram())
+        own = self.seen.get(name)
+        if own is None or own[0] != key or not own[1].total():
+            return total
+        return _combine(total, own[1], -1)
+
+
+def pooled(pools: IdlePools, histograms: Mapping[str, tuple[PoolKey, IdleHistogram]], now: float) -> IdlePools:
+    """``pools`` brought up to ``histograms`` (each model's key and histogram now): a
+    model's histogram that is not the one summed is taken out and the new one added. A
+    second call at the same ``now`` changes nothing."""
+    if pools.at == now:
+        return pools
+    sums = dict(pools.pools)
+    seen = dict(pools.seen)
+    changed = False
+    for name in [n for n in seen if n not in histograms]:
+        key, old = seen.pop(name)
+        sums[key] = _combine(sums.get(key, IdleHistogram()), old, -1)
+        changed = True
+    for name, (key, h) in histograms.items():
+        was = seen.get(name)
+        if was is not None and was[1] is h and was[0] == key:
+            continue
+        if was is not None:
+            sums[was[0]] = _combine(sums.get(was[0], IdleHistogram()), was[1], -1)
+        if h.total():
+            sums[key] = _combine(sums.get(key, IdleHistogram()), h, 1)
+        seen[name] = (key, h)
+        changed = True
+    if not changed:
+        return IdlePools(pools.pools, pools.seen, now)
+    return IdlePools(sums, seen, now)
+
+
+# -- windows ---------------------------------------------------------------------------
+
+Tier = Literal["launch", "swap", "adapter"]
+
+
+def price_tier(m: Model, cfg: ThawConfig) -> Tier:
+    """How a cold start of ``m`` would most likely be served: an adapter into a serving
+    base, a swap into an engine its pool builds ahead, else a launch or a standby."""
+    if m.base is not None:
+        return "adapter"
+    if any(m.name in p.prebuild for p in cfg.pools if p.shape == m.shape):
+        return "swap"
+    return "launch"
+
+
+def cold_start_price_s(a: Autoscaling, tier: Tier) -> float:
+    """What one cold start of ``tier`` is worth, in idle replica-seconds."""
+    cfg = a.keep_alive_histogram
+    base = cfg.cold_start_price_s if cfg.cold_start_price_s is not None else a.idle_grace_s
+    factor = {"launch": 1.0, "swap": cfg.swap_price_factor, "adapter": cfg.adapter_price_factor}[tier]
+    return base * factor
+
+
 @dataclass(frozen=True)
 class KeepAliveWindow:
     """When to hold a replica for a model that went idle, relative to the idle start."""
@@ -104,6 +221,7 @@ class KeepAliveWindow:
     reason: str
     # None: no pre-warm; the replica is kept from the idle start.
     prewarm_after_s: float | None
+    # math.inf: kept until the next request.
     keep_until_s: float
 
 
@@ -111,44 +229,69 @@ def _fixed(autoscaling: Autoscaling, reason: str) -> KeepAliveWindow:
     return KeepAliveWindow("fixed", reason, None, autoscaling.idle_grace_s)
 
 
-def _percentile_bin(counts: tuple[int, ...], n: int, percentile: float) -> int:
-    # Nearest rank, at least 1 so the 0th percentile is the first non-empty bin.
-    rank = max(1, math.ceil(percentile * n / 100))
-    cumulative = 0
-    for i, c in enumerate(counts):
-        cumulative += c
-        if cumulative >= rank:
-            return i
-    raise AssertionError("rank beyond the sample count")  # rank <= n by construction
+def _blend(h: IdleHistogram, prior: IdleHistogram | None, cfg: KeepAliveHistogram,
+           n_bins: int) -> tuple[list[float], float, float, float]:
+    """The blended counts per bin, out-of-range count and seconds, and the prior's
+    weight in intervals. Bins past ``range_s`` (left by a config whose range was longer)
+    count as out of range, each at its lower edge."""
+    counts: list[float] = [float(c) for c in h.counts[:n_bins]] + [0.0] * max(0, n_bins - len(h.counts))
+    oor, oor_s = float(h.out_of_range), h.out_of_range_s
+    for i, c in enumerate(h.counts[n_bins:], start=n_bins):
+        oor += c
+        oor_s += c * i * cfg.bin_s
+    pt = prior.total() if prior is not None else 0
+    weight = max(cfg.prior_samples - h.total(), cfg.prior_floor) if pt else 0.0
+    if weight and prior is not None:
+        f = weight / pt
+        for i, c in enumerate(prior.counts[:n_bins]):
+            counts[i] += f * c
+        past = sum(prior.counts[n_bins:])
+        oor += f * (prior.out_of_range + past)
+        oor_s += f * (prior.out_of_range_s + sum(c * i * cfg.bin_s for i, c in enumerate(prior.counts)
+                                                 if i >= n_bins))
+    return counts, oor, oor_s, weight
 
 
-def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling) -> KeepAliveWindow:
+def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHistogram | None = None,
+                      tier: Tier = "launch") -> KeepAliveWindow:
     """The window for the model's next idle period: the fixed ``idle_grace_s`` when so
-    configured or while the histogram is not representative, else the histogram's."""
+    configured or while there is no interval to learn from (its own or ``prior``'s),
+    else the least expected cost over its histogram blended with ``prior``."""
     if autoscaling.keep_alive == "fixed":
         return _fixed(autoscaling, "fixed keep-alive (config)")
     cfg = autoscaling.keep_alive_histogram
     n_bins = _bin_count(cfg)
-    # Bins past range_s (left by a config whose range was longer) are out of range now.
-    counts = h.counts[:n_bins]
-    in_range = sum(counts)
-    total = h.total()
-    out_share = (total - in_range) / total if total else 0.0
-    if total >= cfg.min_samples and out_share > cfg.max_out_of_range_share:
-        return _fixed(autoscaling, f"out-of-range share {out_share:.3g} > {cfg.max_out_of_range_share:g}")
-    if in_range < cfg.min_samples:
-        return _fixed(autoscaling, f"too few samples ({in_range} < {cfg.min_samples})")
-    mean = in_range / n_bins
-    # Empty bins up to range_s count: a pattern spread over hours is not one to follow.
-    variance = max(0.0, sum(c * c for c in counts) / n_bins - mean * mean)
-    cv = math.sqrt(variance) / mean
-    if cv < cfg.min_cv:
-        return _fixed(autoscaling, f"flat pattern (cv {cv:.3g} < {cfg.min_cv:g})")
-    head = _percentile_bin(counts, in_range, cfg.head_percentile) * cfg.bin_s
-    tail = min((_percentile_bin(counts, in_range, cfg.tail_percentile) + 1) * cfg.bin_s, cfg.range_s)
-    prewarm = head * (1 - cfg.margin)
-    return KeepAliveWindow("histogram", "histogram", prewarm if prewarm > 0 else None,
-                           tail * (1 + cfg.margin))
+    counts, oor, oor_s, weight = _blend(h, prior, cfg, n_bins)
+    total = sum(counts) + oor
+    if total <= 0:
+        return _fixed(autoscaling, "no idle interval yet, its own or pooled")
+    price = cold_start_price_s(autoscaling, tier)
+    lead = cfg.prewarm_lead_s if cfg.prewarm else math.inf
+    s0 = s1 = 0.0  # prefix sums up to edge k
+    best = (math.inf, 0, 0)  # (cost, K, P); K == n_bins + 1: forever
+    d_min, d_at = 0.0, 0  # the best pre-warm among P <= K (P = 0: none)
+    for k in range(n_bins + 1):
+        edge = min(k * cfg.bin_s, cfg.range_s)
+        if k:
+            r = edge - lead
+            d = price * s0 - s1 - r * (total - s0)
+            if r > 0 and d < d_min:
+                d_min, d_at = d, k
+        a = price * (total - s0) + s1 + (total - s0) * edge
+        if a + d_min < best[0]:
+            best = (a + d_min, k, d_at)
+        if k < n_bins:
+            c = counts[k]
+            s0 += c
+            s1 += c * (edge + min((k + 1) * cfg.bin_s, cfg.range_s)) / 2
+    forever = s1 + oor_s
+    if forever + d_min < best[0]:
+        best = (forever + d_min, n_bins + 1, d_at)
+    _, k, p = best
+    keep = math.inf if k > n_bins else min(k * cfg.bin_s, cfg.range_s)
+    prewarm = min(p * cfg.bin_s, cfg.range_s) - cfg.prewarm_lead_s if p else None
+    return KeepAliveWindow("histogram", f"{h.total()} own intervals, pooled prior x{weight:g}; "
+                                        f"cold start {price:g} s ({tier})", prewarm, keep)
 
 
 @dataclass(frozen=True)

@@ -53,10 +53,14 @@ from warm_pool.batch_policy import batch_launches, lent_to_batch, to_preempt, wa
 from warm_pool.budget import PoolAsk, PoolGrant, grant
 from warm_pool.keepalive import (
     IdleHistogram,
+    IdlePools,
     KeepAliveWindow,
     idle_interval,
     keep_alive_decision,
     keep_alive_window,
+    pool_key,
+    pooled,
+    price_tier,
     record_idle,
 )
 from warm_pool.sizer import SizerState, StandbyTarget, cold_start_rate, plan_tiers, size_standby
@@ -180,6 +184,9 @@ class ModelState:
     idle_since: float | None = None
     idle_histogram: IdleHistogram = IdleHistogram()
     keep_alive: KeepAliveWindow | None = None
+    # What the window was judged on: the histogram (by identity) and the idle start. A
+    # window holds for one idle period; the pooled prior moving does not change it.
+    keep_alive_basis: tuple[IdleHistogram, float | None] | None = field(default=None, compare=False, repr=False)
     # Since when requests wait with no replica ready or loading (None: they do not): a
     # cold start, counted once for the standby sizer (not once per tick it lasts), and
     # first in line for a standby (the longest waiting first).
@@ -211,6 +218,9 @@ class PolicyState:
     assignments: int = 0
     # The controller's start id, in assignment ids: unique across controller restarts.
     epoch: str = ""
+    # Every model's idle intervals pooled: the keep-alive policy's prior (derived from
+    # the models' histograms at each tick's start, by ``idle_pools``).
+    idle_pools: IdlePools = IdlePools()
 
 
 # -- decisions (data; warm_pool.actuator carries them out) ----------------------------
@@ -503,12 +513,39 @@ def _track_idle(ms: ModelState, act: ModelActivity, a: Autoscaling, now: float) 
     return ms
 
 
-def track(ms: ModelState, act: ModelActivity, a: Autoscaling, now: float) -> ModelState:
-    """One tick's bookkeeping for a model, before any decision: its idle interval (for
-    keep-alive) and its traffic in the autoscaler's windows. ``decide`` does this for
-    every model it judges; the simulator calls it alone for a model whose decision
-    cannot change this tick (same inputs, same state as ``decide`` would leave)."""
-    ms = _track_idle(ms, act, a, now)
+def idle_pools(models: Mapping[str, ModelState], cfg: ThawConfig, pools: IdlePools, now: float) -> IdlePools:
+    """The pooled prior as the tick at ``now`` starts: ``pools`` brought up to the
+    histograms of the models that learn (``keep_alive: histogram``)."""
+    if pools.at == now:
+        return pools
+    return pooled(pools, {m.name: (pool_key(m.autoscaling.keep_alive_histogram), models[m.name].idle_histogram)
+                          for m in cfg.models if m.autoscaling.keep_alive == "histogram" and m.name in models},
+                  now)
+
+
+def _keep_alive(ms: ModelState, m: Model, cfg: ThawConfig, pools: IdlePools) -> ModelState:
+    """``ms`` with the keep-alive window for its idle period: judged again only when the
+    histogram or the idle start changed (with the pooled prior as the tick started)."""
+    basis = ms.keep_alive_basis
+    if ms.keep_alive is not None and basis is not None and basis[0] is ms.idle_histogram \
+            and basis[1] == ms.idle_since:
+        return ms
+    a = m.autoscaling
+    prior = None
+    if a.keep_alive == "histogram":
+        prior = pools.prior(m.name, pool_key(a.keep_alive_histogram))
+    window = keep_alive_window(ms.idle_histogram, a, prior, price_tier(m, cfg))
+    return evolve(ms, keep_alive=window, keep_alive_basis=(ms.idle_histogram, ms.idle_since))
+
+
+def track(ms: ModelState, act: ModelActivity, m: Model, cfg: ThawConfig, now: float, pools: IdlePools) -> ModelState:
+    """One tick's bookkeeping for a model, before any decision: its idle interval and
+    keep-alive window, and its traffic in the autoscaler's windows. ``decide`` does this
+    for every model it judges; the simulator calls it alone for a model whose decision
+    cannot change this tick (same inputs, same state as ``decide`` would leave), with
+    the same ``pools`` (``idle_pools`` at the tick's start)."""
+    a = m.autoscaling
+    ms = _keep_alive(_track_idle(ms, act, a, now), m, cfg, pools)
     return evolve(ms, scale=observe(ms.scale, now, act.demand, act.arrivals, act.ttfts, a.stable_window_s))
 
 
@@ -541,6 +578,7 @@ class _Tick:
     adapters_added: dict[str, int] = field(default_factory=dict)
     preempted: set[str] = field(default_factory=set)  # workers lent to batch, taken back this tick
     batch_extra: dict[str, int] = field(default_factory=dict)
+    idle_pools: IdlePools = IdlePools()
 
     @classmethod
     def start(cls, snap: Snapshot, state: PolicyState, cfg: ThawConfig, now: float,
@@ -560,7 +598,8 @@ class _Tick:
         return cls(snap=snap, cfg=cfg, now=now, only=only, models=dict(state.models), n_assign=state.assignments,
                    tag=f"{state.epoch}-" if state.epoch else "", by_name={m.name: m for m in cfg.models},
                    hosting=hosting, free=free, packing=packing, room=pack_room(snap.workers) if packing else {},
-                   shape_of={w.id: w.shape for w in snap.workers}, activity=activity)
+                   shape_of={w.id: w.shape for w in snap.workers}, activity=activity,
+                   idle_pools=idle_pools(state.models, cfg, state.idle_pools, now))
 
     def assignment_id(self, model: str) -> str:
         self.n_assign += 1
@@ -588,7 +627,7 @@ def decide(
     _batch(t)
     if not pools and not t.decisions and not t.launches_for_demand and not t.batch_extra:
         return t.decisions, PolicyState(models=t.models, assignments=t.n_assign, epoch=state.epoch,
-                                        pools=state.pools)
+                                        pools=state.pools, idle_pools=t.idle_pools)
     if only is not None:
         # Models not judged this tick still wait for the launches they asked for.
         for name, ms in t.models.items():
@@ -597,7 +636,8 @@ def decide(
                 if m_cfg is not None:
                     t.launches_for_demand[m_cfg.shape] = t.launches_for_demand.get(m_cfg.shape, 0) + ms.unmet
     pool_states = _pools(t, state)
-    return t.decisions, PolicyState(models=t.models, assignments=t.n_assign, epoch=state.epoch, pools=pool_states)
+    return t.decisions, PolicyState(models=t.models, assignments=t.n_assign, epoch=state.epoch, pools=pool_states,
+                                    idle_pools=t.idle_pools)
 
 
 def _failures(t: _Tick) -> None:
@@ -632,6 +672,8 @@ def _failures(t: _Tick) -> None:
                             last_error=w.error, last_failure_kind=w.failure_kind or "engine",
                             counted_assignment=w.assignment_id,
                             last_crash_at=now if w.served else ms.last_crash_at,
+                            # What it learnt of its traffic outlives the failure.
+                            idle_histogram=ms.idle_histogram,
                         )
             t.decisions.append(Release(w.id, w.model, "failed"))
         elif w.state == "unreachable":
@@ -716,8 +758,9 @@ def _model(t: _Tick, m: Model) -> None:
     if outdated:
         replicas = [w for w in replicas if w.revision not in stale]
         ready = [w for w in replicas if w.state == "ready"]
-    ms = track(ms, act, a, now)
-    window = keep_alive_window(ms.idle_histogram, a)
+    ms = track(ms, act, m, t.cfg, now, t.idle_pools)
+    window = ms.keep_alive
+    assert window is not None  # track judged it
     keep_warm = ms.idle_since is not None and keep_alive_decision(window, ms.idle_since, now).keep
     result, scale = autoscale(ms.scale, current=max(len(replicas), len(outdated)), now=now, a=a,
                               demand_now=act.demand, keep_warm=keep_warm, loading=len(replicas) - len(ready))
@@ -728,8 +771,7 @@ def _model(t: _Tick, m: Model) -> None:
             cls = snap.model_classes.get(m.name, "")
             t.cold_class_now[cls] = t.cold_class_now.get(cls, 0) + 1
         at_zero_since = now if ms.at_zero_since is None else ms.at_zero_since
-    t.models[m.name] = ms = evolve(ms, scale=scale, last_scale=result, keep_alive=window,
-                                   at_zero_since=at_zero_since)
+    t.models[m.name] = ms = evolve(ms, scale=scale, last_scale=result, at_zero_since=at_zero_since)
     want = result.target
     if m.base is not None:
         t.decisions.extend(_adapter_decisions(m.name, hosts, replicas, want, act, ms, now,

@@ -76,7 +76,7 @@ def equivalence_cfg(variant: int) -> ThawConfig:
         base |= {"asleep_ttl_s": 60}
     elif variant == 2:
         base |= {"keep_alive": "histogram",
-                 "keep_alive_histogram": {"bin_s": 5, "range_s": 300, "min_samples": 3, "min_cv": 0.5}}
+                 "keep_alive_histogram": {"bin_s": 5, "range_s": 300, "prior_samples": 3, "prewarm_lead_s": 5}}
     elif variant == 3:
         base |= {"min_replicas": 1, "upscale_delay_s": 3}
     elif variant in (5, 7):

@@ -172,9 +172,11 @@ def test_standby_and_asleep_spend_never_exceed_a_budget(workers: list[str], dema
 def test_the_histogram_keep_alive_lets_go_at_once_and_pre_warms_before_the_next_request() -> None:
     from warm_pool.keepalive import IdleHistogram
 
-    cfg = config({"standby_min": 1}, keep_alive="histogram")
-    # Thirty idle gaps of 10-11 minutes (bin 10 of 60 s): pre-warm at 600 x 0.9 = 540 s,
-    # keep until 660 x 1.1 = 726 s after the idle start.
+    # A cold start worth 10 minutes of idle replica. Thirty idle gaps of 10-11 minutes
+    # (bin 10 of 60 s): holding across each costs ~630 s, a cold start 600 s; holding from
+    # the predicted arrival costs ~30 s: pre-warm with the replica asked for 60 s ahead
+    # (600 - 60 = 540 s after the idle start), kept until 660 s.
+    cfg = config({"standby_min": 1}, keep_alive="histogram", keep_alive_histogram={"cold_start_price_s": 600})
     learnt = IdleHistogram(counts=(0,) * 10 + (30,))
     state = PolicyState(models={"m0": ModelState(idle_histogram=learnt)})
     idle = {"m0": ModelActivity(last_request_at=1000.0)}
@@ -189,9 +191,33 @@ def test_the_histogram_keep_alive_lets_go_at_once_and_pre_warms_before_the_next_
     # ... a standby is assigned ahead of the next request (at 1541: 541 s >= 540 s) ...
     decisions, state = decide(Snapshot((w(1, "standby"), w(2, "standby")), idle), state, cfg, 1541.0)
     assert [d.reason for d in decisions if isinstance(d, Assign)] == ["prewarm"]
-    # ... and released when the window closes without one (at 1727: 727 s >= 726 s).
-    decisions, state = decide(Snapshot((w(1, "ready", "m0"), w(2, "standby")), idle), state, cfg, 1727.0)
+    # ... and released when the window closes without one (at 1660: 660 s >= 660 s).
+    decisions, state = decide(Snapshot((w(1, "ready", "m0"), w(2, "standby")), idle), state, cfg, 1659.0)
+    assert not any(isinstance(d, Release) for d in decisions)
+    decisions, state = decide(Snapshot((w(1, "ready", "m0"), w(2, "standby")), idle), state, cfg, 1660.0)
     assert Release("w01", "m0", "idle") in decisions
+
+
+def test_a_model_with_no_history_takes_its_keep_alive_from_the_others_and_holds_it_for_the_idle_period() -> None:
+    from warm_pool.keepalive import IdleHistogram
+
+    cfg = config({"standby_min": 1}, keep_alive="histogram", keep_alive_histogram={"cold_start_price_s": 600})
+    # m1 learnt gaps of 10-11 minutes; m0, new, has none of its own.
+    state = PolicyState(models={"m1": ModelState(idle_histogram=IdleHistogram(counts=(0,) * 10 + (30,)))})
+    idle = {"m0": ModelActivity(last_request_at=1000.0)}
+    decisions, state = decide(Snapshot((w(0, "ready", "m0"), w(1, "standby")), idle), state, cfg, 1001.0)
+    # m0 is pre-warmed on m1's pattern: let go at once, a replica asked for at 540 s.
+    assert Release("w00", "m0", "idle") in decisions
+    window = state.models["m0"].keep_alive
+    assert window is not None and (window.prewarm_after_s, window.keep_until_s) == (540.0, 660.0)
+    assert "0 own intervals, pooled prior x10" in window.reason
+    # The pool moving during the idle period (m1 learns 30 gaps of 30 s) leaves m0's window.
+    short = IdleHistogram(counts=(30,) + (0,) * 9 + (30,))
+    state = PolicyState(models={**state.models, "m1": ModelState(idle_histogram=short)}, pools=state.pools,
+                        idle_pools=state.idle_pools)
+    decisions, state = decide(Snapshot((w(1, "standby"), w(2, "standby")), idle), state, cfg, 1541.0)
+    assert [d.reason for d in decisions if isinstance(d, Assign)] == ["prewarm"]
+    assert state.models["m0"].keep_alive == window
 
 
 def test_instances_booting_for_demand_are_not_taken_for_excess_standby() -> None:
