@@ -100,6 +100,7 @@ from warm_pool.policy import (
     kept_classes,
     track,
 )
+from warm_pool.prewarm import next_edge, scheduled_replicas
 
 INF = math.inf
 # Hot TTFT samples one report carries per model (the activators' bound).
@@ -257,7 +258,8 @@ class _Model:
     __slots__ = ("idx", "name", "cfg", "a", "costs", "cls", "ready", "serving", "queue", "queued", "in_flight",
                  "arrivals", "hot_ttfts", "last_request_at", "cold_open", "cold_since", "cold_tier",
                  "slo_s", "prefill_tps", "tpot_s", "max_conc", "max_queue", "timeout_s",
-                 "band_for", "deadline_key", "deadline_times", "stats", "base", "adapters", "group")
+                 "band_for", "deadline_key", "deadline_times", "schedule_next", "stats", "base", "adapters",
+                 "group")
 
     def __init__(self, idx: int, m: Model, costs: ModelCosts, slo_s: float, cls: str | None = None) -> None:
         self.idx, self.name, self.cfg, self.a, self.costs = idx, m.name, m, m.autoscaling, costs
@@ -287,6 +289,7 @@ class _Model:
         self.timeout_s = m.autoscaling.activation_timeout_s
         self.deadline_key: tuple[Any, ...] | None = None
         self.deadline_times: tuple[float, ...] = ()  # the keep-alive deadlines still due
+        self.schedule_next: float | None = None  # its pre-warm windows' next edge
         # The replica count the whole window was last found in band for (None: not).
         self.band_for: int | None = None
         self.stats = _Stats()
@@ -420,6 +423,11 @@ class Simulator:
         self.req_cold = bytearray(n)
         # The first tick judges every model (min_replicas, pre-warming).
         self.dirty.update(self.models)
+        # Scheduled pre-warm: each window's opening and closing wakes its model. The
+        # clock is the cron's: t = 0 is 1970-01-01 00:00 UTC, a Thursday.
+        for sm in self.models:
+            if sm.cfg.prewarm:
+                self._schedule_edge(sm, -1.0)  # from the start: an edge at 0 too
         # Every pool starts at its standby floor, already standing by (a running fleet).
         for pool in cfg.pools:
             for _ in range(pool.standby_min):
@@ -784,6 +792,8 @@ class Simulator:
         sc = ms.scale
         if sc.up_since is not None or sc.down_since is not None or t < sc.panic_until:
             return False
+        if m.cfg.prewarm and scheduled_replicas(m.cfg.prewarm, t) > a.min_replicas:
+            return False  # a pre-warm window holds it up: judged as the controller would
         if ms.failures and t < ms.backoff_until:
             return False
         last = ms.last_scale
@@ -849,6 +859,13 @@ class Simulator:
         for when in due:
             heapq.heappush(self.deadlines, (when, m.idx))
 
+    def _schedule_edge(self, m: _Model, after: float) -> None:
+        """Wake ``m`` when its next pre-warm window opens or closes after ``after`` (the
+        clock is the cron's: t = 0 is 1970-01-01 00:00 UTC)."""
+        m.schedule_next = next_edge(m.cfg.prewarm, after)
+        if m.schedule_next is not None:
+            heapq.heappush(self.deadlines, (m.schedule_next, m.idx))
+
     def _pool_deadlines(self) -> None:
         """Wake the pools when a cold start leaves the sizer's window or a hold ends."""
         for pool in self.cfg.pools:
@@ -874,6 +891,9 @@ class Simulator:
                 self.pools_dirty = True
             elif when in self.models[idx].deadline_times:
                 self.dirty.add(self.models[idx])
+            elif when == self.models[idx].schedule_next:
+                self.dirty.add(self.models[idx])
+                self._schedule_edge(self.models[idx], when)
         dirty, self.dirty = self.dirty, set()
         self.changed_now, self.shapes_changed = self.shapes_changed, set()
         if self.learns:
@@ -1093,7 +1113,10 @@ class Simulator:
         if self.exact:
             return grid
         if self.dirty or self.watch or self.pools_dirty or self.touched:
-            return max(grid, math.ceil(self.now / self.tick_s - 1e-9) * self.tick_s)
+            at = math.ceil(self.now / self.tick_s - 1e-9) * self.tick_s
+            # Never a tick before now (an event a hair past a grid point is the next
+            # tick's, as the controller's ticks see it).
+            return max(grid, at if at >= self.now else at + self.tick_s)
         if self.deadlines:
             return max(grid, math.ceil(self.deadlines[0][0] / self.tick_s - 1e-9) * self.tick_s)
         return INF

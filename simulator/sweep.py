@@ -44,7 +44,7 @@ import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
@@ -402,20 +402,54 @@ def against_oracle(g: Gaps, summary: dict[str, Any]) -> dict[str, Any]:
     return distance(g, max(summary["replica_seconds"] - g.busy_s, 0.0), summary["cold_starts"])
 
 
-def format_table(points: Sequence[Point], oracle: Sequence[dict[str, Any]] | None = None) -> str:
+def versus_fixed(points: Sequence[Point], oracle: Sequence[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """Each learned keep-alive point (``keep_alive=histogram``) against the fixed
+    timeouts swept with the same other settings, at the same idle replica time: their
+    cold starts interpolated between the two fixed points either side (None outside
+    their range, and for every other point). ``oracle``: ``against_oracle`` of each
+    point, in the points' order."""
+    def peers_key(p: Point) -> Settings:
+        return replace(p.variant.settings, idle_grace_s=None, keep_alive=None)
+
+    fixed: dict[Settings, list[tuple[float, int]]] = {}
+    for p, o in zip(points, oracle, strict=True):
+        if p.variant.kind == "sweep" and p.variant.settings.keep_alive == "fixed":
+            fixed.setdefault(peers_key(p), []).append((o["idle_replica_hours"], o["cold_starts"]))
+    out: list[dict[str, Any] | None] = []
+    for p, o in zip(points, oracle, strict=True):
+        line = sorted(fixed.get(peers_key(p), []))
+        idle = o["idle_replica_hours"]
+        if p.variant.kind != "sweep" or p.variant.settings.keep_alive != "histogram" or len(line) < 2 \
+                or not line[0][0] <= idle <= line[-1][0]:
+            out.append(None)
+            continue
+        i = next(i for i in range(1, len(line)) if line[i][0] >= idle)
+        (x0, y0), (x1, y1) = line[i - 1], line[i]
+        at = y0 if x1 == x0 else y0 + (y1 - y0) * (idle - x0) / (x1 - x0)
+        out.append({"fixed_cold_starts_at_same_idle": round(at, 1),
+                    "vs_fixed": round(o["cold_starts"] / at, 3) if at else None})
+    return out
+
+
+def format_table(points: Sequence[Point], oracle: Sequence[dict[str, Any]] | None = None,
+                 fixed: Sequence[dict[str, Any] | None] | None = None) -> str:
     """Every point sorted by cost, the frontier marked; ``oracle``: each point's
-    distance to the keep-alive oracle (``against_oracle``), in the points' order."""
+    distance to the keep-alive oracle (``against_oracle``), ``fixed``: a learned
+    keep-alive's to the fixed timeouts (``versus_fixed``), in the points' order."""
     rows = [("variant", "usd", "cold_share", "ttft_p50_s", "ttft_p99_s", "slo_met", "timeouts", "x_oracle",
-             "frontier")]
+             "x_fixed", "frontier")]
     ratio: dict[int, float | None] = {id(p): None for p in points}
+    vs_fixed: dict[int, float | None] = {id(p): None for p in points}
     for p, o in zip(points, oracle or [], strict=False):
         ratio[id(p)] = o["vs_oracle"]
+    for p, f in zip(points, fixed or [], strict=False):
+        vs_fixed[id(p)] = f["vs_fixed"] if f else None
     for p in sorted(points, key=lambda p: (p.summary["usd"], p.name)):
         s = p.summary
         rows.append((p.name + (" (baseline)" if p.variant.kind == "baseline" else ""), f"{s['usd']:.2f}",
                      f"{s['cold_start_share']:.2%}", _fmt_s(s["ttft_s"]["p50"]), _fmt_s(s["ttft_s"]["p99"]),
                      f"{s['slo_met_share']:.2%}", str(s["activation_timeouts"]), _fmt_s(ratio[id(p)]),
-                     "yes" if p.frontier else ""))
+                     _fmt_s(vs_fixed[id(p)]), "yes" if p.frontier else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(("* " if r[-1] == "yes" else "  ") + "  ".join(
         c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
@@ -428,10 +462,13 @@ def trace_info(inputs: Inputs, trace_file: str | None) -> dict[str, Any]:
             "duration_s": tr.duration_s}
 
 
-def sweep_document(points: Sequence[Point], axes: Axes, inputs: Inputs, meta: dict[str, Any]) -> dict[str, Any]:
+def sweep_document(points: Sequence[Point], axes: Axes, inputs: Inputs, meta: dict[str, Any],
+                   g: Gaps) -> dict[str, Any]:
     """``sweep.json``: every point's settings and summary, its distance to the keep-alive
-    oracle, the frontier, the baselines."""
-    g = gaps_of(inputs.trace, inputs.costs)
+    oracle (on the trace's gaps ``g``) and a learned keep-alive's to the fixed
+    timeouts, the frontier, the baselines."""
+    oracle = [against_oracle(g, p.summary) for p in points]
+    fixed = versus_fixed(points, oracle)
     return {
         **meta,
         "ttft_slo_s": inputs.ttft_slo_s,
@@ -439,8 +476,8 @@ def sweep_document(points: Sequence[Point], axes: Axes, inputs: Inputs, meta: di
         "axes": axes.to_json(),
         "objectives": ["usd", "cold_start_share", "ttft_s.p99"],
         "points": [{"name": p.name, "kind": p.variant.kind, "settings": p.variant.settings.to_json(),
-                    "frontier": p.frontier, "summary": p.summary, "oracle": against_oracle(g, p.summary)}
-                   for p in points],
+                    "frontier": p.frontier, "summary": p.summary, "oracle": o, "versus_fixed": f}
+                   for p, o, f in zip(points, oracle, fixed, strict=True)],
         "oracle": {k: v for k, v in oracle_report(g, ()).items() if k != "policies"},
         "frontier": [p.name for p in points if p.frontier],
         "baselines": {name: desc for name, (_, desc) in BASELINES.items()},
@@ -454,16 +491,46 @@ _BASELINE_STYLE = {"always-on": ("s", "tab:red", (8, -14)), "knative-defaults": 
 _KEEP_STYLE = {"fixed": ("o", "tab:blue"), "histogram": ("^", "tab:orange")}
 
 
-def plot_frontier(points: Sequence[Point], path: Path, title: str) -> None:
-    """Two panels, USD against cold-start share and against TTFT p99."""
+def _plot_against_oracle(ax: Any, points: Sequence[Point], oracle: Sequence[dict[str, Any]], g: Gaps) -> None:
+    """Cold starts against idle replica-hours: each swept point, the fixed timeouts
+    computed on the gaps, and the oracle (the fewest any keep-alive can have)."""
+    idle_max = max([o["idle_replica_hours"] for o in oracle] + [float(g.gaps.sum()) / 3600]) * 1.02
+    xs = [idle_max * i / 400 for i in range(401)]
+    ax.plot(xs, [g.oracle_cold_starts(x * 3600) for x in xs], color="black", lw=1.4,
+            label="oracle (perfect foresight)")
+    timeouts = [60.0 * 1.15 ** i for i in range(60)]
+    fixed = [g.fixed_timeout(t) for t in timeouts]
+    ax.plot([i / 3600 for i, _ in fixed], [c for _, c in fixed], color="tab:blue", lw=1.0, ls=":",
+            label="fixed timeouts, on the gaps")
+    for keep, (marker, color) in _KEEP_STYLE.items():
+        mine = [o for p, o in zip(points, oracle, strict=True)
+                if p.variant.kind == "sweep" and p.variant.settings.keep_alive == keep]
+        if mine:
+            ax.scatter([o["idle_replica_hours"] for o in mine], [o["cold_starts"] for o in mine], marker=marker,
+                       s=30, color=color, alpha=0.8, label=f"simulated, keep_alive={keep}")
+    ax.set_yscale("log")
+    ax.set_xlabel("idle replica-hours (replica time less the trace's busy time)")
+    ax.set_ylabel("cold starts")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+
+
+def plot_frontier(points: Sequence[Point], path: Path, title: str,
+                  against: tuple[Sequence[dict[str, Any]], Gaps] | None = None) -> None:
+    """Two panels, USD against cold-start share and against TTFT p99; with ``against``
+    (each point's ``against_oracle`` and the trace's gaps) a third, cold starts against
+    idle replica time with the keep-alive oracle's line."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(13, 5.5), layout="constrained")
+    fig = Figure(figsize=(19 if against else 13, 5.5), layout="constrained")
     FigureCanvasAgg(fig)
     panels = [("cold_start_share", "cold-start share (% of requests)", 100.0),
               ("p99", "TTFT p99 (s)", 1.0)]
-    for ax, (key, label, scale) in zip(fig.subplots(1, 2), panels, strict=True):
+    axes = fig.subplots(1, 3 if against else 2)
+    if against:
+        _plot_against_oracle(axes[2], points, *against)
+    for ax, (key, label, scale) in zip(axes[:2], panels, strict=True):
         def y(p: Point, key: str = key, scale: float = scale) -> float | None:
             v = p.p99 if key == "p99" else p.summary[key]
             return None if v is None else v * scale
@@ -560,9 +627,10 @@ def _write(out: Path, png: Path, points: Sequence[Point], axes: Axes, inputs: In
            meta: dict[str, Any]) -> dict[str, Any]:
     """Write sweep.json and the plot; the document written."""
     out.mkdir(parents=True, exist_ok=True)
-    doc = sweep_document(points, axes, inputs, meta)
+    g = gaps_of(inputs.trace, inputs.costs)
+    doc = sweep_document(points, axes, inputs, meta, g)
     (out / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
-    plot_frontier(points, png, _title(meta["trace"]))
+    plot_frontier(points, png, _title(meta["trace"]), ([p["oracle"] for p in doc["points"]], g))
     return doc
 
 
@@ -576,7 +644,8 @@ def run_sweep(args: argparse.Namespace, inputs: Inputs) -> int:
     meta = {"command": "thaw simulate --sweep", "config": str(args.config), "model_template": args.model_template,
             "trace": trace_info(inputs, args.trace)}
     doc = _write(args.out, png, points, axes, inputs, meta)
-    print(format_table(points, [p["oracle"] for p in doc["points"]]), flush=True)
+    print(format_table(points, [p["oracle"] for p in doc["points"]], [p["versus_fixed"] for p in doc["points"]]),
+          flush=True)
     front = sum(p.frontier for p in points)
     print(f"{len(points)} variants ({len(BASELINES)} baselines) in {wall_s:.1f} s with {args.jobs} job(s); "
           f"{front} on the frontier (*); wrote {args.out / 'sweep.json'} and {png}", file=sys.stderr)

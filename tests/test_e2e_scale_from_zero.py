@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +184,41 @@ def test_thaw_status_prints_models_and_workers(stack: Stack) -> None:
     assert out.returncode == 0, out.stderr
     assert "thaw-demo" in out.stdout and "last cold start" in out.stdout and "WORKERS" in out.stdout
     assert "ghost" in out.stdout and "no model at" in out.stdout
+
+
+def test_a_scheduled_window_brings_a_replica_up_before_its_first_request(stack: Stack) -> None:
+    stack.wait_for("scale to zero", lambda s: not demo_state(s)["replicas"] and workers_in(s, "standby"),
+                   timeout_s=IDLE_GRACE_S + 90)
+    # A window from the next whole minute at least 15 s away (the controller's own clock,
+    # UTC: the cron has minutes, so the test waits for one rather than stepping a clock).
+    now = time.time()
+    opens = (math.floor(now / 60) + 1) * 60.0
+    if opens - now < 15:
+        opens += 60
+    at = datetime.fromtimestamp(opens, UTC)
+    auth = {"Authorization": f"Bearer {stack.token()}"}
+    url = f"{stack.control_url}/v1/admin/models/demo"
+    revision = httpx.get(url, headers=auth, timeout=10).json()["revision"]
+    window = {"cron": f"{at.minute} {at.hour} * * *", "for_s": 600}
+    r = httpx.patch(url, headers=auth, timeout=30, json={"revision": revision, "spec": {"prewarm": [window]}})
+    assert r.status_code == 200, r.text
+    try:
+        # With no request, a replica comes up once the window opens, not before.
+        stack.wait_for("the scheduled replica", lambda s: demo_state(s)["replicas"].get("ready"),
+                       timeout_s=opens - time.time() + 180)
+        events = httpx.get(f"{stack.control_url}/v1/events", headers=auth, timeout=5).json()["events"]
+        assigned = [e for e in events if e["kind"] == "assign" and e["model"] == "demo" and e["at"] >= now]
+        assert [e["reason"] for e in assigned] == ["prewarm"], assigned
+        assert assigned[0]["at"] >= opens
+        # The window's first request finds it up: no cold start.
+        before = cold_starts(stack)
+        raw = stack.client().chat.completions.with_raw_response.create(
+            model="thaw-demo", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert raw.headers["x-thaw-cold-start"] == "false"
+        assert cold_starts(stack) == before
+    finally:
+        revision = httpx.get(url, headers=auth, timeout=10).json()["revision"]
+        httpx.patch(url, headers=auth, timeout=30, json={"revision": revision, "spec": {"prewarm": []}})
 
 
 def test_stopping_thaw_up_leaves_no_process(stack: Stack) -> None:

@@ -254,6 +254,24 @@ class Pricing(_Strict):
     usd_per_gpu_second: NonNegativeFloat = 0.0
 
 
+class Prewarm(_Strict):
+    """Known traffic (``models[].prewarm``): from each time ``cron`` fires (UTC, five
+    fields: ``thaw.cron``) for ``for_s`` seconds the model keeps at least ``replicas``
+    (within ``max_replicas``), whatever its traffic."""
+
+    cron: str
+    replicas: PositiveInt = 1
+    for_s: Annotated[float, Field(gt=0, le=7 * 86400)]
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        from thaw.cron import parse
+
+        parse(v)  # CronError is a ValueError: reported on the field
+        return v
+
+
 class Model(_Strict):
     name: Name
     # The model's files in the store; for an adapter, its adapter_uri (filled in).
@@ -279,6 +297,8 @@ class Model(_Strict):
     tenant: Name | None = None
     # Its prices (None: not billed).
     pricing: Pricing | None = None
+    # Scheduled pre-warm: replicas held through declared windows of known traffic.
+    prewarm: list[Prewarm] = Field(default_factory=list)
 
     @property
     def resolved_served_name(self) -> str:
@@ -788,9 +808,9 @@ class ThawConfig(_Strict):
                 if getattr(m, key) != getattr(base, key):
                     raise ValueError(f"models[{i}] ({m.name}): an adapter's {key} is its base's "
                                      f"({m.base}); leave it out")
-            if m.lora is not None or m.autoscaling.asleep_ttl_s > 0:
-                raise ValueError(f"models[{i}] ({m.name}): an adapter has no lora settings or asleep tier of "
-                                 "its own (set them on its base)")
+            if m.lora is not None or m.autoscaling.asleep_ttl_s > 0 or m.prewarm:
+                raise ValueError(f"models[{i}] ({m.name}): an adapter has no lora settings, asleep tier or "
+                                 "prewarm schedule of its own (set them on its base)")
         for i, m in enumerate(self.models):
             try:
                 self.object_store.check_model_uri(m.uri)

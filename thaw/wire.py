@@ -25,6 +25,7 @@ from thaw.config import (
     Lora,
     Model,
     Name,
+    Prewarm,
     Pricing,
     RateLimits,
     S3Uri,
@@ -661,6 +662,8 @@ class ModelSpec(_Msg):
     autoscaling: Autoscaling | None = None
     lora: Lora | None = None
     pricing: Pricing | None = None
+    # Replaces the whole schedule ([] clears it).
+    prewarm: list[Prewarm] | None = None
 
     def fields(self) -> dict[str, Any]:
         """What the caller set, nested settings only as far as they were set."""

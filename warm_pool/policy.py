@@ -63,6 +63,7 @@ from warm_pool.keepalive import (
     price_tier,
     record_idle,
 )
+from warm_pool.prewarm import scheduled_replicas
 from warm_pool.sizer import SizerState, StandbyTarget, cold_start_rate, plan_tiers, size_standby
 
 BACKOFF_BASE_S = 2.0
@@ -750,6 +751,10 @@ def _model(t: _Tick, m: Model) -> None:
     if ready and ms.failures:
         ms = evolve(ms, failures=0, backoff_until=0.0, last_error=None, last_failure_kind=None)
     a = m.autoscaling
+    # A scheduled pre-warm window raises the floor (within max_replicas) while it is open.
+    held = scheduled_replicas(m.prewarm, now) if m.prewarm else 0
+    if held > a.min_replicas:
+        a = a.model_copy(update={"min_replicas": min(held, a.max_replicas)})
     # A roll (a new revision's weights or engine): replicas of older revisions are
     # replaced by as many current ones. For the autoscaler the model has as many
     # replicas as the larger of the two sets (one replaces the other).
@@ -791,10 +796,11 @@ def _model(t: _Tick, m: Model) -> None:
             if ms.unmet:
                 t.models[m.name] = evolve(ms, unmet=0)
             return
+        own_min = m.autoscaling.min_replicas  # without the schedule: its replicas are pre-warm
         reason: AssignReason = ("roll" if outdated else
                                 "demand" if act.demand and not replicas else
-                                "prewarm" if not act.demand and not replicas and want > a.min_replicas else
-                                "min_replicas" if want <= a.min_replicas else "scale_up")
+                                "prewarm" if not act.demand and not replicas and want > own_min else
+                                "min_replicas" if want <= own_min else "scale_up")
         unmet = _place(t, m, want - len(replicas), reason)
         if unmet != ms.unmet:
             t.models[m.name] = ms = evolve(ms, unmet=unmet)

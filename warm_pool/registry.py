@@ -114,7 +114,7 @@ def compose(base: ThawConfig, records: list[ModelRecord]) -> tuple[ThawConfig, l
 
 
 # What a replica's engine does not depend on: a change of only these rolls nothing.
-_NOT_ENGINE = ("autoscaling", "tenant", "pricing")
+_NOT_ENGINE = ("autoscaling", "tenant", "pricing", "prewarm")
 
 
 def outdated_revisions(record: ModelRecord) -> frozenset[int]:

@@ -64,7 +64,13 @@ def equivalence_cfg(variant: int) -> ThawConfig:
     those and the asleep tier, 6 packed engines, 7 those with the asleep tier and a
     disk cache, 8 m1 and m2 LoRA adapters of m0 (one adapter per engine: they wait for
     each other's slot), 9 those in packed engines with the asleep tier on the bases and
-    two adapters per engine."""
+    two adapters per engine, 10 scheduled pre-warm windows (m0 every 2 minutes for 45 s,
+    m1 two replicas at minutes 1, 4, 7 for 100 s) with the histogram keep-alive."""
+    if variant == 10:
+        data = equivalence_cfg(2).model_dump()
+        data["models"][0]["prewarm"] = [{"cron": "*/2 * * * *", "for_s": 45}]
+        data["models"][1]["prewarm"] = [{"cron": "1-59/3 * * * *", "replicas": 2, "for_s": 100}]
+        return ThawConfig.model_validate(data)
     if variant == 8:
         return with_adapters(equivalence_cfg(0), {"m1": "m0", "m2": "m0"}, max_loras=1, idle_grace_s=15)
     if variant == 9:

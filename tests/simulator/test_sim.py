@@ -18,7 +18,7 @@ from simulator.run import SimError, prepare, with_trace_models
 from simulator.sim import SUMMARY_KEYS, Simulator, engine_classes
 from tests.simulator.support import config, costs, equivalence_cfg, trace
 from thaw.config import ThawConfig
-from warm_pool.policy import Pack, Prebuild, UnloadAdapter, decide
+from warm_pool.policy import Assign, Pack, Prebuild, Release, UnloadAdapter, decide
 
 
 def test_a_hand_computed_run() -> None:
@@ -98,8 +98,29 @@ def test_fixed_keep_alive_cold_starts_are_the_gaps_longer_than_k(k: int, seed_ga
     assert s["cold_starts"] == expected
 
 
+def test_a_scheduled_window_has_a_replica_up_before_its_first_request() -> None:
+    # m0 is used at 00:00:10 and 01:05 (the simulator's t = 0 is 1970-01-01 00:00 UTC);
+    # idle grace 100 s. Without a schedule the 01:05 request is a cold start; with a
+    # window from 01:00 for 10 minutes a replica is up by then and it is hot.
+    rows = [(10.0, "m0", 100, 100), (3900.0, "m0", 100, 100)]
+    plain = config()
+    data = plain.model_dump()
+    data["models"][0]["prewarm"] = [{"cron": "0 1 * * *", "for_s": 600}]
+    scheduled = ThawConfig.model_validate(data)
+    runs = {}
+    for name, cfg in (("plain", plain), ("scheduled", scheduled)):
+        runs[name] = Simulator(cfg, costs(cfg), trace(rows), record_decisions=True).run()
+    assert [c.at for c in runs["plain"].cold_starts] == [10.0, 3900.0]
+    assert [c.at for c in runs["scheduled"].cold_starts] == [10.0]
+    assigns = [(t, d.reason) for t, d in runs["scheduled"].decisions if isinstance(d, Assign)]
+    assert (3600.0, "prewarm") in assigns
+    # Held, idle, from 01:00 until the request (the idle grace alone would have let it go).
+    assert not [t for t, d in runs["scheduled"].decisions
+                if isinstance(d, Release) and d.model == "m0" and 3600.0 <= t <= 3900.0]
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(variant=st.integers(0, 9),
+@given(variant=st.integers(0, 10),
        arrivals=st.lists(st.tuples(st.floats(0, 400, allow_nan=False), st.integers(0, 3), st.integers(1, 4000),
                                    st.integers(1, 400)), min_size=1, max_size=60))
 def test_the_fast_mode_makes_the_controllers_decisions(variant: int, arrivals: list[tuple[float, int, int, int]]) -> None:
@@ -118,7 +139,7 @@ def test_the_fast_mode_makes_the_controllers_decisions(variant: int, arrivals: l
 # The asleep tier; with pre-built engines too, on a sparser trace (idle standbys build
 # engines between cold starts, which swap into them); packed engines; LoRA adapters.
 @pytest.mark.parametrize(("variant", "step_s", "span_s"), [(1, 7.0, 500), (5, 37.0, 3000), (7, 13.0, 900),
-                                                          (8, 13.0, 900)])
+                                                          (8, 13.0, 900), (10, 11.0, 600)])
 def test_each_decision_is_what_decide_returns_for_the_same_inputs(variant: int, step_s: float, span_s: int) -> None:
     # Record what the simulator hands decide() and replay it: the simulator neither
     # adds, drops nor alters a decision.

@@ -15,7 +15,7 @@ import yaml
 
 from simulator import generate, sweep
 from simulator.run import prepare, simulate
-from simulator.sweep import UNLIMITED, Axes, Settings
+from simulator.sweep import UNLIMITED, Axes, Settings, Variant
 from simulator.traces import read_trace, write_generic
 from thaw.cli.main import main
 from thaw.config import ThawConfig, load_config, parse_config
@@ -208,6 +208,28 @@ def test_sweep_writes_points_frontier_and_plot(swept: dict[str, Any]) -> None:
         if p["settings"].get("keep_alive") == "fixed":
             assert o["extra_cold_starts"] >= 0, (p["name"], o)
     assert points["always-on"]["oracle"]["extra_cold_starts"] < 0
+    # A learned keep-alive point against the fixed ones of its budget, where its idle
+    # time lies between theirs; no other point has that.
+    for p in doc["points"]:
+        if p["versus_fixed"] is not None:
+            assert p["settings"]["keep_alive"] == "histogram"
+            assert p["versus_fixed"]["fixed_cold_starts_at_same_idle"] > 0
+
+
+def test_a_learned_keep_alive_is_put_against_the_fixed_timeouts_of_its_settings_at_its_idle_time() -> None:
+    def point(budget: float, grace: float, keep: str) -> sweep.Point:
+        s = Settings(budget_usd_per_hour=budget, idle_grace_s=grace, keep_alive=keep)  # type: ignore[arg-type]
+        return sweep.Point(Variant(sweep.variant_name(s), "sweep", s), {}, False)
+
+    points = [point(10, 60, "fixed"), point(10, 600, "fixed"), point(10, 300, "histogram"),
+              point(10, 6000, "histogram"), point(20, 300, "histogram"), point(20, 60, "fixed")]
+    oracle = [{"idle_replica_hours": h, "cold_starts": c} for h, c in
+              [(10.0, 1000), (50.0, 200), (20.0, 300), (80.0, 50), (20.0, 300), (5.0, 900)]]
+    out = sweep.versus_fixed(points, oracle)
+    # Budget 10: fixed at (10 h, 1000) and (50 h, 200); at 20 h the line gives 800, the
+    # learned point's 300 is 0.375 of it. 80 h is past the fixed points: none. Budget 20
+    # has one fixed point: no line. Fixed points themselves are not compared.
+    assert out == [None, None, {"fixed_cold_starts_at_same_idle": 800.0, "vs_fixed": 0.375}, None, None, None]
 
 
 def test_always_on_costs_most_and_cold_starts_only_on_first_loads(swept: dict[str, Any],

@@ -193,7 +193,14 @@ async def test_a_change_of_prices_or_scaling_is_a_revision_that_rolls_nothing(st
     m = reg.r.cfg.model("demo")
     assert m is not None and m.pricing is not None
     assert (m.pricing.prompt_usd_per_mtok, m.pricing.completion_usd_per_mtok) == (0.5, 2)
+    # A pre-warm schedule is a setting too; an update replaces the whole schedule.
+    await reg.r.update("demo", ModelUpdate(revision=3, spec=spec(prewarm=[{"cron": "0 9 * * *", "for_s": 60},
+                                                                          {"cron": "0 12 * * *", "for_s": 60}])), "op")
+    await reg.r.update("demo", ModelUpdate(revision=4, spec=spec(prewarm=[{"cron": "0 8 * * 1-5", "for_s": 600}])),
+                       "op")
+    m = reg.r.cfg.model("demo")
+    assert m is not None and [(w.cron, w.for_s) for w in m.prewarm] == [("0 8 * * 1-5", 600.0)]
     assert reg.r.outdated() == {}
-    await reg.r.update("demo", ModelUpdate(revision=3, spec=spec(uri="s3://thaw/models/demo-v2")), "op")
-    assert reg.r.outdated() == {"demo": frozenset({1, 2, 3})}
+    await reg.r.update("demo", ModelUpdate(revision=5, spec=spec(uri="s3://thaw/models/demo-v2")), "op")
+    assert reg.r.outdated() == {"demo": frozenset({1, 2, 3, 4, 5})}
 

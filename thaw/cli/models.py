@@ -44,6 +44,10 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
                        help="USD per million completion tokens")
         p.add_argument("--price-gpu-second", type=float, default=None, metavar="USD",
                        help="USD per GPU-second of replica time the tenant's requests used")
+        p.add_argument("--prewarm", action="append", default=None, metavar="'CRON;FOR_S[;REPLICAS]'",
+                       help="a scheduled pre-warm window (UTC cron, 5 fields): hold REPLICAS (default 1) for "
+                            "FOR_S seconds from each time CRON fires; repeatable, replaces the schedule; "
+                            "'none' clears it")
         p.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
                        help="an engine setting (dtype, enforce_eager, cpu_kvcache_gib, ...) or any vLLM "
                             "argument; V is read as JSON where it parses (true, 2, 0.5), else as text; repeatable")
@@ -75,6 +79,8 @@ def spec_of(args: argparse.Namespace) -> dict[str, Any]:
                                  ("usd_per_gpu_second", args.price_gpu_second)) if v is not None}
     if pricing:
         spec["pricing"] = pricing
+    if args.prewarm is not None:
+        spec["prewarm"] = prewarm_windows(args.prewarm)
     engine: dict[str, Any] = {}
     for item in args.engine_arg:
         key, sep, raw = item.partition("=")
@@ -91,6 +97,25 @@ def spec_of(args: argparse.Namespace) -> dict[str, Any]:
     if engine:
         spec["engine"] = engine
     return spec
+
+
+def prewarm_windows(items: list[str]) -> list[dict[str, Any]]:
+    """``--prewarm`` values as ``models[].prewarm`` entries (checked by the controller)."""
+    if items == ["none"]:
+        return []
+    out = []
+    for item in items:
+        parts = [p.strip() for p in item.split(";")]
+        if len(parts) not in (2, 3):
+            raise CliError(f"--prewarm {item!r}: expected 'CRON;FOR_S' or 'CRON;FOR_S;REPLICAS' (or 'none')", 2)
+        try:
+            window: dict[str, Any] = {"cron": parts[0], "for_s": float(parts[1])}
+            if len(parts) == 3:
+                window["replicas"] = int(parts[2])
+        except ValueError:
+            raise CliError(f"--prewarm {item!r}: FOR_S is seconds and REPLICAS a whole number", 2) from None
+        out.append(window)
+    return out
 
 
 def _when(t: float | None) -> str:
