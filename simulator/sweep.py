@@ -494,7 +494,8 @@ _KEEP_STYLE = {"fixed": ("o", "tab:blue"), "histogram": ("^", "tab:orange")}
 def _plot_against_oracle(ax: Any, points: Sequence[Point], oracle: Sequence[dict[str, Any]], g: Gaps) -> None:
     """Cold starts against idle replica-hours: each swept point, the fixed timeouts
     computed on the gaps, and the oracle (the fewest any keep-alive can have)."""
-    idle_max = max([o["idle_replica_hours"] for o in oracle] + [float(g.gaps.sum()) / 3600]) * 1.02
+    swept = [o for p, o in zip(points, oracle, strict=True) if p.variant.kind == "sweep"]
+    idle_max = max([o["idle_replica_hours"] for o in swept] + [float(g.gaps.sum()) / 3600]) * 1.02
     xs = [idle_max * i / 400 for i in range(401)]
     ax.plot(xs, [g.oracle_cold_starts(x * 3600) for x in xs], color="black", lw=1.4,
             label="oracle (perfect foresight)")
