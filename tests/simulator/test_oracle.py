@@ -87,5 +87,11 @@ def test_the_cli_writes_the_oracle_report(tmp_path: Path, capsys: pytest.Capture
     # keeps the 97 s gap only: 2 as well.
     row = next(r for r in doc["policies"] if r["timeout_s"] == 300.0)
     assert (row["cold_starts"], row["oracle_cold_starts"], row["extra_cold_starts"]) == (2, 2, 0)
-    assert main([*args, "--oracle", "--sweep"]) == 2
+    assert main([*args, "--oracle", "--compare-packing"]) == 2
     assert "choose one" in capsys.readouterr().err
+    # With --sweep: the sweep, then the oracle's table, both written under --out.
+    assert main([*args, "--sweep", "--oracle", "--budgets", "none", "--idle-grace", "100", "--keep-alive", "fixed",
+                 "--out", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "x_oracle" in out and "fixed 300 s" in out
+    assert {p.name for p in (tmp_path / "s").iterdir()} >= {"sweep.json", "oracle.json", "frontier.png"}

@@ -13,7 +13,7 @@ from simulator.run import DEFAULT_TTFT_SLO_S, Inputs, SimError, prepare, simulat
 from simulator.sim import engine_classes, tier_order
 from simulator.traces import FORMATS, TraceError, read_trace
 from thaw.config import ConfigError, load_config
-from thaw.exits import EXIT_FAILED, EXIT_INVALID
+from thaw.exits import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 
 ENGINE_CLASSES_HELP = (
     "Pre-built engines (pools[].prebuild): a cold start on a standby holding a built engine of the model's "
@@ -111,17 +111,23 @@ def load_inputs(args: argparse.Namespace) -> Inputs | int:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "trace_command", None):
         return gen_cli.run(args)
-    if sum(bool(x) for x in (args.sweep, args.compare_packing, args.oracle)) > 1:
-        return gen_cli.fail("--sweep, --compare-packing and --oracle: choose one", EXIT_INVALID)
+    # --sweep --oracle: the sweep (each point against the oracle), then the oracle's own
+    # table against fixed timeouts, written beside it.
+    if sum(bool(x) for x in (args.sweep, args.compare_packing, args.oracle and not args.sweep)) > 1:
+        return gen_cli.fail("--sweep, --compare-packing and --oracle: choose one (or --sweep --oracle)",
+                            EXIT_INVALID)
     if args.gpu_memory_utilization is not None and not args.compare_packing:
         return gen_cli.fail("--gpu-memory-utilization goes with --compare-packing", EXIT_INVALID)
     inputs = load_inputs(args)
     if isinstance(inputs, int):
         return inputs
     if args.sweep:
-        from simulator import sweep
+        from simulator import oracle, sweep
 
-        return sweep.run_sweep(args, inputs)
+        code = sweep.run_sweep(args, inputs)
+        if code != EXIT_OK or not args.oracle:
+            return code
+        return oracle.run_oracle(args, inputs.trace, inputs.costs)
     if args.compare_packing:
         from simulator import packing
 
