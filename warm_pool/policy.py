@@ -7,7 +7,9 @@ by hand.
 
 Per model, the replica count is the autoscaler's (``warm_pool.autoscaler``: windows,
 panic, TTFT, bounds, delays) and when an idle model goes to zero or gets a replica back
-early is the keep-alive policy's (``warm_pool.keepalive``). Then:
+early is the keep-alive policy's (``warm_pool.keepalive``, with the pooled prior every
+model's histogram gives, ``idle_pools``); an open scheduled pre-warm window
+(``warm_pool.prewarm``) raises the model's floor. Then:
 - a request at zero with no replica ready or loading → assign a standby worker of the
   model's shape now; with no standby, launch one within ``max_instances``;
 - which standby: an asleep replica of the model first (a wake), then the standby that
