@@ -83,6 +83,8 @@ def fleet(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
         f.start_controller()
         for name in ports:
             f.start_activator(name)
+        # Up (its cluster token written) before any test: each runs alone as in the module.
+        f.wait("the controller", lambda s: True)
         yield f
     finally:
         for name in [n for n in f.procs if n.startswith("activator")] + ["controller"]:
@@ -216,6 +218,8 @@ def test_controller_sigkill_and_restart_under_streamed_load(fleet: Fleet) -> Non
 def test_no_secret_in_logs_state_metrics_or_pool_status(fleet: Fleet, store: EmbeddedStore) -> None:
     secret = json.loads((store.root / "credentials.json").read_text())["secret_key"]
     token = fleet.token()
+    # A worker that answers (alone, the test can start while the first one still boots).
+    fleet.wait("a worker up", lambda s: any(w["state"] in ("standby", "ready") for w in s["workers"]))
     out = subprocess.run([sys.executable, "-m", "thaw.cli.main", "pool", "status", "--json", "--config",
                           str(fleet.config), "--controller", fleet.controller_url],
                          capture_output=True, text=True, timeout=30, cwd=fleet.tmp)
@@ -228,7 +232,9 @@ def test_no_secret_in_logs_state_metrics_or_pool_status(fleet: Fleet, store: Emb
              "controller /metrics": httpx.get(f"{fleet.controller_url}/metrics", headers=fleet.auth()).text}
     for name, base in fleet.activators.items():
         texts[f"activator {name} /metrics"] = httpx.get(base.removesuffix("/v1") + "/metrics", headers=fleet.auth()).text
-    for w in status["workers"]:
+    up = [w for w in status["workers"] if w["state"] in ("standby", "ready")]
+    assert up
+    for w in up:
         texts[f"worker {w['id']} /state"] = httpx.get(f"{w['control_url']}/state", headers=fleet.auth()).text
         texts[f"worker {w['id']} /metrics"] = httpx.get(f"{w['control_url']}/metrics", headers=fleet.auth()).text
     logs = list(fleet.tmp.glob("*.log")) + list((fleet.data_dir / "logs").glob("*.log"))
