@@ -56,8 +56,8 @@ def _field(text: str, name: str, lo: int, hi: int) -> frozenset[int]:
 @dataclass(frozen=True)
 class Cron:
     text: str
-    minutes: frozenset[int]
-    hours: frozenset[int]
+    minutes: tuple[int, ...]  # ascending
+    hours: tuple[int, ...]  # ascending
     days: frozenset[int]
     months: frozenset[int]
     weekdays: frozenset[int]  # 0 = Sunday
@@ -82,8 +82,8 @@ class Cron:
             d = day - timedelta(days=back)
             if not self._day_matches(d):
                 continue
-            for hour in sorted(self.hours, reverse=True):
-                for minute in sorted(self.minutes, reverse=True):
+            for hour in reversed(self.hours):
+                for minute in reversed(self.minutes):
                     at = d.replace(hour=hour, minute=minute)
                     if at <= t:
                         return at.timestamp()
@@ -98,8 +98,8 @@ class Cron:
             d = day + timedelta(days=ahead)
             if not self._day_matches(d):
                 continue
-            for hour in sorted(self.hours):
-                for minute in sorted(self.minutes):
+            for hour in self.hours:
+                for minute in self.minutes:
                     at = d.replace(hour=hour, minute=minute)
                     if at.timestamp() > after:
                         return at.timestamp()
@@ -117,4 +117,5 @@ def parse(text: str) -> Cron:
     days = sets[2]
     if parts[2] != "*" and not any(d <= max(_MONTH_DAYS[m] for m in sets[3]) for d in days):
         raise CronError(f"{text!r}: no month it names has day {min(days)}")
-    return Cron(text, sets[0], sets[1], days, sets[3], weekdays, parts[2] == "*", parts[4] == "*")
+    return Cron(text, tuple(sorted(sets[0])), tuple(sorted(sets[1])), days, sets[3], weekdays, parts[2] == "*",
+                parts[4] == "*")

@@ -229,26 +229,29 @@ def _fixed(autoscaling: Autoscaling, reason: str) -> KeepAliveWindow:
     return KeepAliveWindow("fixed", reason, None, autoscaling.idle_grace_s)
 
 
+def _in_range(h: IdleHistogram, cfg: KeepAliveHistogram, n_bins: int) -> tuple[list[float], float, float]:
+    """``h``'s counts per bin up to ``range_s``, and its out-of-range count and seconds.
+    Bins past ``range_s`` (left by a config whose range was longer) count as out of
+    range, each at its lower edge."""
+    counts = [float(c) for c in h.counts[:n_bins]] + [0.0] * max(0, n_bins - len(h.counts))
+    past = list(enumerate(h.counts[n_bins:], start=n_bins))
+    return (counts, h.out_of_range + sum(c for _, c in past),
+            h.out_of_range_s + sum(c * i * cfg.bin_s for i, c in past))
+
+
 def _blend(h: IdleHistogram, prior: IdleHistogram | None, cfg: KeepAliveHistogram,
            n_bins: int) -> tuple[list[float], float, float, float]:
-    """The blended counts per bin, out-of-range count and seconds, and the prior's
-    weight in intervals. Bins past ``range_s`` (left by a config whose range was longer)
-    count as out of range, each at its lower edge."""
-    counts: list[float] = [float(c) for c in h.counts[:n_bins]] + [0.0] * max(0, n_bins - len(h.counts))
-    oor, oor_s = float(h.out_of_range), h.out_of_range_s
-    for i, c in enumerate(h.counts[n_bins:], start=n_bins):
-        oor += c
-        oor_s += c * i * cfg.bin_s
+    """The blended counts per bin, out-of-range count and seconds (``_in_range`` of
+    each), and the prior's weight in intervals."""
+    counts, oor, oor_s = _in_range(h, cfg, n_bins)
     pt = prior.total() if prior is not None else 0
     weight = max(cfg.prior_samples - h.total(), cfg.prior_floor) if pt else 0.0
     if weight and prior is not None:
         f = weight / pt
-        for i, c in enumerate(prior.counts[:n_bins]):
-            counts[i] += f * c
-        past = sum(prior.counts[n_bins:])
-        oor += f * (prior.out_of_range + past)
-        oor_s += f * (prior.out_of_range_s + sum(c * i * cfg.bin_s for i, c in enumerate(prior.counts)
-                                                 if i >= n_bins))
+        p_counts, p_oor, p_oor_s = _in_range(prior, cfg, n_bins)
+        counts = [c + f * pc for c, pc in zip(counts, p_counts, strict=True)]
+        oor += f * p_oor
+        oor_s += f * p_oor_s
     return counts, oor, oor_s, weight
 
 

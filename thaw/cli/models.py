@@ -10,6 +10,7 @@ from typing import Any
 
 from thaw.cli.common import CliError, _call, _controller, _get, _load
 from thaw.config import EngineArgs
+from thaw.exits import EXIT_INVALID
 
 COMMANDS = {
     "deploy": "Deploy a new model: checked (settings, weights in the store, fit) before it is served.",
@@ -85,7 +86,7 @@ def spec_of(args: argparse.Namespace) -> dict[str, Any]:
     for item in args.engine_arg:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise CliError(f"--engine-arg {item!r}: expected KEY=VALUE", 2)
+            raise CliError(f"--engine-arg {item!r}: expected KEY=VALUE", EXIT_INVALID)
         try:
             value = json.loads(raw)
         except ValueError:
@@ -107,13 +108,13 @@ def prewarm_windows(items: list[str]) -> list[dict[str, Any]]:
     for item in items:
         parts = [p.strip() for p in item.split(";")]
         if len(parts) not in (2, 3):
-            raise CliError(f"--prewarm {item!r}: expected 'CRON;FOR_S' or 'CRON;FOR_S;REPLICAS' (or 'none')", 2)
+            raise CliError(f"--prewarm {item!r}: expected 'CRON;FOR_S' or 'CRON;FOR_S;REPLICAS' (or 'none')", EXIT_INVALID)
         try:
             window: dict[str, Any] = {"cron": parts[0], "for_s": float(parts[1])}
             if len(parts) == 3:
                 window["replicas"] = int(parts[2])
         except ValueError:
-            raise CliError(f"--prewarm {item!r}: FOR_S is seconds and REPLICAS a whole number", 2) from None
+            raise CliError(f"--prewarm {item!r}: FOR_S is seconds and REPLICAS a whole number", EXIT_INVALID) from None
         out.append(window)
     return out
 
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             return int(args.revision)
         revision = _get(cfg, url, path)["revision"]
         if revision is None:
-            raise CliError(f"no model {args.name!r} is deployed (removed)", 2)
+            raise CliError(f"no model {args.name!r} is deployed (removed)", EXIT_INVALID)
         return int(revision)
 
     if command == "deploy":
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     elif command == "update":
         spec = spec_of(args)
         if not spec:
-            raise CliError("nothing to change: give --uri or a setting", 2)
+            raise CliError("nothing to change: give --uri or a setting", EXIT_INVALID)
         record = _call(cfg, "PATCH", url, path, body={"revision": based_on(), "spec": spec, "note": args.note})
         print(f"updated {args.name} to revision {record['revision']}")
     elif command == "rollback":
@@ -248,9 +249,9 @@ def run_apply(args: argparse.Namespace) -> int:
     try:
         data = yaml.safe_load(expand_env(Path(args.file).read_text()))
     except (OSError, yaml.YAMLError) as exc:
-        raise CliError(f"{args.file}: {exc}", 2) from None
+        raise CliError(f"{args.file}: {exc}", EXIT_INVALID) from None
     if not isinstance(data, dict) or not ({"models", "tenants"} & set(data)):
-        raise CliError(f"{args.file}: declares neither `models:` nor `tenants:`", 2)
+        raise CliError(f"{args.file}: declares neither `models:` nor `tenants:`", EXIT_INVALID)
     body: dict[str, Any] = {"dry_run": args.dry_run, "note": args.note}
     if "models" in data:
         # Only `thaw up` reads demo_if_missing; the registry has no use for it.

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from thaw.cli.common import CliError, _call, _controller, _get, _load
+from thaw.exits import EXIT_INVALID
 
 COMMANDS = {
     "create": "Create a tenant (then give it a key with `thaw tenants add`).",
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     elif command == "limits":
         limits = _limits(args)
         if not limits:
-            raise CliError("give --rpm, --tpm or --concurrency (0 lifts a limit)", 2)
+            raise CliError("give --rpm, --tpm or --concurrency (0 lifts a limit)", EXIT_INVALID)
         rec = _call(cfg, "PATCH", url, f"/v1/admin/tenants/{args.tenant}", body={"limits": limits})
         print(f"tenant {rec['name']}: limits {_show_limits(rec['limits'])}")
     elif command == "models":
