@@ -76,11 +76,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     The group is the nodeid's ``@`` suffix, which xdist's scheduler reads. xdist 3.8 adds
     it from ``xdist_group`` marks by setting ``item._nodeid``, which pytest 9 no longer
-    reads (a node's id is ``item._id``), so it is set here, after xdist's own hook."""
-    if not getattr(config.option, "loadgroup", False):
-        return
+    reads (a node's id is ``item._id``), so it is set here, after xdist's own hook.
+
+    Schemathesis gives each API operation's item its function's node id (the
+    operation is only in ``item.name``); xdist runs one item per node id, so each is
+    given its name's id first (``test_worker_api[GET /healthz]``)."""
     from _pytest.nodeid import coerce_node_id
 
+    for item in items:
+        parent, _, leaf = item.nodeid.rpartition("::")
+        if parent and "[" in item.name and "[" not in leaf and item.name.startswith(leaf):
+            item._id = coerce_node_id(f"{parent}::{item.name}")
+    if not getattr(config.option, "loadgroup", False):
+        return
     for item in items:
         if item.nodeid.rfind("@") > item.nodeid.rfind("]"):
             continue  # grouped already
