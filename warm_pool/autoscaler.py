@@ -24,9 +24,20 @@ _T = TypeVar("_T")
 
 def evolve(obj: _T, **changes: Any) -> _T:
     """``dataclasses.replace`` for the policy's small frozen records (every field an
-    ``__init__`` argument), without its per-call field introspection: the controller
-    calls it for every model on every tick, the simulator millions of times a run."""
-    return type(obj)(**{**obj.__dict__, **changes})
+    ``__init__`` argument), without its per-call field introspection nor, for a record
+    with no ``__post_init__`` to run, its ``__init__`` (a frozen one sets each field
+    through ``object.__setattr__``): the controller calls it for every model on every
+    tick, the simulator millions of times a run."""
+    cls = type(obj)
+    if hasattr(cls, "__post_init__"):
+        return cls(**{**obj.__dict__, **changes})
+    fields = obj.__dict__
+    if not fields.keys() >= changes.keys():
+        raise TypeError(f"{cls.__name__} has no field {sorted(changes.keys() - fields.keys())}")
+    new = object.__new__(cls)
+    new.__dict__.update(fields)
+    new.__dict__.update(changes)
+    return new
 
 
 @dataclass(frozen=True)

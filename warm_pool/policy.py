@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from thaw.config import Autoscaling, Model, ThawConfig
@@ -57,6 +58,7 @@ from warm_pool.keepalive import (
     IdleHistogram,
     IdlePools,
     KeepAliveWindow,
+    PoolKey,
     idle_interval,
     keep_alive_decision,
     keep_alive_window,
@@ -165,6 +167,54 @@ class Snapshot:
     outdated: dict[str, frozenset[int]] = field(default_factory=dict)
     # Per model, the lines of running batches not answered yet (warm_pool.batch_policy).
     batch_demand: dict[str, int] = field(default_factory=dict)
+
+    # Indexes of ``workers`` the stages read, each in the workers' order, built once per
+    # snapshot: a stage that judges one model reads its workers, not the fleet's.
+    @cached_property
+    def by_model(self) -> dict[str, tuple[WorkerView, ...]]:
+        out: dict[str, list[WorkerView]] = {}
+        for w in self.workers:
+            if w.model is not None:
+                out.setdefault(w.model, []).append(w)
+        return {k: tuple(v) for k, v in out.items()}
+
+    @cached_property
+    def by_shape(self) -> dict[str, tuple[WorkerView, ...]]:
+        out: dict[str, list[WorkerView]] = {}
+        for w in self.workers:
+            out.setdefault(w.shape, []).append(w)
+        return {k: tuple(v) for k, v in out.items()}
+
+    @cached_property
+    def hosting(self) -> frozenset[str]:
+        """Workers that run packed engines: never standbys, even with no engine of their own."""
+        return frozenset(w.host for w in self.workers if w.host is not None)
+
+    @cached_property
+    def standbys(self) -> dict[str, tuple[WorkerView, ...]]:
+        """Standby instances by shape, by id: the ones free to take a model."""
+        out: dict[str, list[WorkerView]] = {}
+        hosting = self.hosting
+        for w in sorted((w for w in self.workers if w.state == "standby" and w.host is None and w.id not in hosting),
+                        key=lambda w: w.id):
+            out.setdefault(w.shape, []).append(w)
+        return {k: tuple(v) for k, v in out.items()}
+
+    @cached_property
+    def asleep(self) -> tuple[WorkerView, ...]:
+        """Asleep workers, the longest asleep first."""
+        return tuple(sorted((w for w in self.workers if w.state == "asleep"), key=lambda w: (w.since or 0.0, w.id)))
+
+    @cached_property
+    def on_batch(self) -> tuple[WorkerView, ...]:
+        """Workers on batch assignments (the only ones that can be lent to batch)."""
+        return tuple(w for w in self.workers if w.batch)
+
+    @cached_property
+    def troubled(self) -> tuple[WorkerView, ...]:
+        """Workers failed or unreachable, or with an adapter that failed to load."""
+        return tuple(w for w in self.workers if w.state in ("failed", "unreachable")
+                     or (w.adapters and any(st == "failed" for _, st in w.adapters)))
 
 
 @dataclass(frozen=True)
@@ -521,9 +571,8 @@ def idle_pools(models: Mapping[str, ModelState], cfg: ThawConfig, pools: IdlePoo
     histograms of the models that learn (``keep_alive: histogram``)."""
     if pools.at == now:
         return pools
-    return pooled(pools, {m.name: (pool_key(m.autoscaling.keep_alive_histogram), models[m.name].idle_histogram)
-                          for m in cfg.models if m.autoscaling.keep_alive == "histogram" and m.name in models},
-                  now)
+    return pooled(pools, {name: (key, models[name].idle_histogram) for name, key in _index(cfg).learners
+                          if name in models}, now)
 
 
 def _keep_alive(ms: ModelState, m: Model, cfg: ThawConfig, pools: IdlePools) -> ModelState:
@@ -552,6 +601,36 @@ def track(ms: ModelState, act: ModelActivity, m: Model, cfg: ThawConfig, now: fl
     return evolve(ms, scale=observe(ms.scale, now, act.demand, act.arrivals, act.ttfts, a.stable_window_s))
 
 
+@dataclass(frozen=True)
+class _ConfigIndex:
+    """What the stages read of a config on every tick, built once per config."""
+
+    by_name: dict[str, Model]
+    order: dict[str, int]  # each model's place in the config
+    adapters: tuple[Model, ...]  # models with a base, in config order
+    packing: frozenset[str]  # the shapes whose pools pack engines
+    learners: tuple[tuple[str, PoolKey], ...]  # models with keep_alive: histogram, and their pool
+
+
+_last_index: tuple[ThawConfig, _ConfigIndex] | None = None
+
+
+def _index(cfg: ThawConfig) -> _ConfigIndex:
+    """``cfg``'s index (a config is frozen: the last one's is kept, with the config)."""
+    global _last_index
+    if _last_index is not None and _last_index[0] is cfg:
+        return _last_index[1]
+    index = _ConfigIndex(
+        by_name={m.name: m for m in cfg.models},
+        order={m.name: i for i, m in enumerate(cfg.models)},
+        adapters=tuple(m for m in cfg.models if m.base is not None),
+        packing=frozenset(p.shape for p in cfg.pools if p.pack),
+        learners=tuple((m.name, pool_key(m.autoscaling.keep_alive_histogram)) for m in cfg.models
+                       if m.autoscaling.keep_alive == "histogram"))
+    _last_index = (cfg, index)
+    return index
+
+
 @dataclass
 class _Tick:
     """One tick's working state, shared by the stages of :func:`decide` (each stage a
@@ -566,9 +645,9 @@ class _Tick:
     tag: str
     by_name: dict[str, Model]
     # Workers that run packed engines: not standbys even when their own engine is gone.
-    hosting: set[str]
+    hosting: frozenset[str]
     free: dict[str, list[WorkerView]]  # standbys by shape, ready to take a model
-    packing: set[str]  # the shapes whose pools pack engines
+    packing: frozenset[str]  # the shapes whose pools pack engines
     room: dict[str, int]  # free bytes per worker that packs
     shape_of: dict[str, str]
     activity: dict[str, ModelActivity]
@@ -586,22 +665,23 @@ class _Tick:
     @classmethod
     def start(cls, snap: Snapshot, state: PolicyState, cfg: ThawConfig, now: float,
               only: Collection[str] | None) -> _Tick:
-        hosting = {w.host for w in snap.workers if w.host is not None}
-        free: dict[str, list[WorkerView]] = {}
-        for w in sorted((w for w in snap.workers if w.state == "standby" and w.host is None and w.id not in hosting),
-                        key=lambda w: w.id):
-            free.setdefault(w.shape, []).append(w)
-        packing = {p.shape for p in cfg.pools if p.pack}
+        index = _index(cfg)
+        free = {shape: list(ws) for shape, ws in snap.standbys.items()}
+        packing = index.packing
         # A base's engines serve its adapters too: it scales, and stays, for their traffic
         # as well as its own.
-        activity = dict(snap.activity)
-        for m in cfg.models:
-            if m.base is not None and m.name in snap.activity:
-                activity[m.base] = activity.get(m.base, ModelActivity()).plus(snap.activity[m.name])
+        activity = snap.activity
+        if index.adapters and any(m.name in activity for m in index.adapters):
+            activity = dict(activity)
+            for m in index.adapters:
+                if m.name in snap.activity:
+                    base = m.base
+                    assert base is not None
+                    activity[base] = activity.get(base, ModelActivity()).plus(snap.activity[m.name])
         return cls(snap=snap, cfg=cfg, now=now, only=only, models=dict(state.models), n_assign=state.assignments,
-                   tag=f"{state.epoch}-" if state.epoch else "", by_name={m.name: m for m in cfg.models},
-                   hosting=hosting, free=free, packing=packing, room=pack_room(snap.workers) if packing else {},
-                   shape_of={w.id: w.shape for w in snap.workers}, activity=activity,
+                   tag=f"{state.epoch}-" if state.epoch else "", by_name=index.by_name,
+                   hosting=snap.hosting, free=free, packing=packing, room=pack_room(snap.workers) if packing else {},
+                   shape_of={w.id: w.shape for w in snap.workers} if packing else {}, activity=activity,
                    idle_pools=idle_pools(state.models, cfg, state.idle_pools, now))
 
     def assignment_id(self, model: str) -> str:
@@ -647,7 +727,8 @@ def _failures(t: _Tick) -> None:
     """1. Failed loads: count once, back off, reset the worker (an adapter: unload it);
     an unreachable worker is terminated."""
     now = t.now
-    for w in t.snap.workers:
+    troubled = t.snap.troubled
+    for w in troubled:
         for name, st in w.adapters:
             if st == "failed":
                 ms = t.models.get(name, ModelState())
@@ -658,7 +739,7 @@ def _failures(t: _Tick) -> None:
                                             last_error=f"loading the adapter failed on {w.id}",
                                             last_failure_kind="engine", counted_assignment=key)
                 t.decisions.append(UnloadAdapter(w.id, name, "failed"))
-    for w in t.snap.workers:
+    for w in troubled:
         if w.state == "failed":
             if w.model is not None:
                 ms = t.models.get(w.model, ModelState())
@@ -697,7 +778,7 @@ def _removed(t: _Tick) -> None:
 def _asleep(t: _Tick) -> None:
     """Asleep workers: released once past their model's asleep_ttl_s (or asleep with an
     outdated revision), else kept for a wake."""
-    for w in sorted((w for w in t.snap.workers if w.state == "asleep"), key=lambda w: (w.since or 0.0, w.id)):
+    for w in t.snap.asleep:
         m_cfg = t.by_name.get(w.model) if w.model else None
         ttl = m_cfg.autoscaling.asleep_ttl_s if m_cfg else 0.0
         if m_cfg is None or ttl <= 0 or (w.since is not None and t.now - w.since >= ttl):
@@ -726,7 +807,11 @@ def _reclaim(t: _Tick, shape: str, for_model: str) -> bool:
 def _judged(t: _Tick) -> list[Model]:
     """The models judged this tick, in order: those whose requests wait at zero take the
     free standbys first, the longest waiting first; the others follow in config order."""
-    judged = t.cfg.models if t.only is None else [m for m in t.cfg.models if m.name in t.only]
+    if t.only is None:
+        judged = t.cfg.models
+    else:
+        index = _index(t.cfg)
+        judged = sorted((index.by_name[n] for n in t.only if n in index.by_name), key=lambda m: index.order[m.name])
     waited = {m.name: since for m in judged
               if (prev := t.models.get(m.name)) is not None and (since := prev.at_zero_since) is not None}
     if waited:
@@ -741,12 +826,12 @@ def _model(t: _Tick, m: Model) -> None:
     snap, now = t.snap, t.now
     act = t.activity.get(m.name, ModelActivity())
     if m.base is None:
-        replicas = [w for w in snap.workers if w.model == m.name and w.state in _SERVING]
+        replicas = [w for w in snap.by_model.get(m.name, ()) if w.state in _SERVING]
         ready = [w for w in replicas if w.state == "ready"]
         hosts: list[WorkerView] = []
     else:
         # An adapter's replicas are the engines of its base that hold it.
-        hosts = [w for w in snap.workers if w.model == m.base and w.state == "ready"]
+        hosts = [w for w in snap.by_model.get(m.base, ()) if w.state == "ready"]
         replicas = [w for w in hosts if w.adapter(m.name) in ("loading", "ready")]
         ready = [w for w in replicas if w.adapter(m.name) == "ready"]
     ms = t.models.get(m.name, ModelState())
@@ -848,7 +933,7 @@ def _place(t: _Tick, m: Model, n: int, reason: AssignReason) -> int:
             w, tier, secs = place(standbys, m.uri, model_bytes(t.snap.workers, m.uri),
                                   t.snap.model_classes.get(m.name))
             t.decisions.append(Assign(w.id, m.name, t.assignment_id(m.name), reason, tier, round(secs, 3)))
-        elif (taken := to_preempt(t.snap.workers, m.shape, t.activity, t.preempted)) is not None:
+        elif (taken := to_preempt(t.snap.on_batch, m.shape, t.activity, t.preempted)) is not None:
             # A standby lent to batch work: the online model takes it back now.
             t.preempted.add(taken.id)
             t.decisions.append(Assign(taken.id, m.name, t.assignment_id(m.name), reason, "preempt"))
@@ -887,7 +972,7 @@ def _pools(t: _Tick, state: PolicyState) -> dict[str, PoolState]:
     launches_for_demand, hosting, gone = t.launches_for_demand, t.hosting, t.gone
     shapes = {s.name: s for s in cfg.shapes}
     assigned_now = {d.worker_id for d in decisions if isinstance(d, Assign) and not d.batch}
-    lent = {w.id for w in snap.workers if lent_to_batch(w, t.activity) and w.id not in assigned_now}
+    lent = {w.id for w in snap.on_batch if lent_to_batch(w, t.activity) and w.id not in assigned_now}
     lent |= {d.worker_id for d in decisions if isinstance(d, Assign) and d.batch}
     pool_states = dict(state.pools)
     asks: list[PoolAsk] = []
@@ -905,7 +990,7 @@ def _pools(t: _Tick, state: PolicyState) -> dict[str, PoolState]:
         pool_states[pool.shape] = evolve(ps, sizer=sizer, cold_starts=colds, target=target,
                                          class_cold_starts=class_colds)
         # Instances only: a packed engine is part of its worker's.
-        mine = [w for w in snap.workers if w.shape == pool.shape and w.host is None]
+        mine = [w for w in snap.by_shape.get(pool.shape, ()) if w.host is None]
         serving = [w for w in mine if (w.state in ("loading", "ready") and w.id not in lent) or w.id in hosting]
         asleep_here = [w for w in mine if w.state == "asleep" and w.id not in gone]
         asks.append(PoolAsk(shape=pool.shape, price_per_hour_usd=shape.price_per_hour_usd,
@@ -917,10 +1002,9 @@ def _pools(t: _Tick, state: PolicyState) -> dict[str, PoolState]:
     for pool, g in zip(cfg.pools, grants, strict=True):
         shape = shapes[pool.shape]
         pool_states[pool.shape] = evolve(pool_states[pool.shape], grant=g)
-        mine = [w for w in snap.workers
-                if w.shape == pool.shape and w.host is None and w.state not in ("unreachable", "stopped")]
-        stopped = sorted((w for w in snap.workers if w.shape == pool.shape and w.state == "stopped"),
-                         key=lambda w: w.id)
+        here = snap.by_shape.get(pool.shape, ())
+        mine = [w for w in here if w.host is None and w.state not in ("unreachable", "stopped")]
+        stopped = sorted((w for w in here if w.state == "stopped"), key=lambda w: w.id)
         standby = [w for w in mine if (w.state in _STANDBY_LIKE or w.id in lent) and w.id not in assigned_now
                    and w.id not in hosting]
         total = len(mine)
