@@ -35,7 +35,9 @@ from warm_pool.db import Db
 from warm_pool.leader import LeaseStore
 from warm_pool.persist import ControllerStore
 
-LEASE_S = 1.0
+# Long enough that a loaded machine (CI runs two lanes on two cores) does not stall a
+# renewal past it: a lease lost and taken back would start a third term mid-test.
+LEASE_S = 3.0
 
 
 async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
@@ -45,7 +47,8 @@ async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
     ports = free_port(), free_port()
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     provider = InProcessProvider(tmp_path / "workers", ",".join(urls))
-    cfg = fleet_config()
+    # demo stays warm across the failover (the test's idle grace would release it).
+    cfg = fleet_config(idle_grace_s=120)
 
     def one(name: str, port: int) -> contextlib.AbstractAsyncContextManager:  # type: ignore[type-arg]
         return controller(cfg, provider, port, state_db=Db.postgres(url), lease=LeaseStore(Db.postgres(url)),
