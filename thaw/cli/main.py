@@ -185,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         bench_batch,
         bench_cold_start,
         bench_conversations,
+        bench_page_faults,
         bench_simulate,
         bench_stream,
     )
@@ -195,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, mod, help_ in (
         ("cold-start", bench_cold_start, "Request at zero to first token: plain vLLM from S3 vs Thaw's tiers."),
         ("stream", bench_stream, "Weights from the store: ceiling vs Thaw's streamer vs runai vs boto3+safetensors."),
+        ("page-faults", bench_page_faults, "Writing weights into fresh host memory vs huge pages, MAP_POPULATE "
+                                           "and reused memory."),
         ("activator", bench_activator, "What the activator adds in front of a replica, with vllm-router as a peer."),
         ("simulate", bench_simulate, "Simulated requests per second on a long many-model trace, fast vs exact mode."),
         ("batch", bench_batch, "Online TTFT with and without a concurrent batch (on a lent standby, on spare "
