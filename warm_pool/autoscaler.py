@@ -22,6 +22,10 @@ from thaw.config import Autoscaling
 _T = TypeVar("_T")
 
 
+# Per record class: whether it has a ``__post_init__`` (then evolve runs ``__init__``).
+_CHECKED: dict[type, bool] = {}
+
+
 def evolve(obj: _T, **changes: Any) -> _T:
     """``dataclasses.replace`` for the policy's small frozen records (every field an
     ``__init__`` argument), without its per-call field introspection nor, for a record
@@ -29,7 +33,10 @@ def evolve(obj: _T, **changes: Any) -> _T:
     through ``object.__setattr__``): the controller calls it for every model on every
     tick, the simulator millions of times a run."""
     cls = type(obj)
-    if hasattr(cls, "__post_init__"):
+    checked = _CHECKED.get(cls)
+    if checked is None:
+        checked = _CHECKED[cls] = hasattr(cls, "__post_init__")
+    if checked:
         return cls(**{**obj.__dict__, **changes})
     fields = obj.__dict__
     if not fields.keys() >= changes.keys():
