@@ -70,10 +70,10 @@ def postgres() -> Iterator[PostgresServer]:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The lanes `scripts/test` runs the suite in (pytest-xdist, ``--dist loadgroup``):
-    the tests that start real vLLM engines under a fleet in one lane, one after another
-    as without xdist; the engine tests of a single worker (:data:`_ENGINE_ALONE`) as one
-    more group; the other tests a module at a time (its module-scoped fixtures set up
-    once). On two cores the engine lane alone took 47 of the suite's 47 minutes.
+    every test that starts a real vLLM engine in one lane, one after another as without
+    xdist, so no two engines' start-ups compete for the CPU; the other tests, a module at
+    a time (its module-scoped fixtures set up once), in the lanes beside it. On two cores
+    the engine lane is the suite's length (47 minutes); the other lane ends earlier.
 
     The group is the nodeid's ``@`` suffix, which xdist's scheduler reads. xdist 3.8 adds
     it from ``xdist_group`` marks by setting ``item._nodeid``, which pytest 9 no longer
@@ -96,14 +96,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item._id = coerce_node_id(f"{item.nodeid}@{_lane_group(item)}")
 
 
-# Engine tests of one worker, no fleet under load (about a quarter of the engine tests'
-# time): a group of their own, which the other lane takes up beside its modules (the
-# engine group, the largest, is handed out first and holds its lane to the end).
-_ENGINE_ALONE = ("tests/worker/", "tests/loadtests/")
-
-
 def _lane_group(item: pytest.Item) -> str:
-    module = item.nodeid.split("::", 1)[0]
-    if not item.get_closest_marker("engine"):
-        return module
-    return "engine-worker" if module.startswith(_ENGINE_ALONE) else "engine"
+    # One engine lane: the single-worker engine tests as a group of their own in the
+    # other lane (beside its modules) took 48:53 against 47:18; two engines at once on
+    # two cores each ran slower by what the split saved.
+    return "engine" if item.get_closest_marker("engine") else item.nodeid.split("::", 1)[0]
