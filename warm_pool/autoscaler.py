@@ -23,7 +23,7 @@ _T = TypeVar("_T")
 
 
 # Per record class: whether it has a ``__post_init__`` (then evolve runs ``__init__``).
-_CHECKED: dict[type, bool] = {}
+_HAS_POST_INIT: dict[type, bool] = {}
 
 
 def evolve(obj: _T, **changes: Any) -> _T:
@@ -33,10 +33,10 @@ def evolve(obj: _T, **changes: Any) -> _T:
     through ``object.__setattr__``): the controller calls it for every model on every
     tick, the simulator millions of times a run."""
     cls = type(obj)
-    checked = _CHECKED.get(cls)
-    if checked is None:
-        checked = _CHECKED[cls] = hasattr(cls, "__post_init__")
-    if checked:
+    post_init = _HAS_POST_INIT.get(cls)
+    if post_init is None:
+        post_init = _HAS_POST_INIT[cls] = hasattr(cls, "__post_init__")
+    if post_init:
         return cls(**{**obj.__dict__, **changes})
     fields = obj.__dict__
     if not fields.keys() >= changes.keys():
