@@ -74,14 +74,22 @@ class Controllers:
         self._next(r)
         return False
 
-    def _tries(self) -> Generator[str, httpx.Response | httpx.TransportError, httpx.Response]:
+    def _tries(self, method: str) -> Generator[str, httpx.Response | httpx.TransportError, httpx.Response]:
         """The URL of each try, sent the outcome of the one before; returns the answer,
-        or raises the connection error when no controller gave one."""
+        or raises the connection error when no controller gave one.
+
+        A read (GET) whose connection broke after it was made (a kept-alive connection
+        the controller had closed: ``ReadError``, ``RemoteProtocolError``) is tried once
+        more where it went, even with no other controller to try: it changes nothing."""
         answer: httpx.Response | None = None
         tries = self._attempts()
+        reread = method.upper() == "GET"
         for attempt in range(tries):
             outcome = yield self.url
             if isinstance(outcome, httpx.TransportError):
+                if reread and attempt + 1 < tries and isinstance(outcome, httpx.ReadError | httpx.RemoteProtocolError):
+                    reread = False
+                    continue
                 if attempt + 1 < tries and not self._done(None):
                     continue
                 if answer is None:
@@ -95,7 +103,7 @@ class Controllers:
 
     async def request(self, http: httpx.AsyncClient, method: str, path: str, **kw: Any) -> httpx.Response:
         """``method path`` at the leader (see the module's docstring)."""
-        tries = self._tries()
+        tries = self._tries(method)
         url = next(tries)
         while True:
             try:
@@ -109,7 +117,7 @@ class Controllers:
 
     def request_sync(self, method: str, path: str, **kw: Any) -> httpx.Response:
         """The same, blocking (the ``thaw`` commands)."""
-        tries = self._tries()
+        tries = self._tries(method)
         url = next(tries)
         while True:
             try:

@@ -77,6 +77,25 @@ async def test_a_leader_outside_the_list_is_followed_too() -> None:
     assert c.urls == [A, B, C]
 
 
+async def test_a_read_on_a_connection_the_controller_closed_is_tried_once_more() -> None:
+    # The one controller had closed the kept-alive connection the read went out on.
+    broken: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        broken.append(request.method)
+        if len(broken) % 2:
+            raise httpx.ReadError("", request=request)
+        return httpx.Response(200, json={"ok": A})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as http:
+        assert (await Controllers(A).request(http, "GET", "/v1/batches/b")).json() == {"ok": A}
+        assert broken == ["GET", "GET"]
+        # Not a write: it may have been carried out before the connection broke.
+        with pytest.raises(httpx.ReadError):
+            await Controllers(A).request(http, "POST", "/v1/batches")
+        assert broken == ["GET", "GET", "POST"]
+
+
 def test_urls_are_checked() -> None:
     assert parse_urls(" http://a:1/ ,https://b ") == ["http://a:1", "https://b"]
     with pytest.raises(ValueError, match="no controller URL"):
