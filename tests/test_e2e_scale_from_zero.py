@@ -189,12 +189,12 @@ def test_thaw_status_prints_models_and_workers(stack: Stack) -> None:
 def test_a_scheduled_window_brings_a_replica_up_before_its_first_request(stack: Stack) -> None:
     stack.wait_for("scale to zero", lambda s: not demo_state(s)["replicas"] and workers_in(s, "standby"),
                    timeout_s=IDLE_GRACE_S + 90)
-    # A window from the next whole minute at least 15 s away (the controller's own clock,
-    # UTC: the cron has minutes, so the test waits for one rather than stepping a clock).
+    # A window that opened at the start of this minute (the controller's clock, UTC) and
+    # lasts 10 minutes: declared now, it is open. That a window does nothing before it
+    # opens is the pure stage's to show (tests/warm_pool/test_prewarm.py, the simulator's
+    # tests), on a stepped clock; here the live controller applies a declared window.
     now = time.time()
-    opens = (math.floor(now / 60) + 1) * 60.0
-    if opens - now < 15:
-        opens += 60
+    opens = math.floor(now / 60) * 60.0
     at = datetime.fromtimestamp(opens, UTC)
     auth = {"Authorization": f"Bearer {stack.token()}"}
     url = f"{stack.control_url}/v1/admin/models/demo"
@@ -203,13 +203,11 @@ def test_a_scheduled_window_brings_a_replica_up_before_its_first_request(stack: 
     r = httpx.patch(url, headers=auth, timeout=30, json={"revision": revision, "spec": {"prewarm": [window]}})
     assert r.status_code == 200, r.text
     try:
-        # With no request, a replica comes up once the window opens, not before.
-        stack.wait_for("the scheduled replica", lambda s: demo_state(s)["replicas"].get("ready"),
-                       timeout_s=opens - time.time() + 180)
+        # With no request, a replica comes up for the window.
+        stack.wait_for("the scheduled replica", lambda s: demo_state(s)["replicas"].get("ready"), timeout_s=180)
         events = httpx.get(f"{stack.control_url}/v1/events", headers=auth, timeout=5).json()["events"]
         assigned = [e for e in events if e["kind"] == "assign" and e["model"] == "demo" and e["at"] >= now]
         assert [e["reason"] for e in assigned] == ["prewarm"], assigned
-        assert assigned[0]["at"] >= opens
         # The window's first request finds it up: no cold start.
         before = cold_starts(stack)
         raw = stack.client().chat.completions.with_raw_response.create(
