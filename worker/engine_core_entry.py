@@ -3,16 +3,17 @@
 Why a forkserver: vLLM 0.32's OpenAI server always runs the engine core in a
 separate process, and the CPU platform forces the ``spawn`` start method, so each
 launch would pay the ~8 s of vLLM imports again in the new process. The engine
-host instead starts a forkserver while it stands by, with this module (and through
-it vLLM's engine core, workers and model code) imported; at launch the engine core
-is forked from it and starts with everything imported. A forkserver is
-single-threaded and has run no kernels, so forking it is safe where forking the
-API server process (threads, OpenMP pools) is not.
+host instead imports this module (and through it vLLM's engine core, workers and
+model code) while it stands by and forks a forkserver from itself (see
+``worker.engine_host._start_forkserver``); at launch the engine core is forked from
+the forkserver and starts with everything imported. The forkserver is forked while
+the engine host is single-threaded and has run no kernels, and stays so, so forking
+it is safe where forking the API server process (threads, OpenMP pools) is not.
 
-In the forkserver, importing this module also does the start-up work every engine
-core would otherwise repeat after the fork (:func:`_prepare_forkserver`: lazy
-imports, kernel overrides, probes, ``gc.freeze``); it is the difference between
-~4.3 s and ~1.4 s from launch to ``/health`` for the demo model in eager mode.
+In the forkserver, :func:`prepare_forkserver` does the start-up work every engine
+core would otherwise repeat after the fork (lazy imports, kernel overrides, probes,
+``gc.freeze``); it is the difference between ~4.3 s and ~1.4 s from launch to
+``/health`` for the demo model in eager mode.
 
 A forkserver child inherits the environment the forkserver had when it started,
 not the launch's, so :func:`run_engine_core` applies the launch environment first.
@@ -42,7 +43,6 @@ from weight_streaming import vllm_loader
 from worker.launch import (
     EV_FAILED,
     EV_WEIGHTS_LOADED,
-    FORKSERVER_ENV,
     emit_event,
     failure_kind,
     root_cause,
@@ -85,7 +85,7 @@ def run_engine_core(*args: Any, thaw_env: dict[str, str] | None = None, **kwargs
     """``EngineCoreProc.run_engine_core`` with the launch's environment and Thaw's events."""
     # The forkserver dies with the engine host; this process must die with the forkserver.
     die_with_parent()
-    # Whatever the forkserver built since its own freeze (see _prepare_forkserver):
+    # Whatever the forkserver built since its own freeze (see prepare_forkserver):
     # vLLM's start-up runs about six full collections, which would otherwise walk
     # every object of its imports each time (~0.3 s each here).
     gc.freeze()
@@ -177,7 +177,7 @@ def _allow_cpu_aot_cache_loading() -> None:
         bundled.finalize_loading = lambda self, vllm_config: None  # type: ignore[attr-defined]
 
 
-def _prepare_forkserver() -> None:
+def prepare_forkserver() -> None:
     """Work every engine core would repeat at start, done once in the forkserver.
 
     - Imports the engine core would do lazily after the fork (``_LAZY_MODULES``).
@@ -212,14 +212,3 @@ def _prepare_forkserver() -> None:
     )
     gc.collect()
     gc.freeze()
-
-
-# The engine host sets this only in the forkserver's environment: in its own
-# process (which imports this module for pickling) there is nothing to prepare.
-if os.environ.get(FORKSERVER_ENV) == "1":
-    try:
-        _prepare_forkserver()
-    except Exception:  # an optimisation only: the preload itself must still succeed
-        import traceback
-
-        traceback.print_exc()

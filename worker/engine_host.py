@@ -3,8 +3,9 @@
 ``python -m worker.engine_host`` is started by the agent (``worker.host``), in its
 own process group. It
 
-1. starts a forkserver that preloads vLLM's engine core (see
-   ``worker.engine_core_entry``) and, meanwhile, imports vLLM's OpenAI server itself;
+1. imports vLLM's engine core (``worker.engine_core_entry``), forks a forkserver
+   from itself that the engine core will be forked from, and meanwhile imports
+   vLLM's OpenAI server;
 2. writes ``{"event": "imported"}`` to stdout and waits for one
    :class:`~worker.launch.LaunchCommand` JSON line on stdin;
 3. sets the launch's environment and runs vLLM's OpenAI-compatible server
@@ -22,16 +23,21 @@ again (as ``__mp_main__``) and must not pay for them.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import functools
 import gc
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import multiprocessing.util
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Sequence
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -40,7 +46,6 @@ from worker.launch import (
     EV_FAILED,
     EV_IMPORTED,
     EV_LAUNCHED,
-    FORKSERVER_ENV,
     FORKSERVER_PRELOAD,
     LaunchCommand,
     emit_event,
@@ -52,17 +57,73 @@ from worker.launch import (
 
 
 def _start_forkserver() -> BaseContext:
-    """Start the forkserver now, so that it imports the engine core's modules while
-    this process imports the API server's (two cores do this in parallel)."""
+    """Import vLLM's engine core (``worker.engine_core_entry``), then start the
+    forkserver as a fork of this process, which meanwhile goes on to import the API
+    server.
+
+    The forkserver used to be a fresh interpreter importing the engine core's modules
+    again: about 9 s of CPU per engine host on top of this process's own, paid by
+    every standby, spare and respawn. Forked, it shares those imports (and their
+    pages). This process is still single-threaded and has run no kernels here, as a
+    fresh forkserver would be; the child does the preload's one-off work
+    (``engine_core_entry.prepare_forkserver``) and then runs multiprocessing's
+    forkserver loop as a spawned one would.
+    """
+    import worker.engine_core_entry  # noqa: F401 - the heavy part: vLLM's engine core, torch, model code
+
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([FORKSERVER_PRELOAD])  # type: ignore[attr-defined]
-    # The forkserver takes this environment when it starts; this process must not.
-    os.environ[FORKSERVER_ENV] = "1"
+    # Ensured before the swap below: the tracker must stay a spawned process.
+    multiprocessing.resource_tracker.ensure_running()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    spawnv_passfds = multiprocessing.util.spawnv_passfds
+    multiprocessing.util.spawnv_passfds = _fork_passfds
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
-        del os.environ[FORKSERVER_ENV]
+        multiprocessing.util.spawnv_passfds = spawnv_passfds
     return ctx
+
+
+def _fork_passfds(path: Any, args: Sequence[Any], passfds: Sequence[int]) -> int:
+    """Stand-in for ``multiprocessing.util.spawnv_passfds`` while the forkserver starts:
+    fork instead of exec, and run the same program (``args[-1]``, the forkserver's
+    ``main(...)`` call) with only ``passfds`` open beside stdin, stdout and stderr, as
+    in the spawned interpreter. Returns the child's pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        lo = 3
+        for fd in sorted(passfds):
+            os.closerange(lo, fd)
+            lo = fd + 1
+        os.closerange(lo, os.sysconf("SC_OPEN_MAX"))
+        # The parent's multiprocessing state, as a spawned interpreter would have it:
+        # the forkserver's lock was held at the fork, the tracker's pipe is closed.
+        multiprocessing.forkserver._forkserver._lock = threading.Lock()  # type: ignore[attr-defined]
+        tracker: Any = multiprocessing.resource_tracker._resource_tracker  # type: ignore[attr-defined]
+        tracker._lock, tracker._fd, tracker._pid = threading.RLock(), None, None
+        with contextlib.suppress(ImportError):  # a vLLM dependency; the name is for ps only
+            import setproctitle
+
+            setproctitle.setproctitle(f"thaw-forkserver (engine host {os.getppid()})")
+        from worker.engine_core_entry import prepare_forkserver
+
+        try:
+            prepare_forkserver()
+        except Exception:  # an optimisation only: the forkserver must still serve
+            traceback.print_exc()
+        exec(args[-1], {"__name__": "__thaw_forkserver__"})  # noqa: S102 - multiprocessing's own program
+        code = 0
+    except SystemExit as exc:  # the forkserver's loop ends so when its last client is gone
+        code = exc.code if isinstance(exc.code, int) else 0
+    except BaseException:  # noqa: BLE001 - report, then leave without running the parent's code
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 def _forkserver_ready(ctx: BaseContext) -> bool:

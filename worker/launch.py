@@ -252,8 +252,6 @@ def root_cause(exc: BaseException) -> str:
 
 # The module the engine host's forkserver preloads (see worker.engine_core_entry).
 FORKSERVER_PRELOAD = "worker.engine_core_entry"
-# Set to "1" in the forkserver's environment only: the preload's one-off work runs there.
-FORKSERVER_ENV = "THAW_FORKSERVER"
 
 
 def forkserver_probe() -> None:

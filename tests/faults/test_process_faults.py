@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -449,7 +449,8 @@ def test_partition_between_the_activator_and_a_worker(stack: Stack, far: FarWork
         assert streaming.wait(60)
         far.engine.set("stall")
         cut_at = time.time()
-        time.sleep(STREAM_IDLE_S + 10)
+        # The stall lasts until the activator cuts the stream (or 10 s past its limit).
+        wait([fut], timeout=STREAM_IDLE_S + 10)
         far.engine.set("reset")
         time.sleep(10)
         far.engine.set("pass")
