@@ -73,7 +73,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     every test that starts a real vLLM engine in one lane, one after another as without
     xdist, so no two engines' start-ups compete for the CPU; the other tests, a module at
     a time (its module-scoped fixtures set up once), in the lanes beside it. On two cores
-    the engine lane is the suite's length (47 minutes); the other lane ends earlier.
+    the engine lane is the suite's length (33 minutes); the other lane ends earlier.
 
     The group is the nodeid's ``@`` suffix, which xdist's scheduler reads. xdist 3.8 adds
     it from ``xdist_group`` marks by setting ``item._nodeid``, which pytest 9 no longer
