@@ -148,9 +148,13 @@ def ledger_rows(fleet: Fleet, model: str) -> list[dict[str, Any]]:
 
 def serving_revision(fleet: Fleet, model: str, revision: int) -> bool:
     """Every ready replica of ``model`` serves ``revision`` (and there is one)."""
-    table = Controllers(fleet.controller_url).request_sync("GET", "/v1/routes", headers=fleet.auth(),
-                                                           timeout=5).json()
-    replicas = table["models"].get(model, {}).get("replicas", [])
+    resp = Controllers(fleet.controller_url).request_sync("GET", "/v1/routes", headers=fleet.auth(), timeout=5)
+    if resp.status_code != 200:
+        # A controller between leaders (e.g. after the machine stalled past the lease)
+        # answers an error: not yet, the wait goes on (and says what it last saw).
+        print(f"routes: {resp.status_code} {resp.text[:200]}")
+        return False
+    replicas = resp.json()["models"].get(model, {}).get("replicas", [])
     return bool(replicas) and all(r["revision"] == revision for r in replicas)
 
 
