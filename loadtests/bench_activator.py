@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtests.procs import pinned, serving
+from loadtests.procs import pinned, serving, tree_cpu_s
 from thaw.config import hash_api_key
 from thaw.embedded_store import free_port
 
@@ -159,18 +159,6 @@ def serve_activator(config: Path, pool_url: str, model_dir: Path) -> None:
     app = create_app(cfg, pool_url, activator_id="bench", store_fetcher=dir_fetcher(model_dir))
     uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_config=None, access_log=False,
                 timeout_graceful_shutdown=5)
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its children (from /proc)."""
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        procs = [p, *p.children(recursive=True)]
-        return sum(sum(q.cpu_times()[:2]) for q in procs)
-    except psutil.Error:
-        return 0.0
 
 
 # -- load generator -------------------------------------------------------------------
@@ -346,9 +334,9 @@ async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, s
         duration = max(args.duration_s, args.min_requests / rate)
         for t in live:
             pid = pids.get(t)
-            cpu0 = _cpu_s(pid) if pid else None
+            cpu0 = tree_cpu_s(pid) if pid else None
             samples, wall = await _load(base[t], rate, duration, args.tokens, args.seed + i)
-            cpu = (_cpu_s(pid) - cpu0) if pid and cpu0 is not None else None
+            cpu = (tree_cpu_s(pid) - cpu0) if pid and cpu0 is not None else None
             point = summarize(samples, rate, duration, wall, cpu)
             if t == "direct" and not _within(point, args.p99_budget_ms):
                 # Once more before concluding: a shared machine has its moments.

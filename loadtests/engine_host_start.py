@@ -25,39 +25,13 @@ from typing import Any
 
 import httpx
 
+from loadtests.procs import tree_cpu_s
 from thaw.config import EngineArgs
 from thaw.embedded_store import free_port
 from worker.launch import EV_IMPORTED, LaunchCommand, decode_event, engine_env
 
 # Time for the forkserver's one-off preparation to finish before the CPU is read.
 SETTLE_S = 3.0
-
-
-def _cpu_s(stat: str) -> tuple[int, float]:
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu_s(root: int) -> float:
-    """User + system CPU seconds of ``root`` and every live descendant."""
-    children: dict[int, list[tuple[int, float]]] = {}
-    own = 0.0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            ppid, cpu = _cpu_s((proc / "stat").read_text())
-        except OSError:
-            continue
-        if int(proc.name) == root:
-            own = cpu
-        children.setdefault(ppid, []).append((int(proc.name), cpu))
-    total, stack = own, [root]
-    while stack:
-        for pid, cpu in children.get(stack.pop(), []):
-            total += cpu
-            stack.append(pid)
-    return total
 
 
 def one_rep(model_dir: str, work: str) -> dict[str, float]:

@@ -53,3 +53,15 @@ def serving(cmd: list[str], log: Path, ready_url: str, timeout_s: float = 30.0,
         yield proc
     finally:
         stop_group(proc, stop_grace_s)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its live descendants (0 once it is gone)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        procs = [p, *p.children(recursive=True)]
+        return sum(sum(q.cpu_times()[:2]) for q in procs)
+    except psutil.Error:
+        return 0.0

@@ -69,7 +69,9 @@ def _start_forkserver() -> BaseContext:
     (``engine_core_entry.prepare_forkserver``) and then runs multiprocessing's
     forkserver loop as a spawned one would.
     """
-    import worker.engine_core_entry  # noqa: F401 - the heavy part: vLLM's engine core, torch, model code
+    # The heavy part (vLLM's engine core, torch, model code), and the patched engine
+    # core target must be importable here under its own name for pickling.
+    import worker.engine_core_entry  # noqa: F401
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([FORKSERVER_PRELOAD])  # type: ignore[attr-defined]
@@ -145,9 +147,6 @@ def _import_server() -> Any:
     import vllm.entrypoints.launchers.cli_args  # noqa: F401
     import vllm.utils.argparse_utils  # noqa: F401
 
-    # The patched engine core target must be importable under its own name here for
-    # pickling, and importing it now keeps that off the launch path.
-    import worker.engine_core_entry  # noqa: F401
     from weight_streaming import vllm_loader
 
     # --load-format thaw: the config built in this process must accept it.

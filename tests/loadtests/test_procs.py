@@ -1,4 +1,4 @@
-"""`loadtests/engine_host_start.py`: the CPU of a process tree counts its descendants."""
+"""`loadtests/procs.py::tree_cpu_s` (the benchmarks' CPU per process tree) counts descendants."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import textwrap
 
 import psutil
 
-from loadtests.engine_host_start import tree_cpu_s
+from loadtests.procs import tree_cpu_s
 from tests.waiting import wait_until
 
 # A grandchild that burns 0.5 s of CPU, then waits to be killed.
