@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,13 +68,27 @@ def postgres() -> Iterator[PostgresServer]:
         server.remove()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The lanes' order is set below (``_lane_rank``), not by xdist's reordering of the
+    # groups by their number of tests.
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The lanes `scripts/test` runs the suite in (pytest-xdist, ``--dist loadgroup``):
-    every test that starts a real vLLM engine in one lane, one after another as without
-    xdist, so no two engines' start-ups compete for the CPU; the other tests, a module at
-    a time (its module-scoped fixtures set up once), in the lanes beside it. On two cores
-    the engine lane is the suite's length (33 minutes); the other lane ends earlier.
+    """The lanes `scripts/test` runs the suite in (pytest-xdist, ``--dist loadgroup``).
+
+    The tests that run a whole Thaw with real vLLM engines (``engine``) are one group,
+    one after another as without xdist, so no two stacks compete for the CPU; it is
+    handed out first. The other tests follow, a module at a time (its module-scoped
+    fixtures set up once), larger modules first, in the lanes beside it. Last come the
+    engine tests of a single worker or engine host (``engine-late``, tests/worker/),
+    taken by whichever lane is free first. On two cores the engine group alone took 28
+    minutes and everything else 9 (run apart, on an idle machine): with every engine
+    test in one lane that lane was the suite's length (32 minutes in CI) and the other
+    stood idle for most of it; now the late group runs there, beside the engine
+    group's last stacks.
 
     The group is the nodeid's ``@`` suffix, which xdist's scheduler reads. xdist 3.8 adds
     it from ``xdist_group`` marks by setting ``item._nodeid``, which pytest 9 no longer
@@ -90,14 +105,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item._id = coerce_node_id(f"{parent}::{item.name}")
     if not getattr(config.option, "loadgroup", False):
         return
+    groups: dict[str, str] = {}  # node id (with its group) -> group
     for item in items:
-        if item.nodeid.rfind("@") > item.nodeid.rfind("]"):
-            continue  # grouped already
-        item._id = coerce_node_id(f"{item.nodeid}@{_lane_group(item)}")
+        at = item.nodeid.rfind("@")
+        if at > item.nodeid.rfind("]"):
+            group = item.nodeid[at + 1:]  # grouped already
+        else:
+            group = _lane_group(item)
+            item._id = coerce_node_id(f"{item.nodeid}@{group}")
+        groups[item.nodeid] = group
+    sizes = Counter(groups.values())
+    # A stable sort: the order within a group stays as collected (or as shuffled).
+    items.sort(key=lambda i: _lane_rank(groups[i.nodeid], sizes[groups[i.nodeid]]))
 
 
 def _lane_group(item: pytest.Item) -> str:
-    # One engine lane: the single-worker engine tests as a group of their own in the
-    # other lane (beside its modules) took 48:53 against 47:18; two engines at once on
-    # two cores each ran slower by what the split saved.
-    return "engine" if item.get_closest_marker("engine") else item.nodeid.split("::", 1)[0]
+    if not item.get_closest_marker("engine"):
+        return item.nodeid.split("::", 1)[0]
+    return "engine-late" if item.nodeid.startswith("tests/worker/") else "engine"
+
+
+def _lane_rank(group: str, size: int) -> tuple[int, int]:
+    return (0, 0) if group == "engine" else (2, 0) if group == "engine-late" else (1, -size)
