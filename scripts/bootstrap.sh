@@ -15,6 +15,35 @@ pick_python() {
     return 1
 }
 
+# Some tests run real Debian servers, installed here when missing and this user may
+# (root, or sudo without a password): redis-server (limits shared across activators) and
+# postgresql (the controller's state on PostgreSQL).
+install_debian_package() {  # PACKAGE FOUND_CMD WHAT_NEEDS_IT
+    local package=$1 found=$2 why=$3
+    eval "$found" >/dev/null 2>&1 && return 0
+    local sudo=()
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo=(sudo -n); else sudo=(none); fi
+    fi
+    if ! command -v apt-get >/dev/null 2>&1 || [ "${sudo[0]:-}" = none ]; then
+        echo "thaw: $package is missing and cannot be installed here (needs apt-get as root or with sudo);" \
+             "the $why tests will fail: install it with 'apt-get install $package'" >&2
+        return 0
+    fi
+    echo "thaw: installing $package (apt-get) for the $why tests" >&2
+    if ! { "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+           && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package"; } >/dev/null 2>&1; then
+        echo "thaw: could not install $package with apt-get; the $why tests will fail" \
+             "until it is installed ('apt-get install $package')" >&2
+    fi
+}
+# apt-get runs beside pip: on a fresh machine each mostly waits on its own downloads.
+{
+    install_debian_package redis-server "command -v redis-server" "shared-limits"
+    install_debian_package postgresql "ls /usr/lib/postgresql/*/bin/initdb" "PostgreSQL state"
+} </dev/null &
+DEBIAN_PACKAGES=$!
+
 if [ ! -x "$VENV/bin/python" ]; then
     PY="$(pick_python)"
     echo "thaw: creating $VENV with $PY" >&2
@@ -42,28 +71,4 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
-
-# Some tests run real Debian servers, installed here when missing and this user may
-# (root, or sudo without a password): redis-server (limits shared across activators) and
-# postgresql (the controller's state on PostgreSQL).
-install_debian_package() {  # PACKAGE FOUND_CMD WHAT_NEEDS_IT
-    local package=$1 found=$2 why=$3
-    eval "$found" >/dev/null 2>&1 && return 0
-    local sudo=()
-    if [ "$(id -u)" -ne 0 ]; then
-        if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo=(sudo -n); else sudo=(none); fi
-    fi
-    if ! command -v apt-get >/dev/null 2>&1 || [ "${sudo[0]:-}" = none ]; then
-        echo "thaw: $package is missing and cannot be installed here (needs apt-get as root or with sudo);" \
-             "the $why tests will fail: install it with 'apt-get install $package'" >&2
-        return 0
-    fi
-    echo "thaw: installing $package (apt-get) for the $why tests" >&2
-    if ! { "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-           && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package"; } >/dev/null 2>&1; then
-        echo "thaw: could not install $package with apt-get; the $why tests will fail" \
-             "until it is installed ('apt-get install $package')" >&2
-    fi
-}
-install_debian_package redis-server "command -v redis-server" "shared-limits"
-install_debian_package postgresql "ls /usr/lib/postgresql/*/bin/initdb" "PostgreSQL state"
+wait "$DEBIAN_PACKAGES"
