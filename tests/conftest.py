@@ -15,6 +15,13 @@ from thaw.objstore import S3Endpoint
 
 BUCKET = "thaw-test"
 
+# Every vLLM engine the tests start (in-process, through an agent or `thaw up`) runs
+# beside other engines and CPU-bound processes on a few cores, where OpenMP's default
+# of spinning while it waits starves them: two tiny-model engines at once on two cores
+# took 25 s to start and 14.5 s to generate what one alone did in 10.5 s and 1.8 s;
+# with waiting threads asleep, 9.2 s and 2.0 s (docs/DEVELOPING.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # Lanes of scripts/test (pytest-xdist workers gw0, gw1, ...) pick listening ports from
 # ranges of their own, and so do the servers they start (they inherit this).
 if (_lane := os.environ.get("PYTEST_XDIST_WORKER", "")).startswith("gw"):
