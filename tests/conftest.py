@@ -31,7 +31,7 @@ if (_lane := os.environ.get("PYTEST_XDIST_WORKER", "")).startswith("gw"):
 
 @pytest.fixture(scope="session")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStore]:
-    """One SeaweedFS server for the whole session (it takes ~4 s to start, ~16 s to stop)."""
+    """One SeaweedFS server for the whole session (it takes ~4 s to start, 2 s to stop)."""
     root = tmp_path_factory.mktemp("store")
     s = EmbeddedStore(root, s3_port=free_port(), bucket=BUCKET)
     s.start(timeout_s=90)

@@ -30,7 +30,6 @@ from thaw.s3errors import S3Failure, classify
 
 log = get_logger()
 
-STOP_TIMEOUT_S = 30.0
 # `weed server` stops its filer first, and the filer waits 15 s for its gRPC streams to
 # end; two never do (the filer's subscription to its own metadata and the S3 gateway's
 # to its identities), so a SIGTERM alone took 16 s on every stop. What the store has
@@ -309,9 +308,9 @@ class EmbeddedStore:
                     raise
                 time.sleep(0.5)
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S, grace_s: float = STOP_GRACE_S) -> bool:
-        """SIGTERM the server; SIGKILL it once it is past ``grace_s`` (see
-        ``STOP_GRACE_S``) or, when ``grace_s`` is None, past ``timeout_s``.
+    def stop(self, grace_s: float = STOP_GRACE_S) -> bool:
+        """SIGTERM the server, and SIGKILL it if it is still running ``grace_s`` later
+        (see ``STOP_GRACE_S``).
 
         Returns False when no server was running.
         """
@@ -322,13 +321,10 @@ class EmbeddedStore:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        wait_s = timeout_s if grace_s is None else min(grace_s, timeout_s)
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and _alive(pid, self._proc):
             time.sleep(0.1)
         if _alive(pid, self._proc):
-            if grace_s is None:
-                log.warning("store_kill", pid=pid, after_s=timeout_s)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
