@@ -299,7 +299,7 @@ def _ledger(fleet: Fleet, name: str) -> dict[str, list[dict[str, Any]]]:
 
 def test_a_key_revoked_at_the_controller_is_refused_by_both_activators(fleet: Fleet) -> None:
     # The table reaches the activators by the route table's long poll (pushed, no
-    # period): about 100 ms here. How long is printed, not asserted: a paused or
+    # period): 65 ms here. How long is printed, not asserted: a paused or
     # loaded CI machine once took 5 s for the new key, and a timed bound fails there.
     out = fleet.thaw("tenants", "add", "demo", "--label", "e2e", "--controller", fleet.controller_url)
     assert out.returncode == 0, out.stderr

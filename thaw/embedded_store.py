@@ -321,24 +321,26 @@ class EmbeddedStore:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and _alive(pid, self._proc):
-            time.sleep(0.1)
-        if _alive(pid, self._proc):
+        if not _gone_within(grace_s, pid, self._proc):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            if self._proc is not None:
-                self._proc.wait(timeout=10)
-            else:
-                end = time.monotonic() + 10
-                while time.monotonic() < end and _alive(pid, None):
-                    time.sleep(0.05)
+            _gone_within(10.0, pid, self._proc)
         self._proc = None
         self.pid_file.unlink(missing_ok=True)
         log.info("store_stopped", pid=pid)
         return True
+
+
+def _gone_within(seconds: float, pid: int, proc: subprocess.Popen[bytes] | None) -> bool:
+    """Wait up to ``seconds`` for the server to exit (reaped, when it is our child)."""
+    deadline = time.monotonic() + seconds
+    while _alive(pid, proc):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _alive(pid: int, proc: subprocess.Popen[bytes] | None) -> bool:
