@@ -118,8 +118,13 @@ def chat(client: openai.OpenAI, model: str, max_tokens: int = 8) -> str:
     return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
 
+# One request per activator at most every this many seconds: a load that is the same on a
+# fast machine and a slow one (unpaced, a fast one sent 20 a second and met the tenant's limit).
+LOAD_PACE_S = 0.25
+
+
 class Load:
-    """Streamed chat completions, one after another, through each activator."""
+    """Streamed chat completions, one after another through each activator, paced (LOAD_PACE_S)."""
 
     def __init__(self, fleet: Fleet, model: str) -> None:
         self.ok = 0
@@ -130,11 +135,13 @@ class Load:
 
     def _run(self, client: openai.OpenAI, model: str) -> None:
         while not self._stop.is_set():
+            began = time.monotonic()
             try:
                 chat(client, model)
                 self.ok += 1
             except Exception as exc:  # every failure is the test's business
                 self.failures.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(max(0.0, began + LOAD_PACE_S - time.monotonic()))
 
     def __enter__(self) -> Load:
         for t in self._threads:

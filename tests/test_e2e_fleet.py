@@ -68,6 +68,8 @@ def fleet(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
         "limits": {"backend": "redis", "url": redis.url, "timeout_ms": 2000},
         "ledger": {"ship_interval_s": 1, "ship_prefix": f"usage-{os.getpid()}/"},
     })
+    # The demo tenant carries the tests' load; a limit is tested on its own tenant (metered).
+    cfg["tenants"][0]["limits"] = {}
     cfg["tenants"].append({"name": "metered", "api_key_hashes": [hash_api_key(METERED_KEY)],
                            "limits": {"requests_per_minute": METERED_RPM}})
     cfg["models"][0].update({"uri": uri, "demo_if_missing": False})
