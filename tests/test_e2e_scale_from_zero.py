@@ -30,6 +30,8 @@ from thaw.objstore import S3Endpoint
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 IDLE_GRACE_S = 8
+# A scheduled window is declared at least this long before it opens.
+WINDOW_NOTICE_S = 15
 
 
 def demo_state(state: dict[str, Any]) -> dict[str, Any]:
@@ -189,12 +191,12 @@ def test_thaw_status_prints_models_and_workers(stack: Stack) -> None:
 def test_a_scheduled_window_brings_a_replica_up_before_its_first_request(stack: Stack) -> None:
     stack.wait_for("scale to zero", lambda s: not demo_state(s)["replicas"] and workers_in(s, "standby"),
                    timeout_s=IDLE_GRACE_S + 90)
-    # A window that opened at the start of this minute (the controller's clock, UTC) and
-    # lasts 10 minutes: declared now, it is open. That a window does nothing before it
-    # opens is the pure stage's to show (tests/warm_pool/test_prewarm.py, the simulator's
-    # tests), on a stepped clock; here the live controller applies a declared window.
-    now = time.time()
-    opens = math.floor(now / 60) * 60.0
+    # A window that opens at the next minute at least WINDOW_NOTICE_S away (the
+    # controller's clock, UTC; cron has minutes), declared while it is still shut: the
+    # live controller does nothing before it opens and has a replica up when it does,
+    # with no request. The wait is on the wall clock, at most a minute and a quarter.
+    declared = time.time()
+    opens = math.ceil((declared + WINDOW_NOTICE_S) / 60) * 60.0
     at = datetime.fromtimestamp(opens, UTC)
     auth = {"Authorization": f"Bearer {stack.token()}"}
     url = f"{stack.control_url}/v1/admin/models/demo"
@@ -203,11 +205,14 @@ def test_a_scheduled_window_brings_a_replica_up_before_its_first_request(stack: 
     r = httpx.patch(url, headers=auth, timeout=30, json={"revision": revision, "spec": {"prewarm": [window]}})
     assert r.status_code == 200, r.text
     try:
-        # With no request, a replica comes up for the window.
-        stack.wait_for("the scheduled replica", lambda s: demo_state(s)["replicas"].get("ready"), timeout_s=180)
+        stack.wait_for("the scheduled replica", lambda s: demo_state(s)["replicas"].get("ready"),
+                       timeout_s=opens - time.time() + 180)
         events = httpx.get(f"{stack.control_url}/v1/events", headers=auth, timeout=5).json()["events"]
-        assigned = [e for e in events if e["kind"] == "assign" and e["model"] == "demo" and e["at"] >= now]
+        assigned = [e for e in events if e["kind"] == "assign" and e["model"] == "demo" and e["at"] >= declared]
         assert [e["reason"] for e in assigned] == ["prewarm"], assigned
+        assert assigned[0]["at"] >= opens, f"assigned {opens - assigned[0]['at']:.1f} s before the window opened"
+        print(f"\nwindow opened {opens - declared:.1f} s after it was declared; replica assigned "
+              f"{assigned[0]['at'] - opens:.2f} s after it opened")
         # The window's first request finds it up: no cold start.
         before = cold_starts(stack)
         raw = stack.client().chat.completions.with_raw_response.create(
