@@ -159,7 +159,13 @@ class DiskCache:
         return sorted(out, key=lambda e: (e.last_access_ns, e.path.name))
 
     def used_bytes(self) -> int:
-        """Bytes in the directory: entries plus temp files being written."""
+        """Bytes in the directory: entries plus temp files being written, as they stand
+        between this cache's writes and evictions (taken under their lock: read apart,
+        an entry evicted and the temp file that took its room could both be counted)."""
+        with self._locked():
+            return self._used_bytes()
+
+    def _used_bytes(self) -> int:
         return sum(e.size for e in self.entries()) + sum(size for _, size in self._temps())
 
     # --- which models ---------------------------------------------------------------
@@ -230,7 +236,7 @@ class DiskCache:
             if not self._make_room(size):
                 log.info(
                     "cache_skip_no_room", object=f"s3://{bucket}/{key}", size=size,
-                    budget=self.max_bytes, used=self.used_bytes(),
+                    budget=self.max_bytes, used=self._used_bytes(),
                 )
                 return None
             free = self._free_bytes()
