@@ -154,12 +154,24 @@ class KeepAliveHistogram(_Strict):
     # next request (loading takes time). False: never pre-warm.
     prewarm: bool = True
     prewarm_lead_s: NonNegativeFloat = 60.0
+    # Traffic that repeats by the time of day or of the week: each idle interval is also
+    # counted in the slot of the period (UTC; period_slots slots) it began in, and a
+    # window is judged on the intervals that began in its own slot, blended with all of
+    # the model's while the slot has few (as the pooled prior is blended in). So an idle
+    # start after hours can let the replica go at once and pre-warm for the morning,
+    # where range_s reaches it. "off": every interval alike.
+    periodic: Literal["off", "day", "week"] = "off"
+    period_slots: Annotated[int, Field(ge=1, le=672)] = 24
 
     @model_validator(mode="after")
     def _order(self) -> KeepAliveHistogram:
         if self.bin_s > self.range_s:
             raise ValueError(f"bin_s ({self.bin_s:g}) must not exceed range_s ({self.range_s:g})")
         return self
+
+    def period_s(self) -> float | None:
+        """The length of the period ``periodic`` names (None: off)."""
+        return {"off": None, "day": 86_400.0, "week": 604_800.0}[self.periodic]
 
 
 class Autoscaling(_Strict):

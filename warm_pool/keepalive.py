@@ -62,6 +62,9 @@ class IdleHistogram:
     counts: tuple[int, ...] = ()
     out_of_range: int = 0
     out_of_range_s: float = 0.0
+    # With ``periodic`` on: the same intervals by the slot of the period they began in
+    # (each a histogram without slots of its own; () for a slot not reached yet).
+    by_slot: tuple[IdleHistogram, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.counts, tuple) or not all(_is_count(c) for c in self.counts):
@@ -71,43 +74,76 @@ class IdleHistogram:
         s = self.out_of_range_s
         if isinstance(s, bool) or not isinstance(s, int | float) or not 0 <= s < math.inf:
             raise ValueError(f"out_of_range_s must be a finite number >= 0, got {s!r}")
+        if not isinstance(self.by_slot, tuple) or not all(
+                isinstance(h, IdleHistogram) and not h.by_slot for h in self.by_slot):
+            raise ValueError("by_slot must be a tuple of idle histograms without slots of their own")
 
     def total(self) -> int:
         """Every interval recorded, in range and out of range."""
         return sum(self.counts) + self.out_of_range
 
+    def slot(self, i: int) -> IdleHistogram:
+        """The intervals that began in slot ``i`` (empty when none has)."""
+        return self.by_slot[i] if i < len(self.by_slot) else IdleHistogram()
+
     def to_json(self) -> dict[str, Any]:
-        return {"counts": list(self.counts), "out_of_range": self.out_of_range,
-                "out_of_range_s": self.out_of_range_s}
+        out: dict[str, Any] = {"counts": list(self.counts), "out_of_range": self.out_of_range,
+                               "out_of_range_s": self.out_of_range_s}
+        if self.by_slot:
+            out["by_slot"] = [h.to_json() for h in self.by_slot]
+        return out
 
     @classmethod
     def from_json(cls, data: Any, cfg: KeepAliveHistogram | None = None) -> IdleHistogram:
-        """The histogram :meth:`to_json` wrote (``out_of_range_s`` may be missing: 0,
-        as written before it was kept). Raises ValueError on anything else; with
-        ``cfg``, also on more bins than ``range_s / bin_s``."""
+        """The histogram :meth:`to_json` wrote (``out_of_range_s`` and ``by_slot`` may
+        be missing: 0 and none, as written before they were kept). Raises ValueError on
+        anything else; with ``cfg``, also on more bins than ``range_s / bin_s`` or more
+        slots than ``period_slots``."""
         if not isinstance(data, dict) or not {"counts", "out_of_range"} <= set(data) \
-                or not set(data) <= {"counts", "out_of_range", "out_of_range_s"}:
+                or not set(data) <= {"counts", "out_of_range", "out_of_range_s", "by_slot"}:
             raise ValueError("an idle histogram is an object with 'counts', 'out_of_range' and optionally "
-                             "'out_of_range_s'")
+                             "'out_of_range_s' and 'by_slot'")
         counts = data["counts"]
         if not isinstance(counts, list):
             raise ValueError(f"counts must be a list, got {type(counts).__name__}")
         if cfg is not None and len(counts) > _bin_count(cfg):
             raise ValueError(f"{len(counts)} bins, more than range_s / bin_s = {_bin_count(cfg)}")
-        return cls(tuple(counts), data["out_of_range"], data.get("out_of_range_s", 0.0))
+        slots = data.get("by_slot", [])
+        if not isinstance(slots, list) or any(isinstance(h, dict) and "by_slot" in h for h in slots):
+            raise ValueError("by_slot must be a list of idle histograms without slots of their own")
+        if cfg is not None and len(slots) > cfg.period_slots:
+            raise ValueError(f"{len(slots)} slots, more than period_slots = {cfg.period_slots}")
+        return cls(tuple(counts), data["out_of_range"], data.get("out_of_range_s", 0.0),
+                   tuple(cls.from_json(h, cfg) for h in slots))
 
 
-def record_idle(h: IdleHistogram, idle_s: float, cfg: KeepAliveHistogram) -> IdleHistogram:
-    """``h`` with one more observed idle interval (``>= range_s``: out of range)."""
+def slot_of(at: float, cfg: KeepAliveHistogram) -> int | None:
+    """The slot of the period (``periodic``) that the time ``at`` (Unix seconds, UTC)
+    falls in; None when ``periodic`` is off."""
+    period = cfg.period_s()
+    if period is None:
+        return None
+    return min(math.floor((at % period) / period * cfg.period_slots), cfg.period_slots - 1)
+
+
+def record_idle(h: IdleHistogram, idle_s: float, cfg: KeepAliveHistogram,
+                began_at: float | None = None) -> IdleHistogram:
+    """``h`` with one more observed idle interval (``>= range_s``: out of range), also
+    in the slot of the period it began in (``began_at``) when ``periodic`` is on."""
     if not 0 <= idle_s < math.inf:  # also rejects NaN
         raise ValueError(f"an idle interval must be a finite number of seconds >= 0, got {idle_s!r}")
+    by_slot = h.by_slot
+    slot = None if began_at is None else slot_of(began_at, cfg)
+    if slot is not None:
+        by_slot = by_slot + (IdleHistogram(),) * max(0, slot + 1 - len(by_slot))
+        by_slot = by_slot[:slot] + (record_idle(by_slot[slot], idle_s, cfg),) + by_slot[slot + 1:]
     if idle_s >= cfg.range_s:
-        return IdleHistogram(h.counts, h.out_of_range + 1, h.out_of_range_s + idle_s)
+        return IdleHistogram(h.counts, h.out_of_range + 1, h.out_of_range_s + idle_s, by_slot)
     # Clamped: float division can round an interval just under range_s up a bin.
     i = min(math.floor(idle_s / cfg.bin_s), _bin_count(cfg) - 1)
     counts = list(h.counts) + [0] * max(0, i + 1 - len(h.counts))
     counts[i] += 1
-    return IdleHistogram(tuple(counts), h.out_of_range, h.out_of_range_s)
+    return IdleHistogram(tuple(counts), h.out_of_range, h.out_of_range_s, by_slot)
 
 
 def idle_interval(idle_since: float | None, arrival: float) -> float | None:
@@ -239,32 +275,45 @@ def _in_range(h: IdleHistogram, cfg: KeepAliveHistogram, n_bins: int) -> tuple[l
             h.out_of_range_s + sum(c * i * cfg.bin_s for i, c in past))
 
 
-def _blend(h: IdleHistogram, prior: IdleHistogram | None, cfg: KeepAliveHistogram,
-           n_bins: int) -> tuple[list[float], float, float, float]:
-    """The blended counts per bin, out-of-range count and seconds (``_in_range`` of
-    each), and the prior's weight in intervals."""
-    counts, oor, oor_s = _in_range(h, cfg, n_bins)
-    pt = prior.total() if prior is not None else 0
-    weight = max(cfg.prior_samples - h.total(), cfg.prior_floor) if pt else 0.0
-    if weight and prior is not None:
-        f = weight / pt
-        p_counts, p_oor, p_oor_s = _in_range(prior, cfg, n_bins)
-        counts = [c + f * pc for c, pc in zip(counts, p_counts, strict=True)]
-        oor += f * p_oor
-        oor_s += f * p_oor_s
-    return counts, oor, oor_s, weight
+# Counts per bin, out-of-range count and seconds, as floats (blended ones are weighted).
+_Counts = tuple[list[float], float, float]
+
+
+def _blend(own: _Counts, n_own: float, prior: _Counts,
+           cfg: KeepAliveHistogram) -> tuple[_Counts, float]:
+    """``own`` (of ``n_own`` intervals) with ``prior`` counted as
+    ``max(prior_samples - n_own, prior_floor)`` intervals, and that weight."""
+    counts, oor, oor_s = own
+    p_counts, p_oor, p_oor_s = prior
+    pt = sum(p_counts) + p_oor
+    weight = max(cfg.prior_samples - n_own, cfg.prior_floor) if pt > 0 else 0.0
+    if not weight:
+        return own, 0.0
+    f = weight / pt
+    return ([c + f * pc for c, pc in zip(counts, p_counts, strict=True)], oor + f * p_oor, oor_s + f * p_oor_s), weight
 
 
 def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHistogram | None = None,
-                      tier: Tier = "launch") -> KeepAliveWindow:
-    """The window for the model's next idle period: the fixed ``idle_grace_s`` when so
-    configured or while there is no interval to learn from (its own or ``prior``'s),
-    else the least expected cost over its histogram blended with ``prior``."""
+                      tier: Tier = "launch", idle_since: float | None = None) -> KeepAliveWindow:
+    """The window for the model's idle period that began at ``idle_since``: the fixed
+    ``idle_grace_s`` when so configured or while there is no interval to learn from (its
+    own or ``prior``'s), else the least expected cost over its histogram blended with
+    ``prior`` (and, with ``periodic`` on, over the intervals that began in the same slot
+    of the period, blended with those)."""
     if autoscaling.keep_alive == "fixed":
         return _fixed(autoscaling, "fixed keep-alive (config)")
     cfg = autoscaling.keep_alive_histogram
     n_bins = _bin_count(cfg)
-    counts, oor, oor_s, weight = _blend(h, prior, cfg, n_bins)
+    empty: _Counts = ([0.0] * n_bins, 0.0, 0.0)
+    (counts, oor, oor_s), weight = _blend(_in_range(h, cfg, n_bins), h.total(),
+                                          _in_range(prior, cfg, n_bins) if prior is not None else empty, cfg)
+    slot = None if idle_since is None else slot_of(idle_since, cfg)
+    basis = f"{h.total()} own intervals, pooled prior x{weight:g}"
+    if slot is not None:
+        own_slot = h.slot(slot)
+        (counts, oor, oor_s), slot_weight = _blend(_in_range(own_slot, cfg, n_bins), own_slot.total(),
+                                                   (counts, oor, oor_s), cfg)
+        basis = f"{own_slot.total()} intervals begun in slot {slot}, the model's x{slot_weight:g} ({basis})"
     total = sum(counts) + oor
     if total <= 0:
         return _fixed(autoscaling, "no idle interval yet, its own or pooled")
@@ -293,8 +342,7 @@ def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHis
     _, k, p = best
     keep = math.inf if k > n_bins else min(k * cfg.bin_s, cfg.range_s)
     prewarm = min(p * cfg.bin_s, cfg.range_s) - cfg.prewarm_lead_s if p else None
-    return KeepAliveWindow("histogram", f"{h.total()} own intervals, pooled prior x{weight:g}; "
-                                        f"cold start {price:g} s ({tier})", prewarm, keep)
+    return KeepAliveWindow("histogram", f"{basis}; cold start {price:g} s ({tier})", prewarm, keep)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from thaw.config import Pool, ThawConfig, format_errors
+from thaw.config import KeepAliveHistogram, Pool, ThawConfig, format_errors
 from thaw.log import get_logger
 from thaw.wire import BudgetChange, BudgetView, PoolBudget, PoolEvent
 from warm_pool.db import Db
@@ -177,15 +177,21 @@ class ControllerStore:
             # Counts kept with another bin width mean other intervals: start afresh.
             if not isinstance(entry, dict) or entry.get("bin_s") != hcfg.bin_s:
                 continue
+            data = entry.get("histogram")
+            # Slots of another period (or none now): the slots start afresh, the rest stays.
+            if isinstance(data, dict) and entry.get("slots") != _slots(hcfg):
+                data = {k: v for k, v in data.items() if k != "by_slot"}
             try:
-                out[m.name] = IdleHistogram.from_json(entry.get("histogram"), hcfg)
+                out[m.name] = IdleHistogram.from_json(data, hcfg)
             except ValueError as exc:
                 log.warning("keepalive_histogram_dropped", model=m.name, error=str(exc))
         return out
 
     def save_histograms(self, cfg: ThawConfig, histograms: dict[str, IdleHistogram]) -> None:
         self._write(KEEPALIVE_FILE, {
-            m.name: {"bin_s": m.autoscaling.keep_alive_histogram.bin_s, "histogram": histograms[m.name].to_json()}
+            m.name: {"bin_s": m.autoscaling.keep_alive_histogram.bin_s,
+                     "slots": _slots(m.autoscaling.keep_alive_histogram),
+                     "histogram": histograms[m.name].to_json()}
             for m in cfg.models if m.name in histograms})
 
     def save_events(self, events: list[SavedEvent]) -> None:
@@ -207,3 +213,8 @@ class ControllerStore:
                             "ORDER BY at, controller, term, seq", (since,))
         return [SavedEvent(str(c), int(t), int(q), PoolEvent.model_validate_json(b), bool(d))
                 for c, t, q, d, b in rows]
+
+
+def _slots(cfg: KeepAliveHistogram) -> list[Any]:
+    """What a histogram's slots mean: the period and how many slots it has."""
+    return [cfg.periodic, cfg.period_slots]

@@ -554,7 +554,8 @@ def _track_idle(ms: ModelState, act: ModelActivity, a: Autoscaling, now: float) 
     if act.demand or act.arrivals:
         gap = idle_interval(ms.idle_since, now)
         if gap is not None and a.keep_alive == "histogram":
-            ms = evolve(ms, idle_histogram=record_idle(ms.idle_histogram, gap, a.keep_alive_histogram))
+            ms = evolve(ms, idle_histogram=record_idle(ms.idle_histogram, gap, a.keep_alive_histogram,
+                                                       began_at=ms.idle_since))
         if act.demand:
             return ms if ms.idle_since is None else evolve(ms, idle_since=None)
         # Requests came and went between two ticks: idle again from the last one's end.
@@ -586,7 +587,7 @@ def _keep_alive(ms: ModelState, m: Model, cfg: ThawConfig, pools: IdlePools) -> 
     prior = None
     if a.keep_alive == "histogram":
         prior = pools.prior(m.name, pool_key(a.keep_alive_histogram))
-    window = keep_alive_window(ms.idle_histogram, a, prior, price_tier(m, cfg))
+    window = keep_alive_window(ms.idle_histogram, a, prior, price_tier(m, cfg), idle_since=ms.idle_since)
     return evolve(ms, keep_alive=window, keep_alive_basis=(ms.idle_histogram, ms.idle_since))
 
 

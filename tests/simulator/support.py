@@ -65,7 +65,13 @@ def equivalence_cfg(variant: int) -> ThawConfig:
     disk cache, 8 m1 and m2 LoRA adapters of m0 (one adapter per engine: they wait for
     each other's slot), 9 those in packed engines with the asleep tier on the bases and
     two adapters per engine, 10 scheduled pre-warm windows (m0 every 2 minutes for 45 s,
-    m1 two replicas at minutes 1, 4, 7 for 100 s) with the histogram keep-alive."""
+    m1 two replicas at minutes 1, 4, 7 for 100 s) with the histogram keep-alive, 11 the
+    histogram keep-alive by the time of day, in slots of about 2 minutes."""
+    if variant == 11:
+        data = equivalence_cfg(2).model_dump()
+        for m in data["models"]:
+            m["autoscaling"]["keep_alive_histogram"] |= {"periodic": "day", "period_slots": 672}
+        return ThawConfig.model_validate(data)
     if variant == 10:
         data = equivalence_cfg(2).model_dump()
         data["models"][0]["prewarm"] = [{"cron": "*/2 * * * *", "for_s": 45}]

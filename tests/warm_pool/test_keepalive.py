@@ -32,6 +32,7 @@ from warm_pool.keepalive import (
     pooled,
     price_tier,
     record_idle,
+    slot_of,
 )
 
 CFG = KeepAliveHistogram()
@@ -424,6 +425,81 @@ def test_regular_trace_is_prewarmed_and_cheaper_than_a_fixed_ten_minutes() -> No
     assert per_gap <= 615 - 480 + TICK_S
 
 
+# --- time of day (periodic) -----------------------------------------------------------
+
+DAY_S, HOUR_S = 86_400.0, 3_600.0
+# Bins of 10 min up to a day: an idle start after hours can see the morning.
+DAILY = KeepAliveHistogram(bin_s=600, range_s=DAY_S, periodic="day", period_slots=24)
+
+
+@pytest.mark.parametrize(("periodic", "slots", "at", "slot"), [
+    ("off", 24, 5 * HOUR_S, None),
+    ("day", 24, 0.0, 0),
+    ("day", 24, DAY_S - 0.001, 23),
+    ("day", 24, DAY_S, 0),                      # the next day's first slot
+    ("day", 24, 3 * DAY_S + 9.5 * HOUR_S, 9),  # any day: the time of day counts
+    ("day", 48, 9.5 * HOUR_S, 19),             # half-hour slots
+    ("week", 7, 0.0, 0),                       # t = 0, a Thursday (the Unix epoch)
+    ("week", 7, 8 * DAY_S + HOUR_S, 1),        # a week and a day later: the second day's slot
+], ids=repr)
+def test_slot_of(periodic: str, slots: int, at: float, slot: int | None) -> None:
+    cfg = KeepAliveHistogram(periodic=periodic, period_slots=slots)  # type: ignore[arg-type]
+    assert slot_of(at, cfg) == slot
+
+
+def test_each_interval_is_also_counted_in_the_slot_it_began_in() -> None:
+    h = record_idle(IdleHistogram(), 900.0, DAILY, began_at=2 * DAY_S + 3.5 * HOUR_S)
+    h = record_idle(h, 90_000.0, DAILY, began_at=18 * HOUR_S)
+    assert h.total() == 2 and h.out_of_range == 1
+    assert len(h.by_slot) == 19 and h.slot(3).counts == (0, 1) and h.slot(18).out_of_range == 1
+    assert [i for i in range(24) if h.slot(i).total()] == [3, 18]
+    # Off, or with no start given, there are no slots.
+    assert record_idle(IdleHistogram(), 900.0, CFG, began_at=3.5 * HOUR_S).by_slot == ()
+    assert record_idle(IdleHistogram(), 900.0, DAILY).by_slot == ()
+
+
+def office_hours(days: int, cfg: KeepAliveHistogram) -> IdleHistogram:
+    """A model used 09:00-18:00: every hour of the day an idle interval of 5 min, and
+    each evening at 18:00 one of 15 h, to the next morning."""
+    h = IdleHistogram()
+    for d in range(days):
+        for hour in range(9, 18):
+            h = record_idle(h, 300.0, cfg, began_at=d * DAY_S + hour * HOUR_S + 60)
+        h = record_idle(h, 15 * HOUR_S, cfg, began_at=d * DAY_S + 18 * HOUR_S)
+    return h
+
+
+def test_an_evening_idle_start_lets_go_and_prewarms_for_the_morning() -> None:
+    a = autoscaling(idle_grace_s=3600.0, **DAILY.model_dump())
+    h = office_hours(10, DAILY)
+    day = keep_alive_window(h, a, idle_since=10 * DAY_S + 11 * HOUR_S)
+    evening = keep_alive_window(h, a, idle_since=10 * DAY_S + 18 * HOUR_S)
+    # By day the short gaps are held across; the evening's 15 h are let go at once and a
+    # replica is back (60 s ahead) when the bin holding 15 h begins.
+    assert day.prewarm_after_s is None and 300 <= day.keep_until_s <= 1200
+    assert evening.prewarm_after_s == 15 * HOUR_S - 60 and evening.keep_until_s > 15 * HOUR_S
+    assert "10 intervals begun in slot 18" in evening.reason
+    # Without the time of day, the evening is judged as any other idle start: held a
+    # little, then the morning is a cold start.
+    blind = autoscaling(idle_grace_s=3600.0, **DAILY.model_dump(exclude={"periodic"}))
+    assert keep_alive_window(h, blind, idle_since=10 * DAY_S + 18 * HOUR_S) == \
+        keep_alive_window(h, blind, idle_since=10 * DAY_S + 11 * HOUR_S)
+    assert keep_alive_window(h, blind, idle_since=10 * DAY_S + 18 * HOUR_S).prewarm_after_s is None
+
+
+def test_a_slot_with_few_intervals_leans_on_the_models_others() -> None:
+    a = autoscaling(idle_grace_s=3600.0, **DAILY.model_dump())
+    h = office_hours(10, DAILY)
+    # One interval begun at 03:00, of 15 h: the slot has 1, the model's 100 weigh in as 9.
+    h = record_idle(h, 15 * HOUR_S, DAILY, began_at=3 * HOUR_S)
+    night = keep_alive_window(h, a, idle_since=11 * DAY_S + 3 * HOUR_S)
+    assert "1 intervals begun in slot 3, the model's x9" in night.reason
+    assert night.prewarm_after_s is None  # nine in ten of what it reads are 5 min gaps
+    # A slot nothing began in reads the model's alone (a slot-blind window).
+    assert keep_alive_window(h, a, idle_since=11 * DAY_S + 5 * HOUR_S).keep_until_s == \
+        keep_alive_window(h, autoscaling(idle_grace_s=3600.0, **DAILY.model_dump(exclude={"periodic"}))).keep_until_s
+
+
 # --- persistence -----------------------------------------------------------------
 
 
@@ -463,6 +539,20 @@ def test_json_round_trip() -> None:
 def test_from_json_rejects_garbage(data: Any) -> None:
     with pytest.raises(ValueError):
         IdleHistogram.from_json(data, CFG)
+
+
+def test_json_round_trip_with_slots() -> None:
+    h = office_hours(2, DAILY)
+    data = json.loads(json.dumps(h.to_json()))
+    assert len(data["by_slot"]) == 19 and "by_slot" not in data["by_slot"][18]
+    assert IdleHistogram.from_json(data, DAILY) == h
+    # More slots than the period has, or slots of slots, are refused.
+    with pytest.raises(ValueError, match="slots"):
+        IdleHistogram.from_json(data, DAILY.model_copy(update={"period_slots": 12}))
+    with pytest.raises(ValueError, match="slots"):
+        IdleHistogram.from_json({**data, "by_slot": [data]}, DAILY)
+    with pytest.raises(ValueError):
+        IdleHistogram.from_json({**data, "by_slot": "18"}, DAILY)
 
 
 def test_from_json_bin_limit_needs_the_config() -> None:

@@ -8,9 +8,14 @@ import json
 import time
 from pathlib import Path
 
+import yaml
+
 from tests.warm_pool.conftest import StateDb
+from tests.warm_pool.fleet import EXAMPLE
+from thaw.config import ThawConfig, parse_config
 from thaw.wire import PoolEvent
 from warm_pool.events import SavedEvent
+from warm_pool.keepalive import IdleHistogram, record_idle
 from warm_pool.persist import ControllerStore
 
 
@@ -41,3 +46,21 @@ def test_an_older_thaws_files_are_taken_in_once(state_db: StateDb, tmp_path: Pat
     # A file that reappears does not overwrite what the database holds.
     (tmp_path / "budget.json").write_text(json.dumps({"total_usd_per_hour": 1}))
     assert ControllerStore(state_db(), tmp_path).load_budget() == {}
+
+
+def _periodic(slots: int) -> ThawConfig:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["models"][0]["autoscaling"].update(
+        {"keep_alive": "histogram", "keep_alive_histogram": {"periodic": "day", "period_slots": slots}})
+    return parse_config(data)
+
+
+def test_keep_alive_histograms_keep_their_slots_while_the_period_is_the_same(state_db: StateDb) -> None:
+    cfg = _periodic(24)
+    m = cfg.models[0]
+    h = record_idle(IdleHistogram(), 900.0, m.autoscaling.keep_alive_histogram, began_at=5 * 3600.0)
+    ControllerStore(state_db()).save_histograms(cfg, {m.name: h})
+    assert ControllerStore(state_db()).load_histograms(cfg) == {m.name: h}
+    # Other slots (12 of 2 h) mean other intervals: those start afresh, the histogram stays.
+    again = ControllerStore(state_db()).load_histograms(_periodic(12))[m.name]
+    assert again.total() == 1 and again.by_slot == ()
