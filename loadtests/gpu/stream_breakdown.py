@@ -26,7 +26,10 @@ is rewritten after each, so a timeout keeps what was measured):
    time, and how reader threads split their time (waiting on events / reading / issuing).
 5. ``thaw_streamer``: ``load_many`` itself (3 reps) against the single 4 GiB pinned copy
    and section 3's best single-stream figure; one more load timed inside (device
-   allocation, pinning, reader pool, rest).
+   allocation, pinning, reader pool, rest); then ``load_many`` with the chunk hand-out
+   it replaced (an executor), alternating, and ``worker_path``: what a GPU worker's
+   cold start does today (into host memory, then vLLM's per-tensor copies to the
+   device) against ``load_many`` straight to the device.
 6. ``summary``: headline figures, which side (host or device) bounds, and the ratios.
 
 Needs only torch and numpy, this repo's ``weight_streaming`` and ``gpu_bench.py`` (next to
@@ -538,6 +541,40 @@ def dispatch_section(dev: Dev, streamer: Any, paths: list[Path], e: dict[str, An
         log(f"  load_many {mib} MiB: iterator {m['iterator']} GB/s, executor {m['executor']} GB/s")
 
 
+def worker_path_section(dev: Dev, streamer: Any, paths: list[Path], e: dict[str, Any]) -> None:
+    """What a cold start on a GPU worker does today, against ``load_many`` straight to the
+    device: Thaw's vLLM loader streams the files into fresh host memory
+    (``load_many(device="cpu")``), then vLLM's ``load_weights`` copies each tensor into
+    its parameter on the device (``param.copy_``, from pageable memory). The parameters
+    are allocated once beforehand, as the engine has them. 2 reps each, 32 MiB x 16."""
+    first = streamer.load_many(paths, device="cpu", chunk_bytes=32 * MiB, concurrency=16)
+    params = {k: torch.empty_like(t, device=dev.device) for k, t in first.tensors.items()}
+    nbytes = first.stats.bytes
+    del first
+    runs = []
+    for _ in range(2):
+        dev.sync()
+        t0 = time.perf_counter()
+        res = streamer.load_many(paths, device="cpu", chunk_bytes=32 * MiB, concurrency=16)
+        t1 = time.perf_counter()
+        for name, t in res.tensors.items():
+            params[name].copy_(t)
+        dev.sync()
+        t2 = time.perf_counter()
+        del res
+        runs.append({"stream_to_host_s": round(t1 - t0, 3), "copy_to_device_s": round(t2 - t1, 3),
+                     "total_s": round(t2 - t0, 3), "gbps": round(nbytes / (t2 - t0) / GB, 2)})
+    del params
+    gb.free_device(dev.device)
+    direct = [gb.thaw_load(streamer, paths, dev.device, 32 * MiB, 16) for _ in range(2)]
+    e.update(bytes=nbytes, as_the_worker_does=runs,
+             direct_to_device_s=[round(d[0], 3) for d in direct],
+             direct_to_device_gbps=[round(d[1], 2) for d in direct])
+    worker_s, direct_s = med([r["total_s"] for r in runs]), med([d[0] for d in direct])
+    e["worker_over_direct_time"] = round(worker_s / direct_s, 2)
+    log(f"  as the worker does: {runs}; straight to the device: {e['direct_to_device_gbps']} GB/s")
+
+
 def ceiling(dev: Dev, n: int) -> dict[str, Any]:
     """One plain pinned -> device copy of ``n`` bytes, median of 3."""
     src, pin_s = timed(lambda: dev.pinned(n), dev)
@@ -697,6 +734,9 @@ def main(argv: list[str] | None = None) -> int:
     with section(report, dev, "dispatch_before_after", min_remaining_s=40) as e:
         if e is not None:
             dispatch_section(dev, gb.import_streamer(), need(shards, "the model").paths, e)
+    with section(report, dev, "worker_path", min_remaining_s=40) as e:
+        if e is not None:
+            worker_path_section(dev, gb.import_streamer(), need(shards, "the model").paths, e)
     with section(report, dev, "summary") as e:
         assert e is not None
         e.update(summary(S))
