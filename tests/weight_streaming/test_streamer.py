@@ -7,6 +7,7 @@ import json
 import math
 import os
 import struct
+import threading
 from pathlib import Path
 
 import pytest
@@ -399,6 +400,48 @@ def test_failure_stops_issuing_reads(model_file: Path) -> None:
         load(src, chunk_bytes=64, concurrency=1)
     chunk_reads = [r for r in src.reads if r[0] >= header.data_offset]
     assert len(chunk_reads) < math.ceil(header.data_len / 64) // 2
+
+
+class BlockedUntilAborted(MemorySource):
+    """A source whose second data chunk waits until the load aborts it (as an S3 source
+    waiting for an earlier part that will never come), and whose third fails."""
+
+    def __init__(self, data: bytes, data_offset: int, chunk: int) -> None:
+        super().__init__(data)
+        self.blocked_at = data_offset + chunk
+        self.fails_at = data_offset + 2 * chunk
+        self.aborted = threading.Event()
+
+    def read_into(self, offset: int, view: memoryview) -> None:
+        if offset == self.blocked_at:
+            assert self.aborted.wait(30), "the load never aborted its sources"
+            raise StreamError("mem: aborted")
+        if offset == self.fails_at:
+            raise StreamError("mem: the third chunk fails")
+        super().read_into(offset, view)
+
+    def abort(self) -> None:
+        self.aborted.set()
+
+
+def test_a_failure_aborts_a_reader_blocked_on_its_source_and_is_what_the_load_raises(model_file: Path) -> None:
+    data = model_file.read_bytes()
+    header = read_header(MemorySource(data))
+    src = BlockedUntilAborted(data, header.data_offset, 64)
+    with pytest.raises(StreamError, match="the third chunk fails"):
+        load_many([src], chunk_bytes=64, concurrency=4)
+    assert src.aborted.is_set()
+
+
+def test_progress_that_raises_stops_the_load_and_joins_its_readers(model_file: Path) -> None:
+    before = threading.active_count()
+
+    def progress(done: int, total: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        load_many([model_file], chunk_bytes=64, concurrency=4, progress=progress)
+    assert threading.active_count() == before  # no reader left running
 
 
 def test_source_errors_get_file_and_offset(model_file: Path) -> None:
