@@ -109,8 +109,8 @@ class IdleHistogram:
         if cfg is not None and len(counts) > _bin_count(cfg):
             raise ValueError(f"{len(counts)} bins, more than range_s / bin_s = {_bin_count(cfg)}")
         slots = data.get("by_slot", [])
-        if not isinstance(slots, list) or any(isinstance(h, dict) and "by_slot" in h for h in slots):
-            raise ValueError("by_slot must be a list of idle histograms without slots of their own")
+        if not isinstance(slots, list):  # slots of slots are refused as the histogram is built
+            raise ValueError(f"by_slot must be a list, got {type(slots).__name__}")
         if cfg is not None and len(slots) > cfg.period_slots:
             raise ValueError(f"{len(slots)} slots, more than period_slots = {cfg.period_slots}")
         return cls(tuple(counts), data["out_of_range"], data.get("out_of_range_s", 0.0),
@@ -304,9 +304,8 @@ def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHis
         return _fixed(autoscaling, "fixed keep-alive (config)")
     cfg = autoscaling.keep_alive_histogram
     n_bins = _bin_count(cfg)
-    empty: _Counts = ([0.0] * n_bins, 0.0, 0.0)
-    (counts, oor, oor_s), weight = _blend(_in_range(h, cfg, n_bins), h.total(),
-                                          _in_range(prior, cfg, n_bins) if prior is not None else empty, cfg)
+    pooled_counts: _Counts = _in_range(prior, cfg, n_bins) if prior is not None else ([0.0] * n_bins, 0.0, 0.0)
+    (counts, oor, oor_s), weight = _blend(_in_range(h, cfg, n_bins), h.total(), pooled_counts, cfg)
     slot = None if idle_since is None else slot_of(idle_since, cfg)
     basis = f"{h.total()} own intervals, pooled prior x{weight:g}"
     if slot is not None:

@@ -612,8 +612,8 @@ def _run_pool(
 
     Threads pull from one iterator rather than an executor's futures: waiting on a set of
     futures costs the waiting thread time in proportion to the pending ones, under the
-    GIL. On an H200 that cost the GPU pipeline 9 % at 32 MiB chunks, 27 % at 16 MiB and
-    70 % at 8 MiB (docs/BENCHMARKS.md, the GPU breakdown)."""
+    GIL. On an H200 that cost ``load_many`` to the device 4 % at 32 MiB chunks, 30 % at
+    16 MiB and 64 % at 8 MiB (docs/BENCHMARKS.md, the GPU breakdown)."""
     if not chunks:
         return
     total = sum(c.length for c in chunks)
