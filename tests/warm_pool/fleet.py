@@ -20,6 +20,7 @@ from tests.worker.fakes import FakeEngine, FakeHost, World
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint, WeightsCheck, WeightsProblem
+from thaw.serve import server_config
 from warm_pool.api import create_pool_app
 from warm_pool.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
@@ -65,7 +66,8 @@ class FakeStoreReader:
 
 
 async def serve(app: Any, port: int) -> tuple[uvicorn.Server, asyncio.Task[None]]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
+    # As the services serve (thaw.serve): a shutdown waits at most 10 s for open requests.
+    server = uvicorn.Server(server_config(app, "127.0.0.1", port, graceful_s=10))
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
         if task.done():
