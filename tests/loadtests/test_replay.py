@@ -408,7 +408,10 @@ def test_run_records_headers_tokens_and_errors_then_report(tmp_path: Path, capsy
     assert zero.max_tokens == 1 and zero.completion_tokens == 1 and zero.inter_token_s == []
     sent = {b["model"]: b for b in fake.bodies}
     assert sent["m-hot"]["stream"] is True and sent["m-hot"]["stream_options"] == {"include_usage": True}
-    assert not info.generator_fell_behind and info.replicas_source == "x-thaw-replica"
+    # Whether the generator kept to its schedule depends on the machine's load; what the
+    # run says must be what its records show.
+    lags = load_stats.lag_summary([r.lag_s for r in records])
+    assert info.generator_fell_behind == load_stats.fell_behind(lags) and info.replicas_source == "x-thaw-replica"
 
     capsys.readouterr()
     assert thaw(["load", "report", str(out), "--ttft-slo-s", "30", "--tpot-slo-ms", "10000"]) == 0
