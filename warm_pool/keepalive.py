@@ -5,11 +5,12 @@ ski-rental view of keep-alive. Pure: no I/O, no clock; time is passed in.
 Per model, a histogram of its *idle intervals*: from the moment the model went idle (no
 request in flight or queued) to its next request, with the intervals past ``range_s``
 counted (and their total length kept) as out of range. Every model's histograms summed
-(of models that share the bins) are the **pooled prior**: a model with ``n`` intervals
-of its own reads the other models' as ``max(prior_samples - n, prior_floor)`` more, so a
-model with no history starts from what the fleet does, its own data takes over as it
-comes, and the floor keeps some weight on gaps longer than it has had yet (each new
-longest gap would otherwise be a cold start).
+(of models that share the bins), each model's counting as ``prior_model_weight``
+intervals at most, are the **pooled prior**: a model with ``n`` intervals of its own
+reads the other models' as ``max(prior_samples - n, prior_floor)`` more, so a model with
+no history starts from what the fleet does, its own data takes over as it comes, and the
+floor keeps some weight on gaps longer than it has had yet (each new longest gap would
+otherwise be a cold start).
 
 At each idle start the window is the one with the least expected cost per idle period,
 over that blended distribution: idle replica-seconds, plus ``price`` for each cold
@@ -31,11 +32,20 @@ pre-warming at ``r = e_P - lead`` costs ``A(K) + D(P)`` with
 ``D(P) = price * S0[P] - S1[P] - r * (T - S0[P])`` (``D(0) = 0``: no pre-warm); the
 two parts are independent but for ``P <= K``, so one pass with a running minimum of
 ``D`` finds the best window in O(bins).
+
+``trust`` bounds the window, as learning-augmented ski rental does (Purohit, Svitkina
+and Kumar, NeurIPS 2018): with ``t > 0`` the hold ends within ``[t * price, price / t]``
+and a pre-warm comes no earlier than ``t * price`` (and holds at most ``price / t`` from
+it), so a history that misleads (few gaps, or traffic that changed) costs at most
+``1 + 1/t`` times the best on each gap held from the idle start, and ``t = 1`` is the
+fixed timeout. The running minimum becomes a sliding one (a deque) over the pre-warms
+that may pair with each ``K``.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -157,45 +167,72 @@ def idle_interval(idle_since: float | None, arrival: float) -> float | None:
 
 # -- the pooled prior ------------------------------------------------------------------
 
-# Models pool their intervals with those that bin them alike: (bin_s, range_s).
-PoolKey = tuple[float, float]
+# Models pool their intervals with those that bin them alike and weigh a model alike:
+# (bin_s, range_s, prior_model_weight, inf for none).
+PoolKey = tuple[float, float, float]
 
 
 def pool_key(cfg: KeepAliveHistogram) -> PoolKey:
-    return (cfg.bin_s, cfg.range_s)
+    w = cfg.prior_model_weight
+    return (cfg.bin_s, cfg.range_s, math.inf if w is None else w)
 
 
-def _combine(a: IdleHistogram, b: IdleHistogram, sign: int) -> IdleHistogram:
-    n = max(len(a.counts), len(b.counts))
-    ca = a.counts + (0,) * (n - len(a.counts))
-    cb = b.counts + (0,) * (n - len(b.counts))
-    counts = [x + sign * y for x, y in zip(ca, cb, strict=True)]
-    while counts and counts[-1] == 0:
+@dataclass(frozen=True)
+class PooledCounts:
+    """Idle intervals summed over models, each model's weighted (so counts are not
+    whole): what :class:`IdleHistogram` holds for one model, read the same way."""
+
+    counts: tuple[float, ...] = ()
+    out_of_range: float = 0.0
+    out_of_range_s: float = 0.0
+
+    def total(self) -> float:
+        return sum(self.counts) + self.out_of_range
+
+
+def _share(h: IdleHistogram, key: PoolKey) -> float:
+    """What each of ``h``'s intervals counts as in the pool: a model's intervals count
+    as at most ``prior_model_weight`` in all."""
+    n = h.total()
+    return 1.0 if n <= key[2] else key[2] / n
+
+
+def _add(a: PooledCounts, h: IdleHistogram | PooledCounts, scale: float) -> PooledCounts:
+    """``a`` plus ``scale`` times ``h`` (a negative scale takes out what a positive one
+    put in; the float residue is cut to zero)."""
+    n = max(len(a.counts), len(h.counts))
+    ca = a.counts + (0.0,) * (n - len(a.counts))
+    cb = tuple(h.counts) + (0,) * (n - len(h.counts))
+    counts = [x + scale * y for x, y in zip(ca, cb, strict=True)]
+    counts = [c if c > 1e-9 else 0.0 for c in counts]
+    while counts and counts[-1] == 0.0:
         counts.pop()
-    return IdleHistogram(tuple(counts), a.out_of_range + sign * b.out_of_range,
-                         max(0.0, a.out_of_range_s + sign * b.out_of_range_s))
+    oor = a.out_of_range + scale * h.out_of_range
+    oor_s = a.out_of_range_s + scale * h.out_of_range_s
+    return PooledCounts(tuple(counts), oor if oor > 1e-9 else 0.0, oor_s if oor > 1e-9 else 0.0)
 
 
 @dataclass(frozen=True)
 class IdlePools:
-    """Every model's idle histogram summed, per :data:`PoolKey`: derived from the
-    models' own histograms (:func:`pooled`), never recorded apart from them."""
+    """Every model's idle histogram summed, each weighted by :func:`_share`, per
+    :data:`PoolKey`: derived from the models' own histograms (:func:`pooled`), never
+    recorded apart from them."""
 
-    pools: Mapping[PoolKey, IdleHistogram] = field(default_factory=dict)
+    pools: Mapping[PoolKey, PooledCounts] = field(default_factory=dict)
     # Each model's histogram (and its key) as summed: only changed ones are re-added.
     seen: Mapping[str, tuple[PoolKey, IdleHistogram]] = field(default_factory=dict)
     # When it was brought up to date: a window judged at ``at`` reads the pools as they
     # stood at the tick's start, whoever judges first (the controller, the simulator).
     at: float | None = None
 
-    def prior(self, name: str, key: PoolKey) -> IdleHistogram:
+    def prior(self, name: str, key: PoolKey) -> PooledCounts:
         """The other models' intervals for model ``name``: its pool less its own (as
         summed into it)."""
-        total = self.pools.get(key, IdleHistogram())
+        total = self.pools.get(key, PooledCounts())
         own = self.seen.get(name)
         if own is None or own[0] != key or not own[1].total():
             return total
-        return _combine(total, own[1], -1)
+        return _add(total, own[1], -_share(own[1], key))
 
 
 def pooled(pools: IdlePools, histograms: Mapping[str, tuple[PoolKey, IdleHistogram]], now: float) -> IdlePools:
@@ -207,18 +244,22 @@ def pooled(pools: IdlePools, histograms: Mapping[str, tuple[PoolKey, IdleHistogr
     sums = dict(pools.pools)
     seen = dict(pools.seen)
     changed = False
+
+    def put(key: PoolKey, h: IdleHistogram, sign: int) -> None:
+        sums[key] = _add(sums.get(key, PooledCounts()), h, sign * _share(h, key))
+
     for name in [n for n in seen if n not in histograms]:
         key, old = seen.pop(name)
-        sums[key] = _combine(sums.get(key, IdleHistogram()), old, -1)
+        put(key, old, -1)
         changed = True
     for name, (key, h) in histograms.items():
         was = seen.get(name)
         if was is not None and was[1] is h and was[0] == key:
             continue
-        if was is not None:
-            sums[was[0]] = _combine(sums.get(was[0], IdleHistogram()), was[1], -1)
+        if was is not None and was[1].total():
+            put(was[0], was[1], -1)
         if h.total():
-            sums[key] = _combine(sums.get(key, IdleHistogram()), h, 1)
+            put(key, h, 1)
         seen[name] = (key, h)
         changed = True
     if not changed:
@@ -265,7 +306,7 @@ def _fixed(autoscaling: Autoscaling, reason: str) -> KeepAliveWindow:
     return KeepAliveWindow("fixed", reason, None, autoscaling.idle_grace_s)
 
 
-def _in_range(h: IdleHistogram, cfg: KeepAliveHistogram, n_bins: int) -> tuple[list[float], float, float]:
+def _in_range(h: IdleHistogram | PooledCounts, cfg: KeepAliveHistogram, n_bins: int) -> tuple[list[float], float, float]:
     """``h``'s counts per bin up to ``range_s``, and its out-of-range count and seconds.
     Bins past ``range_s`` (left by a config whose range was longer) count as out of
     range, each at its lower edge."""
@@ -293,7 +334,7 @@ def _blend(own: _Counts, n_own: float, prior: _Counts,
     return ([c + f * pc for c, pc in zip(counts, p_counts, strict=True)], oor + f * p_oor, oor_s + f * p_oor_s), weight
 
 
-def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHistogram | None = None,
+def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHistogram | PooledCounts | None = None,
                       tier: Tier = "launch", idle_since: float | None = None) -> KeepAliveWindow:
     """The window for the model's idle period that began at ``idle_since``: the fixed
     ``idle_grace_s`` when so configured or while there is no interval to learn from (its
@@ -318,28 +359,50 @@ def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHis
         return _fixed(autoscaling, "no idle interval yet, its own or pooled")
     price = cold_start_price_s(autoscaling, tier)
     lead = cfg.prewarm_lead_s if cfg.prewarm else math.inf
+    # Bounds the window keeps to (``trust``; none at 0): no release, and no pre-warm
+    # asked for, before ``low`` seconds idle, and no replica held past ``high`` seconds
+    # (from its pre-warm, if any).
+    low = cfg.trust * price
+    high = price / cfg.trust if cfg.trust > 0 else math.inf
     s0 = s1 = 0.0  # prefix sums up to edge k
     best = (math.inf, 0, 0)  # (cost, K, P); K == n_bins + 1: forever
-    d_min, d_at = 0.0, 0  # the best pre-warm among P <= K (P = 0: none)
+    # The pre-warms that may pair with a hold until the current edge, each as (D(P), P,
+    # r), D rising from the first: its head is the best (a pre-warm only where D < 0).
+    prewarms: deque[tuple[float, int, float]] = deque()
     for k in range(n_bins + 1):
         edge = min(k * cfg.bin_s, cfg.range_s)
         if k:
             r = edge - lead
             d = price * s0 - s1 - r * (total - s0)
-            if r > 0 and d < d_min:
-                d_min, d_at = d, k
+            if r > 0 and r >= low and d < 0:
+                while prewarms and prewarms[-1][0] >= d:
+                    prewarms.pop()
+                prewarms.append((d, k, r))
+        while prewarms and edge - prewarms[0][2] > high:
+            prewarms.popleft()
         a = price * (total - s0) + s1 + (total - s0) * edge
-        if a + d_min < best[0]:
-            best = (a + d_min, k, d_at)
+        if low <= edge <= high and a < best[0]:
+            best = (a, k, 0)
+        if prewarms and a + prewarms[0][0] < best[0]:
+            best = (a + prewarms[0][0], k, prewarms[0][1])
         if k < n_bins:
             c = counts[k]
             s0 += c
             s1 += c * (edge + min((k + 1) * cfg.bin_s, cfg.range_s)) / 2
-    forever = s1 + oor_s
-    if forever + d_min < best[0]:
-        best = (forever + d_min, n_bins + 1, d_at)
+    if high >= cfg.range_s:  # past any gap the histogram holds: until the next request,
+        # or (with trust) for ``high`` at most, taking the out-of-range gaps as of their
+        # mean length
+        held = oor_s if high == math.inf or oor <= 0 or oor_s / oor <= high else oor * (high + price)
+        d_past, p_past = (prewarms[0][0], prewarms[0][1]) if prewarms and high == math.inf else (0.0, 0)
+        if s1 + held + d_past < best[0]:
+            best = (s1 + held + d_past, n_bins + 1, p_past)
     _, k, p = best
-    keep = math.inf if k > n_bins else min(k * cfg.bin_s, cfg.range_s)
+    if best[0] == math.inf:  # no bin edge within the bounds: hold for the least allowed
+        keep = low
+    elif k > n_bins:
+        keep = high
+    else:
+        keep = min(k * cfg.bin_s, cfg.range_s)
     prewarm = min(p * cfg.bin_s, cfg.range_s) - cfg.prewarm_lead_s if p else None
     return KeepAliveWindow("histogram", f"{basis}; cold start {price:g} s ({tier})", prewarm, keep)
 

@@ -1,7 +1,8 @@
 """The learned keep-alive policy: idle intervals in, windows and decisions out.
 
 Unless a case says otherwise: bins of 60 s up to 4 h (240 bins), a cold start priced at
-idle_grace_s (300 s), pre-warm 60 s ahead, prior_samples 10, prior_floor 1.
+idle_grace_s (300 s), pre-warm 60 s ahead, prior_samples 10, prior_floor 1, and trust 0:
+the histogram's own choices (the bounds trust puts on them are tested on their own).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from warm_pool.keepalive import (
     IdlePools,
     KeepAliveDecision,
     KeepAliveWindow,
+    PooledCounts,
     Tier,
     cold_start_price_s,
     idle_interval,
@@ -40,7 +42,7 @@ CFG = KeepAliveHistogram()
 
 def autoscaling(keep_alive: str = "histogram", idle_grace_s: float = 300.0, **hist: Any) -> Autoscaling:
     return Autoscaling(keep_alive=keep_alive, idle_grace_s=idle_grace_s,  # type: ignore[arg-type]
-                       keep_alive_histogram=KeepAliveHistogram(**hist))
+                       keep_alive_histogram=KeepAliveHistogram(**{"trust": 0.0, **hist}))
 
 
 def histogram(samples: Iterable[float], cfg: KeepAliveHistogram = CFG) -> IdleHistogram:
@@ -268,28 +270,122 @@ def test_memoryless_gaps_are_held_all_or_nothing(mean_gap_s: float, price: float
         assert window.keep_until_s == 0.0
 
 
+# --- trust: bounds on the learned window ---------------------------------------------
+
+def test_trust_one_is_the_fixed_timeout_and_zero_the_histogram_alone() -> None:
+    h = histogram([30.0] * 20 + [20000.0] * 5)
+    # The histogram alone lets go once the short gaps are over.
+    assert keep_alive_window(h, autoscaling(prewarm=False)).keep_until_s == 60.0
+    # Trust 1: exactly the fixed timeout at the price, whatever the histogram says.
+    fixed = keep_alive_window(h, autoscaling(trust=1.0))
+    assert (fixed.prewarm_after_s, fixed.keep_until_s) == (None, 300.0)
+    # Trust 0.7: not before 210 s, so the first edge past it.
+    assert keep_alive_window(h, autoscaling(prewarm=False, trust=0.7)).keep_until_s == 240.0
+
+
+def test_trust_keeps_a_pre_warm_that_comes_late_enough() -> None:
+    # Gaps of 10 minutes at a price of 5: the histogram lets go at once and comes back
+    # 60 s before the gaps end; 540 s is past 0.7 x 300, so trust keeps that window.
+    h = histogram([610.0] * 20)
+    alone = keep_alive_window(h, autoscaling())
+    bounded = keep_alive_window(h, autoscaling(trust=0.7))
+    assert (alone.prewarm_after_s, alone.keep_until_s) == (540.0, 660.0) == (
+        bounded.prewarm_after_s, bounded.keep_until_s)
+    # Without pre-warm, the histogram lets go at once; trust holds for 210 s first.
+    assert keep_alive_window(h, autoscaling(prewarm=False)).keep_until_s == 0.0
+    assert keep_alive_window(h, autoscaling(prewarm=False, trust=0.7)).keep_until_s == 240.0
+    # A pre-warm earlier than trust x price is not asked for: gaps of 2 minutes would
+    # pre-warm at 60 s, which trust 0.7 at a price of 300 s does not allow.
+    short = histogram([125.0] * 20)
+    early = keep_alive_window(short, autoscaling())
+    assert (early.prewarm_after_s, early.keep_until_s) == (60.0, 180.0)
+    late = keep_alive_window(short, autoscaling(trust=0.7))
+    assert (late.prewarm_after_s, late.keep_until_s) == (None, 240.0)
+
+
+def test_trust_caps_how_long_a_replica_is_held() -> None:
+    # Gaps of 30 s and of 650 s at a price of 600 s: past the short gaps, holding on to
+    # 660 s costs less than letting go at 60 s and paying a cold start.
+    h = histogram([30.0] * 10 + [650.0] * 10)
+    assert keep_alive_window(h, autoscaling(cold_start_price_s=600.0, prewarm=False)).keep_until_s == 660.0
+    # Trust 0.95: never past 600 / 0.95 = 631.6 s.
+    assert keep_alive_window(h, autoscaling(cold_start_price_s=600.0, prewarm=False,
+                                            trust=0.95)).keep_until_s == 600.0
+    # "Until the next request" becomes price / trust at most: gaps past range_s (1 h)
+    # but shorter than the price (2 h) are worth holding across.
+    cfg = KeepAliveHistogram(range_s=3600.0)
+    h = histogram([20.0] * 50 + [5000.0] * 5, cfg)
+    forever = keep_alive_window(h, autoscaling(cold_start_price_s=7200.0, prewarm=False, range_s=3600.0))
+    assert forever.keep_until_s == math.inf
+    bounded = keep_alive_window(h, autoscaling(cold_start_price_s=7200.0, prewarm=False, range_s=3600.0, trust=0.5))
+    assert bounded.keep_until_s == 14400.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(gaps=st.lists(st.floats(0, 30_000), max_size=40), price=st.floats(30, 7200),
+       trust=st.sampled_from([0.2, 0.5, 0.7, 1.0]), probe=st.lists(st.floats(0, 100_000), min_size=1, max_size=20))
+def test_a_bounded_window_costs_at_most_one_plus_one_over_trust_times_the_best(
+        gaps: list[float], price: float, trust: float, probe: list[float]) -> None:
+    # Any history, any gap: holding from the idle start until K costs the gap itself if
+    # it ends first, else K and a cold start; the best possible is min(gap, price).
+    a = autoscaling(idle_grace_s=price, prewarm=False, trust=trust)  # no history: fixed at the price
+    window = keep_alive_window(histogram(gaps, a.keep_alive_histogram), a)
+    k = window.keep_until_s
+    for g in probe + [k, max(0.0, k - 1e-6), k + 1e-6]:
+        cost = g if g < k else k + price
+        assert cost <= (1 + 1 / trust) * min(g, price) + 1e-6, (g, window)
+
+
 # --- the pooled prior ---------------------------------------------------------------
 
 KEY = pool_key(CFG)
 
 
+def pooled_of(h: IdleHistogram, scale: float = 1.0) -> PooledCounts:
+    return PooledCounts(tuple(scale * c for c in h.counts), scale * h.out_of_range, scale * h.out_of_range_s)
+
+
 def test_pooled_sums_each_model_once_and_follows_their_changes() -> None:
     a, b = histogram([30.0, 630.0]), histogram([630.0, 20000.0])
     pools = pooled(IdlePools(), {"a": (KEY, a), "b": (KEY, b)}, now=1.0)
-    assert pools.pools[KEY] == histogram([30.0, 630.0, 630.0, 20000.0])
+    assert pools.pools[KEY] == pooled_of(histogram([30.0, 630.0, 630.0, 20000.0]))
     # The prior a model reads is the others' intervals.
-    assert pools.prior("a", KEY) == b and pools.prior("b", KEY) == a
+    assert pools.prior("a", KEY) == pooled_of(b) and pools.prior("b", KEY) == pooled_of(a)
     assert pools.prior("new", KEY) == pools.pools[KEY]
     # The same tick again: unchanged (the tick's start is what every judgement reads).
     a2 = record_idle(a, 90.0, CFG)
     assert pooled(pools, {"a": (KEY, a2), "b": (KEY, b)}, now=1.0) is pools
     # A later tick: a's new interval is in, b gone is out.
     later = pooled(pools, {"a": (KEY, a2)}, now=2.0)
-    assert later.pools[KEY] == a2 and later.prior("a", KEY) == IdleHistogram()
+    assert later.pools[KEY] == pooled_of(a2) and later.prior("a", KEY) == PooledCounts()
     # Models that bin differently pool apart.
     other = KeepAliveHistogram(bin_s=30.0)
     split = pooled(later, {"a": (KEY, a2), "c": (pool_key(other), histogram([45.0], other))}, now=3.0)
-    assert split.pools[KEY] == a2 and split.pools[pool_key(other)].counts == (0, 1)
+    assert split.pools[KEY] == pooled_of(a2) and split.pools[pool_key(other)].counts == (0.0, 1.0)
+
+
+def test_a_busy_model_weighs_in_the_pool_as_much_as_prior_model_weight() -> None:
+    # A busy model: 1,000 gaps of 30 s and 20 nights; a sparse one: two gaps of 20 min.
+    busy, sparse = histogram([30.0] * 1000 + [20000.0] * 20), histogram([1200.0, 1200.0])
+    pools = pooled(IdlePools(), {"busy": (KEY, busy), "sparse": (KEY, sparse)}, now=1.0)
+    prior = pools.prior("new", KEY)
+    # The busy model's 1,020 intervals count as 10 (the default), the sparse one's as 2.
+    assert prior.total() == pytest.approx(12.0) and prior.counts[20] == pytest.approx(2.0)
+    assert pools.prior("sparse", KEY) == pooled_of(busy, 10 / 1020)
+    # At a price of 30 minutes a new model holds its replica across gaps like the sparse
+    # model's: weighed by intervals, the busy model's 20 nights (a 20-minute hold each,
+    # then a cold start anyway) outweigh them and it would let go after 60 s.
+    a = autoscaling(cold_start_price_s=1800.0, prewarm=False)
+    assert keep_alive_window(IdleHistogram(), a, prior).keep_until_s == 1260.0
+    every = KeepAliveHistogram(prior_model_weight=None)
+    by_interval = pooled(IdlePools(), {"busy": (pool_key(every), busy), "sparse": (pool_key(every), sparse)}, 1.0)
+    everyone = by_interval.prior("new", pool_key(every))
+    assert everyone == pooled_of(histogram([30.0] * 1000 + [20000.0] * 20 + [1200.0] * 2))
+    assert keep_alive_window(IdleHistogram(), autoscaling(cold_start_price_s=1800.0, prewarm=False,
+                                                          prior_model_weight=None), everyone).keep_until_s == 60.0
+    # Taking a model out leaves no residue of its weighted counts.
+    gone = pooled(pools, {"sparse": (KEY, sparse)}, now=2.0)
+    assert gone.pools[KEY] == pooled_of(sparse) and gone.prior("sparse", KEY) == PooledCounts()
 
 
 def test_price_tiers() -> None:
@@ -429,7 +525,7 @@ def test_regular_trace_is_prewarmed_and_cheaper_than_a_fixed_ten_minutes() -> No
 
 DAY_S, HOUR_S = 86_400.0, 3_600.0
 # Bins of 10 min up to a day: an idle start after hours can see the morning.
-DAILY = KeepAliveHistogram(bin_s=600, range_s=DAY_S, periodic="day", period_slots=24)
+DAILY = KeepAliveHistogram(bin_s=600, range_s=DAY_S, periodic="day", period_slots=24, trust=0.0)
 
 
 @pytest.mark.parametrize(("periodic", "slots", "at", "slot"), [
