@@ -21,6 +21,18 @@ gaps for the budget are the shortest ones (exchange argument), and no policy wit
 same idle time can have fewer cold starts. ``distance`` puts a policy's (idle time,
 cold starts) against the oracle at the same idle time.
 
+A second yardstick sits between the two: **each model its own fixed timeout, chosen
+knowing its whole trace** (``per_model_timeouts_cold_starts``). It is the best any
+policy that gives a model one timeout can do, so the distance from a learned policy
+to it is what better learning could still win, and the distance from it to the oracle
+is what only a policy that tells one gap from the next (pre-warm, the time of day) can.
+For a model with sorted gaps ``g_1..g_m`` the timeout ``g_i`` (or 0) costs
+``g_1 + .. + g_i + (m - i) g_i`` idle seconds and ``m - i`` cold starts; the frontier
+over all models is the lower convex hull of each model's options, merged by slope
+(the Lagrangian relaxation). Its vertices are real choices of timeouts, so the count at
+a budget is the last vertex within it: what such a policy reaches at that cost, though a
+choice off the hull might reach one or two cold starts fewer between vertices.
+
 Pure: arrays in, numbers out; the CLI shell is ``run_oracle``.
 """
 
@@ -67,10 +79,52 @@ class Gaps:
     models: int  # models with at least one request: each has one unavoidable cold start
     gaps: np.ndarray  # sorted ascending
     busy_s: float  # replica-seconds in use, the same under every policy
+    # Each model's gaps (any order): for the per-model timeouts in hindsight.
+    by_model: tuple[np.ndarray, ...] = ()
 
     @cached_property
     def cumulative(self) -> np.ndarray:
         return np.cumsum(self.gaps)
+
+    @cached_property
+    def _per_model_frontier(self) -> tuple[np.ndarray, np.ndarray]:
+        """(idle seconds, cold starts) at the vertices of the per-model timeouts' frontier."""
+        steps: list[tuple[float, float, int]] = []  # (slope, idle added, cold starts saved)
+        for g in self.by_model:
+            g = np.sort(np.asarray(g, dtype=float))
+            m = len(g)
+            if not m:
+                continue
+            timeout = np.concatenate([[0.0], g])
+            kept = np.concatenate([[0.0], np.cumsum(g)])
+            idle = kept + (m - np.arange(m + 1)) * timeout
+            hull: list[int] = [0]  # option i saves i cold starts
+            for i in range(1, m + 1):
+                while len(hull) >= 2:
+                    a, b = hull[-2], hull[-1]
+                    # b is not on the lower hull if a -> i saves at least as much per second.
+                    if (idle[b] - idle[a]) * (i - a) >= (idle[i] - idle[a]) * (b - a):
+                        hull.pop()
+                    else:
+                        break
+                hull.append(i)
+            for a, b in zip(hull, hull[1:], strict=False):
+                steps.append((float(idle[b] - idle[a]) / (b - a), float(idle[b] - idle[a]), b - a))
+        steps.sort(key=lambda t: t[0])
+        xs, ys = [0.0], [float(self.models + len(self.gaps))]
+        for _, d_idle, saved in steps:
+            xs.append(xs[-1] + d_idle)
+            ys.append(ys[-1] - saved)
+        return np.asarray(xs), np.asarray(ys)
+
+    def per_model_timeouts_cold_starts(self, idle_s: float) -> int | None:
+        """The cold starts within ``idle_s`` seconds of idle time when each model has one
+        fixed timeout, chosen knowing its whole trace (the last vertex of the frontier
+        that fits); None without the models' gaps."""
+        if not self.by_model and len(self.gaps):
+            return None
+        xs, ys = self._per_model_frontier
+        return int(ys[int(np.searchsorted(xs, idle_s, side="right")) - 1])
 
     def oracle_cold_starts(self, idle_s: float) -> int:
         """The fewest cold starts any keep-alive policy can have with ``idle_s`` seconds
@@ -104,6 +158,7 @@ def gaps_of(trace: Trace, costs: CostModel) -> Gaps:
     prompt, output = np.asarray(trace.input_tokens), np.asarray(trace.output_tokens)
     fallback = next(iter(costs.models.values()))
     all_gaps: list[float] = []
+    by_model: list[np.ndarray] = []
     busy = 0.0
     models = 0
     for code, name in enumerate(trace.models):
@@ -116,18 +171,21 @@ def gaps_of(trace: Trace, costs: CostModel) -> Gaps:
         gaps = idle_gaps(arrivals.tolist(), serve.tolist())
         models += 1
         all_gaps.extend(gaps)
+        by_model.append(np.asarray(gaps, dtype=float))
         # In use: the trace's span of this model less its gaps.
         busy += float((arrivals + serve).max() - arrivals.min()) - sum(gaps)
-    return Gaps(models, np.sort(np.asarray(all_gaps, dtype=float)), busy)
+    return Gaps(models, np.sort(np.asarray(all_gaps, dtype=float)), busy, tuple(by_model))
 
 
 def distance(g: Gaps, idle_s: float, cold_starts: int) -> dict[str, Any]:
     """A policy's point against the oracle at the same idle time: the extra cold starts,
     and the ratio of its cold starts to the oracle's."""
     best = g.oracle_cold_starts(idle_s)
+    per_model = g.per_model_timeouts_cold_starts(idle_s)
     return {"idle_replica_hours": round(idle_s / 3600, 3), "cold_starts": cold_starts,
             "oracle_cold_starts": best, "extra_cold_starts": cold_starts - best,
-            "vs_oracle": round(cold_starts / best, 3) if best else None}
+            "vs_oracle": round(cold_starts / best, 3) if best else None,
+            "per_model_timeouts_cold_starts": per_model}
 
 
 def oracle_report(g: Gaps, timeouts_s: Sequence[float] = TIMEOUTS_S) -> dict[str, Any]:
@@ -145,11 +203,14 @@ def oracle_report(g: Gaps, timeouts_s: Sequence[float] = TIMEOUTS_S) -> dict[str
 def format_report(doc: dict[str, Any]) -> str:
     head = (f"{doc['models']} models, {doc['gaps']} idle gaps; busy {doc['busy_replica_hours']:.1f} replica-h, "
             f"every gap kept {doc['always_warm_idle_replica_hours']:.1f} idle replica-h")
-    rows = [("policy", "idle replica-h", "cold starts", "oracle's at that cost", "extra", "x oracle")]
+    rows = [("policy", "idle replica-h", "cold starts", "oracle's at that cost", "extra", "x oracle",
+             "per-model timeouts (hindsight)")]
     for r in doc["policies"]:
+        pm = r.get("per_model_timeouts_cold_starts")
         rows.append((r["policy"], f"{r['idle_replica_hours']:.2f}", str(r["cold_starts"]),
                      str(r["oracle_cold_starts"]), str(r["extra_cold_starts"]),
-                     "-" if r["vs_oracle"] is None else f"{r['vs_oracle']:.2f}"))
+                     "-" if r["vs_oracle"] is None else f"{r['vs_oracle']:.2f}",
+                     "-" if pm is None else f"{pm:.0f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)).rstrip()
              for r in rows]

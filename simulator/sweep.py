@@ -499,6 +499,9 @@ def _plot_against_oracle(ax: Any, points: Sequence[Point], oracle: Sequence[dict
     xs = [idle_max * i / 400 for i in range(401)]
     ax.plot(xs, [g.oracle_cold_starts(x * 3600) for x in xs], color="black", lw=1.4,
             label="oracle (perfect foresight)")
+    if g.by_model:
+        ax.plot(xs, [g.per_model_timeouts_cold_starts(x * 3600) for x in xs], color="grey", lw=1.0, ls="--",
+                label="a timeout per model, chosen in hindsight")
     timeouts = [60.0 * 1.15 ** i for i in range(60)]
     fixed = [g.fixed_timeout(t) for t in timeouts]
     ax.plot([i / 3600 for i, _ in fixed], [c for _, c in fixed], color="tab:blue", lw=1.0, ls=":",

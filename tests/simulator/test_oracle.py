@@ -22,7 +22,8 @@ def test_gaps_are_between_merged_busy_intervals() -> None:
 
 # Two models: a with gaps 8 and 79, b with gaps 30, 200 and 1000. First requests: 2 cold
 # starts that no policy avoids.
-HAND = Gaps(models=2, gaps=np.array([8.0, 30.0, 79.0, 200.0, 1000.0]), busy_s=50.0)
+HAND = Gaps(models=2, gaps=np.array([8.0, 30.0, 79.0, 200.0, 1000.0]), busy_s=50.0,
+            by_model=(np.array([79.0, 8.0]), np.array([30.0, 200.0, 1000.0])))
 
 
 def test_the_oracle_keeps_the_shortest_gaps_that_fit_the_budget() -> None:
@@ -55,6 +56,30 @@ def test_a_fixed_timeout_pays_its_timeout_in_every_gap_it_does_not_bridge() -> N
 def test_no_fixed_timeout_beats_the_oracle(timeout: float) -> None:
     idle, cold = HAND.fixed_timeout(timeout)
     assert cold >= HAND.oracle_cold_starts(idle)
+
+
+def test_per_model_timeouts_chosen_in_hindsight() -> None:
+    # a's options (timeout: idle, cold starts of its gaps): 0: (0, 2); 8 s: (8 + 8, 1);
+    # 79 s: (87, 0). b's: 0: (0, 3); 30 s: (30 + 2 x 30, 2); 200 s: (230 + 200, 1);
+    # 1000 s: (1230, 0). Merged by idle seconds per cold start saved (16, 71, 90, 340,
+    # 800), from 7 cold starts at no idle time:
+    xs, ys = HAND._per_model_frontier
+    assert xs.tolist() == [0.0, 16.0, 87.0, 177.0, 517.0, 1317.0] and ys.tolist() == [7, 6, 5, 4, 3, 2]
+    assert HAND.per_model_timeouts_cold_starts(177.0) == 4
+    # Between vertices, the last one that fits: fixed 60 s's 218 s of idle time.
+    assert HAND.per_model_timeouts_cold_starts(218.0) == 4
+    assert HAND.per_model_timeouts_cold_starts(176.9) == 5
+    # Never fewer than the oracle's, never more than the one timeout for all.
+    for t in (0.0, 8.0, 30.0, 60.0, 79.0, 200.0, 1000.0):
+        idle, cold = HAND.fixed_timeout(t)
+        assert HAND.oracle_cold_starts(idle) <= HAND.per_model_timeouts_cold_starts(idle) <= cold
+    # A model's option that no budget would pick (off its lower hull) is skipped: gaps of
+    # 10, 11 and 100 s; a timeout of 10 s costs 30 s for one, 11 s costs 32 s for two.
+    one = Gaps(models=1, gaps=np.array([10.0, 11.0, 100.0]), busy_s=1.0, by_model=(np.array([10.0, 11.0, 100.0]),))
+    xs, ys = one._per_model_frontier
+    assert xs.tolist() == [0.0, 32.0, 121.0] and ys.tolist() == [4, 2, 1]
+    # Gaps without the models': no answer.
+    assert Gaps(models=1, gaps=np.array([5.0]), busy_s=1.0).per_model_timeouts_cold_starts(5.0) is None
 
 
 def test_gaps_of_a_trace_use_the_cost_models_serving_times(tmp_path: Path) -> None:
