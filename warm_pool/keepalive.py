@@ -361,9 +361,11 @@ def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHis
     lead = cfg.prewarm_lead_s if cfg.prewarm else math.inf
     # Bounds the window keeps to (``trust``; none at 0): no release, and no pre-warm
     # asked for, before ``low`` seconds idle, and no replica held past ``high`` seconds
-    # (from its pre-warm, if any).
+    # (from its pre-warm, if any). At trust 1, no pre-warm at all: the fixed timeout.
     low = cfg.trust * price
     high = price / cfg.trust if cfg.trust > 0 else math.inf
+    if cfg.trust >= 1:
+        lead = math.inf
     s0 = s1 = 0.0  # prefix sums up to edge k
     best = (math.inf, 0, 0)  # (cost, K, P); K == n_bins + 1: forever
     # The pre-warms that may pair with a hold until the current edge, each as (D(P), P,

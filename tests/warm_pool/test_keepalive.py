@@ -283,6 +283,16 @@ def test_trust_one_is_the_fixed_timeout_and_zero_the_histogram_alone() -> None:
     assert keep_alive_window(h, autoscaling(prewarm=False, trust=0.7)).keep_until_s == 240.0
 
 
+@settings(max_examples=200, deadline=None)
+@given(gaps=st.lists(st.floats(0, 30_000), min_size=1, max_size=40), price=st.floats(1, 20_000),
+       prewarm=st.booleans())
+def test_trust_one_is_the_fixed_timeout_at_the_price_whatever_the_gaps(
+        gaps: list[float], price: float, prewarm: bool) -> None:
+    a = autoscaling(cold_start_price_s=price, trust=1.0, prewarm=prewarm)
+    window = keep_alive_window(histogram(gaps, a.keep_alive_histogram), a)
+    assert (window.prewarm_after_s, window.keep_until_s) == (None, price)
+
+
 def test_trust_keeps_a_pre_warm_that_comes_late_enough() -> None:
     # Gaps of 10 minutes at a price of 5: the histogram lets go at once and comes back
     # 60 s before the gaps end; 540 s is past 0.7 x 300, so trust keeps that window.
