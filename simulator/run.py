@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from simulator.costs import CostModel, cost_model, read_overrides
 from simulator.sim import SimResult, Simulator, engine_classes, engine_sizes
 from simulator.traces import Trace
 from thaw.config import NAME_PATTERN, ThawConfig
+from warm_pool.keepalive import IdleHistogram, histograms_from_json, histograms_to_json
 
 DEFAULT_TTFT_SLO_S = 5.0
 _NAME = re.compile(NAME_PATTERN)
@@ -54,6 +56,8 @@ class Inputs:
     costs: CostModel
     ttft_slo_s: float = DEFAULT_TTFT_SLO_S
     tick_s: float = 1.0
+    # Keep-alive histograms every run starts from (--keepalive-from).
+    histograms: Mapping[str, IdleHistogram] = field(default_factory=dict)
 
 
 def prepare(cfg: ThawConfig, trace: Trace, *, template: str | None = None, catalog_model: str = "llama-3.1-8b",
@@ -71,7 +75,7 @@ def simulate(inputs: Inputs, *, cfg: ThawConfig | None = None, exact: bool = Fal
     the wall time it took."""
     t0 = time.perf_counter()
     sim = Simulator(cfg or inputs.cfg, inputs.costs, inputs.trace, tick_s=inputs.tick_s, exact=exact,
-                    ttft_slo_s=inputs.ttft_slo_s, record_decisions=record_decisions)
+                    ttft_slo_s=inputs.ttft_slo_s, record_decisions=record_decisions, histograms=inputs.histograms)
     result = sim.run()
     return result, time.perf_counter() - t0
 
@@ -101,3 +105,22 @@ def write(out_dir: Path, result: SimResult, inputs: Inputs, wall_s: float, meta:
         for c in result.cold_starts:
             f.write(json.dumps({"model": c.model, "at_s": round(c.at, 3),
                                 "ready_after_s": round(c.ready_after_s, 3), "tier": c.tier}) + "\n")
+
+
+def read_histograms(path: Path, cfg: ThawConfig) -> tuple[dict[str, IdleHistogram], dict[str, str]]:
+    """``--keepalive-from``: the histograms a run wrote with ``--keepalive-to`` (or a
+    controller keeps, the same form), for ``cfg``'s models, and why any were dropped.
+    Raises SimError when the file cannot be read as that."""
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SimError(f"--keepalive-from {path}: {exc}") from None
+    if not isinstance(body, dict):
+        raise SimError(f"--keepalive-from {path}: not an object of models' histograms")
+    return histograms_from_json(cfg, body)
+
+
+def write_histograms(path: Path, cfg: ThawConfig, histograms: Mapping[str, IdleHistogram]) -> None:
+    """``--keepalive-to``: each model's histogram at the end of the run."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(histograms_to_json(cfg, histograms), indent=1) + "\n")

@@ -64,6 +64,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +76,7 @@ from thaw.fit import engine_capacity, engine_memory
 from thaw.units import GiB
 from thaw.wire import CachedWeights, WorkerState
 from warm_pool.autoscaler import steady_band
-from warm_pool.keepalive import IdlePools, keep_alive_decision
+from warm_pool.keepalive import IdleHistogram, IdlePools, keep_alive_decision
 from warm_pool.policy import (
     COLD_START_WINDOW_S,
     Assign,
@@ -328,6 +329,8 @@ class SimResult:
     ticks: int
     judged: int  # models judged by decide(), summed over ticks
     end_s: float
+    # Each model's keep-alive histogram at the end (what a controller would keep).
+    histograms: dict[str, IdleHistogram] = field(default_factory=dict)
 
 
 def tier_order(tier: str) -> tuple[int, str]:
@@ -349,7 +352,8 @@ class Simulator:
     the config decide everything (the seed only matters to traces drawn at random)."""
 
     def __init__(self, cfg: ThawConfig, costs: CostModel, trace: Trace, *, tick_s: float = 1.0,
-                 exact: bool = False, ttft_slo_s: float = 5.0, record_decisions: bool = False) -> None:
+                 exact: bool = False, ttft_slo_s: float = 5.0, record_decisions: bool = False,
+                 histograms: Mapping[str, IdleHistogram] | None = None) -> None:
         missing = [name for name in trace.models if cfg.model(name) is None]
         if missing:
             raise ValueError(f"trace models not in the config: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
@@ -387,7 +391,10 @@ class Simulator:
         # simulator has since moved on by bookkeeping alone (its own dict: a state
         # handed to decide() is never changed afterwards).
         self.state = PolicyState(epoch="sim")
-        self.ms: dict[str, ModelState] = {}
+        # Keep-alive histograms learnt before the trace (as a controller loads its own
+        # after a restart): the models start from them instead of from nothing.
+        self.ms: dict[str, ModelState] = {name: ModelState(idle_histogram=h) for name, h in (histograms or {}).items()
+                                          if cfg.model(name) is not None}
         # The keep-alive policy's pooled prior as this tick started (what decide() reads
         # too); kept up only when some model learns its keep-alive.
         self.learns = any(m.autoscaling.keep_alive == "histogram" for m in cfg.models)
@@ -1160,7 +1167,8 @@ class Simulator:
             self._account(w, end)
             for a, rec in w.adapters.items():
                 a.stats.adapter_s += end - rec.since
-        return SimResult(self._summary(end), self.decisions, self.cold_records, self.ticks, self.judged, end)
+        return SimResult(self._summary(end), self.decisions, self.cold_records, self.ticks, self.judged, end,
+                         {name: ms.idle_histogram for name, ms in self.ms.items() if ms.idle_histogram.total()})
 
     # -- the answer -----------------------------------------------------------------------
 

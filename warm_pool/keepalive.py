@@ -127,6 +127,45 @@ class IdleHistogram:
                    tuple(cls.from_json(h, cfg) for h in slots))
 
 
+def histograms_to_json(cfg: ThawConfig, histograms: Mapping[str, IdleHistogram]) -> dict[str, Any]:
+    """The models' histograms as the controller keeps them (``keepalive.json`` in its
+    state): each with the bin width and the slots it was counted with."""
+    return {m.name: {"bin_s": m.autoscaling.keep_alive_histogram.bin_s,
+                     "slots": _slots(m.autoscaling.keep_alive_histogram),
+                     "histogram": histograms[m.name].to_json()}
+            for m in cfg.models if m.name in histograms}
+
+
+def histograms_from_json(cfg: ThawConfig, body: Any) -> tuple[dict[str, IdleHistogram], dict[str, str]]:
+    """What :func:`histograms_to_json` wrote, for ``cfg``'s models: their histograms,
+    and why each one that could not be taken was dropped. Counts kept with another bin
+    width mean other intervals (dropped); slots of another period (or none now) are
+    dropped and the rest kept."""
+    out: dict[str, IdleHistogram] = {}
+    dropped: dict[str, str] = {}
+    for m in cfg.models:
+        entry = body.get(m.name) if isinstance(body, dict) else None
+        if entry is None:
+            continue
+        hcfg = m.autoscaling.keep_alive_histogram
+        if not isinstance(entry, dict) or entry.get("bin_s") != hcfg.bin_s:
+            dropped[m.name] = f"counted with other bins than bin_s {hcfg.bin_s:g}"
+            continue
+        data = entry.get("histogram")
+        if isinstance(data, dict) and entry.get("slots") != _slots(hcfg):
+            data = {k: v for k, v in data.items() if k != "by_slot"}
+        try:
+            out[m.name] = IdleHistogram.from_json(data, hcfg)
+        except ValueError as exc:
+            dropped[m.name] = str(exc)
+    return out, dropped
+
+
+def _slots(cfg: KeepAliveHistogram) -> list[Any]:
+    """What a histogram's slots mean: the period and how many slots it has."""
+    return [cfg.periodic, cfg.period_slots]
+
+
 def slot_of(at: float, cfg: KeepAliveHistogram) -> int | None:
     """The slot of the period (``periodic``) that the time ``at`` (Unix seconds, UTC)
     falls in; None when ``periodic`` is off."""

@@ -15,12 +15,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from thaw.config import KeepAliveHistogram, Pool, ThawConfig, format_errors
+from thaw.config import Pool, ThawConfig, format_errors
 from thaw.log import get_logger
 from thaw.wire import BudgetChange, BudgetView, PoolBudget, PoolEvent
 from warm_pool.db import Db
 from warm_pool.events import SavedEvent
-from warm_pool.keepalive import IdleHistogram
+from warm_pool.keepalive import IdleHistogram, histograms_from_json, histograms_to_json
 
 log = get_logger()
 
@@ -169,30 +169,13 @@ class ControllerStore:
     def load_histograms(self, cfg: ThawConfig) -> dict[str, IdleHistogram]:
         """The models' idle-interval histograms from the last run (the hybrid keep-alive
         policy would otherwise relearn every pattern after a restart)."""
-        saved = self._read(KEEPALIVE_FILE)
-        out: dict[str, IdleHistogram] = {}
-        for m in cfg.models:
-            entry = saved.get(m.name) if isinstance(saved, dict) else None
-            hcfg = m.autoscaling.keep_alive_histogram
-            # Counts kept with another bin width mean other intervals: start afresh.
-            if not isinstance(entry, dict) or entry.get("bin_s") != hcfg.bin_s:
-                continue
-            data = entry.get("histogram")
-            # Slots of another period (or none now): the slots start afresh, the rest stays.
-            if isinstance(data, dict) and entry.get("slots") != _slots(hcfg):
-                data = {k: v for k, v in data.items() if k != "by_slot"}
-            try:
-                out[m.name] = IdleHistogram.from_json(data, hcfg)
-            except ValueError as exc:
-                log.warning("keepalive_histogram_dropped", model=m.name, error=str(exc))
+        out, dropped = histograms_from_json(cfg, self._read(KEEPALIVE_FILE))
+        for name, why in dropped.items():
+            log.warning("keepalive_histogram_dropped", model=name, error=why)
         return out
 
     def save_histograms(self, cfg: ThawConfig, histograms: dict[str, IdleHistogram]) -> None:
-        self._write(KEEPALIVE_FILE, {
-            m.name: {"bin_s": m.autoscaling.keep_alive_histogram.bin_s,
-                     "slots": _slots(m.autoscaling.keep_alive_histogram),
-                     "histogram": histograms[m.name].to_json()}
-            for m in cfg.models if m.name in histograms})
+        self._write(KEEPALIVE_FILE, histograms_to_json(cfg, histograms))
 
     def save_events(self, events: list[SavedEvent]) -> None:
         """Append events (a batch, in one transaction); drop those past retention."""
@@ -215,6 +198,3 @@ class ControllerStore:
                 for c, t, q, d, b in rows]
 
 
-def _slots(cfg: KeepAliveHistogram) -> list[Any]:
-    """What a histogram's slots mean: the period and how many slots it has."""
-    return [cfg.periodic, cfg.period_slots]

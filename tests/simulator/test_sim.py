@@ -235,6 +235,40 @@ def test_the_cli_writes_the_summary(tmp_path: Path) -> None:
     assert not math.isnan(summary["usd"])
 
 
+def test_a_run_starts_from_the_keep_alive_histograms_an_earlier_one_wrote(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.simulator.support import cli_args
+    from thaw.cli.main import main
+
+    # m0: a request every 500 s, each busy 3 s (100 tokens at 100/s, 4 at 0.5 s): nine
+    # idle intervals of 497 s. Learned keep-alive at a price of 100 s.
+    rows = [(float(t), "m0", 100, 4) for t in range(0, 5000, 500)]
+    args = cli_args(tmp_path, config(1, idle_grace_s=100, keep_alive="histogram"), rows, prefill=100, tpot_s=0.5)
+    day1, day2 = tmp_path / "day1.json", tmp_path / "day2.json"
+    assert main([*args, "--out", str(tmp_path / "a"), "--keepalive-to", str(day1)]) == 0
+    saved = json.loads(day1.read_text())
+    assert saved["m0"]["bin_s"] == 60.0 and saved["m0"]["histogram"]["counts"][8] == 9
+    first = json.loads((tmp_path / "a" / "summary.json").read_text())["cold_starts"]
+    # The second day starts from the first's nine intervals (and adds nine), so its
+    # first idle period already lets go and pre-warms at 420 s: fewer cold starts.
+    assert main([*args, "--out", str(tmp_path / "b"), "--keepalive-from", str(day1),
+                 "--keepalive-to", str(day2)]) == 0
+    assert json.loads(day2.read_text())["m0"]["histogram"]["counts"][8] == 18
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["cold_starts"] < first
+    # Counted with other bins: not used, and said; an unreadable file: refused.
+    saved["m0"]["bin_s"] = 30.0
+    day1.write_text(json.dumps(saved))
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "c"), "--keepalive-from", str(day1)]) == 0
+    assert "m0's histogram is not used: counted with other bins than bin_s 60" in capsys.readouterr().err
+    day1.write_text("[1, 2]")
+    assert main([*args, "--keepalive-from", str(day1)]) == 2
+    assert "not an object of models' histograms" in capsys.readouterr().err
+    assert main([*args, "--keepalive-from", str(tmp_path / "missing.json")]) == 2
+    assert main([*args, "--sweep", "--keepalive-to", str(day2)]) == 2
+    assert "--keepalive-to goes with a single run" in capsys.readouterr().err
+
+
 def test_prepare_refuses_a_shape_the_planner_does_not_know() -> None:
     cfg = ThawConfig.model_validate({
         "shapes": [{"name": "cpu", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8,

@@ -5,11 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from simulator import gen_cli
 from simulator.costs import CostError
-from simulator.run import DEFAULT_TTFT_SLO_S, Inputs, SimError, prepare, simulate, write
+from simulator.run import (
+    DEFAULT_TTFT_SLO_S,
+    Inputs,
+    SimError,
+    prepare,
+    read_histograms,
+    simulate,
+    write,
+    write_histograms,
+)
 from simulator.sim import engine_classes, tier_order
 from simulator.traces import FORMATS, TraceError, read_trace
 from thaw.config import ConfigError, load_config
@@ -53,6 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(oracle.json)")
     p.add_argument("--exact", action="store_true",
                    help="judge every model on every tick, as the controller does (slow; same decisions)")
+    p.add_argument("--keepalive-from", metavar="FILE", type=Path, default=None,
+                   help="start every run from these keep-alive histograms (what --keepalive-to wrote): "
+                        "the policy as it stands after that much history")
+    p.add_argument("--keepalive-to", metavar="FILE", type=Path, default=None,
+                   help="write each model's keep-alive histogram at the end of the run (one run only)")
     sweep.add_sweep_arguments(p)
     packing.add_compare_arguments(p)
     oracle.add_arguments(p)
@@ -118,9 +133,20 @@ def run(args: argparse.Namespace) -> int:
                             EXIT_INVALID)
     if args.gpu_memory_utilization is not None and not args.compare_packing:
         return gen_cli.fail("--gpu-memory-utilization goes with --compare-packing", EXIT_INVALID)
+    if args.keepalive_to is not None and (args.sweep or args.compare_packing or args.oracle):
+        return gen_cli.fail("--keepalive-to goes with a single run (not --sweep, --compare-packing or --oracle)",
+                            EXIT_INVALID)
     inputs = load_inputs(args)
     if isinstance(inputs, int):
         return inputs
+    if args.keepalive_from is not None:
+        try:
+            histograms, dropped = read_histograms(args.keepalive_from, inputs.cfg)
+        except SimError as exc:
+            return gen_cli.fail(str(exc), EXIT_INVALID)
+        for name, why in dropped.items():
+            print(f"thaw: --keepalive-from: {name}'s histogram is not used: {why}", file=sys.stderr)
+        inputs = replace(inputs, histograms=histograms)
     if args.sweep:
         from simulator import oracle, sweep
 
@@ -137,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
 
         return oracle.run_oracle(args, inputs.trace, inputs.costs)
     result, wall_s = simulate(inputs, exact=args.exact)
+    if args.keepalive_to is not None:
+        write_histograms(args.keepalive_to, inputs.cfg, result.histograms)
     write(args.out, result, inputs, wall_s, {
         "command": "thaw simulate", "config": str(args.config), "trace_file": str(args.trace),
         "seed": args.seed, "model_template": args.model_template, "exact": args.exact,
