@@ -445,7 +445,8 @@ def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHis
     else:
         keep = min(k * cfg.bin_s, cfg.range_s)
     prewarm = min(p * cfg.bin_s, cfg.range_s) - cfg.prewarm_lead_s if p else None
-    return KeepAliveWindow("histogram", f"{basis}; cold start {price:g} s ({tier})", prewarm, keep)
+    bounds = f"; trust {cfg.trust:g}: held {low:.0f}-{high:.0f} s" if cfg.trust > 0 else ""
+    return KeepAliveWindow("histogram", f"{basis}; cold start {price:g} s ({tier}){bounds}", prewarm, keep)
 
 
 @dataclass(frozen=True)

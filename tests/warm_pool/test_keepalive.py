@@ -279,8 +279,9 @@ def test_trust_one_is_the_fixed_timeout_and_zero_the_histogram_alone() -> None:
     # Trust 1: exactly the fixed timeout at the price, whatever the histogram says.
     fixed = keep_alive_window(h, autoscaling(trust=1.0))
     assert (fixed.prewarm_after_s, fixed.keep_until_s) == (None, 300.0)
-    # Trust 0.7: not before 210 s, so the first edge past it.
-    assert keep_alive_window(h, autoscaling(prewarm=False, trust=0.7)).keep_until_s == 240.0
+    # Trust 0.7: not before 210 s, so the first edge past it; the reason says the bounds.
+    bounded = keep_alive_window(h, autoscaling(prewarm=False, trust=0.7))
+    assert bounded.keep_until_s == 240.0 and bounded.reason.endswith("; trust 0.7: held 210-429 s")
 
 
 @settings(max_examples=200, deadline=None)
