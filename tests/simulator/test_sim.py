@@ -267,6 +267,12 @@ def test_a_run_starts_from_the_keep_alive_histograms_an_earlier_one_wrote(
     assert main([*args, "--keepalive-from", str(tmp_path / "missing.json")]) == 2
     assert main([*args, "--sweep", "--keepalive-to", str(day2)]) == 2
     assert "--keepalive-to goes with a single run" in capsys.readouterr().err
+    assert main([*args, "--oracle", "--keepalive-from", str(day2)]) == 2
+    assert "the oracle has no policy to start" in capsys.readouterr().err
+    # A fleet whose models keep a fixed timeout learns nothing, and is told so.
+    fixed = cli_args(tmp_path, config(1, idle_grace_s=100), rows, prefill=100, tpot_s=0.5)
+    assert main([*fixed, "--out", str(tmp_path / "d"), "--keepalive-to", str(day2)]) == 0
+    assert json.loads(day2.read_text()) == {} and "only models with keep_alive: histogram" in capsys.readouterr().err
 
 
 def test_prepare_refuses_a_shape_the_planner_does_not_know() -> None:

@@ -136,6 +136,9 @@ def run(args: argparse.Namespace) -> int:
     if args.keepalive_to is not None and (args.sweep or args.compare_packing or args.oracle):
         return gen_cli.fail("--keepalive-to goes with a single run (not --sweep, --compare-packing or --oracle)",
                             EXIT_INVALID)
+    if args.keepalive_from is not None and args.oracle and not args.sweep:
+        return gen_cli.fail("--keepalive-from goes with a run or a sweep: the oracle has no policy to start",
+                            EXIT_INVALID)
     inputs = load_inputs(args)
     if isinstance(inputs, int):
         return inputs
@@ -165,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
     result, wall_s = simulate(inputs, exact=args.exact)
     if args.keepalive_to is not None:
         write_histograms(args.keepalive_to, inputs.cfg, result.histograms)
+        if not result.histograms:
+            print(f"thaw: {args.keepalive_to} has no histogram: only models with keep_alive: histogram learn one",
+                  file=sys.stderr)
     write(args.out, result, inputs, wall_s, {
         "command": "thaw simulate", "config": str(args.config), "trace_file": str(args.trace),
         "seed": args.seed, "model_template": args.model_template, "exact": args.exact,
