@@ -154,16 +154,16 @@ class KeepAliveHistogram(_Strict):
     # histogram): without it a busy model's thousands of short gaps are every sparse
     # model's prior. None: each interval counts once.
     prior_model_weight: PositiveFloat | None = 10.0
-    # Pre-warm: release at once and ask for a replica this long before the predicted
-    # next request (loading takes time). False: never pre-warm.
     # How far the learned window may stray from the fixed timeout at the same price
     # (learning-augmented ski rental: Purohit, Svitkina and Kumar, NeurIPS 2018). With
     # trust t > 0 a replica is never let go before t x price seconds idle, never held
     # past price / t (from its pre-warm, if any), and no pre-warm is asked for before
     # t x price: a window that holds from the idle start then costs at most 1 + 1/t
     # times the best possible on any gap, however wrong the histogram. 0: the histogram
-    # alone; 1: the fixed timeout.
+    # alone; 1: the fixed timeout (no pre-warm).
     trust: Annotated[float, Field(ge=0, le=1)] = 0.7
+    # Pre-warm: release at once and ask for a replica this long before the predicted
+    # next request (loading takes time). False: never pre-warm.
     prewarm: bool = True
     prewarm_lead_s: NonNegativeFloat = 60.0
     # Traffic that repeats by the time of day or of the week: each idle interval is also
