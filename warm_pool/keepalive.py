@@ -148,7 +148,10 @@ def histograms_from_json(cfg: ThawConfig, body: Any) -> tuple[dict[str, IdleHist
         if entry is None:
             continue
         hcfg = m.autoscaling.keep_alive_histogram
-        if not isinstance(entry, dict) or entry.get("bin_s") != hcfg.bin_s:
+        if not isinstance(entry, dict):
+            dropped[m.name] = f"not a histogram entry: {type(entry).__name__}"
+            continue
+        if entry.get("bin_s") != hcfg.bin_s:
             dropped[m.name] = f"counted with other bins than bin_s {hcfg.bin_s:g}"
             continue
         data = entry.get("histogram")
@@ -397,14 +400,12 @@ def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHis
     if total <= 0:
         return _fixed(autoscaling, "no idle interval yet, its own or pooled")
     price = cold_start_price_s(autoscaling, tier)
-    lead = cfg.prewarm_lead_s if cfg.prewarm else math.inf
     # Bounds the window keeps to (``trust``; none at 0): no release, and no pre-warm
     # asked for, before ``low`` seconds idle, and no replica held past ``high`` seconds
     # (from its pre-warm, if any). At trust 1, no pre-warm at all: the fixed timeout.
+    lead = cfg.prewarm_lead_s if cfg.prewarm and cfg.trust < 1 else math.inf
     low = cfg.trust * price
     high = price / cfg.trust if cfg.trust > 0 else math.inf
-    if cfg.trust >= 1:
-        lead = math.inf
     s0 = s1 = 0.0  # prefix sums up to edge k
     best = (math.inf, 0, 0)  # (cost, K, P); K == n_bins + 1: forever
     # The pre-warms that may pair with a hold until the current edge, each as (D(P), P,

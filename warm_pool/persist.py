@@ -196,5 +196,3 @@ class ControllerStore:
                             "ORDER BY at, controller, term, seq", (since,))
         return [SavedEvent(str(c), int(t), int(q), PoolEvent.model_validate_json(b), bool(d))
                 for c, t, q, d, b in rows]
-
-

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from simulator.costs import CostModel, ModelCosts, cost_model, read_overrides
 from simulator.run import SimError, prepare, with_trace_models
 from simulator.sim import SUMMARY_KEYS, Simulator, engine_classes
-from tests.simulator.support import config, costs, equivalence_cfg, trace
+from tests.simulator.support import cli_args, config, costs, equivalence_cfg, trace
 from thaw.config import ThawConfig
 from warm_pool.policy import Assign, Pack, Prebuild, Release, UnloadAdapter, decide
 
@@ -237,7 +237,6 @@ def test_the_cli_writes_the_summary(tmp_path: Path) -> None:
 
 def test_a_run_starts_from_the_keep_alive_histograms_an_earlier_one_wrote(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.simulator.support import cli_args
     from thaw.cli.main import main
 
     # m0: a request every 500 s, each busy 3 s (100 tokens at 100/s, 4 at 0.5 s): nine
