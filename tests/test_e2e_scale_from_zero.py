@@ -30,7 +30,7 @@ from thaw.objstore import S3Endpoint
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 IDLE_GRACE_S = 8
-# A scheduled window is declared at least this long before it opens.
+# A scheduled window is declared at least this long before it opens (controller time).
 WINDOW_NOTICE_S = 15
 
 
@@ -51,6 +51,10 @@ def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path, tmp_path_f
                  "autoscaling": {**demo["autoscaling"], "activation_timeout_s": 240}}
         cfg["models"].append(ghost)
         cfg["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 2})
+        # The scheduled window is reached by stepping the controller's clock (up to a
+        # minute and a half at once: heartbeats every 2 s outlast it in 120 s).
+        cfg["controller"]["stepped_clock"] = True
+        cfg.setdefault("cluster", {})["worker_timeout_s"] = 120
 
     with running_stack(store, s3, demo_model_dir, tmp_path_factory.mktemp("e2e"), configure) as s:
         yield s
@@ -191,28 +195,33 @@ def test_thaw_status_prints_models_and_workers(stack: Stack) -> None:
 def test_a_scheduled_window_brings_a_replica_up_before_its_first_request(stack: Stack) -> None:
     stack.wait_for("scale to zero", lambda s: not demo_state(s)["replicas"] and workers_in(s, "standby"),
                    timeout_s=IDLE_GRACE_S + 90)
-    # A window that opens at the next minute at least WINDOW_NOTICE_S away (the
-    # controller's clock, UTC; cron has minutes), declared while it is still shut: the
-    # live controller does nothing before it opens and has a replica up when it does,
-    # with no request. The wait is on the wall clock, at most a minute and a quarter.
-    declared = time.time()
+    # A window at the next minute at least WINDOW_NOTICE_S away on the controller's clock
+    # (UTC; cron has minutes), declared while it is still shut. The test steps the live
+    # controller's clock to just before it, where nothing happens, then across it, where
+    # a replica comes up with no request.
+    auth = {"Authorization": f"Bearer {stack.token()}"}
+    clock_url = f"{stack.control_url}/v1/pool/clock"
+    declared = httpx.get(clock_url, headers=auth, timeout=10).json()["now"]
     opens = math.ceil((declared + WINDOW_NOTICE_S) / 60) * 60.0
     at = datetime.fromtimestamp(opens, UTC)
-    auth = {"Authorization": f"Bearer {stack.token()}"}
     url = f"{stack.control_url}/v1/admin/models/demo"
     revision = httpx.get(url, headers=auth, timeout=10).json()["revision"]
     window = {"cron": f"{at.minute} {at.hour} * * *", "for_s": 600}
     r = httpx.patch(url, headers=auth, timeout=30, json={"revision": revision, "spec": {"prewarm": [window]}})
     assert r.status_code == 200, r.text
     try:
-        stack.wait_for("the scheduled replica", lambda s: demo_state(s)["replicas"].get("ready"),
-                       timeout_s=opens - time.time() + 180)
+        now = httpx.get(clock_url, headers=auth, timeout=10).json()["now"]
+        r = httpx.post(clock_url, headers=auth, timeout=10, json={"advance_s": opens - 3 - now})
+        assert r.status_code == 200 and r.json()["now"] < opens, r.text
+        r = httpx.post(clock_url, headers=auth, timeout=10, json={"advance_s": 4})
+        assert r.status_code == 200 and r.json()["now"] >= opens, r.text
+        stack.wait_for("the scheduled replica", lambda s: demo_state(s)["replicas"].get("ready"), timeout_s=180)
         events = httpx.get(f"{stack.control_url}/v1/events", headers=auth, timeout=5).json()["events"]
         assigned = [e for e in events if e["kind"] == "assign" and e["model"] == "demo" and e["at"] >= declared]
         assert [e["reason"] for e in assigned] == ["prewarm"], assigned
         assert assigned[0]["at"] >= opens, f"assigned {opens - assigned[0]['at']:.1f} s before the window opened"
-        print(f"\nwindow opened {opens - declared:.1f} s after it was declared; replica assigned "
-              f"{assigned[0]['at'] - opens:.2f} s after it opened")
+        print(f"\nclock stepped {opens - now:.1f} s to the window; replica assigned "
+              f"{assigned[0]['at'] - opens:.2f} s (controller time) after it opened")
         # The window's first request finds it up: no cold start.
         before = cold_starts(stack)
         raw = stack.client().chat.completions.with_raw_response.create(

@@ -565,6 +565,27 @@ class BudgetView(_Msg):
     pools: list[PoolBudget]
 
 
+# -- operators → controller: its clock, stepped (controller.stepped_clock) ------------------
+
+
+class ClockView(_Msg):
+    """``GET /v1/pool/clock``: the controller's time (Unix seconds, UTC) and the steps
+    taken so far."""
+
+    now: float
+    # Whether POST /v1/pool/clock may step it (controller.stepped_clock).
+    steppable: bool
+    stepped_s: float
+    # The longest one step may be (0 when it is not steppable).
+    largest_step_s: float
+
+
+class ClockStep(_Msg):
+    """``POST /v1/pool/clock``: move the controller's clock forward."""
+
+    advance_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
 # -- operators → controller → activators: API keys ---------------------------------------
 
 

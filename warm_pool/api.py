@@ -28,6 +28,8 @@ from thaw.wire import (
     BudgetChange,
     BudgetView,
     Catalog,
+    ClockStep,
+    ClockView,
     ColdStartRecord,
     DemandSignal,
     ErrorReply,
@@ -186,6 +188,18 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         except BudgetRefused as exc:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
         return Response(view.model_dump_json(), media_type="application/json")
+
+    # The controller's clock (warm_pool.clock): stepped, when controller.stepped_clock.
+    @app.get("/v1/pool/clock", response_model=ClockView)
+    async def clock() -> Response:
+        return Response(manager.clock_admin.view().model_dump_json(), media_type="application/json")
+
+    @app.post("/v1/pool/clock", response_model=ClockView,
+              responses={409: refusal("This controller keeps the wall clock (controller.stepped_clock is false)"),
+                         422: refusal("A step the workers' heartbeats would read as silence")})
+    async def step_clock(body: ClockStep, request: Request) -> Response:
+        return Response(manager.clock_admin.advance(body, actor(request)).model_dump_json(),
+                        media_type="application/json")
 
     def actor(request: Request) -> str:
         # Who asked: the operator's name as the CLI sends it, the admin key it used (if

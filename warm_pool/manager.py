@@ -58,6 +58,7 @@ from warm_pool.batch_policy import standby_use
 from warm_pool.batch_runner import BatchRunner
 from warm_pool.batches import BatchStore
 from warm_pool.classes import ModelClasses, engine_bytes
+from warm_pool.clock import ClockAdmin
 from warm_pool.control import WorkerControl
 from warm_pool.db import Db, StateUnavailable
 from warm_pool.events import EventLog
@@ -151,6 +152,7 @@ class PoolManager:
         self.standby_seconds: dict[str, tuple[float, float]] = {}
         self._standby_counted_at: float | None = None
         self.event_log = EventLog(clock, controller=self.controller_id)
+        self.clock_admin = ClockAdmin(clock, self.event_log, lambda: self.cfg, self._wake.set)
         self.model_admin = ModelRegistry(cfg, RegistryStore(db),
                                          store_reader, self.event_log, on_change=self._models_changed,
                                          clock=clock)

@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from thaw.log import get_logger
 from thaw.objstore import WeightsCheck
 from warm_pool.api import create_pool_app
 from warm_pool.classes import ModelClasses
+from warm_pool.clock import SteppedClock
 from warm_pool.control import HttpWorkerControl
 from warm_pool.db import Db
 from warm_pool.leader import LeaseStore
@@ -60,7 +61,7 @@ def build_providers(cfg: ThawConfig, config_path: Path, controller_url: str) -> 
     return out
 
 
-def build_model_classes(cfg: ThawConfig) -> ModelClasses | None:
+def build_model_classes(cfg: ThawConfig, clock: Callable[[], float] = time.time) -> ModelClasses | None:
     """Each model's engine class, read from the store, where some pool pre-builds
     engines, and its weights' size where some pool packs them (the only times placement
     needs them). The controller reads config.json and manifest files only: it needs
@@ -80,7 +81,7 @@ def build_model_classes(cfg: ThawConfig) -> ModelClasses | None:
         log.warning("engine_classes_unavailable", error=str(exc))
         return None
     client = store.client()
-    return ModelClasses(lambda uri: read_model_config(client, uri), clock=time.time,
+    return ModelClasses(lambda uri: read_model_config(client, uri), clock=clock,
                         read_size=(lambda uri: read_weights_bytes(client, uri)) if any(p.pack for p in cfg.pools)
                         else None)
 
@@ -138,8 +139,9 @@ def create_controller_app(cfg: ThawConfig, config_path: Path, controller_url: st
     lease = LeaseStore(Db.postgres(cfg.state.url)) if shared and cfg.state.url else None
     control = HttpWorkerControl(token)
     reader = build_store_reader(cfg)
-    manager = PoolManager(cfg, providers, control, state_dir=cfg.data_dir / "controller",
-                          model_classes=build_model_classes(cfg), store_reader=reader,
+    clock = SteppedClock() if cfg.controller.stepped_clock else time.time
+    manager = PoolManager(cfg, providers, control, state_dir=cfg.data_dir / "controller", clock=clock,
+                          model_classes=build_model_classes(cfg, clock), store_reader=reader,
                           store_client=reader.client if reader is not None else None,
                           state_db=state_db, lease=lease, url=controller_url,
                           controller_id=f"{socket.gethostname()}-{os.getpid()}", lease_s=cfg.controller.lease_s)
