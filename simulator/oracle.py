@@ -33,6 +33,14 @@ over all models is the lower convex hull of each model's options, merged by slop
 a budget is the last vertex within it: what such a policy reaches at that cost, though a
 choice off the hull might reach one or two cold starts fewer between vertices.
 
+A third asks whether a model's recent past tells its next gap: **a timeout per model
+and per class of the gap before** (octaves from a minute; ``by_previous_gap``), again in
+hindsight. Any split of the gaps into classes lowers a hindsight frontier (each class is
+fitted to itself), so the same split with its labels shuffled within each model is
+reported beside it (``shuffled_classes``, a seeded permutation): what the previous gap
+wins beyond its shuffled control is what a policy that learns from recent gaps could
+win; where the two agree the last gap says nothing of the next.
+
 Pure: arrays in, numbers out; the CLI shell is ``run_oracle``.
 """
 
@@ -56,6 +64,61 @@ from thaw.exits import EXIT_INVALID, EXIT_OK
 
 # The fixed timeouts `thaw simulate --oracle` puts against the oracle (seconds).
 TIMEOUTS_S = (60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14_400.0)
+# Classes of the gap before (``by_previous_gap``): below a minute, then octaves up to
+# 256 minutes and longer; a model's first gap is a class of its own.
+PREVIOUS_GAP_EDGES_S = tuple(60.0 * 2**k for k in range(9))
+SHUFFLE_SEED = 1
+
+
+def timeouts_frontier(groups: Sequence[np.ndarray], base_cold_starts: int) -> tuple[np.ndarray, np.ndarray]:
+    """(idle seconds, cold starts) at the vertices of the frontier where each group of
+    gaps has its own fixed timeout, from ``base_cold_starts`` (every gap cold)."""
+    steps: list[tuple[float, float, int]] = []  # (slope, idle added, cold starts saved)
+    for g in groups:
+        g = np.sort(np.asarray(g, dtype=float))
+        m = len(g)
+        if not m:
+            continue
+        timeout = np.concatenate([[0.0], g])
+        kept = np.concatenate([[0.0], np.cumsum(g)])
+        idle = kept + (m - np.arange(m + 1)) * timeout
+        hull: list[int] = [0]  # option i saves i cold starts
+        for i in range(1, m + 1):
+            while len(hull) >= 2:
+                a, b = hull[-2], hull[-1]
+                # b is not on the lower hull if a -> i saves at least as much per second.
+                if (idle[b] - idle[a]) * (i - a) >= (idle[i] - idle[a]) * (b - a):
+                    hull.pop()
+                else:
+                    break
+            hull.append(i)
+        for a, b in zip(hull, hull[1:], strict=False):
+            steps.append((float(idle[b] - idle[a]) / (b - a), float(idle[b] - idle[a]), b - a))
+    steps.sort(key=lambda t: t[0])
+    xs, ys = [0.0], [float(base_cold_starts)]
+    for _, d_idle, saved in steps:
+        xs.append(xs[-1] + d_idle)
+        ys.append(ys[-1] - saved)
+    return np.asarray(xs), np.asarray(ys)
+
+
+def previous_gap_classes(gaps: np.ndarray) -> np.ndarray:
+    """Each gap's class (one model's gaps in time order): 0 for the first, else 1 + the
+    octave of the gap before it (``PREVIOUS_GAP_EDGES_S``)."""
+    out = np.zeros(len(gaps), dtype=int)
+    if len(gaps) > 1:
+        out[1:] = 1 + np.searchsorted(np.asarray(PREVIOUS_GAP_EDGES_S), gaps[:-1], side="right")
+    return out
+
+
+def split_by(groups: Sequence[np.ndarray], labels: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Each group's gaps split by their labels."""
+    return [g[lab == c] for g, lab in zip(groups, labels, strict=True) for c in np.unique(lab)]
+
+
+def _at(frontier: tuple[np.ndarray, np.ndarray], idle_s: float) -> int:
+    xs, ys = frontier
+    return int(ys[int(np.searchsorted(xs, idle_s, side="right")) - 1])
 
 
 def idle_gaps(arrivals: Sequence[float], busy_s: Sequence[float]) -> list[float]:
@@ -79,7 +142,7 @@ class Gaps:
     models: int  # models with at least one request: each has one unavoidable cold start
     gaps: np.ndarray  # sorted ascending
     busy_s: float  # replica-seconds in use, the same under every policy
-    # Each model's gaps (any order): for the per-model timeouts in hindsight.
+    # Each model's gaps in time order: for the per-model timeouts in hindsight.
     by_model: tuple[np.ndarray, ...] = ()
 
     @cached_property
@@ -89,33 +152,28 @@ class Gaps:
     @cached_property
     def _per_model_frontier(self) -> tuple[np.ndarray, np.ndarray]:
         """(idle seconds, cold starts) at the vertices of the per-model timeouts' frontier."""
-        steps: list[tuple[float, float, int]] = []  # (slope, idle added, cold starts saved)
-        for g in self.by_model:
-            g = np.sort(np.asarray(g, dtype=float))
-            m = len(g)
-            if not m:
-                continue
-            timeout = np.concatenate([[0.0], g])
-            kept = np.concatenate([[0.0], np.cumsum(g)])
-            idle = kept + (m - np.arange(m + 1)) * timeout
-            hull: list[int] = [0]  # option i saves i cold starts
-            for i in range(1, m + 1):
-                while len(hull) >= 2:
-                    a, b = hull[-2], hull[-1]
-                    # b is not on the lower hull if a -> i saves at least as much per second.
-                    if (idle[b] - idle[a]) * (i - a) >= (idle[i] - idle[a]) * (b - a):
-                        hull.pop()
-                    else:
-                        break
-                hull.append(i)
-            for a, b in zip(hull, hull[1:], strict=False):
-                steps.append((float(idle[b] - idle[a]) / (b - a), float(idle[b] - idle[a]), b - a))
-        steps.sort(key=lambda t: t[0])
-        xs, ys = [0.0], [float(self.models + len(self.gaps))]
-        for _, d_idle, saved in steps:
-            xs.append(xs[-1] + d_idle)
-            ys.append(ys[-1] - saved)
-        return np.asarray(xs), np.asarray(ys)
+        return timeouts_frontier(self.by_model, self.models + len(self.gaps))
+
+    @cached_property
+    def _previous_gap_frontiers(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """The frontiers of a timeout per model and class of the gap before, and of the
+        same classes shuffled within each model."""
+        labels = [previous_gap_classes(np.asarray(g, dtype=float)) for g in self.by_model]
+        rng = np.random.default_rng(SHUFFLE_SEED)
+        shuffled = [rng.permutation(lab) for lab in labels]
+        base = self.models + len(self.gaps)
+        groups = [np.asarray(g, dtype=float) for g in self.by_model]
+        return (timeouts_frontier(split_by(groups, labels), base),
+                timeouts_frontier(split_by(groups, shuffled), base))
+
+    def by_previous_gap_cold_starts(self, idle_s: float) -> tuple[int, int] | None:
+        """The cold starts within ``idle_s`` with a timeout per model and class of the
+        gap before, chosen in hindsight, and with those classes shuffled (the control);
+        None without the models' gaps."""
+        if not self.by_model and len(self.gaps):
+            return None
+        by_previous, shuffled = self._previous_gap_frontiers
+        return _at(by_previous, idle_s), _at(shuffled, idle_s)
 
     def per_model_timeouts_cold_starts(self, idle_s: float) -> int | None:
         """The cold starts within ``idle_s`` seconds of idle time when each model has one
@@ -123,8 +181,7 @@ class Gaps:
         that fits); None without the models' gaps."""
         if not self.by_model and len(self.gaps):
             return None
-        xs, ys = self._per_model_frontier
-        return int(ys[int(np.searchsorted(xs, idle_s, side="right")) - 1])
+        return _at(self._per_model_frontier, idle_s)
 
     def oracle_cold_starts(self, idle_s: float) -> int:
         """The fewest cold starts any keep-alive policy can have with ``idle_s`` seconds
@@ -182,10 +239,13 @@ def distance(g: Gaps, idle_s: float, cold_starts: int) -> dict[str, Any]:
     and the ratio of its cold starts to the oracle's."""
     best = g.oracle_cold_starts(idle_s)
     per_model = g.per_model_timeouts_cold_starts(idle_s)
+    by_previous = g.by_previous_gap_cold_starts(idle_s)
     return {"idle_replica_hours": round(idle_s / 3600, 3), "cold_starts": cold_starts,
             "oracle_cold_starts": best, "extra_cold_starts": cold_starts - best,
             "vs_oracle": round(cold_starts / best, 3) if best else None,
-            "per_model_timeouts_cold_starts": per_model}
+            "per_model_timeouts_cold_starts": per_model,
+            "by_previous_gap_cold_starts": by_previous[0] if by_previous else None,
+            "shuffled_classes_cold_starts": by_previous[1] if by_previous else None}
 
 
 def oracle_report(g: Gaps, timeouts_s: Sequence[float] = TIMEOUTS_S) -> dict[str, Any]:
@@ -204,13 +264,17 @@ def format_report(doc: dict[str, Any]) -> str:
     head = (f"{doc['models']} models, {doc['gaps']} idle gaps; busy {doc['busy_replica_hours']:.1f} replica-h, "
             f"every gap kept {doc['always_warm_idle_replica_hours']:.1f} idle replica-h")
     rows = [("policy", "idle replica-h", "cold starts", "oracle's at that cost", "extra", "x oracle",
-             "per-model timeouts (hindsight)")]
+             "per-model timeouts (hindsight)", "by previous gap", "shuffled")]
+
+    def count(v: int | None) -> str:
+        return "-" if v is None else f"{v:.0f}"
+
     for r in doc["policies"]:
-        pm = r.get("per_model_timeouts_cold_starts")
         rows.append((r["policy"], f"{r['idle_replica_hours']:.2f}", str(r["cold_starts"]),
                      str(r["oracle_cold_starts"]), str(r["extra_cold_starts"]),
                      "-" if r["vs_oracle"] is None else f"{r['vs_oracle']:.2f}",
-                     "-" if pm is None else f"{pm:.0f}"))
+                     count(r.get("per_model_timeouts_cold_starts")), count(r.get("by_previous_gap_cold_starts")),
+                     count(r.get("shuffled_classes_cold_starts"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)).rstrip()
              for r in rows]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.oracle import Gaps, distance, gaps_of, idle_gaps, oracle_report
+from simulator.oracle import Gaps, distance, gaps_of, idle_gaps, oracle_report, previous_gap_classes
 from tests.simulator.support import cli_args, config
 
 
@@ -80,6 +80,35 @@ def test_per_model_timeouts_chosen_in_hindsight() -> None:
     assert xs.tolist() == [0.0, 32.0, 121.0] and ys.tolist() == [4, 2, 1]
     # Gaps without the models': no answer.
     assert Gaps(models=1, gaps=np.array([5.0]), busy_s=1.0).per_model_timeouts_cold_starts(5.0) is None
+
+
+def test_a_timeout_per_class_of_the_gap_before_in_hindsight_and_its_shuffled_control() -> None:
+    # Classes: the first gap; then the octave (from a minute) of the gap before.
+    classes = previous_gap_classes(np.array([10.0, 1000.0, 10.0, 59.9, 60.0, 20_000.0, 5.0]))
+    assert classes.tolist() == [0, 1, 6, 1, 1, 2, 10]
+    # One model whose gaps alternate 10 s and 1000 s: a short gap always follows a long
+    # one. One timeout for the model keeps the 10 s gaps only at 10 s a gap in the long
+    # ones too (60 s for 3); by the gap before, the 10 s gaps (after 1000 s, and the
+    # first) are kept for 30 s and the 1000 s ones (after 10 s) let go at once: the
+    # oracle's 4 cold starts at 30 s, where one timeout has 7.
+    alt = np.array([10.0, 1000.0] * 3)
+    g = Gaps(models=1, gaps=np.sort(alt), busy_s=1.0, by_model=(alt,))
+    assert g.oracle_cold_starts(30.0) == 4 and g.per_model_timeouts_cold_starts(30.0) == 7
+    by_previous, shuffled = g.by_previous_gap_cold_starts(30.0)  # type: ignore[misc]
+    assert by_previous == 4
+    # The control: the same class sizes, labels shuffled (seeded, so the same each run);
+    # never better than the oracle.
+    assert g.by_previous_gap_cold_starts(30.0) == (by_previous, shuffled) and shuffled >= 4
+    # Where every gap is alike the gap before says nothing, and the control shows it:
+    # any split lowers a hindsight frontier (here the first gap alone is kept for 100 s,
+    # 6 cold starts where one timeout for all has 7), and the shuffled split by as much.
+    same = np.full(6, 100.0)
+    flat = Gaps(models=1, gaps=same, busy_s=1.0, by_model=(same,))
+    assert flat.by_previous_gap_cold_starts(100.0) == (6, 6) and flat.per_model_timeouts_cold_starts(100.0) == 7
+    for idle in (0.0, 300.0, 600.0):
+        by_prev, control = flat.by_previous_gap_cold_starts(idle)  # type: ignore[misc]
+        assert by_prev == control <= flat.per_model_timeouts_cold_starts(idle)  # type: ignore[operator]
+    assert Gaps(models=1, gaps=np.array([5.0]), busy_s=1.0).by_previous_gap_cold_starts(5.0) is None
 
 
 def test_gaps_of_a_trace_use_the_cost_models_serving_times(tmp_path: Path) -> None:
