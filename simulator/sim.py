@@ -393,8 +393,9 @@ class Simulator:
         self.state = PolicyState(epoch="sim")
         # Keep-alive histograms learnt before the trace (as a controller loads its own
         # after a restart): the models start from them instead of from nothing.
+        names = {m.name for m in cfg.models}
         self.ms: dict[str, ModelState] = {name: ModelState(idle_histogram=h) for name, h in (histograms or {}).items()
-                                          if cfg.model(name) is not None}
+                                          if name in names}
         # The keep-alive policy's pooled prior as this tick started (what decide() reads
         # too); kept up only when some model learns its keep-alive.
         self.learns = any(m.autoscaling.keep_alive == "histogram" for m in cfg.models)

@@ -18,6 +18,7 @@ from thaw.cli.config_cmds import cmd_config_check, cmd_config_hash_key
 from thaw.cli.pool import (
     cmd_pool_budget_set,
     cmd_pool_budget_show,
+    cmd_pool_clock,
     cmd_pool_events,
     cmd_pool_status,
     cmd_status,
@@ -131,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--usd-per-hour", type=float, default=None, help="the pool's budget for standby + asleep")
     p.add_argument("--total-usd-per-hour", type=float, default=None, help="the budget across all pools")
     p.add_argument("--controller", metavar="URL", default=None)
+    p = add(pl_sub, "clock", "The controller's time; --advance steps it forward (controller.stepped_clock: "
+            "tests and rehearsals of a schedule).", cmd_pool_clock)
+    p.add_argument("--advance", type=float, default=None, metavar="S",
+                   help="move the controller's clock S seconds forward (refused unless stepped_clock is on, "
+                        "or when S is longer than a worker's heartbeats outlast)")
+    p.add_argument("--controller", metavar="URL", default=None)
+    p.add_argument("--json", action="store_true")
 
     cfg = sub.add_parser("config", help="Check a config file or hash an API key.")
     cfg_sub = cfg.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)

@@ -1,5 +1,5 @@
-"""`thaw status` and `thaw pool status|events|budget`: the controller's view, rendered
-or as JSON."""
+"""`thaw status` and `thaw pool status|events|budget|clock`: the controller's view,
+rendered or as JSON."""
 
 from __future__ import annotations
 
@@ -97,3 +97,22 @@ def cmd_pool_budget_set(args: argparse.Namespace) -> int:
     view = _call(cfg, "PUT", _controller(args, cfg), "/v1/pool/budget", body=change)
     print(_render_budget(view))
     return 0
+
+
+def _render_clock(view: dict) -> str:  # type: ignore[type-arg]
+    from datetime import UTC, datetime
+
+    at = datetime.fromtimestamp(view["now"], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if not view["steppable"]:
+        return f"{at} (the wall clock)"
+    return (f"{at} (stepped {view['stepped_s']:g} s ahead of the wall clock; "
+            f"one step at most {view['largest_step_s']:g} s)")
+
+
+def cmd_pool_clock(args: argparse.Namespace) -> int:
+    """The controller's time; with --advance, step it forward first (controller.stepped_clock)."""
+    cfg = _load(args)
+    url = _controller(args, cfg)
+    if args.advance is None:
+        return _emit(args, _get(cfg, url, "/v1/pool/clock"), _render_clock)
+    return _emit(args, _call(cfg, "POST", url, "/v1/pool/clock", body={"advance_s": args.advance}), _render_clock)
