@@ -559,9 +559,10 @@ class ControllerConfig(_Strict):
     # once it has gone unrenewed for lease_s. None: 1.5 heartbeat intervals (so a
     # takeover starts within two).
     lease_s: PositiveFloat | None = None
-    # For tests and rehearsals of a schedule, never for serving: the admin API may move
-    # this controller's clock forward (POST /v1/pool/clock; warm_pool.clock). Everything
-    # it times is on that clock, so a step is time that passed at once.
+    # For tests and rehearsals of a schedule, never for serving: `thaw pool clock
+    # --advance S` (POST /v1/pool/clock, the cluster token) moves this controller's clock
+    # forward (warm_pool.clock). Everything it times is on that clock, so a step is time
+    # that passed at once.
     stepped_clock: bool = False
 
     @property
