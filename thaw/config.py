@@ -156,11 +156,13 @@ class KeepAliveHistogram(_Strict):
     prior_model_weight: PositiveFloat | None = 10.0
     # How far the learned window may stray from the fixed timeout at the same price
     # (learning-augmented ski rental: Purohit, Svitkina and Kumar, NeurIPS 2018). With
-    # trust t > 0 a replica is never let go before t x price seconds idle, never held
-    # past price / t (from its pre-warm, if any), and no pre-warm is asked for before
-    # t x price: a window that holds from the idle start then costs at most 1 + 1/t
-    # times the best possible on any gap, however wrong the histogram. 0: the histogram
-    # alone; 1: the fixed timeout (no pre-warm).
+    # trust t > 0 a replica held from the idle start is kept at least t x price seconds,
+    # none is held past price / t (from its pre-warm, if any), and no pre-warm is asked
+    # for before t x price. A window that holds from the idle start then costs at most
+    # 1 + 1/t times the best possible on any gap, however wrong the histogram; one that
+    # pre-warms lets the replica go at once, so a request before the pre-warm is a cold
+    # start whatever trust says. 0: the histogram alone; 1: the fixed timeout (no
+    # pre-warm).
     trust: Annotated[float, Field(ge=0, le=1)] = 0.7
     # Pre-warm: release at once and ask for a replica this long before the predicted
     # next request (loading takes time). False: never pre-warm.
