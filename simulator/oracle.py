@@ -158,11 +158,11 @@ class Gaps:
     def _previous_gap_frontiers(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
         """The frontiers of a timeout per model and class of the gap before, and of the
         same classes shuffled within each model."""
-        labels = [previous_gap_classes(np.asarray(g, dtype=float)) for g in self.by_model]
+        groups = [np.asarray(g, dtype=float) for g in self.by_model]
+        labels = [previous_gap_classes(g) for g in groups]
         rng = np.random.default_rng(SHUFFLE_SEED)
         shuffled = [rng.permutation(lab) for lab in labels]
         base = self.models + len(self.gaps)
-        groups = [np.asarray(g, dtype=float) for g in self.by_model]
         return (timeouts_frontier(split_by(groups, labels), base),
                 timeouts_frontier(split_by(groups, shuffled), base))
 
