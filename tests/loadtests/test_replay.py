@@ -416,7 +416,8 @@ def test_run_records_headers_tokens_and_errors_then_report(tmp_path: Path, capsy
     capsys.readouterr()
     assert thaw(["load", "report", str(out), "--ttft-slo-s", "30", "--tpot-slo-ms", "10000"]) == 0
     table = capsys.readouterr().out
-    assert "errors by status: 404: 1, 503: 1" in table and "generator fell behind: no" in table
+    verdict = "YES" if info.generator_fell_behind else "no"
+    assert "errors by status: 404: 1, 503: 1" in table and f"generator fell behind: {verdict}" in table
     report = json.loads((out / "report.json").read_text())
     assert report["counts"]["completed"] == 4 and report["errors_by_status"] == {"404": 1, "503": 1}
     assert report["overall"]["good"] == 4 and report["goodput_rps"] == pytest.approx(4 / info.duration_s)
