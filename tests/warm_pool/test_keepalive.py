@@ -26,6 +26,9 @@ from warm_pool.keepalive import (
     KeepAliveWindow,
     PooledCounts,
     Tier,
+    _bin_count,
+    _in_range,
+    _smoothed,
     cold_start_price_s,
     idle_interval,
     keep_alive_decision,
@@ -42,7 +45,7 @@ CFG = KeepAliveHistogram()
 
 def autoscaling(keep_alive: str = "histogram", idle_grace_s: float = 300.0, **hist: Any) -> Autoscaling:
     return Autoscaling(keep_alive=keep_alive, idle_grace_s=idle_grace_s,  # type: ignore[arg-type]
-                       keep_alive_histogram=KeepAliveHistogram(**{"trust": 0.0, **hist}))
+                       keep_alive_histogram=KeepAliveHistogram(**{"trust": 0.0, "smoothing": 0.0, **hist}))
 
 
 def histogram(samples: Iterable[float], cfg: KeepAliveHistogram = CFG) -> IdleHistogram:
@@ -176,6 +179,38 @@ def test_a_model_with_no_history_reads_the_pooled_prior_and_its_own_replaces_it(
     # With no floor, past prior_samples the prior is gone altogether.
     no_floor = autoscaling(cold_start_price_s=300.0, prior_floor=0.0)
     assert keep_alive_window(own, no_floor, prior) == keep_alive_window(own, no_floor, None)
+
+
+def test_smoothing_reads_a_sparse_models_scattered_gaps_as_a_spread_not_a_cluster_to_pre_warm_on() -> None:
+    # Six gaps of a sparse model, from 11 min to 1.8 h (one from Azure's conversations
+    # spread over 100 models), priced at 550 s. Counted as they are, the two gaps of
+    # ~24 min are a spike: the window lets go and pre-warms at 1,320 s for 180 s, a bet
+    # the next gap lands there. Smoothed, they say "tens of minutes to hours": let go,
+    # with no pre-warm before the range's end.
+    gaps = [1494.0, 1428.0, 4410.0, 820.0, 6655.0, 653.0]
+    raw = autoscaling(cold_start_price_s=550.0, trust=0.7)
+    smooth = autoscaling(cold_start_price_s=550.0, trust=0.7, smoothing=1.0)
+    spiky = keep_alive_window(histogram(gaps, raw.keep_alive_histogram), raw)
+    assert (spiky.prewarm_after_s, spiky.keep_until_s) == (1320.0, 1500.0)
+    spread = keep_alive_window(histogram(gaps, smooth.keep_alive_histogram), smooth)
+    assert spread.prewarm_after_s is not None and spread.prewarm_after_s > max(gaps)
+    # A regular model keeps its detail: thirty gaps of 630 s have no spread to smooth by
+    # (only SPREAD_PRIOR_N's), so it is pre-warmed as before, at 540 s.
+    regular = keep_alive_window(histogram([630.0] * 30, smooth.keep_alive_histogram), smooth)
+    assert regular.prewarm_after_s == keep_alive_window(histogram([630.0] * 30), raw).prewarm_after_s == 540.0
+
+
+def test_smoothing_keeps_every_interval_and_counts_what_spills_past_the_range_as_out_of_range() -> None:
+    cfg = KeepAliveHistogram(smoothing=1.0)
+    h = histogram([657.0, 1802.0, 33.0, 2026.0, 8196.0, 3149.0, 840.0, 20_000.0], cfg)
+    counts, oor, oor_s = _smoothed(_in_range(h, cfg, _bin_count(cfg)), cfg)
+    assert sum(counts) + oor == pytest.approx(h.total())
+    # The 20,000 s gap stays out of range; part of the 8,196 s one spills past 4 h, each
+    # part at a length past the range.
+    assert 1.0 < oor < 2.0 and oor_s > 20_000.0 + (oor - 1.0) * cfg.range_s
+    # Off, the counts are as they were.
+    off = KeepAliveHistogram(smoothing=0.0)
+    assert _smoothed(_in_range(h, off, _bin_count(off)), off) == _in_range(h, off, _bin_count(off))
 
 
 def test_the_prior_floor_keeps_weight_on_gaps_longer_than_any_seen() -> None:
@@ -536,7 +571,7 @@ def test_regular_trace_is_prewarmed_and_cheaper_than_a_fixed_ten_minutes() -> No
 
 DAY_S, HOUR_S = 86_400.0, 3_600.0
 # Bins of 10 min up to a day: an idle start after hours can see the morning.
-DAILY = KeepAliveHistogram(bin_s=600, range_s=DAY_S, periodic="day", period_slots=24, trust=0.0)
+DAILY = KeepAliveHistogram(bin_s=600, range_s=DAY_S, periodic="day", period_slots=24, trust=0.0, smoothing=0.0)
 
 
 @pytest.mark.parametrize(("periodic", "slots", "at", "slot"), [

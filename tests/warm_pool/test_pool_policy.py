@@ -176,7 +176,7 @@ def test_the_histogram_keep_alive_lets_go_at_once_and_pre_warms_before_the_next_
     # (bin 10 of 60 s): holding across each costs ~630 s, a cold start 600 s; holding from
     # the predicted arrival costs ~30 s: pre-warm with the replica asked for 60 s ahead
     # (600 - 60 = 540 s after the idle start), kept until 660 s.
-    cfg = config({"standby_min": 1}, keep_alive="histogram", keep_alive_histogram={"cold_start_price_s": 600})
+    cfg = config({"standby_min": 1}, keep_alive="histogram", keep_alive_histogram={"cold_start_price_s": 600, "smoothing": 0})
     learnt = IdleHistogram(counts=(0,) * 10 + (30,))
     state = PolicyState(models={"m0": ModelState(idle_histogram=learnt)})
     idle = {"m0": ModelActivity(last_request_at=1000.0)}
@@ -201,7 +201,7 @@ def test_the_histogram_keep_alive_lets_go_at_once_and_pre_warms_before_the_next_
 def test_a_model_with_no_history_takes_its_keep_alive_from_the_others_and_holds_it_for_the_idle_period() -> None:
     from warm_pool.keepalive import IdleHistogram
 
-    cfg = config({"standby_min": 1}, keep_alive="histogram", keep_alive_histogram={"cold_start_price_s": 600})
+    cfg = config({"standby_min": 1}, keep_alive="histogram", keep_alive_histogram={"cold_start_price_s": 600, "smoothing": 0})
     # m1 learnt gaps of 10-11 minutes; m0, new, has none of its own.
     state = PolicyState(models={"m1": ModelState(idle_histogram=IdleHistogram(counts=(0,) * 10 + (30,)))})
     idle = {"m0": ModelActivity(last_request_at=1000.0)}
