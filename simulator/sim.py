@@ -393,9 +393,11 @@ class Simulator:
         self.state = PolicyState(epoch="sim")
         # Keep-alive histograms learnt before the trace (as a controller loads its own
         # after a restart): the models start from them instead of from nothing.
-        names = {m.name for m in cfg.models}
-        self.ms: dict[str, ModelState] = {name: ModelState(idle_histogram=h) for name, h in (histograms or {}).items()
-                                          if name in names}
+        # Every model is known from the start (as a controller's first tick sees its
+        # config): the wait for its first request is its first idle interval.
+        loaded = histograms or {}
+        self.ms: dict[str, ModelState] = {m.name: ModelState(idle_histogram=loaded.get(m.name, IdleHistogram()),
+                                                             seen_since=0.0) for m in cfg.models}
         # The keep-alive policy's pooled prior as this tick started (what decide() reads
         # too); kept up only when some model learns its keep-alive.
         self.learns = any(m.autoscaling.keep_alive == "histogram" for m in cfg.models)

@@ -236,6 +236,10 @@ class ModelState:
     # intervals seen so far, and the keep-alive window they give.
     idle_since: float | None = None
     idle_histogram: IdleHistogram = IdleHistogram()
+    # Since when the model has been known with no request and nothing learnt (None once
+    # it has had one): the wait for its first request is its first idle interval. A
+    # sparse model then says so with its first request, not after several idle periods.
+    seen_since: float | None = None
     keep_alive: KeepAliveWindow | None = None
     # What the window was judged on: the histogram (by identity) and the idle start. A
     # window holds for one idle period; the pooled prior moving does not change it.
@@ -552,18 +556,27 @@ def _track_idle(ms: ModelState, act: ModelActivity, a: Autoscaling, now: float) 
     """Keep-alive bookkeeping: when the model went idle, and each idle interval ended by
     an arrival (into the histogram the hybrid policy learns from)."""
     if act.demand or act.arrivals:
-        gap = idle_interval(ms.idle_since, now)
+        began = ms.idle_since
+        if began is None and ms.seen_since is not None and not ms.idle_histogram.total() \
+                and now > ms.seen_since:
+            # Its first request: the wait since it was first seen. (A request already
+            # there when it was first seen shows no wait: nothing to learn.)
+            began = ms.seen_since
+        gap = idle_interval(began, now)
+        if ms.seen_since is not None:
+            ms = evolve(ms, seen_since=None)
         if gap is not None and a.keep_alive == "histogram":
             ms = evolve(ms, idle_histogram=record_idle(ms.idle_histogram, gap, a.keep_alive_histogram,
-                                                       began_at=ms.idle_since))
+                                                       began_at=began))
         if act.demand:
             return ms if ms.idle_since is None else evolve(ms, idle_since=None)
         # Requests came and went between two ticks: idle again from the last one's end.
         return evolve(ms, idle_since=min(act.last_request_at or now, now))
     if ms.idle_since is None and act.last_request_at is not None:
-        # Idle from the last request's end, as the activators last saw it. A model never
+        # Idle from the last request's end, as the activators last saw it (a request
+        # before this controller saw the model: no first wait to learn). A model never
         # used has no idle start: nothing keeps it warm beyond min_replicas.
-        return evolve(ms, idle_since=min(act.last_request_at, now))
+        return evolve(ms, idle_since=min(act.last_request_at, now), seen_since=None)
     return ms
 
 
@@ -835,7 +848,7 @@ def _model(t: _Tick, m: Model) -> None:
         hosts = [w for w in snap.by_model.get(m.base, ()) if w.state == "ready"]
         replicas = [w for w in hosts if w.adapter(m.name) in ("loading", "ready")]
         ready = [w for w in replicas if w.adapter(m.name) == "ready"]
-    ms = t.models.get(m.name, ModelState())
+    ms = t.models.get(m.name) or ModelState(seen_since=t.now)
     if ready and ms.failures:
         ms = evolve(ms, failures=0, backoff_until=0.0, last_error=None, last_failure_kind=None)
     a = m.autoscaling

@@ -274,6 +274,19 @@ def test_a_run_starts_from_the_keep_alive_histograms_an_earlier_one_wrote(
     assert json.loads(day2.read_text()) == {} and "only models with keep_alive: histogram" in capsys.readouterr().err
 
 
+def test_the_wait_for_a_models_first_request_is_learnt_from_the_traces_start(tmp_path: Path) -> None:
+    from thaw.cli.main import main
+
+    # m0 is called at 0 (no wait to learn), m1 first at 3,000 s: as a controller started
+    # with the trace would, the simulator counts m1's 3,000 s as its first interval.
+    rows = [(0.0, "m0", 100, 4), (3000.0, "m1", 100, 4)]
+    args = cli_args(tmp_path, config(2, idle_grace_s=100, keep_alive="histogram"), rows, prefill=100, tpot_s=0.5)
+    out = tmp_path / "h.json"
+    assert main([*args, "--out", str(tmp_path / "a"), "--keepalive-to", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert "m0" not in saved and saved["m1"]["histogram"]["counts"] == [0] * 50 + [1]
+
+
 def test_prepare_refuses_a_shape_the_planner_does_not_know() -> None:
     cfg = ThawConfig.model_validate({
         "shapes": [{"name": "cpu", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8,

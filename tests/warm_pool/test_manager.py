@@ -349,6 +349,10 @@ async def test_the_keep_alive_histogram_survives_a_restart(tmp_path: Path) -> No
     m = PoolManager(cfg, {"gpu": provider}, control, clock=clock, refresh_interval_s=0.0, state_dir=tmp_path)
     await m.start(loop=False)
     clock.t += m.adopt_grace_s
+    # The controller sees the model unused for 300 s: the wait for its first request is
+    # its first idle interval.
+    await step(m)
+    clock.t += 300
     # Three idle gaps of 600 s: a request, then nothing, then the next one.
     for _ in range(3):
         m.report("a", {"demo": ModelActivity(in_flight=1, last_request_at=clock())})
@@ -359,7 +363,7 @@ async def test_the_keep_alive_histogram_survives_a_restart(tmp_path: Path) -> No
     m.report("a", {"demo": ModelActivity(in_flight=1, last_request_at=clock())})
     await step(m)
     learnt = m.state.models["demo"].idle_histogram
-    assert learnt.total() == 3 and sum(learnt.counts) == 3
+    assert learnt.total() == 4 and learnt.counts[10] == 3 and learnt.counts[5] == 1
     # A new controller reads it back; with another bin width it starts afresh.
     again = PoolManager(cfg, {"gpu": provider}, control, clock=clock, state_dir=tmp_path,
                         store_reader=FakeStoreReader())

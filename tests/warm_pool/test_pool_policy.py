@@ -198,6 +198,28 @@ def test_the_histogram_keep_alive_lets_go_at_once_and_pre_warms_before_the_next_
     assert Release("w01", "m0", "idle") in decisions
 
 
+def test_the_wait_for_a_models_first_request_is_its_first_idle_interval() -> None:
+    cfg = config({"standby_min": 1}, keep_alive="histogram")
+    standby = (w(1, "standby"),)
+    # First seen at 1000: nothing of m0, m1's request already waiting, m2 used before
+    # this controller (an activator reports its last request, from 900).
+    first = {"m1": ModelActivity(in_flight=1, last_request_at=1000.0), "m2": ModelActivity(last_request_at=900.0)}
+    _, state = decide(Snapshot(standby, first), PolicyState(), cfg, 1000.0)
+    assert state.models["m0"].seen_since == 1000.0 and state.models["m1"].seen_since is None
+    assert state.models["m2"].seen_since is None and state.models["m2"].idle_since == 900.0
+    # m0's first request, 3,000 s later: an interval of 3,000 s (bin 50 of 60 s), learnt.
+    _, state = decide(Snapshot(standby, {"m0": ModelActivity(in_flight=1, last_request_at=4000.0)}),
+                      state, cfg, 4000.0)
+    learnt = state.models["m0"].idle_histogram
+    assert learnt.total() == 1 and learnt.counts[50] == 1 and state.models["m0"].seen_since is None
+    # m1 showed no wait, and m2's gap is counted from its last request, as any other.
+    _, state = decide(Snapshot(standby, {"m1": ModelActivity(in_flight=1, last_request_at=4000.0),
+                                         "m2": ModelActivity(in_flight=1, last_request_at=4000.0)}),
+                      state, cfg, 4000.0)
+    assert state.models["m1"].idle_histogram.total() == 0
+    assert state.models["m2"].idle_histogram.counts == (0,) * 51 + (1,)  # 3,100 s: bin 51
+
+
 def test_a_model_with_no_history_takes_its_keep_alive_from_the_others_and_holds_it_for_the_idle_period() -> None:
     from warm_pool.keepalive import IdleHistogram
 
