@@ -38,9 +38,9 @@ count is spread as a log-normal around the bin's midpoint, of width ``smoothing 
 n**-0.2`` in natural-log units, ``s`` the spread of the logs of its ``n`` intervals (a
 kernel density estimate with Silverman's rule of bandwidth: wide for a model whose few
 gaps run from minutes to hours, narrow for one that calls like a clock), the part past
-``range_s`` counted out of range at its conditional mean length. Without it, one gap of 1,400 s
-among a sparse model's few is a spike that a pre-warm at 1,320 s is fitted to; with it,
-the gap says "tens of minutes" and the model is let go.
+``range_s`` counted out of range at its conditional mean length. Without it, one gap
+of 1,400 s among a sparse model's few is a spike that a pre-warm at 1,320 s is fitted
+to; with it, the gap says "tens of minutes" and the model is let go.
 
 ``trust`` bounds the window, as learning-augmented ski rental does (Purohit, Svitkina
 and Kumar, NeurIPS 2018): with ``t > 0`` the hold ends within ``[t * price, price / t]``
@@ -468,7 +468,7 @@ def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHis
         n_slot = own_slot.total()
         (counts, oor, oor_s), slot_weight = _blend(_smoothed(_in_range(own_slot, cfg, n_bins), cfg), n_slot,
                                                    (counts, oor, oor_s), cfg)
-        basis = f"{own_slot.total()} intervals begun in slot {slot}, the model's x{slot_weight:g} ({basis})"
+        basis = f"{n_slot} intervals begun in slot {slot}, the model's x{slot_weight:g} ({basis})"
     total = sum(counts) + oor
     if total <= 0:
         return _fixed(autoscaling, "no idle interval yet, its own or pooled")
