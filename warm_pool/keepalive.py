@@ -394,30 +394,32 @@ SPREAD_PRIOR_N = 0.05
 
 
 @lru_cache(maxsize=256)
-def _kernel(n_bins: int, bin_s: float, sigma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _kernel(n_bins: int, bin_s: float, range_s: float, sigma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each bin's count, the share that a log-normal of width ``sigma`` around the
-    bin's midpoint puts in each bin (rows: from, columns: to), the share past the last
-    bin, and the seconds that share stands for (its conditional mean length)."""
+    bin's midpoint puts in each bin (rows: from, columns: to), the share past
+    ``range_s``, and the seconds that share stands for (its conditional mean length).
+    The last bin ends at ``range_s``, as the window reads it, even when it is partial."""
     erf = np.vectorize(math.erf)
-    mids = (np.arange(n_bins) + 0.5) * bin_s
-    upper = np.arange(1, n_bins + 1) * bin_s
+    upper = np.minimum(np.arange(1, n_bins + 1) * bin_s, range_s)
+    mids = (np.arange(n_bins) * bin_s + upper) / 2
     cdf = 0.5 * (1 + erf((np.log(upper)[None, :] - np.log(mids)[:, None]) / (sigma * math.sqrt(2))))
     share = np.diff(np.concatenate([np.zeros((n_bins, 1)), cdf], axis=1), axis=1)
     past = 1 - cdf[:, -1]
     # E[X | X > R] of a log-normal with median m: m e^(s^2/2) Phi(s - z) / (1 - Phi(z)).
-    z = (np.log(n_bins * bin_s) - np.log(mids)) / sigma
+    z = (math.log(range_s) - np.log(mids)) / sigma
     tail = 0.5 * (1 + erf((sigma - z) / math.sqrt(2)))
     mean_past = mids * math.exp(sigma ** 2 / 2) * tail / np.maximum(past, 1e-300)
-    seconds = past * np.maximum(mean_past, n_bins * bin_s)
+    seconds = past * np.maximum(mean_past, range_s)
     for a in (share, past, seconds):
         a.flags.writeable = False
     return share, past, seconds
 
 
-def _log_spread(counts: list[float], oor: float, oor_s: float, bin_s: float) -> tuple[float, float]:
+def _log_spread(counts: list[float], oor: float, oor_s: float, cfg: KeepAliveHistogram) -> tuple[float, float]:
     """The count and the standard deviation of the natural log of the intervals (each
-    at its bin's midpoint; the out-of-range ones at their mean length)."""
-    logs = [math.log((i + 0.5) * bin_s) for i in range(len(counts))]
+    at its bin's midpoint, the last bin ending at ``range_s``; the out-of-range ones at
+    their mean length)."""
+    logs = [math.log((i * cfg.bin_s + min((i + 1) * cfg.bin_s, cfg.range_s)) / 2) for i in range(len(counts))]
     w = list(counts)
     if oor > 0:
         logs.append(math.log(oor_s / oor))
@@ -434,7 +436,7 @@ def _smoothed(own: _Counts, cfg: KeepAliveHistogram) -> _Counts:
     counts, oor, oor_s = own
     if not cfg.smoothing or not any(counts):
         return own
-    n, sd = _log_spread(counts, oor, oor_s, cfg.bin_s)
+    n, sd = _log_spread(counts, oor, oor_s, cfg)
     # Their spread, with SPREAD_PRIOR_N intervals more of spread 1 (a few gaps have too
     # little spread to go by: one has none), times n ** -0.2. Rounded, so a few widths
     # serve every model (a cached kernel each).
@@ -442,7 +444,7 @@ def _smoothed(own: _Counts, cfg: KeepAliveHistogram) -> _Counts:
     sigma = round(cfg.smoothing * spread * n ** -SMOOTHING_EXPONENT, 2)
     if sigma <= 0:
         return own
-    share, past, seconds = _kernel(len(counts), cfg.bin_s, sigma)
+    share, past, seconds = _kernel(len(counts), cfg.bin_s, cfg.range_s, sigma)
     v = np.asarray(counts)
     return [float(c) for c in v @ share], oor + float(v @ past), oor_s + float(v @ seconds)
 
