@@ -313,7 +313,7 @@ async def test_a_stream_whose_replica_stays_silent_goes_to_another(engine: tuple
 
 
 async def test_a_stream_that_goes_silent_midway_ends_with_an_error_event(engine: tuple[FakeEngine, str]) -> None:
-    app = stall_app(upstream_stream_idle_s=1.0)
+    app = stall_app(upstream_stream_idle_s=3.0)
     stalling = FakeEngine("stalling", tokens=5)
     stalling.stall_after_chunks = 2
     try:
