@@ -156,11 +156,14 @@ class KeepAliveHistogram(_Strict):
     prior_model_weight: PositiveFloat | None = 10.0
     # A model's own intervals are spread over the bins near them before the pool is
     # blended in: each as a log-normal around its length, of width smoothing x s x
-    # n^-0.2 (natural-log units; n the model's intervals, s the spread of their logs).
-    # A sparse model's few scattered gaps then do not read as a cluster worth a
-    # pre-warm; a regular model, or one with many, keeps its detail. 0: the counts as
-    # they are.
+    # n^-smoothing_exponent (natural-log units; n the model's intervals, s the spread of
+    # their logs). A sparse model's few scattered gaps then do not read as a cluster
+    # worth a pre-warm; a regular model, or one with many, keeps its detail. 0: the
+    # counts as they are. Silverman's rule has an exponent of 0.2, for gaps from one
+    # hump; with two (a cron between bursts) their spread is wide and 0.2 smeared the
+    # cron's cluster however many intervals showed it (docs/OPERATIONS.md).
     smoothing: NonNegativeFloat = 1.0
+    smoothing_exponent: NonNegativeFloat = 0.35
     # How far the learned window may stray from the fixed timeout at the same price
     # (learning-augmented ski rental: Purohit, Svitkina and Kumar, NeurIPS 2018). With
     # trust t > 0 a replica held from the idle start is kept at least t x price seconds,

@@ -35,9 +35,11 @@ two parts are independent but for ``P <= K``, so one pass with a running minimum
 
 Before the blend, the model's own intervals are smoothed (``smoothing``): each bin's
 count is spread as a log-normal around the bin's midpoint, of width ``smoothing * s *
-n**-0.2`` in natural-log units, ``s`` the spread of the logs of its ``n`` intervals (a
-kernel density estimate with Silverman's rule of bandwidth: wide for a model whose few
-gaps run from minutes to hours, narrow for one that calls like a clock), the part past
+n**-smoothing_exponent`` (0.35) in natural-log units, ``s`` the spread of the logs of its ``n`` intervals (a
+kernel density estimate: wide for a model whose few gaps run from minutes to hours,
+narrow for one that calls like a clock, and narrowing with ``n`` faster than
+Silverman's ``n**-0.2``, which smears a cluster among spread gaps, such as a cron
+between bursts, however many intervals show it), the part past
 ``range_s`` counted out of range at its conditional mean length. Without it, one gap
 of 1,400 s among a sparse model's few is a spike that a pre-warm at 1,320 s is fitted
 to; with it, the gap says "tens of minutes" and the model is let go.
@@ -388,8 +390,6 @@ def _blend(own: _Counts, n_own: float, prior: _Counts,
     return ([c + f * pc for c, pc in zip(counts, p_counts, strict=True)], oor + f * p_oor, oor_s + f * p_oor_s), weight
 
 
-# The bandwidth of the smoothing shrinks as n ** -SMOOTHING_EXPONENT (Silverman's rule).
-SMOOTHING_EXPONENT = 0.2
 SPREAD_PRIOR_N = 0.05
 
 
@@ -438,10 +438,10 @@ def _smoothed(own: _Counts, cfg: KeepAliveHistogram) -> _Counts:
         return own
     n, sd = _log_spread(counts, oor, oor_s, cfg)
     # Their spread, with SPREAD_PRIOR_N intervals more of spread 1 (a few gaps have too
-    # little spread to go by: one has none), times n ** -0.2. Rounded, so a few widths
-    # serve every model (a cached kernel each).
+    # little spread to go by: one has none), times n ** -smoothing_exponent. Rounded,
+    # so a few widths serve every model (a cached kernel each).
     spread = math.sqrt((n * sd ** 2 + SPREAD_PRIOR_N) / (n + SPREAD_PRIOR_N))
-    sigma = round(cfg.smoothing * spread * n ** -SMOOTHING_EXPONENT, 2)
+    sigma = round(cfg.smoothing * spread * n ** -cfg.smoothing_exponent, 2)
     if sigma <= 0:
         return own
     share, past, seconds = _kernel(len(counts), cfg.bin_s, cfg.range_s, sigma)

@@ -200,6 +200,24 @@ def test_smoothing_reads_a_sparse_models_scattered_gaps_as_a_spread_not_a_cluste
     assert regular.prewarm_after_s == keep_alive_window(histogram([630.0] * 30), raw).prewarm_after_s == 540.0
 
 
+def test_smoothing_keeps_a_cluster_that_has_the_intervals_to_show_it() -> None:
+    # Thirty gaps: a cron every 25 min (1,500 s, jitter of seconds) and, between, bursts
+    # of short gaps (15 quantiles of an exponential of mean 300 s), priced at 950 s. The
+    # bursts spread the logs (so the width) wide; the cron is a cluster of 15. Counted as
+    # they are, the window lets go and pre-warms for the cron. Smoothed, it still must:
+    # with a width that shrinks as n ** -0.2 the cluster was smeared into "anything from
+    # minutes to hours", and the window let go with no pre-warm before the range's end,
+    # making every cron request a cold start.
+    bursts = [300.0 * -math.log(1 - (i + 0.5) / 15) for i in range(15)]
+    cron = [1500.0 + d for d in (-40, -30, -25, -20, -15, -10, -5, 0, 5, 10, 15, 20, 25, 30, 40)]
+    raw = autoscaling(cold_start_price_s=950.0, trust=0.7)
+    smooth = autoscaling(cold_start_price_s=950.0, trust=0.7, smoothing=1.0)
+    exact = keep_alive_window(histogram(bursts + cron, raw.keep_alive_histogram), raw)
+    assert (exact.prewarm_after_s, exact.keep_until_s) == (1380.0, 1560.0)
+    window = keep_alive_window(histogram(bursts + cron, smooth.keep_alive_histogram), smooth)
+    assert window.prewarm_after_s is not None and window.prewarm_after_s < min(cron) < max(cron) < window.keep_until_s
+
+
 def test_smoothing_keeps_every_interval_and_counts_what_spills_past_the_range_as_out_of_range() -> None:
     cfg = KeepAliveHistogram(smoothing=1.0)
     h = histogram([657.0, 1802.0, 33.0, 2026.0, 8196.0, 3149.0, 840.0, 20_000.0], cfg)
