@@ -77,12 +77,16 @@ def regret(draw: Draw, price: float, intervals: list[int], seeds: int, cfg: Keep
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
-    """``name:key=value,key=value`` -> (name, overrides of keep_alive_histogram)."""
+    """``name:key=value,key=value`` -> (name, overrides of keep_alive_histogram): a
+    number where the value reads as one, else the text (``prewarm=false``)."""
     name, _, body = text.partition(":")
     overrides: dict[str, Any] = {}
     for item in filter(None, body.split(",")):
         key, _, value = item.partition("=")
-        overrides[key] = float(value)
+        try:
+            overrides[key] = float(value)
+        except ValueError:
+            overrides[key] = value
     KeepAliveHistogram(**overrides)  # a bad key or value fails here, before the run
     return name, overrides
 

@@ -28,8 +28,11 @@ def test_a_clock_is_learnt_from_a_few_gaps_and_a_bad_variant_is_refused() -> Non
     cfg = KeepAliveHistogram()
     assert kr.regret(kr.DISTRIBUTIONS["clock 630 s"], 950.0, [10], 3, cfg)[0] == pytest.approx(0.0, abs=0.01)
     assert kr.parse_variant("n^-0.2:smoothing_exponent=0.2") == ("n^-0.2", {"smoothing_exponent": 0.2})
+    assert kr.parse_variant("no pre-warm:prewarm=false,trust=0") == ("no pre-warm", {"prewarm": "false", "trust": 0.0})
     with pytest.raises(ValueError):
         kr.parse_variant("typo:smoothing_exponant=0.2")
+    with pytest.raises(ValueError):
+        kr.parse_variant("bad:trust=2")
 
 
 def test_a_small_run_writes_every_distribution_per_variant_and_price(tmp_path: Path) -> None:
