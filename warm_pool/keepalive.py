@@ -35,12 +35,12 @@ two parts are independent but for ``P <= K``, so one pass with a running minimum
 
 Before the blend, the model's own intervals are smoothed (``smoothing``): each bin's
 count is spread as a log-normal around the bin's midpoint, of width ``smoothing * s *
-n**-smoothing_exponent`` (0.35) in natural-log units, ``s`` the spread of the logs of its ``n`` intervals (a
-kernel density estimate: wide for a model whose few gaps run from minutes to hours,
-narrow for one that calls like a clock, and narrowing with ``n`` faster than
-Silverman's ``n**-0.2``, which smears a cluster among spread gaps, such as a cron
-between bursts, however many intervals show it), the part past
-``range_s`` counted out of range at its conditional mean length. Without it, one gap
+n**-smoothing_exponent`` (0.35) in natural-log units, ``s`` the spread of the logs of
+its ``n`` intervals (a kernel density estimate: wide for a model whose few gaps run
+from minutes to hours, narrow for one that calls like a clock, and narrowing with ``n``
+faster than Silverman's ``n**-0.2``, which smears a cluster among spread gaps, such as
+a cron between bursts, however many intervals show it), the part past ``range_s``
+counted out of range at its conditional mean length. Without it, one gap
 of 1,400 s among a sparse model's few is a spike that a pre-warm at 1,320 s is fitted
 to; with it, the gap says "tens of minutes" and the model is let go.
 

@@ -216,6 +216,9 @@ def test_smoothing_keeps_a_cluster_that_has_the_intervals_to_show_it() -> None:
     assert (exact.prewarm_after_s, exact.keep_until_s) == (1380.0, 1560.0)
     window = keep_alive_window(histogram(bursts + cron, smooth.keep_alive_histogram), smooth)
     assert window.prewarm_after_s is not None and window.prewarm_after_s < min(cron) < max(cron) < window.keep_until_s
+    silverman = autoscaling(cold_start_price_s=950.0, trust=0.7, smoothing=1.0, smoothing_exponent=0.2)
+    smeared = keep_alive_window(histogram(bursts + cron, silverman.keep_alive_histogram), silverman)
+    assert smeared.prewarm_after_s == 14_340.0  # let go; the "pre-warm" is at the range's end
 
 
 def test_smoothing_keeps_every_interval_and_counts_what_spills_past_the_range_as_out_of_range() -> None:
