@@ -393,6 +393,13 @@ def _blend(own: _Counts, n_own: float, prior: _Counts,
 SPREAD_PRIOR_N = 0.05
 
 
+@lru_cache(maxsize=64)
+def _bin_mids(n_bins: int, bin_s: float, range_s: float) -> tuple[float, ...]:
+    """Where an interval of each bin is counted: the bin's midpoint, the last bin ending
+    at ``range_s`` (partial where ``range_s`` is not a multiple of ``bin_s``)."""
+    return tuple((i * bin_s + min((i + 1) * bin_s, range_s)) / 2 for i in range(n_bins))
+
+
 @lru_cache(maxsize=256)
 def _kernel(n_bins: int, bin_s: float, range_s: float, sigma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each bin's count, the share that a log-normal of width ``sigma`` around the
@@ -401,7 +408,7 @@ def _kernel(n_bins: int, bin_s: float, range_s: float, sigma: float) -> tuple[np
     The last bin ends at ``range_s``, as the window reads it, even when it is partial."""
     erf = np.vectorize(math.erf)
     upper = np.minimum(np.arange(1, n_bins + 1) * bin_s, range_s)
-    mids = (np.arange(n_bins) * bin_s + upper) / 2
+    mids = np.asarray(_bin_mids(n_bins, bin_s, range_s))
     cdf = 0.5 * (1 + erf((np.log(upper)[None, :] - np.log(mids)[:, None]) / (sigma * math.sqrt(2))))
     share = np.diff(np.concatenate([np.zeros((n_bins, 1)), cdf], axis=1), axis=1)
     past = 1 - cdf[:, -1]
@@ -419,7 +426,7 @@ def _log_spread(counts: list[float], oor: float, oor_s: float, cfg: KeepAliveHis
     """The count and the standard deviation of the natural log of the intervals (each
     at its bin's midpoint, the last bin ending at ``range_s``; the out-of-range ones at
     their mean length)."""
-    logs = [math.log((i * cfg.bin_s + min((i + 1) * cfg.bin_s, cfg.range_s)) / 2) for i in range(len(counts))]
+    logs = [math.log(m) for m in _bin_mids(len(counts), cfg.bin_s, cfg.range_s)]
     w = list(counts)
     if oor > 0:
         logs.append(math.log(oor_s / oor))
@@ -482,6 +489,7 @@ def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHis
     low = cfg.trust * price
     high = price / cfg.trust if cfg.trust > 0 else math.inf
     s0 = s1 = 0.0  # prefix sums up to edge k
+    mids = _bin_mids(n_bins, cfg.bin_s, cfg.range_s)
     best = (math.inf, 0, 0)  # (cost, K, P); K == n_bins + 1: forever
     # The pre-warms that may pair with a hold until the current edge, each as (D(P), P,
     # r), D rising from the first: its head is the best (a pre-warm only where D < 0).
@@ -505,7 +513,7 @@ def keep_alive_window(h: IdleHistogram, autoscaling: Autoscaling, prior: IdleHis
         if k < n_bins:
             c = counts[k]
             s0 += c
-            s1 += c * (edge + min((k + 1) * cfg.bin_s, cfg.range_s)) / 2
+            s1 += c * mids[k]
     if high >= cfg.range_s:  # past any gap the histogram holds: until the next request,
         # or (with trust) for ``high`` at most, taking the out-of-range gaps as of their
         # mean length
