@@ -33,6 +33,17 @@ over all models is the lower convex hull of each model's options, merged by slop
 a budget is the last vertex within it: what such a policy reaches at that cost, though a
 choice off the hull might reach one or two cold starts fewer between vertices.
 
+A per-model timeout chosen in hindsight is fitted to the very gaps it is judged on, so
+part of its distance below a learned policy is that fit, which no learner can have.
+**Each half of a model's gaps judged with the timeout the other half chooses**
+(``cross_fitted_timeouts_cold_starts``: the first half's timeout is the one that serves
+the second half best and so on, each at a price per cold start ``lam`` common to all
+models, ``lam`` swept; a half with no gap gets the blind policy's timeout, ``lam``
+itself) is what a policy with half a day of each model's own history could reach. It
+still knows more than a policy learning on the day (the first half is judged with the
+second half's choice); where a learned policy comes near it, what is left is not
+learning.
+
 A third asks whether a model's recent past tells its next gap: **a timeout per model
 and per class of the gap before** (octaves from a minute; ``by_previous_gap``), again in
 hindsight. Any split of the gaps into classes lowers a hindsight frontier (each class is
@@ -64,6 +75,8 @@ from thaw.exits import EXIT_INVALID, EXIT_OK
 
 # The fixed timeouts `thaw simulate --oracle` puts against the oracle (seconds).
 TIMEOUTS_S = (60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14_400.0)
+# The prices per cold start (idle seconds) the cross-fitted timeouts are chosen at.
+CROSS_FIT_PRICES_S = tuple(float(x) for x in np.geomspace(1.0, 1e6, 4001))
 # Classes of the gap before (``by_previous_gap``): below a minute, then octaves up to
 # 256 minutes and longer; a model's first gap is a class of its own.
 PREVIOUS_GAP_EDGES_S = tuple(60.0 * 2**k for k in range(9))
@@ -82,16 +95,7 @@ def timeouts_frontier(groups: Sequence[np.ndarray], base_cold_starts: int) -> tu
         timeout = np.concatenate([[0.0], g])
         kept = np.concatenate([[0.0], np.cumsum(g)])
         idle = kept + (m - np.arange(m + 1)) * timeout
-        hull: list[int] = [0]  # option i saves i cold starts
-        for i in range(1, m + 1):
-            while len(hull) >= 2:
-                a, b = hull[-2], hull[-1]
-                # b is not on the lower hull if a -> i saves at least as much per second.
-                if (idle[b] - idle[a]) * (i - a) >= (idle[i] - idle[a]) * (b - a):
-                    hull.pop()
-                else:
-                    break
-            hull.append(i)
+        hull = _lower_hull(idle)
         for a, b in zip(hull, hull[1:], strict=False):
             steps.append((float(idle[b] - idle[a]) / (b - a), float(idle[b] - idle[a]), b - a))
     steps.sort(key=lambda t: t[0])
@@ -100,6 +104,67 @@ def timeouts_frontier(groups: Sequence[np.ndarray], base_cold_starts: int) -> tu
         xs.append(xs[-1] + d_idle)
         ys.append(ys[-1] - saved)
     return np.asarray(xs), np.asarray(ys)
+
+
+def _timeout_at_prices(gaps: np.ndarray, prices: np.ndarray) -> np.ndarray:
+    """The timeout that serves ``gaps`` best at each price per cold start (the least
+    idle seconds plus price x cold starts; 0 or one of the gaps, the shorter on a tie),
+    or the price itself where there is no gap."""
+    if not len(gaps):
+        return prices.copy()
+    g = np.sort(gaps)
+    m = len(g)
+    timeout = np.concatenate([[0.0], g])
+    idle = np.concatenate([[0.0], np.cumsum(g)]) + (m - np.arange(m + 1)) * timeout
+    hull = _lower_hull(idle)
+    # Each step along the hull saves cold starts at a rising cost in idle seconds per
+    # cold start; a price takes every step that costs less than it.
+    steps = np.diff(idle[hull]) / np.diff(hull)
+    return timeout[np.asarray(hull)[np.searchsorted(steps, prices, side="left")]]
+
+
+def _lower_hull(idle: np.ndarray) -> list[int]:
+    """The options on the lower convex hull of (cold starts saved i, ``idle[i]``)."""
+    hull: list[int] = [0]  # option i saves i cold starts
+    for i in range(1, len(idle)):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            # b is not on the lower hull if a -> i saves at least as much per second.
+            if (idle[b] - idle[a]) * (i - a) >= (idle[i] - idle[a]) * (b - a):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return hull
+
+
+def _judged(gaps: np.ndarray, timeouts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Idle seconds and cold starts over ``gaps`` of each timeout."""
+    g = np.sort(gaps)
+    kept = np.searchsorted(g, timeouts, side="right")
+    cum = np.concatenate([[0.0], np.cumsum(g)])
+    return cum[kept] + (len(g) - kept) * timeouts, (len(g) - kept).astype(float)
+
+
+def cross_fitted_frontier(groups: Sequence[np.ndarray], base_cold_starts: int,
+                          prices: Sequence[float] = CROSS_FIT_PRICES_S) -> tuple[np.ndarray, np.ndarray]:
+    """(idle seconds, cold starts) at each price: every group's gaps (in time order)
+    split into halves, each half judged with the timeout the other half chooses at that
+    price. Sorted by idle seconds, cold starts the fewest at that idle time or less."""
+    lam = np.asarray(prices, dtype=float)
+    idle = np.zeros(len(lam))
+    cold = np.full(len(lam), float(base_cold_starts))
+    for g in groups:
+        g = np.asarray(g, dtype=float)
+        half = len(g) // 2
+        for fit, judged in ((g[:half], g[half:]), (g[half:], g[:half])):
+            if len(judged):
+                i, c = _judged(judged, _timeout_at_prices(fit, lam))
+                idle += i
+                cold += c - len(judged)  # base counts every gap cold
+    order = np.argsort(idle, kind="stable")
+    return np.concatenate([[0.0], idle[order]]), np.minimum.accumulate(
+        np.concatenate([[float(base_cold_starts)], cold[order]]))
 
 
 def previous_gap_classes(gaps: np.ndarray) -> np.ndarray:
@@ -121,18 +186,24 @@ def _at(frontier: tuple[np.ndarray, np.ndarray], idle_s: float) -> int:
     return int(ys[int(np.searchsorted(xs, idle_s, side="right")) - 1])
 
 
-def idle_gaps(arrivals: Sequence[float], busy_s: Sequence[float]) -> list[float]:
-    """The idle gaps of one model's replica: between the merged busy intervals
-    ``[arrival, arrival + busy)`` of its requests (in any order)."""
+def idle_periods(arrivals: Sequence[float], busy_s: Sequence[float]) -> list[tuple[float, float]]:
+    """The idle periods of one model's replica, each as (when it began, how long):
+    between the merged busy intervals ``[arrival, arrival + busy)`` of its requests (in
+    any order)."""
     order = sorted(range(len(arrivals)), key=lambda i: arrivals[i])
-    gaps: list[float] = []
+    periods: list[tuple[float, float]] = []
     end: float | None = None
     for i in order:
         start = arrivals[i]
         if end is not None and start > end:
-            gaps.append(start - end)
+            periods.append((end, start - end))
         end = max(end if end is not None else start, start + busy_s[i])
-    return gaps
+    return periods
+
+
+def idle_gaps(arrivals: Sequence[float], busy_s: Sequence[float]) -> list[float]:
+    """The lengths of :func:`idle_periods`."""
+    return [gap for _, gap in idle_periods(arrivals, busy_s)]
 
 
 @dataclass(frozen=True)
@@ -144,6 +215,9 @@ class Gaps:
     busy_s: float  # replica-seconds in use, the same under every policy
     # Each model's gaps in time order: for the per-model timeouts in hindsight.
     by_model: tuple[np.ndarray, ...] = ()
+    # When each of them began (trace seconds), and whose they are.
+    starts: tuple[np.ndarray, ...] = ()
+    names: tuple[str, ...] = ()
 
     @cached_property
     def cumulative(self) -> np.ndarray:
@@ -175,6 +249,18 @@ class Gaps:
         by_previous, shuffled = self._previous_gap_frontiers
         return _at(by_previous, idle_s), _at(shuffled, idle_s)
 
+    @cached_property
+    def _cross_fitted_frontier(self) -> tuple[np.ndarray, np.ndarray]:
+        return cross_fitted_frontier(self.by_model, self.models + len(self.gaps))
+
+    def cross_fitted_timeouts_cold_starts(self, idle_s: float) -> int | None:
+        """The cold starts within ``idle_s`` when each half of a model's gaps has the
+        timeout the other half chooses, at the price that fits (the fewest of those
+        within it); None without the models' gaps."""
+        if not self.by_model and len(self.gaps):
+            return None
+        return _at(self._cross_fitted_frontier, idle_s)
+
     def per_model_timeouts_cold_starts(self, idle_s: float) -> int | None:
         """The cold starts within ``idle_s`` seconds of idle time when each model has one
         fixed timeout, chosen knowing its whole trace (the last vertex of the frontier
@@ -198,6 +284,22 @@ class Gaps:
             return float("inf")
         return float(self.cumulative[need - 1])
 
+    def budget_where_fixed_is(self, ratio: float) -> float | None:
+        """The idle seconds where a fixed timeout, lengthened from a second, first has
+        ``ratio`` times the oracle's cold starts (between two timeouts of a fine grid,
+        interpolated); None where none does up to a day."""
+        before: tuple[float, float] | None = None
+        for timeout in np.geomspace(1.0, 86_400.0, 2001):
+            idle, cold = self.fixed_timeout(float(timeout))
+            best = self.oracle_cold_starts(idle)
+            if not best:
+                continue
+            r = cold / best
+            if before is not None and (before[1] - ratio) * (r - ratio) <= 0 and r != before[1]:
+                return before[0] + (idle - before[0]) * (ratio - before[1]) / (r - before[1])
+            before = (idle, r)
+        return None
+
     def fixed_timeout(self, timeout_s: float) -> tuple[float, int]:
         """A fixed keep-alive of ``timeout_s``: its idle replica-seconds and cold starts."""
         g = self.gaps
@@ -216,6 +318,8 @@ def gaps_of(trace: Trace, costs: CostModel) -> Gaps:
     fallback = next(iter(costs.models.values()))
     all_gaps: list[float] = []
     by_model: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    names: list[str] = []
     busy = 0.0
     models = 0
     for code, name in enumerate(trace.models):
@@ -225,13 +329,17 @@ def gaps_of(trace: Trace, costs: CostModel) -> Gaps:
         c = costs.models.get(name, fallback)
         serve = prompt[idx] / c.prefill_tokens_per_s + output[idx] * c.tpot_s
         arrivals = t[idx]
-        gaps = idle_gaps(arrivals.tolist(), serve.tolist())
+        periods = idle_periods(arrivals.tolist(), serve.tolist())
+        gaps = [gap for _, gap in periods]
         models += 1
         all_gaps.extend(gaps)
         by_model.append(np.asarray(gaps, dtype=float))
+        starts.append(np.asarray([at for at, _ in periods], dtype=float))
+        names.append(name)
         # In use: the trace's span of this model less its gaps.
         busy += float((arrivals + serve).max() - arrivals.min()) - sum(gaps)
-    return Gaps(models, np.sort(np.asarray(all_gaps, dtype=float)), busy, tuple(by_model))
+    return Gaps(models, np.sort(np.asarray(all_gaps, dtype=float)), busy, tuple(by_model), tuple(starts),
+                tuple(names))
 
 
 def distance(g: Gaps, idle_s: float, cold_starts: int) -> dict[str, Any]:
@@ -239,11 +347,13 @@ def distance(g: Gaps, idle_s: float, cold_starts: int) -> dict[str, Any]:
     and the ratio of its cold starts to the oracle's."""
     best = g.oracle_cold_starts(idle_s)
     per_model = g.per_model_timeouts_cold_starts(idle_s)
+    cross_fitted = g.cross_fitted_timeouts_cold_starts(idle_s)
     by_previous = g.by_previous_gap_cold_starts(idle_s)
     return {"idle_replica_hours": round(idle_s / 3600, 3), "cold_starts": cold_starts,
             "oracle_cold_starts": best, "extra_cold_starts": cold_starts - best,
             "vs_oracle": round(cold_starts / best, 3) if best else None,
             "per_model_timeouts_cold_starts": per_model,
+            "cross_fitted_timeouts_cold_starts": cross_fitted,
             "by_previous_gap_cold_starts": by_previous[0] if by_previous else None,
             "shuffled_classes_cold_starts": by_previous[1] if by_previous else None}
 
@@ -264,7 +374,7 @@ def format_report(doc: dict[str, Any]) -> str:
     head = (f"{doc['models']} models, {doc['gaps']} idle gaps; busy {doc['busy_replica_hours']:.1f} replica-h, "
             f"every gap kept {doc['always_warm_idle_replica_hours']:.1f} idle replica-h")
     rows = [("policy", "idle replica-h", "cold starts", "oracle's at that cost", "extra", "x oracle",
-             "per-model timeouts (hindsight)", "by previous gap", "shuffled")]
+             "per-model timeouts (hindsight)", "(cross-fitted)", "by previous gap", "shuffled")]
 
     def count(v: int | None) -> str:
         return "-" if v is None else f"{v:.0f}"
@@ -273,7 +383,8 @@ def format_report(doc: dict[str, Any]) -> str:
         rows.append((r["policy"], f"{r['idle_replica_hours']:.2f}", str(r["cold_starts"]),
                      str(r["oracle_cold_starts"]), str(r["extra_cold_starts"]),
                      "-" if r["vs_oracle"] is None else f"{r['vs_oracle']:.2f}",
-                     count(r.get("per_model_timeouts_cold_starts")), count(r.get("by_previous_gap_cold_starts")),
+                     count(r.get("per_model_timeouts_cold_starts")), count(r.get("cross_fitted_timeouts_cold_starts")),
+                     count(r.get("by_previous_gap_cold_starts")),
                      count(r.get("shuffled_classes_cold_starts"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)).rstrip()

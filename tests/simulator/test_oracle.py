@@ -8,7 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.oracle import Gaps, distance, gaps_of, idle_gaps, oracle_report, previous_gap_classes
+from simulator.oracle import (
+    Gaps,
+    cross_fitted_frontier,
+    distance,
+    gaps_of,
+    idle_gaps,
+    oracle_report,
+    previous_gap_classes,
+)
 from tests.simulator.support import cli_args, config
 
 
@@ -80,6 +88,31 @@ def test_per_model_timeouts_chosen_in_hindsight() -> None:
     assert xs.tolist() == [0.0, 32.0, 121.0] and ys.tolist() == [4, 2, 1]
     # Gaps without the models': no answer.
     assert Gaps(models=1, gaps=np.array([5.0]), busy_s=1.0).per_model_timeouts_cold_starts(5.0) is None
+
+
+def test_per_model_timeouts_each_half_judged_with_the_other_halfs_choice() -> None:
+    # One model's gaps in time order: 10, 10, then 100, 100. The first half chooses
+    # 10 s at a price over 10 s (20 s of idle time against 2 x price), and the second
+    # half is judged with it: 10 s held in each 100 s gap, both cold. The second half
+    # chooses 100 s at a price over 100 s, and the first half's gaps are kept with it.
+    g4 = np.array([10.0, 10.0, 100.0, 100.0])
+    g = Gaps(models=1, gaps=np.sort(g4), busy_s=1.0, by_model=(g4,))
+    xs, ys = cross_fitted_frontier(g.by_model, 5, prices=(5.0, 50.0, 500.0))
+    assert xs.tolist() == [0.0, 0.0, 20.0, 40.0] and ys.tolist() == [5, 5, 5, 3]
+    # At a price between 10 and 100 s the first half's choice holds 20 s in the second
+    # half for no cold start saved: the traffic changed between the halves. At 40 s
+    # both halves' choices save two, as the timeout of 10 s chosen in hindsight does.
+    assert g.cross_fitted_timeouts_cold_starts(39.0) == 5 and g.per_model_timeouts_cold_starts(39.0) == 5
+    assert g.cross_fitted_timeouts_cold_starts(40.0) == 3 == g.per_model_timeouts_cold_starts(40.0)
+    # A half with no gap gets the blind policy's timeout: the price itself. One gap of
+    # 50 s is kept at prices of 50 s and more, held for the price and cold below it.
+    one = [np.array([50.0])]
+    xs, ys = cross_fitted_frontier(one, 2, prices=(20.0, 50.0))
+    assert xs.tolist() == [0.0, 20.0, 50.0] and ys.tolist() == [2, 2, 1]
+    # Never better than the oracle.
+    for idle in (0.0, 20.0, 40.0, 400.0):
+        assert g.cross_fitted_timeouts_cold_starts(idle) >= g.oracle_cold_starts(idle)  # type: ignore[operator]
+    assert Gaps(models=1, gaps=np.array([5.0]), busy_s=1.0).cross_fitted_timeouts_cold_starts(5.0) is None
 
 
 def test_a_timeout_per_class_of_the_gap_before_in_hindsight_and_its_shuffled_control() -> None:
