@@ -1,0 +1,159 @@
+"""The learned keep-alive replayed on a trace's gaps, in the oracle's accounting: a fast
+stand-in for a sweep, and the same yardstick as the oracle's columns.
+
+    python -m loadtests.keepalive_replay --trace TRACE.csv [--trace ...] --out replay.json
+        [--config examples/simulate.yaml] [--model-template template-8b]
+        [--prices 60,120,200,300,450,600,900,1200,1800,3600] [--variant NAME:key=value,...]
+
+Each trace's idle periods are what ``thaw simulate --oracle`` counts
+(``simulator.oracle.gaps_of``: one replica per model, busy for each request's serving
+time). They are replayed in the order they begin. At each one the model's window is
+what ``keep_alive_window`` gives on the model's own intervals that have ended by then,
+blended with every other model's that have (the pooled prior, as the controller keeps
+it), at the price swept. The window is priced on the period as the oracle prices a
+policy: the idle seconds it holds a replica, and a cold start where the request comes
+before its pre-warm or after it lets go. A model's first request is a cold start.
+
+What the simulator adds (load times, a pre-warm not ready when the request comes,
+queueing, more than one replica) is left out, so a variant's figures here are its
+keep-alive alone, on the same footing as the oracle and the per-model timeouts. Per
+trace: each price's idle replica-hours and cold starts against the oracle's; and at the
+idle time where a fixed timeout first has twice the oracle's cold starts, the learned
+policy (interpolated between the prices either side), the per-model timeouts chosen in
+hindsight and cross-fitted, over the oracle's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loadtests.keepalive_regret import parse_variant
+from simulator.oracle import Gaps, gaps_of
+from simulator.run import prepare
+from simulator.traces import read_trace
+from thaw.config import Autoscaling, KeepAliveHistogram, parse_config
+from warm_pool.keepalive import (
+    IdleHistogram,
+    IdlePools,
+    keep_alive_window,
+    pool_key,
+    pooled,
+    record_idle,
+)
+
+PRICES_S = (60.0, 120.0, 200.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1800.0, 3600.0)
+
+
+def replay(g: Gaps, price: float, cfg: KeepAliveHistogram) -> tuple[float, int]:
+    """Idle replica-seconds and cold starts of ``keep_alive: histogram`` at ``price``
+    over ``g``'s idle periods (see the module's docstring)."""
+    autoscaling = Autoscaling(keep_alive="histogram", idle_grace_s=price, keep_alive_histogram=cfg)
+    key = pool_key(cfg)
+    periods = sorted((float(at), float(gap), name)
+                     for name, starts, gaps in zip(g.names, g.starts, g.by_model, strict=True)
+                     for at, gap in zip(starts, gaps, strict=True))
+    histograms: dict[str, IdleHistogram] = {}
+    pools = IdlePools()
+    ended: list[tuple[float, float, float, str]] = []  # (end, start, length, model)
+    idle, cold = 0.0, g.models
+    for at, gap, name in periods:
+        while ended and ended[0][0] <= at:
+            _, began, length, whose = heapq.heappop(ended)
+            histograms[whose] = record_idle(histograms.get(whose, IdleHistogram()), length, cfg, began)
+        pools = pooled(pools, {m: (key, h) for m, h in histograms.items()}, at)
+        w = keep_alive_window(histograms.get(name, IdleHistogram()), autoscaling, pools.prior(name, key),
+                              idle_since=at)
+        if w.prewarm_after_s is None:
+            idle += min(gap, w.keep_until_s)
+            cold += gap > w.keep_until_s
+        else:  # let go at once, a replica back from the pre-warm
+            cold += gap < w.prewarm_after_s or gap > w.keep_until_s
+            idle += 0.0 if gap < w.prewarm_after_s else min(gap, w.keep_until_s) - w.prewarm_after_s
+        heapq.heappush(ended, (at + gap, at, gap, name))
+    return idle, cold
+
+
+def at_budget(points: list[tuple[float, int]], budget_s: float) -> float | None:
+    """Cold starts at ``budget_s`` of idle time, interpolated between the points either
+    side; None outside them."""
+    pts = sorted(points)
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+        if x0 <= budget_s <= x1:
+            return float(y0 if x1 == x0 else y0 + (y1 - y0) * (budget_s - x0) / (x1 - x0))
+    return None
+
+
+def run_trace(g: Gaps, prices: list[float], variants: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    budget = g.budget_where_fixed_is(2.0)
+    out: dict[str, Any] = {"models": g.models, "gaps": len(g.gaps), "variants": []}
+    if budget is not None:
+        best = g.oracle_cold_starts(budget)
+        per_model, cross_fitted = g.per_model_timeouts_cold_starts(budget), g.cross_fitted_timeouts_cold_starts(budget)
+        assert per_model is not None and cross_fitted is not None  # gaps_of keeps each model's gaps
+        out["budget_idle_replica_hours"] = round(budget / 3600, 3)
+        out["oracle_cold_starts"] = best
+        out["per_model_timeouts_vs_oracle"] = round(per_model / best, 3)
+        out["cross_fitted_timeouts_vs_oracle"] = round(cross_fitted / best, 3)
+    for name, overrides in variants:
+        cfg = KeepAliveHistogram(**overrides)
+        points = [replay(g, price, cfg) for price in prices]
+        row: dict[str, Any] = {"variant": name, "settings": overrides, "points": [
+            {"price_s": price, "idle_replica_hours": round(idle / 3600, 3), "cold_starts": cold,
+             "vs_oracle": round(cold / g.oracle_cold_starts(idle), 3)}
+            for price, (idle, cold) in zip(prices, points, strict=True)]}
+        if budget is not None:
+            cold_at = at_budget(points, budget)
+            row["vs_oracle_at_budget"] = None if cold_at is None else round(cold_at / out["oracle_cold_starts"], 3)
+        out["variants"].append(row)
+    return out
+
+
+def report(result: dict[str, Any]) -> str:
+    lines = []
+    for trace, t in result["traces"].items():
+        if "budget_idle_replica_hours" not in t:
+            lines.append(f"{trace}: no fixed timeout has twice the oracle's cold starts")
+        else:
+            lines.append(f"{trace}: fixed timeouts are 2x the oracle at {t['budget_idle_replica_hours']:.0f} idle "
+                         f"replica-h; per-model timeouts there: {t['per_model_timeouts_vs_oracle']:.3f} in "
+                         f"hindsight, {t['cross_fitted_timeouts_vs_oracle']:.3f} cross-fitted")
+        for v in t["variants"]:
+            at = v.get("vs_oracle_at_budget")
+            pts = " ".join(f"{p['price_s']:g}:{p['vs_oracle']:.2f}" for p in v["points"])
+            lines.append(f"  {v['variant']:24s} x oracle there {'-' if at is None else f'{at:.3f}'}; by price {pts}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.keepalive_replay", description=__doc__.splitlines()[0])
+    p.add_argument("--trace", type=Path, action="append", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--config", type=Path, default=Path("examples/simulate.yaml"))
+    p.add_argument("--model-template", default="template-8b")
+    p.add_argument("--prices", default=",".join(f"{x:g}" for x in PRICES_S))
+    p.add_argument("--variant", action="append", default=[],
+                   help="NAME:key=value,... (keep_alive_histogram settings); default: the defaults")
+    args = p.parse_args(argv)
+    variants = [parse_variant(v) for v in args.variant] or [("defaults", {})]
+    prices = [float(x) for x in args.prices.split(",")]
+    cfg = parse_config(yaml.safe_load(args.config.read_text()))
+    started = time.monotonic()
+    traces = {}
+    for path in args.trace:
+        inputs = prepare(cfg, read_trace(path), template=args.model_template)
+        traces[path.stem] = run_trace(gaps_of(inputs.trace, inputs.costs), prices, variants)
+    result = {"prices_s": prices, "traces": traces, "wall_s": round(time.monotonic() - started, 1)}
+    args.out.write_text(json.dumps(result, indent=2))
+    print(report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
