@@ -215,9 +215,11 @@ class Gaps:
     busy_s: float  # replica-seconds in use, the same under every policy
     # Each model's gaps in time order: for the per-model timeouts in hindsight.
     by_model: tuple[np.ndarray, ...] = ()
-    # When each of them began (trace seconds), and whose they are.
+    # When each of them began (trace seconds), whose they are, and when each model's
+    # first request came.
     starts: tuple[np.ndarray, ...] = ()
     names: tuple[str, ...] = ()
+    first_arrivals: tuple[float, ...] = ()
 
     @cached_property
     def cumulative(self) -> np.ndarray:
@@ -320,6 +322,7 @@ def gaps_of(trace: Trace, costs: CostModel) -> Gaps:
     by_model: list[np.ndarray] = []
     starts: list[np.ndarray] = []
     names: list[str] = []
+    firsts: list[float] = []
     busy = 0.0
     models = 0
     for code, name in enumerate(trace.models):
@@ -336,10 +339,11 @@ def gaps_of(trace: Trace, costs: CostModel) -> Gaps:
         by_model.append(np.asarray(gaps, dtype=float))
         starts.append(np.asarray([at for at, _ in periods], dtype=float))
         names.append(name)
+        firsts.append(float(arrivals.min()))
         # In use: the trace's span of this model less its gaps.
         busy += float((arrivals + serve).max() - arrivals.min()) - sum(gaps)
     return Gaps(models, np.sort(np.asarray(all_gaps, dtype=float)), busy, tuple(by_model), tuple(starts),
-                tuple(names))
+                tuple(names), tuple(firsts))
 
 
 def distance(g: Gaps, idle_s: float, cold_starts: int) -> dict[str, Any]:
