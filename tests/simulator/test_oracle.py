@@ -182,3 +182,19 @@ def test_the_cli_writes_the_oracle_report(tmp_path: Path, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "x_oracle" in out and "fixed 300 s" in out
     assert {p.name for p in (tmp_path / "s").iterdir()} >= {"sweep.json", "oracle.json", "frontier.png"}
+
+
+def test_the_budget_where_a_fixed_timeout_first_has_twice_the_oracles_cold_starts() -> None:
+    # Gaps of 5 s (four) and 20 s (two), one model. A fixed timeout of 3 s holds 3 s in
+    # each of six gaps (18 s) for 7 cold starts, where the oracle keeps three 5 s gaps
+    # (4 cold starts): 1.75x. At 4 s, 24 s for 7, against the oracle's 3: 2.33x. So
+    # the fixed timeouts pass 2x between 18 and 24 s of idle time.
+    g = np.array([5.0, 5.0, 5.0, 5.0, 20.0, 20.0])
+    gaps = Gaps(models=1, gaps=g, busy_s=1.0, by_model=(g,))
+    budget = gaps.budget_where_fixed_is(2.0)
+    assert budget is not None and 18.0 < budget < 24.0
+    assert gaps.fixed_timeout(3.0) == (18.0, 7) and gaps.oracle_cold_starts(18.0) == 4
+    assert gaps.fixed_timeout(4.0) == (24.0, 7) and gaps.oracle_cold_starts(24.0) == 3
+    # One gap: every fixed timeout has the oracle's cold starts. Never 2x.
+    one = np.array([5.0])
+    assert Gaps(models=1, gaps=one, busy_s=1.0, by_model=(one,)).budget_where_fixed_is(2.0) is None
