@@ -4,6 +4,7 @@ stand-in for a sweep, and the same yardstick as the oracle's columns.
     python -m loadtests.keepalive_replay --trace TRACE.csv [--trace ...] --out replay.json
         [--config examples/simulate.yaml] [--model-template template-8b]
         [--prices 60,120,200,300,450,600,900,1200,1800,3600] [--variant NAME:key=value,...]
+        [--other-half]
 
 Each trace's idle periods are what ``thaw simulate --oracle`` counts
 (``simulator.oracle.gaps_of``: one replica per model, busy for each request's serving
