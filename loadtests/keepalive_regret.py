@@ -75,15 +75,19 @@ DISTRIBUTIONS: dict[str, Draw] = {
 }
 
 
+def window_outcome(w: KeepAliveWindow, gaps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Window ``w`` on each of ``gaps``, as the oracle prices a policy: the idle seconds
+    it holds a replica, and whether the request that ends the gap is a cold start."""
+    if w.prewarm_after_s is None:
+        return np.minimum(gaps, w.keep_until_s), gaps > w.keep_until_s
+    # Let go at once; a replica from prewarm_after_s, held to keep_until_s from the idle start.
+    r = w.prewarm_after_s
+    return np.where(gaps < r, 0.0, np.minimum(gaps, w.keep_until_s) - r), (gaps < r) | (gaps > w.keep_until_s)
+
+
 def window_cost(w: KeepAliveWindow, gaps: np.ndarray, price: float) -> float:
     """Mean idle seconds plus ``price`` per cold start of window ``w`` over ``gaps``."""
-    if w.prewarm_after_s is None:
-        idle = np.minimum(gaps, w.keep_until_s)
-        cold = gaps > w.keep_until_s
-    else:  # let go at once; a replica from prewarm_after_s, held keep_until_s from the idle start
-        r = w.prewarm_after_s
-        cold = (gaps < r) | (gaps > w.keep_until_s)
-        idle = np.where(gaps < r, 0.0, np.minimum(gaps, w.keep_until_s) - r)
+    idle, cold = window_outcome(w, gaps)
     return float(np.mean(idle) + price * np.mean(cold))
 
 

@@ -42,9 +42,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
-from loadtests.keepalive_regret import parse_variant
+from loadtests.keepalive_regret import parse_variant, window_outcome
 from simulator.oracle import Gaps, gaps_of
 from simulator.run import prepare
 from simulator.traces import read_trace
@@ -118,11 +119,8 @@ def replay(g: Gaps, price: float, cfg: KeepAliveHistogram, other_half: bool = Fa
         else:
             judged_on = own
         w = keep_alive_window(judged_on, autoscaling, pools.prior(name, key), idle_since=at)
-        if w.prewarm_after_s is None:
-            held, missed = min(gap, w.keep_until_s), gap > w.keep_until_s
-        else:  # let go at once, a replica back from the pre-warm
-            missed = gap < w.prewarm_after_s or gap > w.keep_until_s
-            held = 0.0 if gap < w.prewarm_after_s else min(gap, w.keep_until_s) - w.prewarm_after_s
+        held_s, cold_start = window_outcome(w, np.array([gap]))
+        held, missed = float(held_s[0]), bool(cold_start[0])
         idle += held
         cold += missed
         if by_class is not None:
