@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from simulator.oracle import gaps_of
+from simulator.oracle import Gaps, gaps_of
 from simulator.run import prepare
 from simulator.traces import read_trace
 from thaw.config import Autoscaling, KeepAliveHistogram, parse_config
@@ -114,10 +114,16 @@ def regret(draw: Draw, price: float, intervals: list[int], seeds: int, cfg: Keep
                            / reference - 1 for seed in range(seeds)])) for n in intervals]
 
 
+def load_gaps(path: Path, config: Path, template: str) -> Gaps:
+    """The trace's idle gaps as the oracle counts them, its requests timed by the cost
+    model of ``config`` with its models from ``template``."""
+    inputs = prepare(parse_config(yaml.safe_load(config.read_text())), read_trace(path), template=template)
+    return gaps_of(inputs.trace, inputs.costs)
+
+
 def trace_gaps(path: Path, config: Path, template: str) -> dict[str, np.ndarray]:
     """Each model's idle gaps in time order, as the oracle counts them."""
-    inputs = prepare(parse_config(yaml.safe_load(config.read_text())), read_trace(path), template=template)
-    g = gaps_of(inputs.trace, inputs.costs)
+    g = load_gaps(path, config, template)
     return dict(zip(g.names, g.by_model, strict=True))
 
 

@@ -43,13 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from loadtests.keepalive_regret import parse_variant, window_outcome
-from simulator.oracle import Gaps, gaps_of
-from simulator.run import prepare
-from simulator.traces import read_trace
-from thaw.config import Autoscaling, KeepAliveHistogram, parse_config
+from loadtests.keepalive_regret import load_gaps, parse_variant, window_outcome
+from simulator.oracle import Gaps
+from thaw.config import Autoscaling, KeepAliveHistogram
 from warm_pool.keepalive import (
     IdleHistogram,
     IdlePools,
@@ -157,12 +154,13 @@ def run_trace(g: Gaps, prices: list[float], variants: list[tuple[str, dict[str, 
     for name, overrides in variants:
         cfg = KeepAliveHistogram(**overrides)
         for history in ("own past", "other half") if other_half else ("own past",):
-            out["variants"].append(_variant_row(g, prices, name, overrides, cfg, history, budget))
+            out["variants"].append(_variant_row(g, prices, name, overrides, cfg, history, budget,
+                                                out.get("oracle_cold_starts")))
     return out
 
 
 def _variant_row(g: Gaps, prices: list[float], name: str, overrides: dict[str, Any], cfg: KeepAliveHistogram,
-                 history: str, budget: float | None) -> dict[str, Any]:
+                 history: str, budget: float | None, oracle_at_budget: int | None) -> dict[str, Any]:
     row: dict[str, Any] = {"variant": name, "settings": overrides, "history": history, "points": []}
     points = []
     for price in prices:
@@ -174,10 +172,9 @@ def _variant_row(g: Gaps, prices: list[float], name: str, overrides: dict[str, A
             "vs_oracle": round(cold / g.oracle_cold_starts(idle), 3),
             "by_own_intervals": {c: {"periods": int(v[0]), "idle_replica_hours": round(v[1] / 3600, 3),
                                      "cold_starts": int(v[2])} for c, v in classes.items()}})
-    if budget is not None:
+    if budget is not None and oracle_at_budget:
         cold_at = at_budget(points, budget)
-        best = g.oracle_cold_starts(budget)
-        row["vs_oracle_at_budget"] = None if cold_at is None else round(cold_at / best, 3)
+        row["vs_oracle_at_budget"] = None if cold_at is None else round(cold_at / oracle_at_budget, 3)
     return row
 
 
@@ -212,12 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant] or [("defaults", {})]
     prices = [float(x) for x in args.prices.split(",")]
-    cfg = parse_config(yaml.safe_load(args.config.read_text()))
     started = time.monotonic()
-    traces = {}
-    for path in args.trace:
-        inputs = prepare(cfg, read_trace(path), template=args.model_template)
-        traces[path.stem] = run_trace(gaps_of(inputs.trace, inputs.costs), prices, variants, args.other_half)
+    traces = {path.stem: run_trace(load_gaps(path, args.config, args.model_template), prices, variants,
+                                   args.other_half) for path in args.trace}
     result = {"prices_s": prices, "traces": traces, "wall_s": round(time.monotonic() - started, 1)}
     args.out.write_text(json.dumps(result, indent=2))
     print(report(result))

@@ -88,13 +88,9 @@ def timeouts_frontier(groups: Sequence[np.ndarray], base_cold_starts: int) -> tu
     gaps has its own fixed timeout, from ``base_cold_starts`` (every gap cold)."""
     steps: list[tuple[float, float, int]] = []  # (slope, idle added, cold starts saved)
     for g in groups:
-        g = np.sort(np.asarray(g, dtype=float))
-        m = len(g)
-        if not m:
+        if not len(g):
             continue
-        timeout = np.concatenate([[0.0], g])
-        kept = np.concatenate([[0.0], np.cumsum(g)])
-        idle = kept + (m - np.arange(m + 1)) * timeout
+        _, idle = _timeout_options(g)
         hull = _lower_hull(idle)
         for a, b in zip(hull, hull[1:], strict=False):
             steps.append((float(idle[b] - idle[a]) / (b - a), float(idle[b] - idle[a]), b - a))
@@ -112,15 +108,22 @@ def _timeout_at_prices(gaps: np.ndarray, prices: np.ndarray) -> np.ndarray:
     or the price itself where there is no gap."""
     if not len(gaps):
         return prices.copy()
-    g = np.sort(gaps)
-    m = len(g)
-    timeout = np.concatenate([[0.0], g])
-    idle = np.concatenate([[0.0], np.cumsum(g)]) + (m - np.arange(m + 1)) * timeout
+    timeout, idle = _timeout_options(gaps)
     hull = _lower_hull(idle)
     # Each step along the hull saves cold starts at a rising cost in idle seconds per
     # cold start; a price takes every step that costs less than it.
     steps = np.diff(idle[hull]) / np.diff(hull)
     return timeout[np.asarray(hull)[np.searchsorted(steps, prices, side="left")]]
+
+
+def _timeout_options(gaps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A group's timeouts worth trying, 0 and each of its gaps ascending (option ``i``
+    saves ``i`` cold starts), and the idle seconds each costs over the gaps: the ``i``
+    shortest kept whole, ``timeout[i]`` held in each longer one."""
+    g = np.sort(np.asarray(gaps, dtype=float))
+    m = len(g)
+    timeout = np.concatenate([[0.0], g])
+    return timeout, np.concatenate([[0.0], np.cumsum(g)]) + (m - np.arange(m + 1)) * timeout
 
 
 def _lower_hull(idle: np.ndarray) -> list[int]:
