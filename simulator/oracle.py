@@ -141,9 +141,10 @@ def _lower_hull(idle: np.ndarray) -> list[int]:
     return hull
 
 
-def _judged(gaps: np.ndarray, timeouts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Idle seconds and cold starts over ``gaps`` of each timeout."""
-    g = np.sort(gaps)
+def _judged(sorted_gaps: np.ndarray, timeouts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Idle seconds and cold starts over ``sorted_gaps`` (ascending) of each timeout:
+    every gap it bridges kept whole, the timeout held in each longer one."""
+    g = sorted_gaps
     kept = np.searchsorted(g, timeouts, side="right")
     cum = np.concatenate([[0.0], np.cumsum(g)])
     return cum[kept] + (len(g) - kept) * timeouts, (len(g) - kept).astype(float)
@@ -162,7 +163,7 @@ def cross_fitted_frontier(groups: Sequence[np.ndarray], base_cold_starts: int,
         half = len(g) // 2
         for fit, judged in ((g[:half], g[half:]), (g[half:], g[:half])):
             if len(judged):
-                i, c = _judged(judged, _timeout_at_prices(fit, lam))
+                i, c = _judged(np.sort(judged), _timeout_at_prices(fit, lam))
                 idle += i
                 cold += c - len(judged)  # base counts every gap cold
     order = np.argsort(idle, kind="stable")
@@ -307,10 +308,8 @@ class Gaps:
 
     def fixed_timeout(self, timeout_s: float) -> tuple[float, int]:
         """A fixed keep-alive of ``timeout_s``: its idle replica-seconds and cold starts."""
-        g = self.gaps
-        cut = int(np.searchsorted(g, timeout_s, side="right"))
-        idle = float(g[:cut].sum()) + timeout_s * (len(g) - cut)
-        return idle, self.models + len(g) - cut
+        idle, cold = _judged(self.gaps, np.asarray([timeout_s], dtype=float))
+        return float(idle[0]), self.models + int(cold[0])
 
 
 def gaps_of(trace: Trace, costs: CostModel) -> Gaps:
