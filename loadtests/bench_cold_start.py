@@ -58,10 +58,20 @@ table (hot, host, disk, s3, launch and on-demand vLLM, all eager: median TTFT, m
 ``loader_share_*`` and ``standby_share_*`` pairs split a standby's ratio into what
 Thaw's loader alone buys and what the standby buys with that same loader: their
 product is the standby's ratio), the environment, and the goals, those not met listed.
-Reps are interleaved across variants (the machine is shared: drift hits every variant
-alike), after one untimed cold start, so that one-off costs of a fresh stack (the
-first engine launch of a worker, the first request through the activator) are not
+The baselines' reps run first, with no stack running (at several GiB a vLLM started on
+demand and an engine built ahead do not both fit in 24 GiB), then Thaw's. Within each,
+reps are interleaved across variants (the machine is shared: drift hits every variant
+alike); Thaw's come after one untimed cold start, so that one-off costs of a fresh stack
+(the first engine launch of a worker, the first request through the activator) are not
 charged to whichever variant happens to run first.
+
+With ``--sizes``, all of it runs at each size in turn (``--swap-only-sizes``: only the
+baselines and the swaps there), after a copy of the model's bytes into mapped memory and
+into fresh pages measured on the same machine (``loadtests.cold_start_curve``); the
+report then has each size's report and the size curve: per tier a least-squares line
+(fixed seconds and seconds per GB) for the time to first token and for the weights
+alone, its bandwidth over the copy's, each point's residual, the lines extrapolated to
+8B, 70B and 405B (labelled so), and the curve's goals.
 
 Module-level imports stay light: the CLI builds its parser from this module.
 
@@ -73,6 +83,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -221,8 +232,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=3, help="timed cold starts per variant (default 3)")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), metavar="VARIANT",
                    help=f"which to run (default all): {', '.join(VARIANTS)}")
-    p.add_argument("--size", default="tiny",
-                   help="demo model size: 'tiny' (11 MB, default) or e.g. 256MiB, 1GiB")
+    sizes = p.add_mutually_exclusive_group()
+    sizes.add_argument("--size", default="tiny",
+                       help="demo model size: 'tiny' (11 MB, default) or e.g. 256MiB, 1GiB")
+    sizes.add_argument("--sizes", nargs="+", default=None, metavar="SIZE",
+                       help="several demo model sizes in one run (e.g. 256MiB 1GiB 4GiB): every variant at "
+                            "each, and the size curve (per tier a fixed part and a cost per GB, against "
+                            "the copy reference measured beside each size)")
+    p.add_argument("--swap-only-sizes", nargs="+", default=[], metavar="SIZE",
+                   help="of --sizes, those at which only the baselines and the swap variants run (at 4 GiB a "
+                        "standby's load beside an engine built ahead does not fit in 24 GiB)")
     p.add_argument("--cache-verify-sha256", action=argparse.BooleanOptionalAction, default=True,
                    help="the shape's cache.verify_sha256: Thaw's loads check every file's sha256 "
                         "(default on, as deployed; the baselines check none)")
@@ -248,15 +267,19 @@ def median(values: Sequence[float]) -> float | None:
 
 def summarize_variant(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Medians of one variant's samples: TTFT, the loader's time (where samples have
-    one), and each phase present in any sample.
+    one), the weights' time (:func:`weights_seconds`), each phase present in any
+    sample, and each step of a swap.
 
     A sample without ``ttft_s`` (a failed rep) is counted but not in the medians.
     """
     ok = [s for s in samples if s.get("ttft_s") is not None]
     phases: dict[str, list[float]] = {}
+    steps: dict[str, list[float]] = {}
     for s in ok:
         for name, secs in (s.get("phases_s") or {}).items():
             phases.setdefault(name, []).append(float(secs))
+        for name, secs in (s.get("swap_steps_s") or {}).items():
+            steps.setdefault(name, []).append(float(secs))
     return {
         "reps": len(samples),
         "failed": len(samples) - len(ok),
@@ -265,8 +288,20 @@ def summarize_variant(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "min_ttft_s": min((float(s["ttft_s"]) for s in ok), default=None),
         "max_ttft_s": max((float(s["ttft_s"]) for s in ok), default=None),
         "median_load_s": median([float(s["load_s"]) for s in ok if s.get("load_s") is not None]),
+        "median_weights_s": median([w for s in ok if (w := weights_seconds(s)) is not None]),
         "phase_medians_s": {name: median(v) for name, v in phases.items()},
+        "swap_step_medians_s": {name: median(v) for name, v in steps.items()},
     }
+
+
+def weights_seconds(sample: Mapping[str, Any]) -> float | None:
+    """How long the weights alone took in a sample: a swap's weights step in the engine
+    host (reading them and writing them into the engine's tensors), else the loader's
+    reading time (None: neither reported)."""
+    w = (sample.get("swap_steps_s") or {}).get("weights_s")
+    if w is None:
+        w = sample.get("load_s")
+    return None if w is None else float(w)
 
 
 def compute_ratios(medians: Mapping[str, float | None]) -> dict[str, float | None]:
@@ -356,6 +391,80 @@ def build_report(
         "goals": g,
         "goals_not_met": [k for k, v in g.items() if v["met"] is False],
         "goals_not_measured": [k for k, v in g.items() if v["met"] is None],
+    }
+
+
+def weights_bandwidth(variants: Mapping[str, Mapping[str, Any]], nbytes: int,
+                      reference: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Per variant with a weights time (``median_weights_s``): the bandwidth it moved
+    the model's ``nbytes`` at, and that over the copy reference's (into mapped memory
+    and into fresh pages) at the same size."""
+    out = {}
+    for name, v in variants.items():
+        w = v.get("median_weights_s")
+        if not w:
+            continue
+        gbps = nbytes / w / 1e9
+        out[name] = {"gbps": round(gbps, 3),
+                     "over_mapped_copy": round(gbps / reference["mapped_gbps"], 4),
+                     "over_fresh_copy": round(gbps / reference["fresh_gbps"], 4)}
+    return out
+
+
+# The size curve's goals (docs/BENCHMARKS.md): (kind, threshold). "at_least"/"at_most"
+# on the figure named; sizes named "from" a byte size apply at that size and above.
+SWAP_WEIGHTS_MIN_OVER_COPY = 0.5  # at 1 GiB and above
+SWAP_WEIGHTS_FROM_BYTES = GiB
+SWAP_FIXED_MAX_S = 0.25
+SWAP_HOST_RATIO_MAX = 0.01  # at every size
+LINEAR_MAX_RESIDUAL = 0.10  # each Thaw tier's TTFT line
+
+
+def curve_goals(per_size: Mapping[str, Mapping[str, Any]], c: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The size curve's goals with what was measured and whether each is met (None:
+    not measured at any size it applies to)."""
+    def goal(kind: str, limit: float, measured: float | None) -> dict[str, Any]:
+        met = None if measured is None else (measured >= limit if kind == "at_least" else measured <= limit)
+        return {kind: limit, "measured": None if measured is None else round(measured, 4), "met": met}
+
+    over = [r["weights_gbps"][SWAP_HOST]["over_mapped_copy"] for r in per_size.values()
+            if r["size_bytes"] >= SWAP_WEIGHTS_FROM_BYTES and SWAP_HOST in r.get("weights_gbps", {})]
+    ratios = [r["ratios"].get("swap_host_eager_vs_baseline_eager") for r in per_size.values()]
+    ratios = [x for x in ratios if x is not None]
+    swap_line = ((c["tiers"].get("swap_host") or {}).get("ttft") or {}).get("line")
+    out = {
+        "swap_host_weights_over_mapped_copy_from_1GiB": goal("at_least", SWAP_WEIGHTS_MIN_OVER_COPY,
+                                                             min(over) if over else None),
+        "swap_host_ttft_fixed_s": goal("at_most", SWAP_FIXED_MAX_S, swap_line["fixed_s"] if swap_line else None),
+        "swap_host_eager_vs_baseline_eager_every_size": goal("at_most", SWAP_HOST_RATIO_MAX,
+                                                             max(ratios) if ratios else None),
+    }
+    for tier, t in c["tiers"].items():
+        line = (t.get("ttft") or {}).get("line")
+        if line is not None and t["variant"] in THAW_VARIANTS:
+            out[f"{tier}_ttft_linear_max_residual"] = goal("at_most", LINEAR_MAX_RESIDUAL, line["max_residual"])
+    return out
+
+
+def build_curve_report(per_size: Mapping[str, Mapping[str, Any]], *, environment: Mapping[str, Any],
+                       settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The report of a run over several sizes: each size's report, the size curve
+    (``loadtests.cold_start_curve.curve`` over the tier table's rows) and its goals."""
+    from loadtests.cold_start_curve import curve
+
+    c = curve(list(per_size.values()), TIER_TABLE)
+    g = curve_goals(per_size, c)
+    return {
+        "benchmark": "cold_start_curve",
+        "measures": "request to a model at zero -> first streamed token (seconds), at several model sizes",
+        "environment": dict(environment), "settings": dict(settings),
+        "sizes": {size: {"bytes": r["size_bytes"], "reference": r["reference"], "weights_gbps": r["weights_gbps"],
+                         "ratios": {k: v for k, v in r["ratios"].items() if v is not None}}
+                  for size, r in per_size.items()},
+        "curve": c, "goals": g,
+        "goals_not_met": [k for k, v in g.items() if v["met"] is False],
+        "goals_not_measured": [k for k, v in g.items() if v["met"] is None],
+        "per_size": dict(per_size),
     }
 
 
@@ -566,6 +675,10 @@ class ThawModels:
     swap_base: str = "cs-swap-base"
     swap_compiled: str = "cs-swapc"
     swap_compiled_base: str = "cs-swapc-base"
+    # Whether the compiled pair is declared and its engine built (a compiled swap
+    # variant runs): without it the swap pool keeps one standby, which at several GiB
+    # is the difference between fitting in memory or not.
+    swap_compiled_too: bool = True
     # The packed variant: the model kept warm on the packing worker, and the one measured.
     packed: str | None = None
     pack_host: str = "cs-pack-host"
@@ -585,9 +698,13 @@ class CacheSettings:
 
     @classmethod
     def for_model(cls, total_bytes: int, disk_dir: Path, verify_sha256: bool) -> CacheSettings:
-        # Room for the model twice over, in whole GiB: it is never evicted.
-        gib = float(max(1, math.ceil(2 * total_bytes / GiB)))
-        return cls(disk_dir, gib, gib, verify_sha256)
+        # On disk, room for the model twice over, in whole GiB: it is never evicted. In
+        # host memory (/dev/shm, counted against the machine's memory), room for one
+        # model and a tenth: a swap worker's copy of the base it built its engine for
+        # gives way to the measured model's, which at 4 GiB is what fits in 24 GiB.
+        disk = float(max(1, math.ceil(2 * total_bytes / GiB)))
+        host = float(max(1, math.ceil(1.1 * total_bytes / GiB)))
+        return cls(disk_dir, disk, host, verify_sha256)
 
 
 def stack_config(store: Store, uri: str, data_dir: Path, port: int, models: ThawModels, caches: CacheSettings,
@@ -616,12 +733,15 @@ def stack_config(store: Store, uri: str, data_dir: Path, port: int, models: Thaw
     swap_shapes, swap_pools, swap_models = [], [], []
     if models.swap is not None:
         assert base_uri is not None
+        n = 2 if models.swap_compiled_too else 1
         swap_shapes = [{**main_shape, "name": SWAP_SHAPE}]
-        swap_pools = [{"shape": SWAP_SHAPE, "provider": "local", "standby_min": 2, "standby_max": 2,
-                       "max_instances": 2, "prebuild": [models.swap_base, models.swap_compiled_base]}]
-        swap_models = [model(models.swap_base, True, SWAP_SHAPE, base_uri), model(models.swap, True, SWAP_SHAPE),
-                       model(models.swap_compiled_base, False, SWAP_SHAPE, base_uri),
-                       model(models.swap_compiled, False, SWAP_SHAPE)]
+        swap_pools = [{"shape": SWAP_SHAPE, "provider": "local", "standby_min": n, "standby_max": n,
+                       "max_instances": n,
+                       "prebuild": [models.swap_base, models.swap_compiled_base][:n]}]
+        swap_models = [model(models.swap_base, True, SWAP_SHAPE, base_uri), model(models.swap, True, SWAP_SHAPE)]
+        if models.swap_compiled_too:
+            swap_models += [model(models.swap_compiled_base, False, SWAP_SHAPE, base_uri),
+                            model(models.swap_compiled, False, SWAP_SHAPE)]
     if models.packed is not None:
         # Room for two engines (thaw.fit.engine_memory: weights, 1 GiB KV cache, 2 GiB of
         # processes each), the disk cache shared with the main shape, no host tier.
@@ -853,7 +973,7 @@ class Stack:
         if record and record.get("request_id") == rid:
             sample.update(phases_s=record["phases_s"], activator_total_s=record["total_s"],
                           tier=record.get("tier"), load_s=record.get("load_s"),
-                          weights_from=record.get("weights_from"))
+                          weights_from=record.get("weights_from"), swap_steps_s=record.get("swap_steps_s") or {})
         worker = next((w for w in st["workers"] if w["model"] == model), None)
         if worker is not None:
             with contextlib.suppress(httpx.HTTPError, ValueError):
@@ -975,102 +1095,155 @@ def run(args: argparse.Namespace) -> int:
     if args.reps < 1:
         raise SystemExit("--reps must be at least 1")
     variants = [v for v in VARIANTS if v in args.variants]
+    sizes = list(dict.fromkeys(args.sizes or [args.size]))
+    if set(args.swap_only_sizes) - set(sizes):
+        raise SystemExit(f"--swap-only-sizes names sizes not in --sizes: {sorted(set(args.swap_only_sizes) - set(sizes))}")
     own_work = args.work_dir is None
     work = Path(tempfile.mkdtemp(prefix="thaw-bench-cold-")) if own_work else args.work_dir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    reports: dict[str, dict[str, Any]] = {}
+    try:
+        with _store(args, work) as store:
+            for size in sizes:
+                _log(f"size {size}")
+                at = [v for v in variants if size not in args.swap_only_sizes or v in BASELINES or v in SWAP_VARIANTS]
+                reports[size] = _run_size(args, size, at, store, work / f"size-{size}")
+                if len(sizes) > 1:  # what a later size's failure would lose
+                    partial = args.out.with_name(f"{args.out.stem}.{size}.json")
+                    partial.parent.mkdir(parents=True, exist_ok=True)
+                    partial.write_text(json.dumps(reports[size], indent=2) + "\n")
+    finally:
+        if own_work:
+            shutil.rmtree(work, ignore_errors=True)
+    if len(sizes) == 1:
+        report = reports[sizes[0]]
+    else:
+        report = build_curve_report(reports, environment=_environment(),
+                                    settings={"sizes": sizes, "swap_only_sizes": args.swap_only_sizes,
+                                              "reps": args.reps, "variants": variants,
+                                              "started_at": started, "wall_s": round(time.time() - started, 1)})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    for size, r in reports.items():
+        print(f"\n=== {size} ({r['size_bytes'] / 1e9:.3f} GB) ===")
+        _print_summary(r)
+    if len(sizes) > 1:
+        _print_curve(report)
+        plot = args.out.with_suffix(".png")
+        from loadtests.cold_start_curve import plot_curve
+
+        plot_curve(report, plot)
+        _log(f"plotted the curve to {plot}")
+    _log(f"wrote {args.out}")
+    return 0 if all(v["failed"] == 0 for r in reports.values() for v in r["variants"].values()) else 1
+
+
+def _run_size(args: argparse.Namespace, size: str, variants: list[str], store: Store, work: Path) -> dict[str, Any]:
+    """Every variant at one model size, after the copy reference for its bytes; its report."""
+    from loadtests.cold_start_curve import copy_reference
+
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
     environment = _environment()
     samples: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     notes: list[str] = []
-    caches: CacheSettings | None = None
-    try:
-        with _store(args, work) as store:
-            uri, model_facts = _ensure_model(store, args.size, work)
-            environment["model"] = model_facts
-            caches = CacheSettings.for_model(model_facts["total_bytes"], work / "weight-cache",
-                                             args.cache_verify_sha256)
-            base_uri = adapter_uri = None
-            if any(v in SWAP_VARIANTS for v in variants) or PACKED in variants:
-                base_uri, _ = _ensure_model(store, args.size, work, seed=1)
-                environment["model"]["swap_base_uri"] = base_uri
-            if ADAPTER in variants:
-                adapter_uri = _ensure_adapter(store, args.size, work)
-                environment["model"]["adapter_uri"] = adapter_uri
-            _run_variants(args, variants, store, uri, work, caches, samples, notes, base_uri, adapter_uri)
-    finally:
-        if own_work:
-            shutil.rmtree(work, ignore_errors=True)
+    uri, model_facts = _ensure_model(store, size, work)
+    environment["model"] = model_facts
+    # Before the stack starts: the reference holds two or three copies of the bytes.
+    _log(f"{size}: the copy reference ({model_facts['total_bytes'] / 1e9:.2f} GB into mapped and fresh memory)")
+    reference = copy_reference(model_facts["total_bytes"])
+    _log(f"{size}: copy into mapped memory {reference['mapped_gbps']} GB/s, into fresh pages "
+         f"{reference['fresh_gbps']} GB/s")
+    caches = CacheSettings.for_model(model_facts["total_bytes"], work / "weight-cache", args.cache_verify_sha256)
+    base_uri = adapter_uri = None
+    if any(v in SWAP_VARIANTS for v in variants) or PACKED in variants:
+        base_uri, _ = _ensure_model(store, size, work, seed=1)
+        environment["model"]["swap_base_uri"] = base_uri
+    if ADAPTER in variants:
+        adapter_uri = _ensure_adapter(store, size, work)
+        environment["model"]["adapter_uri"] = adapter_uri
+    _run_variants(args, variants, store, uri, work, caches, samples, notes, base_uri, adapter_uri)
     environment["load_avg_1m_at_end"] = os.getloadavg()[0]
     settings = {
-        "reps": args.reps, "variants": variants, "size": args.size, "thaw_load_format": "thaw",
+        "reps": args.reps, "variants": variants, "size": size, "thaw_load_format": "thaw",
         "baselines": {n: {"eager": s.eager, "load_format": s.load_format} for n, s in BASELINES.items()},
         "expected_tiers": {v: EXPECTED_TIER[v] for v in variants if v in EXPECTED_TIER},
-        "caches": None if caches is None else {
-            "disk_dir": str(caches.disk_dir), "disk_max_gib": caches.disk_gib, "host_cache_gib": caches.host_gib,
-            "verify_sha256": caches.verify_sha256},
+        "caches": {"disk_dir": str(caches.disk_dir), "disk_max_gib": caches.disk_gib,
+                   "host_cache_gib": caches.host_gib, "verify_sha256": caches.verify_sha256},
         "idle_grace_s": args.idle_grace_s, "max_model_len": MAX_MODEL_LEN, "max_tokens": MAX_TOKENS,
         "started_at": started, "wall_s": round(time.time() - started, 1), "notes": notes,
     }
     report = build_report(samples, environment=environment, settings=settings)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    _print_summary(report)
-    _log(f"wrote {args.out}")
-    return 0 if all(v["failed"] == 0 for v in report["variants"].values()) else 1
+    report["size_bytes"] = model_facts["total_bytes"]
+    report["reference"] = reference
+    report["weights_gbps"] = weights_bandwidth(report["variants"], model_facts["total_bytes"], reference)
+    return report
 
 
 def _run_variants(args: argparse.Namespace, variants: list[str], store: Store, uri: str, work: Path,
                   caches: CacheSettings, samples: dict[str, list[dict[str, Any]]], notes: list[str],
                   base_uri: str | None = None, adapter_uri: str | None = None) -> None:
+    """The baselines' reps first, with no stack running, then the stack's: at several GiB
+    a vLLM started on demand and an engine built ahead do not both fit in 24 GiB, and
+    each is measured with the machine to itself. Within each group reps are interleaved
+    across variants."""
     baselines = {v: Baseline(v, BASELINES[v], store, uri, work, args.timeout_s) for v in variants if v in BASELINES}
     for name, b in baselines.items():
         if not b.primed():
             _log(f"{name}: priming its compile cache (untimed start)")
             b.measure()
-    stack = None
-    if any(v in THAW_VARIANTS for v in variants):
-        models = ThawModels(no_snapshot=[f"cs-nosnap-{uuid.uuid4().hex[:6]}-{i}" for i in range(args.reps)],
-                            swap="cs-swap" if base_uri and any(v in SWAP_VARIANTS for v in variants) else None,
-                            packed="cs-packed" if PACKED in variants else None,
-                            adapter="cs-lora" if adapter_uri else None)
-        stack = Stack(store, uri, work, models, caches, args.idle_grace_s, args.timeout_s, base_uri, adapter_uri)
-        _log("starting thaw up")
-        stack.start()
+    for rep in range(args.reps):
+        for v, b in baselines.items():
+            samples[v].append(_one_rep(v, rep, args.reps, b.measure))
+    thaw = [v for v in variants if v in THAW_VARIANTS]
+    if not thaw:
+        return
+    models = ThawModels(no_snapshot=[f"cs-nosnap-{uuid.uuid4().hex[:6]}-{i}" for i in range(args.reps)],
+                        swap="cs-swap" if base_uri and any(v in SWAP_VARIANTS for v in variants) else None,
+                        swap_compiled_too=any(v in (SWAP_HOST_COMPILED, SWAP_S3_COMPILED) for v in variants),
+                        packed="cs-packed" if PACKED in variants else None,
+                        adapter="cs-lora" if adapter_uri else None)
+    stack = Stack(store, uri, work, models, caches, args.idle_grace_s, args.timeout_s, base_uri, adapter_uri)
+    _log("starting thaw up")
+    stack.start()
     try:
-        if stack is not None:
-            # The activator fetches a model's tokenizer on its first request (and imports
-            # transformers: 2.7 s here, once per process), which a long-running one has done.
-            _log("warming up: one untimed cold start")
-            stack.wait_standby(stack.models.eager)
-            stack.cold_start(stack.models.eager)
-        snapshot_source = None
-        if stack is not None and SNAPSHOT in variants:
-            snapshot_source = _prime_snapshot(stack, args.timeout_s, notes)
+        # The activator fetches a model's tokenizer on its first request (and imports
+        # transformers: 2.7 s here, once per process), which a long-running one has done.
+        # A run of swaps alone warms up with a swap: the main shape's worker then loads
+        # nothing (at 4 GiB its copy would not fit beside the engine built ahead).
+        swaps_only = models.swap is not None and all(v in SWAP_VARIANTS for v in thaw)
+        warm = models.swap if models.swap is not None and swaps_only else models.eager
+        _log("warming up: one untimed cold start")
+        stack.wait_standby(warm, shape=SWAP_SHAPE if swaps_only else SHAPE, engine_of=warm if swaps_only else None)
+        stack.cold_start(warm)
+        snapshot_source = _prime_snapshot(stack, args.timeout_s, notes) if SNAPSHOT in thaw else None
         for rep in range(args.reps):
-            for v in variants:
-                _log(f"rep {rep + 1}/{args.reps}: {v}")
-                try:
-                    if v in baselines:
-                        s = baselines[v].measure()
-                    else:
-                        assert stack is not None
-                        s = _thaw_rep(stack, v, rep, snapshot_source)
-                except Exception as exc:  # one failed rep is reported, the run goes on
-                    _log(f"{v}: rep {rep + 1} failed: {exc}")
-                    s = {"ttft_s": None, "error": f"{type(exc).__name__}: {exc}"}
-                    if isinstance(exc, WrongTier):
-                        s["wrong_tier_sample"] = exc.sample
-                samples[v].append(s)
-                if s.get("ttft_s") is not None:
-                    _log(f"{v}: TTFT {s['ttft_s']:.2f} s  tier {s.get('tier')}  load_s {s.get('load_s')}  "
-                         f"phases {s.get('phases_s')}")
+            for v in thaw:
+                samples[v].append(_one_rep(v, rep, args.reps,
+                                           functools.partial(_thaw_rep, stack, v, rep, snapshot_source)))
     finally:
-        if stack is not None:
-            _log("stopping thaw up")
-            stack.stop()
-            for name in stack.models.no_snapshot:
-                with contextlib.suppress(Exception):  # tidying a shared store; not a result
-                    stack.remove_snapshots(name)
+        _log("stopping thaw up")
+        stack.stop()
+        for name in stack.models.no_snapshot:
+            with contextlib.suppress(Exception):  # tidying a shared store; not a result
+                stack.remove_snapshots(name)
+
+
+def _one_rep(v: str, rep: int, reps: int, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """One timed rep of ``v``; a failure is a sample with its error (the run goes on)."""
+    _log(f"rep {rep + 1}/{reps}: {v}")
+    try:
+        s = measure()
+    except Exception as exc:
+        _log(f"{v}: rep {rep + 1} failed: {exc}")
+        s = {"ttft_s": None, "error": f"{type(exc).__name__}: {exc}"}
+        if isinstance(exc, WrongTier):
+            s["wrong_tier_sample"] = exc.sample
+    if s.get("ttft_s") is not None:
+        _log(f"{v}: TTFT {s['ttft_s']:.2f} s  tier {s.get('tier')}  load_s {s.get('load_s')}  "
+             f"phases {s.get('phases_s')}  swap steps {s.get('swap_steps_s') or '-'}")
+    return s
 
 
 def _prime_snapshot(stack: Stack, timeout_s: float, notes: list[str]) -> str:
@@ -1152,6 +1325,26 @@ def _thaw_rep(stack: Stack, variant: str, rep: int, snapshot_source: str | None)
     except WrongTier as exc:
         raise WrongTier(str(exc), sample) from None
     return sample
+
+
+def _print_curve(report: Mapping[str, Any]) -> None:
+    ref = report["curve"]["reference"]
+    print(f"\n=== the size curve ({', '.join(report['sizes'])}) ===")
+    print(f"copy reference: into mapped memory {_fmt(ref['mapped']['gbps'])} GB/s, into fresh pages "
+          f"{_fmt(ref['fresh']['gbps'])} GB/s")
+    print(f"{'tier':28} {'metric':8} {'fixed s':>8} {'s/GB':>8} {'GB/s':>7} {'/mapped':>8} {'max resid':>9}")
+    for tier, t in report["curve"]["tiers"].items():
+        for metric in ("ttft", "weights"):
+            m = t.get(metric) or {}
+            line = m.get("line")
+            if line is None:
+                continue
+            print(f"{tier:28} {metric:8} {line['fixed_s']:8.3f} {line['s_per_gb']:8.3f} {_fmt(line['gbps']):>7} "
+                  f"{_fmt(m.get('gbps_over_mapped_copy'), '.3f'):>8} {line['max_residual']:9.3f}")
+    for k, v in report["goals"].items():
+        kind = "at_least" if "at_least" in v else "at_most"
+        state = "not measured" if v["met"] is None else "met" if v["met"] else "NOT MET"
+        print(f"{k:50} {_fmt(v['measured'], '.3f'):>8}  ({kind.replace('_', ' ')} {v[kind]}: {state})")
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
