@@ -61,6 +61,8 @@ class Replica:
     load_s: float | None = None
     # The weights were swapped into an engine built before (thaw.wire.LoadView.swap).
     load_swap: bool = False
+    # Its steps (thaw.wire.LoadView.steps_s).
+    swap_steps_s: dict[str, float] = field(default_factory=dict)
     worker_started_at: float | None = None
     # An engine packed beside others on a worker that was serving (thaw.wire.ReplicaRoute).
     packed: bool = False
@@ -302,7 +304,8 @@ class RouteWatcher:
                 rep = Replica(r.worker_id, r.url, r.served_model_name, r.assignment_id,
                               r.phases.model_dump(), load_tier=r.load.tier if r.load else None,
                               load_s=r.load.seconds if r.load else None, worker_started_at=r.worker_started_at,
-                              load_swap=r.load.swap if r.load else False, packed=r.packed, adapter=r.adapter,
+                              load_swap=r.load.swap if r.load else False,
+                              swap_steps_s=dict(r.load.steps_s) if r.load else {}, packed=r.packed, adapter=r.adapter,
                               base_ready_at=r.base_ready_at, revision=r.revision, batch=r.batch)
                 if prev is not None and prev.assignment_id == rep.assignment_id:
                     rep.outstanding = prev.outstanding

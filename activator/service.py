@@ -542,7 +542,8 @@ class CompletionService:
                                  total_s=round(total, 3), phases_s={k: round(v, 3) for k, v in phases.items()},
                                  # Woken from the asleep tier rather than loaded.
                                  woken=p.get("woken") is not None, tier=tier, load_s=replica.load_s,
-                                 weights_from=_weights_from(replica.load_tier))
+                                 weights_from=_weights_from(replica.load_tier),
+                                 swap_steps_s=replica.swap_steps_s)
         log.info("cold_start", **record.model_dump())
         self.routes.record_cold_start(record)
 

@@ -360,6 +360,11 @@ class WeightCache(_Strict):
     # the model's manifest. Costs CPU (hashing every byte); without it a cached file is
     # checked by size and header only.
     verify_sha256: bool = True
+    # A swap checks every tensor it hands the engine against the manifest (name, dtype,
+    # shape, CRC-32), and then skips the sha256 of the worker's memory copy, checked
+    # when it was filled. Off: a swap from that copy hashes every file (verify_sha256)
+    # and proves only that every parameter was filled.
+    verify_tensors: bool = True
 
 
 class InstanceShape(_Strict):

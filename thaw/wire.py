@@ -225,6 +225,11 @@ class LoadView(_Msg):
     bytes: int | None = None
     # Bytes per source.
     sources: dict[str, int] = {}
+    # A swap's steps in the engine host (pause_s, weights_s and within it verify_s,
+    # prefix_cache_s, frontend_s, total_s: worker.swap_server), so a slow one says
+    # where its time went; and how many tensors it checked against the manifest.
+    steps_s: dict[str, float] = {}
+    tensors_verified: int | None = None
 
 
 class CachedWeights(_Msg):
@@ -362,6 +367,8 @@ class ColdStartRecord(_Msg):
     weights_from: LoadSource | None = None
     # The engine loader's time reading the weights (None: not reported).
     load_s: float | None = None
+    # A swap's steps (thaw.wire.LoadView.steps_s); empty for other tiers.
+    swap_steps_s: dict[str, float] = {}
 
 
 # -- controller → activator: the route table -------------------------------------------

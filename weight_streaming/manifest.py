@@ -47,6 +47,18 @@ class FileEntry(BaseModel):
     etag: str
 
 
+class TensorDigest(BaseModel):
+    """One tensor of a safetensors file as pushed: what a load must hand the engine."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dtype: str
+    shape: tuple[NonNegativeInt, ...]
+    # zlib's CRC-32 of the tensor's bytes (weight_streaming.tensor_check): cheap enough
+    # to check on every swap, where the file's sha256 is checked when a copy is made.
+    crc32: NonNegativeInt
+
+
 class SafetensorsSummary(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -55,6 +67,8 @@ class SafetensorsSummary(BaseModel):
     # Parameters per dtype, e.g. {"BF16": 1234}.
     dtypes: dict[str, NonNegativeInt]
     data_offset: NonNegativeInt
+    # Every tensor by name (empty in manifests pushed before digests were recorded).
+    tensors: dict[str, TensorDigest] = Field(default_factory=dict)
 
 
 class Manifest(BaseModel):
@@ -116,12 +130,18 @@ def model_files(model_dir: Path) -> list[Path]:
 def build_manifest(
     model_dir: Path, uri: str, files: list[FileEntry], now: datetime | None = None
 ) -> Manifest:
-    """Build the manifest from already-hashed files; headers are re-read (cheap)."""
+    """Build the manifest from already-hashed files; headers are re-read (cheap), and
+    each tensor's CRC-32 computed (one more read of the weights, from the page cache
+    after the hashing)."""
+    from weight_streaming.tensor_check import file_digests
+
     summaries: dict[str, SafetensorsSummary] = {}
     for entry in files:
         if entry.path.endswith(".safetensors"):
-            header = read_header_from_file(str(model_dir / entry.path), source=entry.path)
-            summaries[entry.path] = SafetensorsSummary.model_validate(header.summary())
+            path = str(model_dir / entry.path)
+            header = read_header_from_file(path, source=entry.path)
+            summaries[entry.path] = SafetensorsSummary.model_validate(
+                {**header.summary(), "tensors": file_digests(path, header)})
     config_summary: dict[str, object] = {}
     config_path = model_dir / "config.json"
     if config_path.exists():

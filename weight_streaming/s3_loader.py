@@ -64,7 +64,7 @@ from thaw.log import get_logger
 from thaw.units import MiB
 from weight_streaming.cache import CacheWriter, DiskCache
 from weight_streaming.host_pool import HostBufferPool
-from weight_streaming.manifest import Manifest, join_key, parse_s3_uri
+from weight_streaming.manifest import Manifest, TensorDigest, join_key, parse_s3_uri
 from weight_streaming.s3_source import S3Error, S3NotFound, S3RangeSource, s3_error
 from weight_streaming.safetensors_header import (
     MalformedSafetensors,
@@ -92,6 +92,7 @@ __all__ = [
     "S3Object",
     "load_s3",
     "make_client",
+    "manifest_digests",
     "manifest_sha256",
     "resolve_objects",
 ]
@@ -223,6 +224,13 @@ def manifest_sha256(manifest: Manifest) -> dict[str, str]:
     return {join_key(prefix, f.path): f.sha256 for f in manifest.files if f.path.endswith(".safetensors")}
 
 
+def manifest_digests(manifest: Manifest) -> dict[str, dict[str, TensorDigest]]:
+    """Per object key, every tensor of that safetensors file as the manifest records it
+    (an empty dict for a file pushed before tensors were recorded)."""
+    prefix = parse_s3_uri(manifest.uri)[1]
+    return {join_key(prefix, path): dict(s.tensors) for path, s in manifest.safetensors.items()}
+
+
 def resolve_objects(
     client: Any,
     objects: str | Sequence[tuple[str, str] | S3Object],
@@ -260,6 +268,7 @@ def load_s3(
     tp_size: int = 1,
     shard_dims: ShardDimFn | None = None,
     host_pool: HostBufferPool | None = None,
+    unhashed_tiers: frozenset[str] = frozenset(),
 ) -> S3LoadResult:
     """Load every tensor of a model stored in S3 onto ``device`` (see the module docstring).
 
@@ -278,6 +287,9 @@ def load_s3(
     ``tp_size``, ``shard_dims``, ``host_pool``: as for
     :func:`weight_streaming.streamer.load_many` (``progress`` covers the streaming of the
     tensors; with ``tp_size > 1`` the whole-file fill of a cache miss comes before it).
+    ``unhashed_tiers``: cache tiers whose hits skip ``verify_sha256`` (and fill no other
+    tier), for a caller that checks every tensor itself (``weight_streaming.tensor_check``:
+    a swap from the worker's memory copy, whose sha256 was checked when it was filled).
 
     Raises :class:`~weight_streaming.s3_source.S3Error` (not found, access denied,
     object changed), :class:`StreamError` (short reads, sizes, checksums) or
@@ -303,7 +315,8 @@ def load_s3(
         missing = [o.uri for o in objs if o.key not in verify_sha256]
         if missing:
             raise StreamError(f"verify_sha256 has no sha256 for {', '.join(missing)}")
-    opts = _Options(device, chunk_bytes, concurrency, progress, tp_rank, tp_size, shard_dims, host_pool)
+    opts = _Options(device, chunk_bytes, concurrency, progress, tp_rank, tp_size, shard_dims, host_pool,
+                    unhashed_tiers)
     # A cache entry that fails its sha256 is evicted and the load tried again (the
     # next tier, or S3): at most once per tier.
     rejected: list[tuple[str, str, str]] = []
@@ -350,6 +363,7 @@ class _Options:
     tp_size: int
     shard_dims: ShardDimFn | None
     host_pool: HostBufferPool | None
+    unhashed_tiers: frozenset[str]
 
 
 def _load_once(
@@ -395,9 +409,11 @@ def _load_once(
                 head, header = probes[i]
                 src = S3RangeSource(client, obj.bucket, obj.key, size=obj.size, etag=obj.etag, prefix=head)
                 kind = "s3"
-            # Every other tier that has room gets a copy, from whichever source serves the file.
+            # Every other tier that has room gets a copy, from whichever source serves the
+            # file; none from a copy whose sha256 this load does not check.
+            unhashed = source_tier is not None and source_tier.name in opts.unhashed_tiers
             writers: list[CacheWriter] = []
-            if obj.etag:
+            if obj.etag and not unhashed:
                 for tier in tiers:
                     if tier is source_tier or (not whole_file and writers):
                         continue  # a rank's fill (tp_size > 1) goes to one tier only
@@ -416,7 +432,7 @@ def _load_once(
                 for w in writers:
                     # The header goes in now; the data as it streams (or in the fill below).
                     w.write(0, head[: header.data_offset])
-            expected = verify[obj.key] if verify is not None else None
+            expected = verify[obj.key] if verify is not None and not unhashed else None
             if writers and whole_file:
                 src = _TeeSource(src, writers, header.data_offset, later=to_host)
             elif writers:

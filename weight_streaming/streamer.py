@@ -140,6 +140,15 @@ def torch_dtype(st_dtype: str) -> torch.dtype:
     return dtype
 
 
+def safetensors_dtype(dtype: torch.dtype) -> str | None:
+    """The safetensors dtype string a torch dtype loads from (None: none does)."""
+    return _SAFETENSORS_DTYPES.get(dtype)
+
+
+# The reverse of _TORCH_DTYPES (the FNUZ names last: a dtype read as one reads back as it).
+_SAFETENSORS_DTYPES = {d: name for name, d in reversed(_TORCH_DTYPES.items()) if d is not None}
+
+
 def read_header(source: RangeSource, *, name: str | None = None) -> SafetensorsHeader:
     """Read and validate the header of any :class:`RangeSource`."""
     where = name or repr(source)
@@ -676,6 +685,38 @@ def _run_pool(
 
 
 # --- tensors ------------------------------------------------------------------------
+
+
+def map_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Every tensor of a local safetensors file as a view of the file mapped into this
+    process: for a file already in memory (the worker's tmpfs copy) nothing is copied
+    and no fresh page is written, where a read into a new buffer copies every byte into
+    pages that each fault on their first write. The mapping is private (writes to a
+    tensor stay in this process) with its pages populated up front, and it lives as
+    long as any of its tensors."""
+    import mmap
+
+    name = os.fspath(path)
+    with open(name, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        header = parse_header(f.read(header_length(f.read(8), source=name)), file_size=size, source=name)
+        if header.data_len == 0:
+            return {n: torch.empty(t.shape, dtype=_dtype_for(t, name)) for n, t in header.tensors.items()}
+        mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
+                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    buf = torch.frombuffer(mm, dtype=torch.uint8)
+    out: dict[str, torch.Tensor] = {}
+    for n, t in header.tensors.items():
+        dtype = _dtype_for(t, name)
+        begin = header.data_offset + t.begin
+        raw = buf[begin: begin + t.nbytes]
+        if t.nbytes == 0:
+            out[n] = torch.empty(t.shape, dtype=dtype)
+            continue
+        if begin % dtype.itemsize:
+            raw = raw.clone()  # as in _materialize: torch views only aligned offsets
+        out[n] = raw.view(dtype).view(t.shape)
+    return out
 
 
 def _materialize(plan: _FilePlan, buf: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -47,17 +47,21 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 from thaw.units import GiB, MiB
 from weight_streaming.cache import DiskCache
+from weight_streaming.manifest import Manifest, TensorDigest
 from weight_streaming.s3_loader import (
     DEFAULT_S3_CHUNK_BYTES,
     DEFAULT_S3_CONCURRENCY,
     CacheTier,
     S3LoadResult,
+    S3Object,
     load_s3,
+    manifest_digests,
     manifest_sha256,
     resolve_objects,
 )
 from weight_streaming.sources import StreamError
-from weight_streaming.streamer import LoadResult, load_many
+from weight_streaming.streamer import LoadResult, load_many, map_file
+from weight_streaming.tensor_check import TensorMismatch, check_tensors
 
 # Under "vllm" so that vLLM's logging configuration (handlers, level, stream) applies.
 logger = init_logger("vllm.thaw_loader")
@@ -67,7 +71,7 @@ INDEX_FILE = "model.safetensors.index.json"
 
 # model_loader_extra_config keys this loader understands.
 _EXTRA_KEYS = frozenset({"concurrency", "chunk_mib", "cache_dir", "cache_max_gib", "host_cache_dir",
-                         "host_cache_max_gib", "verify_sha256"})
+                         "host_cache_max_gib", "verify_sha256", "verify_tensors"})
 
 
 class ThawLoadError(RuntimeError):
@@ -89,6 +93,10 @@ class StreamOptions:
     # Check every file against the sha256 in the model's Thaw manifest (CPU cost:
     # hashing every byte; off by default, the ETag and header checks always run).
     verify_sha256: bool = False
+    # A swap checks every tensor it hands the engine against the manifest (name, dtype,
+    # shape, CRC-32: weight_streaming.tensor_check); then the worker's memory copy,
+    # whose sha256 was checked when it was filled, is not hashed again.
+    verify_tensors: bool = True
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | Any) -> StreamOptions:
@@ -119,10 +127,11 @@ class StreamOptions:
                 if budget_key not in extra:
                     raise ValueError(f"model_loader_extra_config.{dir_key} needs {budget_key} (the cache's budget)")
                 out = replace(out, **{dir_key: extra[dir_key]})
-        if "verify_sha256" in extra:
-            if not isinstance(extra["verify_sha256"], bool):
-                raise ValueError("model_loader_extra_config.verify_sha256 must be true or false")
-            out = replace(out, verify_sha256=extra["verify_sha256"])
+        for flag in ("verify_sha256", "verify_tensors"):
+            if flag in extra:
+                if not isinstance(extra[flag], bool):
+                    raise ValueError(f"model_loader_extra_config.{flag} must be true or false")
+                out = replace(out, **{flag: extra[flag]})
         return out
 
 
@@ -246,16 +255,25 @@ class FileByFileWeights:
     Iterating yields ``(name, tensor)``; each file is read whole (parallel ranged GETs,
     through the cache tiers, checked like any load) and its tensors are handed over
     and forgotten before the next file is read, so the memory this needs beyond the
-    engine's own is the largest file, not the model. After the last tensor,
-    :attr:`summary` says what was read from where (as :func:`load_summary`). A
-    failure raises :class:`ThawLoadError` from the iteration: what was handed over
-    before it is already in the engine (the caller must not serve it).
+    engine's own is the largest file, not the model. With ``verify_tensors`` (the
+    default), every tensor of a file is checked against the manifest before any is
+    handed over (``weight_streaming.tensor_check``), and every tensor the manifest lists
+    must come; a copy in a cache tier that fails is evicted. After the last tensor,
+    :attr:`summary` says what was read from where (as :func:`load_summary`) and how
+    long the checks took (``verify_s``). A failure raises :class:`ThawLoadError` from
+    the iteration: what was handed over before it is already in the engine (the caller
+    must not serve it).
     """
 
     def __init__(self, uri: str, options: StreamOptions = StreamOptions()) -> None:
         self.uri = uri
         self.options = options
         self.summary: dict[str, Any] | None = None
+        # Time reading (or mapping) the files, and the tensor checks: their time, and
+        # how many tensors passed.
+        self._read_s = 0.0
+        self._verify_s = 0.0
+        self._verified = 0
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         t0 = time.perf_counter()
@@ -276,22 +294,40 @@ class FileByFileWeights:
             raise _load_error(self.uri, exc) from exc
         total = sum(sources.values())
         self.summary = {"bytes": total, "seconds": round(time.perf_counter() - t0, 4),
-                        "sources": {k: v for k, v in sources.items() if v}}
+                        "sources": {k: v for k, v in sources.items() if v}, "read_s": round(self._read_s, 4),
+                        "verify_s": round(self._verify_s, 4), "tensors_verified": self._verified}
 
     def _from_s3(self) -> Generator[tuple[str, torch.Tensor], None, dict[str, int]]:
         """The tensors; returns the bytes read from each source."""
         o = self.options
         client = s3_client_from_env(o.concurrency)
         tiers = cache_tiers(o)
-        verify = _manifest_checksums(client, self.uri) if o.verify_sha256 else None
+        manifest = _manifest(client, self.uri) if o.verify_sha256 or o.verify_tensors else None
+        verify = manifest_sha256(manifest) if manifest is not None and o.verify_sha256 else None
+        digests = manifest_digests(manifest) if manifest is not None and o.verify_tensors else None
+        # Every tensor checked against the manifest: the worker's memory copy (hashed
+        # when it was filled) is not hashed again. A manifest from before tensors were
+        # recorded leaves the sha256 on.
+        unhashed = frozenset({"host"}) if digests and all(digests.values()) else frozenset()
+        # Unhashed, the host copy is mapped rather than read: it is in memory already.
+        host = next((t for t in tiers if t.name == "host"), None) if "host" in unhashed else None
         objs = resolve_objects(client, self.uri, concurrency=o.concurrency)
         sources: dict[str, int] = {}
         for obj in objs:
-            result = load_s3(client, [obj], device="cpu", chunk_bytes=o.chunk_bytes, concurrency=o.concurrency,
-                             caches=tiers, verify_sha256=verify)
-            for src, n in result.bytes_by_source().items():
-                sources[src] = sources.get(src, 0) + n
-            yield from _drain(result.tensors)
+            t0 = time.perf_counter()
+            tensors, source = (self._mapped(host, obj) if host is not None else None) or (None, "")
+            if tensors is None:
+                result = load_s3(client, [obj], device="cpu", chunk_bytes=o.chunk_bytes, concurrency=o.concurrency,
+                                 caches=tiers, verify_sha256=verify, unhashed_tiers=unhashed)
+                tensors, source = result.tensors, result.files[0].source if result.files else "s3"
+                for src, n in result.bytes_by_source().items():
+                    sources[src] = sources.get(src, 0) + n
+            else:
+                sources[source] = sources.get(source, 0) + obj.size
+            self._read_s += time.perf_counter() - t0
+            if digests and digests.get(obj.key):
+                self._check(tensors, source, obj, digests[obj.key], tiers)
+            yield from _drain(tensors)
         files = [(obj.bucket, obj.key, obj.etag, obj.size) for obj in objs if obj.etag]
         for t in tiers:
             try:
@@ -300,19 +336,57 @@ class FileByFileWeights:
                 logger.warning("cache record for %s in %s failed: %s", self.uri, t.name, exc)
         return sources
 
+    def _mapped(self, host: CacheTier, obj: S3Object) -> tuple[dict[str, torch.Tensor], str] | None:
+        """The file's tensors mapped from the host tier's copy (None: it has none, or a
+        copy that does not parse, which is evicted)."""
+        path = host.cache.lookup(obj.bucket, obj.key, obj.etag, obj.size) if obj.etag else None
+        if path is None:
+            return None
+        try:
+            return map_file(path), host.name
+        except (ValueError, OSError, StreamError) as exc:  # malformed or gone: read it elsewhere
+            logger.warning("the %s tier's copy of %s cannot be mapped (%s): evicted", host.name, obj.uri, exc)
+            host.cache.evict(obj.bucket, obj.key, obj.etag)
+            return None
+
+    def _check(self, tensors: dict[str, torch.Tensor], source: str, obj: S3Object,
+               expected: dict[str, TensorDigest], tiers: list[CacheTier]) -> None:
+        """Every tensor of one file against the manifest, and every tensor it lists there;
+        a cached copy (``source``) that fails is evicted (the next load reads the store)."""
+        t0 = time.perf_counter()
+        try:
+            check_tensors(tensors, expected, obj.uri)
+            missing = sorted(set(expected) - set(tensors))
+            if missing:
+                raise TensorMismatch(missing[0], f"{obj.uri}: the manifest lists tensors the file does not hold: "
+                                                 + ", ".join(missing[:10]))
+        except TensorMismatch as exc:
+            for t in tiers:
+                if t.name == source:
+                    t.cache.evict(obj.bucket, obj.key, obj.etag)
+                    logger.warning("evicted the %s tier's copy of %s: %s", source, obj.uri, exc)
+            raise ThawLoadError(f"{exc} (read from {source})") from exc
+        finally:
+            self._verify_s += time.perf_counter() - t0
+        self._verified += len(tensors)
+
 
 def _load_error(uri: str, exc: BaseException) -> ThawLoadError:
     # The streamer's messages usually name the object already.
     return ThawLoadError(str(exc) if uri in str(exc) else f"{uri}: {exc}")
 
 
-def _manifest_checksums(client: Any, uri: str) -> dict[str, str]:
+def _manifest(client: Any, uri: str) -> Manifest:
     from weight_streaming.push import read_manifest
 
     manifest = read_manifest(client, uri)
     if manifest is None:
-        raise ThawLoadError(f"{uri}: verify_sha256 needs the model's thaw-manifest.json, and there is none")
-    return manifest_sha256(manifest)
+        raise ThawLoadError(f"{uri}: verifying the weights needs the model's thaw-manifest.json, and there is none")
+    return manifest
+
+
+def _manifest_checksums(client: Any, uri: str) -> dict[str, str]:
+    return manifest_sha256(_manifest(client, uri))
 
 
 def weights_uri(model_config: ModelConfig) -> str:

@@ -77,6 +77,7 @@ def settings_from(args: argparse.Namespace, cfg: ThawConfig) -> AgentSettings:
         disk_cache_max_bytes=int(disk.max_gib * gib) if disk else 0,
         host_cache_dir=host_dir, host_cache_max_bytes=int(shape.host_cache_gib * gib),
         cache_verify_sha256=disk.verify_sha256 if disk else True,
+        cache_verify_tensors=disk.verify_tensors if disk else True,
         allowed_uri_prefixes=tuple(cfg.object_store.allowed_prefixes),
         capacity_bytes=engine_capacity(shape) if pool is not None and pool.pack else 0,
     )

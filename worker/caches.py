@@ -103,6 +103,7 @@ class WeightCaches:
                 extra[dir_key] = str(cache.root)
                 extra[budget_key] = cache.max_bytes / gib
         extra.setdefault("verify_sha256", self._settings.cache_verify_sha256)
+        extra.setdefault("verify_tensors", self._settings.cache_verify_tensors)
         return engine.model_copy(update={"extra": {**engine.extra, "model_loader_extra_config": extra}})
 
     def note_load(self, lv: LoadView) -> None:

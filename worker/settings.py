@@ -67,6 +67,7 @@ class AgentSettings:
     host_cache_max_bytes: int = 0
     # Check every file a load reads against the manifest's sha256 (with a cache).
     cache_verify_sha256: bool = True
+    cache_verify_tensors: bool = True
     # How often the caches are looked at for what they hold (heartbeats carry it).
     cache_scan_interval_s: float = 5.0
     # The store prefixes an assignment's model URI must be under (the config's

@@ -155,7 +155,7 @@ def load_view(uri: str, report: Mapping[str, object] | None) -> LoadView:
     the slowest source any byte came from: one file from the store makes it an s3
     load whatever the caches held."""
     sources: dict[str, int] = {}
-    seconds = nbytes = None
+    seconds = nbytes = verified = None
     if report is not None:
         raw = report.get("sources")
         if isinstance(raw, Mapping):
@@ -163,6 +163,9 @@ def load_view(uri: str, report: Mapping[str, object] | None) -> LoadView:
         s, b = report.get("seconds"), report.get("bytes")
         seconds = float(s) if isinstance(s, int | float) else None
         nbytes = int(b) if isinstance(b, int) else None
+        v = report.get("tensors_verified")
+        verified = int(v) if isinstance(v, int) else None
     used = [t for t in _SOURCE_ORDER if sources.get(t)]
     tier = used[-1] if used else ("s3" if uri.startswith("s3://") else "local")
-    return LoadView(tier=tier, seconds=seconds, bytes=nbytes, sources=sources)  # type: ignore[arg-type]
+    return LoadView(tier=tier, seconds=seconds, bytes=nbytes, sources=sources,  # type: ignore[arg-type]
+                    tensors_verified=verified)

@@ -14,7 +14,8 @@ time, and is answered by an event on stdout.
 4. the prefix cache is emptied (``reset_prefix_cache`` must say every block went:
    no KV computed with the previous model's weights, or for its tenants, can be hit);
 5. the front end is rebuilt for the new model: its ``ModelConfig`` (config and
-   tokenizer files, pulled from the store as vLLM does for an ``s3://`` model), its
+   tokenizer files, from the agent's local copy, ``worker.front_end_files``, or else
+   pulled from the store as vLLM does for an ``s3://`` model), its
    renderer (tokenizer, chat template), input processor (generation defaults, eos)
    and the detokenizer's tokenizer, then vLLM's own ``init_app_state`` again (served
    name, every serving object with the new defaults);
@@ -214,6 +215,9 @@ class SwapServer:
         t["total_s"] = time.perf_counter() - t0
         self.open = True
         load = result.get("load") if isinstance(result, dict) else None
+        for part in ("read_s", "verify_s"):  # parts of weights_s: reading the files, checking the tensors
+            if isinstance(load, dict) and isinstance(load.get(part), int | float):
+                t[part] = load[part]
         return {k: round(v, 4) for k, v in t.items()}, load
 
     async def _rebuild_front_end(self, ec: Any, cmd: SwapCommand) -> None:
@@ -223,10 +227,16 @@ class SwapServer:
 
         old = ec.model_config
         # vLLM's config.utils.replace fails on ModelConfig in 0.32 (a private field):
-        # build a new one from the init fields. For an s3:// model its __post_init__
-        # pulls the config and tokenizer files (boto3: blocking), hence the thread.
+        # build a new one from the init fields. From the agent's local copy of the
+        # model's files when it sent one (model_weights set: vLLM pulls nothing);
+        # else for an s3:// model its __post_init__ pulls the config and tokenizer
+        # files (boto3: blocking), hence the thread.
         kw = {f.name: getattr(old, f.name) for f in dataclasses.fields(old) if f.init}
-        kw.update(model=cmd.uri, tokenizer=cmd.uri, served_model_name=cmd.served_model_name, model_weights="")
+        if cmd.files_dir:
+            kw.update(model=cmd.files_dir, tokenizer=cmd.files_dir, model_weights=cmd.uri)
+        else:
+            kw.update(model=cmd.uri, tokenizer=cmd.uri, model_weights="")
+        kw.update(served_model_name=cmd.served_model_name)
         new = await asyncio.to_thread(type(old), **kw)
         ec.vllm_config.model_config = new
         ec.model_config = new

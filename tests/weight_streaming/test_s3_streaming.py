@@ -617,6 +617,30 @@ def test_corrupt_copies_in_every_tier_end_in_the_store(model: Model, client: Any
     assert_same(result.tensors, model.expected())
 
 
+def test_an_unhashed_tier_skips_the_sha256_and_copies_to_no_other_tier(
+    model: Model, client: Any, tmp_path: Path
+) -> None:
+    # The caller checks every tensor itself (a swap): the host copy's bytes come as they
+    # are, corrupt or not, and nothing is copied from them into another tier.
+    host, disk = _tiers(tmp_path)
+    sha = {model.key(p.name): _sha256(p) for p in model.files}
+    load(client, model.uri, caches=[host, disk], verify_sha256=sha)
+    host.cache.flush()
+    disk.cache.clear()
+    entry = _entry(host, client, model, SHARDS[1])
+    _overwrite(entry, entry.stat().st_size - 2, b"\xa5\xa5")
+
+    result = load(client, model.uri, caches=[host, disk], verify_sha256=sha, unhashed_tiers=frozenset({"host"}))
+    assert [f.source for f in result.files] == ["host", "host"] and not result.rejected
+    assert not any(f.cache_written for f in result.files)
+    disk.cache.flush()
+    assert disk.cache.models() == []
+    # Hashed as before when the tier is not named: the corrupt copy is caught.
+    checked = load(client, model.uri, caches=[host, disk], verify_sha256=sha)
+    assert [(u, t) for u, t, _ in checked.rejected] == [(f"{model.uri}/{SHARDS[1]}", "host")]
+    assert_same(checked.tensors, model.expected())
+
+
 def test_a_full_file_system_degrades_to_the_store(model: Model, client: Any, tmp_path: Path) -> None:
     sizes = [p.stat().st_size for p in model.files]
     # Room for the first file only: the second is not started (the free space is

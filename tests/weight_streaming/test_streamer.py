@@ -126,6 +126,26 @@ def test_tensors_are_views_of_one_host_buffer(model_file: Path) -> None:
     assert len(storages) == 1
 
 
+def test_a_mapped_file_equals_safetensors_and_writes_stay_private(model_file: Path) -> None:
+    want = load_file(str(model_file))
+    before = model_file.read_bytes()
+    mapped = streamer.map_file(model_file)
+    assert_same(mapped, want)
+    # Views of one mapping, nothing copied; written to, the file does not change.
+    assert len({t.untyped_storage().data_ptr() for t in mapped.values() if t.numel()}) == 1
+    for t in mapped.values():
+        if t.numel():
+            t.view(-1).view(torch.uint8)[0] ^= 0xFF
+    assert model_file.read_bytes() == before
+
+
+def test_a_mapped_file_copies_only_misaligned_tensors(tmp_path: Path) -> None:
+    path = tmp_path / "odd.safetensors"
+    handcrafted(path, [("u8", "U8", [1], b"\x09"), ("f32", "F32", [2], struct.pack("<2f", 1.5, -2.0))])
+    out = streamer.map_file(path)
+    assert out["u8"].tolist() == [9] and out["f32"].tolist() == [1.5, -2.0]
+
+
 def test_every_dtype_was_covered(model_file: Path) -> None:
     # Guards the fixture: a dtype silently dropped would make the bit test weaker.
     dtypes = {t.dtype for t in load(model_file).tensors.values()}

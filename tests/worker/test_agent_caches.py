@@ -77,10 +77,11 @@ async def test_a_thaw_load_is_told_the_tiers_and_its_report_becomes_the_status(
     body = await ready(c, engine={"load_format": "thaw", "extra": {"model_loader_extra_config": {"concurrency": 4}}})
     extra = world.hosts[0].launches[0].engine.extra["model_loader_extra_config"]
     assert extra == {"concurrency": 4, "host_cache_dir": str(host_dir), "host_cache_max_gib": 0.5,
-                     "cache_dir": str(disk_dir), "cache_max_gib": 3.0, "verify_sha256": True}
+                     "cache_dir": str(disk_dir), "cache_max_gib": 3.0, "verify_sha256": True,
+                     "verify_tensors": True}
     # One file from the store makes it an s3 load, whatever the caches held.
     assert body["load"] == {"tier": "s3", "swap": False, "seconds": 0.5, "bytes": 1000,
-                            "sources": {"host": 600, "s3": 400}}
+                            "sources": {"host": 600, "s3": 400}, "steps_s": {}, "tensors_verified": None}
     assert body["load_bytes_per_s"] == {}  # a mixed load says nothing about one source's rate
 
     await c.post("/release", json={"drain_timeout_s": 0})
@@ -98,21 +99,23 @@ async def test_other_loaders_get_no_cache_settings_and_report_the_store(
     world, c = client
     body = await ready(c, engine={"load_format": "runai_streamer"})
     assert "model_loader_extra_config" not in world.hosts[0].launches[0].engine.extra
-    assert body["load"] == {"tier": "s3", "swap": False, "seconds": None, "bytes": None, "sources": {}}
+    assert body["load"] == {"tier": "s3", "swap": False, "seconds": None, "bytes": None, "sources": {},
+                            "steps_s": {}, "tensors_verified": None}
 
 
 async def test_a_thaw_load_without_caches_still_checks_every_hash(tmp_path: Path) -> None:
     """A corrupt object in the store fails its load on the manifest's sha256 whether or
-    not the worker keeps copies; a worker whose settings turn the check off says so."""
+    not the worker keeps copies; a worker whose settings turn the check off says so (and
+    so for a swap's check of every tensor)."""
     for verify in (True, False):
         world = World()
-        app = agent_app(world, tmp_path / str(verify), cache_verify_sha256=verify)
+        app = agent_app(world, tmp_path / str(verify), cache_verify_sha256=verify, cache_verify_tensors=verify)
         async with app.router.lifespan_context(app):
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent",
                                          headers={"Authorization": f"Bearer {TOKEN}"}) as c:
                 await ready(c, engine={"load_format": "thaw"})
         extra = world.hosts[0].launches[0].engine.extra["model_loader_extra_config"]
-        assert extra == {"verify_sha256": verify}
+        assert extra == {"verify_sha256": verify, "verify_tensors": verify}
 
 
 async def test_status_lists_what_the_tiers_hold_and_the_host_tier_goes_when_the_agent_stops(

@@ -38,6 +38,8 @@ ENGINE = {"enforce_eager": True, "cpu_kvcache_gib": 1}
 MAX_LEN = 512
 LOAD_S = 240
 PROMPT = "The quick brown fox jumps over the lazy dog and then it runs into the forest"
+# The tensor the "lacking" model's checkpoint does not have.
+LACKING = "model.layers.1.self_attn.v_proj.weight"
 # Long enough for several prefix-cache blocks.
 LONG = " ".join(f"Line {i}: the river carries old leaves past the mill at dawn." for i in range(14))
 
@@ -99,6 +101,16 @@ def models(s3: S3Endpoint, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     save_file(tensors, str(misshapen / second), metadata={"format": "pt"})
     uris["misshapen"] = f"{base}/misshapen"
     push_model(s3.client(), misshapen, uris["misshapen"])
+    # lacking: b without one layer's v_proj (its manifest agrees with it): every tensor
+    # it has is whole and named as pushed, but the engine's fused qkv_proj of that layer
+    # would keep the previous model's values where v goes.
+    lacking = root / "lacking"
+    shutil.copytree(b, lacking)
+    tensors = load_file(str(lacking / "model.safetensors"))
+    del tensors[LACKING]
+    save_file(tensors, str(lacking / "model.safetensors"), metadata={"format": "pt"})
+    uris["lacking"] = f"{base}/lacking"
+    push_model(s3.client(), lacking, uris["lacking"])
     shutil.rmtree(root)
     return uris
 
@@ -150,6 +162,15 @@ def prebuild(agent: Agent, uri: str, engine_class: str) -> dict[str, Any]:
         time.sleep(0.2)
 
 
+def tensor_count(s3: S3Endpoint, uri: str) -> int:
+    """How many tensors the model's manifest records."""
+    from weight_streaming.push import read_manifest
+
+    manifest = read_manifest(s3.client(), uri)
+    assert manifest is not None
+    return sum(len(f.tensors) for f in manifest.safetensors.values())
+
+
 def answers(engine_url: str, served: str) -> dict[str, Any]:
     """Greedy answers: a completion's token ids, a chat's prompt size and default length."""
     with httpx.Client(base_url=engine_url, timeout=60, trust_env=False) as c:
@@ -177,7 +198,7 @@ def long_prompt(engine_url: str, served: str) -> None:
 
 
 def test_a_swap_answers_as_a_fresh_engine_in_both_orders(agent: Agent, models: dict[str, str],
-                                                         engine_class: str) -> None:
+                                                         engine_class: str, s3: S3Endpoint) -> None:
     # Fresh engines (no class named: nothing kept) give the reference answers.
     fresh = {}
     for name in ("a", "b"):
@@ -192,6 +213,9 @@ def test_a_swap_answers_as_a_fresh_engine_in_both_orders(agent: Agent, models: d
     prebuild(agent, models["a"], engine_class)
     swapped_b = assign(agent, "swap-b", models["b"], "b", engine_class)
     assert swapped_b["load"]["swap"] is True and swapped_b["phases"]["engine_ready"] is not None
+    # Every tensor of b was checked against b's manifest, and the check was timed.
+    assert swapped_b["load"]["tensors_verified"] == tensor_count(s3, models["b"])
+    assert 0 < swapped_b["load"]["steps_s"]["verify_s"] <= swapped_b["load"]["steps_s"]["weights_s"]
     got = answers(swapped_b["engine_url"], "b")
     assert got == {**fresh["b"], "names": ["b"]}
     # Released: back to standby with the engine (parked), then a takes it by swap.
@@ -199,6 +223,7 @@ def test_a_swap_answers_as_a_fresh_engine_in_both_orders(agent: Agent, models: d
     assert parked["prebuilt"]["state"] == "ready" and parked["prebuilt"]["model"] == "b"
     swapped_a = assign(agent, "swap-a", models["a"], "a", engine_class)
     assert swapped_a["load"]["swap"] is True and swapped_a["engine_url"] == swapped_b["engine_url"]
+    assert swapped_a["load"]["tensors_verified"] == tensor_count(s3, models["a"])
     assert answers(swapped_a["engine_url"], "a") == {**fresh["a"], "names": ["a"]}
     # The previous served name is gone with its model.
     r = httpx.post(f"{swapped_a['engine_url']}/v1/completions", timeout=30, trust_env=False,
@@ -245,7 +270,7 @@ def test_no_prefix_cache_hit_crosses_a_swap_and_a_failed_swap_never_serves(
     assert back["prebuilt"] is None
 
 
-@pytest.mark.parametrize("bad, kind", [("gone", "store"), ("misshapen", None)])
+@pytest.mark.parametrize("bad, kind", [("gone", "store"), ("misshapen", None), ("lacking", None)])
 def test_a_swap_failing_half_way_in_the_store_or_on_shapes_never_serves(
         agent: Agent, models: dict[str, str], engine_class: str, bad: str, kind: str | None) -> None:
     # A kept engine of the class, then a model whose second shard the store cannot serve
@@ -260,6 +285,10 @@ def test_a_swap_failing_half_way_in_the_store_or_on_shapes_never_serves(
     failed, seen = agent.wait_state("failed", "ready", timeout_s=LOAD_S)
     assert failed["state"] == "failed" and "ready" not in seen, (failed, seen)
     assert "swapping the model into the engine failed" in failed["error"], failed["error"]
+    if bad == "lacking":  # named: the layer, and the parts of it that did come
+        assert ("the checkpoint does not fill every weight of these layers: model.layers.1.self_attn.qkv_proj "
+                "(got weight[k], weight[q]: 98304/131072 elements)") in failed["error"], failed["error"]
+        # q 256 x 256 and k 128 x 256 of the 256 + 128 + 128 rows of qkv_proj (v is the missing 128).
     if kind is not None:
         assert failed["failure_kind"] == kind, failed
     assert failed["engine_url"] is None and failed["prebuilt"] is None

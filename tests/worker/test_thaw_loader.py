@@ -215,3 +215,59 @@ def _events_until(proc: subprocess.Popen[bytes], event: str, timeout_s: float = 
             if ev["event"] == event:
                 return out
     raise AssertionError(f"no {event!r} event within {timeout_s:.0f} s: {out}")
+
+
+def test_a_swap_checks_every_tensor_and_refuses_a_corrupt_host_copy_naming_it(
+    vllm_loader: Any, store_env: None, s3: S3Endpoint, demo_model_dir: Path, s3_prefix: str, tmp_path: Path
+) -> None:
+    """The weights a swap reads (FileByFileWeights): each tensor checked against the
+    manifest; the worker's memory copy, checked when it was filled, is not hashed again,
+    so one byte flipped in it after the fill is caught by its tensor's CRC-32, named,
+    and the copy evicted (the next swap reads the store)."""
+    import torch
+
+    from tests.waiting import wait_until
+    from weight_streaming.cache import DiskCache
+    from weight_streaming.s3_loader import resolve_objects
+    from weight_streaming.safetensors_header import read_header_from_file
+
+    manifest = push_model(s3.client(), demo_model_dir, s3_prefix)
+    n_tensors = sum(len(f.tensors) for f in manifest.safetensors.values())
+    host_dir = tmp_path / "host"
+    options = vllm_loader.StreamOptions.from_extra_config(
+        {"host_cache_dir": str(host_dir), "host_cache_max_gib": 1, "verify_sha256": True})
+    assert options.verify_tensors is True  # the default
+
+    def swap_read() -> tuple[dict[str, Any], dict[str, bytes]]:
+        weights = vllm_loader.FileByFileWeights(s3_prefix, options)
+        got = {name: bytes(t.contiguous().view(-1).view(torch.uint8).numpy()) for name, t in weights}
+        return weights.summary, got
+
+    first, tensors = swap_read()
+    assert first["sources"] == {"s3": manifest.total_bytes - _non_weight_bytes(manifest)}
+    assert first["tensors_verified"] == n_tensors == len(tensors) and first["verify_s"] > 0
+    [obj] = resolve_objects(s3.client(), s3_prefix)
+    cache = DiskCache(host_dir, 1 << 30)
+    entry = wait_until("the host copy committed", lambda: cache.lookup(obj.bucket, obj.key, obj.etag, obj.size))
+    second, again = swap_read()
+    assert second["sources"] == {"host": obj.size} and again == tensors  # mapped, not read
+    assert 0 < second["read_s"] <= second["seconds"]
+
+    # One byte of the last tensor's data, flipped in the memory copy after the fill.
+    header = read_header_from_file(str(entry))
+    last = max(header.tensors, key=lambda n: header.tensors[n].end)
+    with open(entry, "r+b") as f:
+        f.seek(header.data_offset + header.tensors[last].end - 1)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x01]))
+    with pytest.raises(vllm_loader.ThawLoadError,
+                       match=rf"tensor '{last}' does not match the manifest .* \(read from host\)"):
+        swap_read()
+    assert cache.lookup(obj.bucket, obj.key, obj.etag, obj.size) is None  # evicted
+    third, fresh = swap_read()
+    assert third["sources"] == {"s3": obj.size} and fresh == tensors
+
+
+def _non_weight_bytes(manifest: Any) -> int:
+    return sum(f.size for f in manifest.files if not f.path.endswith(".safetensors"))
