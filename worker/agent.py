@@ -72,6 +72,7 @@ from worker.adapters import AdapterFetch, Adapters
 from worker.caches import WeightCaches
 from worker.drain import drain
 from worker.engine_client import EngineClient, EngineError, HttpEngineClient
+from worker.front_end_files import FrontEndFetch, front_end_dir, store_fetch
 from worker.host import EngineHost, EngineHostProcess, OnEvent
 from worker.identity import ModelIdentity, identity_of
 from worker.launch import (
@@ -135,12 +136,14 @@ class Agent:
         snapshots: SnapshotOps | None = None,
         clock: Callable[[], float] = time.time,
         adapter_fetch: AdapterFetch = fetch_model_files,
+        front_end_fetch: FrontEndFetch | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = WorkerMetrics()
         self._engine_client = engine_client
         self._manifest_reader = manifest_reader
         self._config_reader = config_reader
+        self._front_end_fetch = front_end_fetch or store_fetch(settings.store.client)
         self._clock = clock
         self.started_at = clock()
         self._facts = Facts()
@@ -459,7 +462,7 @@ class Agent:
         if req.engine_class is not None or self._facts.prebuilt is not None:
             ident = await self._identity(req.uri, manifest, req.engine, req.max_model_len)
         if self._facts.prebuilt is not None:
-            if await self._swap_if_it_fits(a, req, ident):
+            if await self._swap_if_it_fits(a, req, ident, manifest):
                 await self._serve(a)
                 return
             if self._facts.failure is not None:
@@ -645,7 +648,8 @@ class Agent:
             log.info("engine_prebuilt", model=req.model, engine_class=ident.engine_class.id,
                      seconds=round(now - t0, 3))
 
-    async def _swap_if_it_fits(self, a: Assignment, req: AssignRequest, ident: ModelIdentity | None) -> bool:
+    async def _swap_if_it_fits(self, a: Assignment, req: AssignRequest, ident: ModelIdentity | None,
+                               manifest: object = None) -> bool:
         """Swap the model into the kept engine when it is of its class (waiting for one
         still being built); else stop that engine (a fresh engine host follows) and
         return False. A swap that fails fails the assignment (returns False)."""
@@ -671,14 +675,19 @@ class Agent:
         now = self._clock()
         self.record(snapshot_restored_at=now, launched_at=now)
         extra = self._caches.loader_args(req.engine).extra.get("model_loader_extra_config") or {}
+        files = await front_end_dir(s.data_dir / "model-files", self._front_end_fetch, req.uri, manifest)
         ev = await self._command(SwapCommand(swap_id=a.assignment_id, uri=req.uri,
-                                             served_model_name=req.served_model_name, loader_options=extra))
+                                             served_model_name=req.served_model_name, loader_options=extra,
+                                             files_dir=files))
         if ev.get("event") != EV_SWAPPED:
             self._fail(f"swapping the model into the engine failed ({ev.get('kind', 'engine')}): "
                        f"{ev.get('error') or 'no reason given'}", _kind(ev.get("cause")))
             return False
         report = ev.get("load")
-        lv = load_view(req.uri, report if isinstance(report, dict) else None).model_copy(update={"swap": True})
+        steps = ev.get("seconds")
+        lv = load_view(req.uri, report if isinstance(report, dict) else None).model_copy(update={
+            "swap": True, "steps_s": {str(k): float(v) for k, v in steps.items() if isinstance(v, int | float)}
+            if isinstance(steps, dict) else {}})
         self._caches.note_load(lv)
         self._tasks.spawn(self.scan_caches(), name="scan_caches_after_swap")
         self.record(weights_loaded_at=float(ev.get("t") or self._clock()), load=lv,

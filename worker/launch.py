@@ -78,6 +78,9 @@ class SwapCommand(BaseModel):
     served_model_name: str
     # Thaw's loader options (model_loader_extra_config: caches, concurrency, checks).
     loader_options: dict[str, Any] = {}
+    # A local copy of the model's files other than its weights (worker.front_end_files),
+    # which the front end is rebuilt from; None: pulled from the store as vLLM does.
+    files_dir: str | None = None
 
 
 class ParkCommand(BaseModel):

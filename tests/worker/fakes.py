@@ -203,6 +203,13 @@ async def ready(c: httpx.AsyncClient, **over: Any) -> dict[str, Any]:
 # -- start-up, health, metrics -------------------------------------------------------
 
 
+def fake_front_end_fetch(uri: str, dest: Path, manifest: Any) -> Path:
+    """The fakes' model files: a copy that is complete and empty (no store to read)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / ".complete").touch()
+    return dest
+
+
 @asynccontextmanager
 async def agent_client(world: World, data_dir: Path, *, secret: str = SECRET, settings: dict[str, Any] | None = None,
                        **deps: Any) -> AsyncIterator[httpx.AsyncClient]:
@@ -223,6 +230,7 @@ async def agent_client(world: World, data_dir: Path, *, secret: str = SECRET, se
                               "ready_poll_s": 0.01, "in_flight_poll_s": 0.01, "drain_poll_s": 0.01,
                               **(settings or {})}
     deps.setdefault("manifest_reader", lambda store, uri: world.manifest(store, uri))
+    deps.setdefault("front_end_fetch", fake_front_end_fetch)
     app = create_app(AgentSettings(**fields), spawn_host=spawn, engine_client=lambda url: FakeEngine(world, url),
                      **deps)
     async with app.router.lifespan_context(app):

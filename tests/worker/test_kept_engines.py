@@ -99,7 +99,7 @@ async def test_prebuild_builds_an_engine_that_serves_nothing(client: httpx.Async
 
 
 async def test_a_model_of_the_class_is_swapped_in_then_parked_and_taken_again(
-        client: httpx.AsyncClient, world: World) -> None:
+        client: httpx.AsyncClient, world: World, tmp_path: Path) -> None:
     await wait_state(client, "standby")
     await client.post("/prebuild", json=prebuild_body())
     await prebuilt(client)
@@ -109,6 +109,8 @@ async def test_a_model_of_the_class_is_swapped_in_then_parked_and_taken_again(
     ready = await wait_state(client, "ready")
     [swap] = world.commands
     assert (swap.op, swap.uri, swap.served_model_name) == ("swap", "s3://thaw/models/tuned", "demo-chat")
+    # The front end is rebuilt from the agent's copy of the model's files, kept by content.
+    assert swap.files_dir is not None and Path(swap.files_dir).parent == tmp_path / "model-files"
     assert ready["load"]["swap"] is True and ready["prebuilt"]["model"] == "demo"
     assert len(host.launches) == 1  # no second engine
     # A release parks the engine: back to standby with it, on the same engine host.
