@@ -315,15 +315,16 @@ class FileByFileWeights:
         sources: dict[str, int] = {}
         for obj in objs:
             t0 = time.perf_counter()
-            tensors, source = (self._mapped(host, obj) if host is not None else None) or (None, "")
-            if tensors is None:
+            mapped = self._mapped(host, obj) if host is not None else None
+            if host is not None and mapped is not None:
+                tensors, source = mapped, host.name
+                sources[source] = sources.get(source, 0) + obj.size
+            else:
                 result = load_s3(client, [obj], device="cpu", chunk_bytes=o.chunk_bytes, concurrency=o.concurrency,
                                  caches=tiers, verify_sha256=verify, unhashed_tiers=unhashed)
                 tensors, source = result.tensors, result.files[0].source if result.files else "s3"
                 for src, n in result.bytes_by_source().items():
                     sources[src] = sources.get(src, 0) + n
-            else:
-                sources[source] = sources.get(source, 0) + obj.size
             self._read_s += time.perf_counter() - t0
             if digests and digests.get(obj.key):
                 self._check(tensors, source, obj, digests[obj.key], tiers)
@@ -336,14 +337,14 @@ class FileByFileWeights:
                 logger.warning("cache record for %s in %s failed: %s", self.uri, t.name, exc)
         return sources
 
-    def _mapped(self, host: CacheTier, obj: S3Object) -> tuple[dict[str, torch.Tensor], str] | None:
+    def _mapped(self, host: CacheTier, obj: S3Object) -> dict[str, torch.Tensor] | None:
         """The file's tensors mapped from the host tier's copy (None: it has none, or a
         copy that does not parse, which is evicted)."""
         path = host.cache.lookup(obj.bucket, obj.key, obj.etag, obj.size) if obj.etag else None
         if path is None:
             return None
         try:
-            return map_file(path), host.name
+            return map_file(path)
         except (ValueError, OSError, StreamError) as exc:  # malformed or gone: read it elsewhere
             logger.warning("the %s tier's copy of %s cannot be mapped (%s): evicted", host.name, obj.uri, exc)
             host.cache.evict(obj.bucket, obj.key, obj.etag)

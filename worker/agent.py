@@ -683,11 +683,9 @@ class Agent:
             self._fail(f"swapping the model into the engine failed ({ev.get('kind', 'engine')}): "
                        f"{ev.get('error') or 'no reason given'}", _kind(ev.get("cause")))
             return False
-        report = ev.get("load")
-        steps = ev.get("seconds")
-        lv = load_view(req.uri, report if isinstance(report, dict) else None).model_copy(update={
-            "swap": True, "steps_s": {str(k): float(v) for k, v in steps.items() if isinstance(v, int | float)}
-            if isinstance(steps, dict) else {}})
+        report, steps = ev.get("load"), ev.get("seconds")
+        lv = load_view(req.uri, report if isinstance(report, dict) else None,
+                       swap_steps=steps if isinstance(steps, dict) else {})
         self._caches.note_load(lv)
         self._tasks.spawn(self.scan_caches(), name="scan_caches_after_swap")
         self.record(weights_loaded_at=float(ev.get("t") or self._clock()), load=lv,

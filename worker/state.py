@@ -149,11 +149,13 @@ def derive_state(f: Facts) -> WorkerState:
 _SOURCE_ORDER = ("host", "disk", "local", "s3")
 
 
-def load_view(uri: str, report: Mapping[str, object] | None) -> LoadView:
+def load_view(uri: str, report: Mapping[str, object] | None,
+              swap_steps: Mapping[str, object] | None = None) -> LoadView:
     """The load of ``uri`` as the engine's loader reported it (``report``: bytes,
     seconds, bytes per source; None from a loader that reports nothing). Its tier is
     the slowest source any byte came from: one file from the store makes it an s3
-    load whatever the caches held."""
+    load whatever the caches held. ``swap_steps``: a swap's steps in seconds (the
+    engine host's ``swapped`` event); given, the load was a swap."""
     sources: dict[str, int] = {}
     seconds = nbytes = verified = None
     if report is not None:
@@ -167,5 +169,6 @@ def load_view(uri: str, report: Mapping[str, object] | None) -> LoadView:
         verified = int(v) if isinstance(v, int) else None
     used = [t for t in _SOURCE_ORDER if sources.get(t)]
     tier = used[-1] if used else ("s3" if uri.startswith("s3://") else "local")
+    steps = {str(k): float(v) for k, v in (swap_steps or {}).items() if isinstance(v, int | float)}
     return LoadView(tier=tier, seconds=seconds, bytes=nbytes, sources=sources,  # type: ignore[arg-type]
-                    tensors_verified=verified)
+                    tensors_verified=verified, swap=swap_steps is not None, steps_s=steps)

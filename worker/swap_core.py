@@ -98,12 +98,12 @@ class ThawSwapExtension:
 
 def layers_not_filled(model: Any) -> list[str]:
     """The layers whose parameters the load so far did not fill, with what they got
-    (``name (got qkv_proj.weight[q], qkv_proj.weight[k]: loaded/expected elements)``),
-    read from vLLM's layerwise reload before it
-    finalises: a layer is processed (and forgotten) as soon as its loaders copied as many
-    elements as its tensors hold, so one still waiting got less than its parameters
-    need. Padding is excluded by vLLM's own count; buffers (caches the model computes,
-    such as rotary tables) are not expected from a checkpoint."""
+    (``model.layers.1.self_attn.qkv_proj (got weight[k], weight[q]: loaded/expected
+    elements)``), read from vLLM's layerwise reload before it finalises: a layer is
+    processed (and forgotten) as soon as its loaders copied as many elements as its
+    tensors hold, so one still waiting got less than its parameters need. Padding is
+    excluded by vLLM's own count; buffers (caches the model computes, such as rotary
+    tables) are not expected from a checkpoint."""
     from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
     from vllm.model_executor.model_loader.reload.utils import get_tensor_load_numel
 

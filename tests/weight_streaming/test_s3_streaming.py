@@ -583,16 +583,24 @@ def test_tiers_fill_from_the_store_then_serve_the_fastest_copy_and_refill_it(
     assert [f.source for f in load(client, model.uri, caches=[host, disk]).files] == ["host", "host"]
 
 
-def test_corrupt_host_copy_is_caught_by_sha256_served_from_disk_and_rewritten(
-    model: Model, client: Any, tmp_path: Path
-) -> None:
+def _corrupt_host_copy(model: Model, client: Any, tmp_path: Path) -> tuple[CacheTier, CacheTier, dict[str, str], Path]:
+    """Both tiers filled by a checked load, then two bytes of the host copy of the second
+    shard changed (its header still valid: only the hash sees it); the tiers, the
+    sha256 per key and that entry."""
     host, disk = _tiers(tmp_path)
     sha = {model.key(p.name): _sha256(p) for p in model.files}
     load(client, model.uri, caches=[host, disk], verify_sha256=sha)
     host.cache.flush()
     disk.cache.flush()
     entry = _entry(host, client, model, SHARDS[1])
-    _overwrite(entry, entry.stat().st_size - 2, b"\xa5\xa5")  # a valid header: only the hash sees it
+    _overwrite(entry, entry.stat().st_size - 2, b"\xa5\xa5")
+    return host, disk, sha, entry
+
+
+def test_corrupt_host_copy_is_caught_by_sha256_served_from_disk_and_rewritten(
+    model: Model, client: Any, tmp_path: Path
+) -> None:
+    host, disk, sha, entry = _corrupt_host_copy(model, client, tmp_path)
 
     calls = Calls(client)
     result = load(client, model.uri, caches=[host, disk], verify_sha256=sha)
@@ -622,13 +630,8 @@ def test_an_unhashed_tier_skips_the_sha256_and_copies_to_no_other_tier(
 ) -> None:
     # The caller checks every tensor itself (a swap): the host copy's bytes come as they
     # are, corrupt or not, and nothing is copied from them into another tier.
-    host, disk = _tiers(tmp_path)
-    sha = {model.key(p.name): _sha256(p) for p in model.files}
-    load(client, model.uri, caches=[host, disk], verify_sha256=sha)
-    host.cache.flush()
+    host, disk, sha, _ = _corrupt_host_copy(model, client, tmp_path)
     disk.cache.clear()
-    entry = _entry(host, client, model, SHARDS[1])
-    _overwrite(entry, entry.stat().st_size - 2, b"\xa5\xa5")
 
     result = load(client, model.uri, caches=[host, disk], verify_sha256=sha, unhashed_tiers=frozenset({"host"}))
     assert [f.source for f in result.files] == ["host", "host"] and not result.rejected

@@ -187,3 +187,13 @@ def test_load_view_names_the_slowest_source() -> None:
     assert load_view("s3://b/m", None).tier == "s3"  # a loader that reports nothing read the store
     assert load_view("/models/m", None).tier == "local"
     assert load_view("s3://b/m", {"sources": "junk"}).sources == {}
+
+
+def test_a_swaps_load_view_carries_its_steps_and_the_tensors_checked() -> None:
+    from worker.state import load_view
+
+    report = {"bytes": 10, "seconds": 0.5, "sources": {"host": 10}, "tensors_verified": 7}
+    plain = load_view("s3://b/m", report)
+    assert (plain.swap, plain.steps_s, plain.tensors_verified) == (False, {}, 7)
+    swap = load_view("s3://b/m", report, swap_steps={"weights_s": 0.4, "verify_s": 0.1, "odd": "x"})
+    assert (swap.swap, swap.steps_s, swap.tier) == (True, {"weights_s": 0.4, "verify_s": 0.1}, "host")
