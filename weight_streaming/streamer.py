@@ -26,6 +26,7 @@ buffer-ownership discipline, which is easier to check in one place.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -687,13 +688,19 @@ def _run_pool(
 # --- tensors ------------------------------------------------------------------------
 
 
+# madvise(2)'s MADV_POPULATE_READ, where Python's mmap module does not name it.
+_MADV_POPULATE_READ = 22
+
+
 def map_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Every tensor of a local safetensors file as a view of the file mapped into this
     process: for a file already in memory (the worker's tmpfs copy) nothing is copied
     and no fresh page is written, where a read into a new buffer copies every byte into
     pages that each fault on their first write. The mapping is private (writes to a
-    tensor stay in this process) with its pages populated up front, and it lives as
-    long as any of its tensors."""
+    tensor stay in this process) and lives as long as any of its tensors; its page
+    tables are filled up front for reading (``MADV_POPULATE_READ``, Linux 5.14+; else
+    each page faults on its first read). ``MAP_POPULATE`` would not do: on a private
+    writable mapping it copies every page (2.1-2.4 GB/s here, against 13 GB/s)."""
     import mmap
 
     name = os.fspath(path)
@@ -702,8 +709,9 @@ def map_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
         header = parse_header(f.read(header_length(f.read(8), source=name)), file_size=size, source=name)
         if header.data_len == 0:
             return {n: torch.empty(t.shape, dtype=_dtype_for(t, name)) for n, t in header.tensors.items()}
-        mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
-                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    with contextlib.suppress(OSError):  # an older kernel: the pages fault in as they are read
+        mm.madvise(getattr(mmap, "MADV_POPULATE_READ", _MADV_POPULATE_READ))
     buf = torch.frombuffer(mm, dtype=torch.uint8)
     out: dict[str, torch.Tensor] = {}
     for n, t in header.tensors.items():

@@ -86,10 +86,11 @@ def alive(pid: int, created: float) -> bool:
 
 
 @contextmanager
-def running_agent(root: Path, worker_id: str, s3: S3Endpoint) -> Iterator[Agent]:
+def running_agent(root: Path, worker_id: str, s3: S3Endpoint, *, host_cache_gib: float = 0.0) -> Iterator[Agent]:
     """An agent process on a free port, with the store's keys in its environment (as the
     local provider starts it) and no controller listening; on the way out, it and
-    everything it started go."""
+    everything it started go. ``host_cache_gib``: its host-memory tier, in
+    ``root/host-cache``."""
     port = free_port()
     root.mkdir(parents=True, exist_ok=True)
     log_path = root / f"agent-{worker_id}.log"
@@ -100,12 +101,12 @@ def running_agent(root: Path, worker_id: str, s3: S3Endpoint) -> Iterator[Agent]
         "object_store": {"kind": "s3", "endpoint_url": s3.endpoint_url, "bucket": BUCKET,
                          "credentials": {"source": "env"}},
         "shapes": [{"name": "cpu-small", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8,
-                    "price_per_hour_usd": 0}],
+                    "price_per_hour_usd": 0, "host_cache_gib": host_cache_gib}],
     }))
     env = {**os.environ, "AWS_ACCESS_KEY_ID": s3.access_key or "", "AWS_SECRET_ACCESS_KEY": s3.secret_key or ""}
     proc = spawn_group([sys.executable, "-m", "worker", "--config", str(config), "--port", str(port),
                         "--worker-id", worker_id, "--shape", "cpu-small", "--data-dir", str(root / "data"),
-                        "--log-level", "debug"], log_path, env=env)
+                        "--host-cache-dir", str(root / "host-cache"), "--log-level", "debug"], log_path, env=env)
     a = Agent(proc, f"http://127.0.0.1:{port}", log_path, time.monotonic())
     try:
         yield a

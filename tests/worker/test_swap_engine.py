@@ -297,3 +297,47 @@ def test_a_swap_failing_half_way_in_the_store_or_on_shapes_never_serves(
     # The worker is whole again: the next model is served by a fresh engine.
     fresh = assign(agent, f"after-{bad}", models["a"], "a", None)
     assert answers(fresh["engine_url"], "a")["names"] == ["a"]
+
+
+def test_a_byte_flipped_in_the_host_copy_after_the_fill_never_serves(
+        s3: S3Endpoint, tmp_path: Path, models: dict[str, str], engine_class: str) -> None:
+    """The worker's memory copy is checked when it is filled and not hashed again on a
+    swap: one byte flipped in it afterwards is caught by its tensor's CRC-32, the swap
+    fails naming the tensor, the engine goes, and the model is served right from the
+    store next (its copy evicted)."""
+    from weight_streaming.cache import DiskCache
+    from weight_streaming.s3_loader import resolve_objects
+    from weight_streaming.safetensors_header import read_header_from_file
+
+    with running_agent(tmp_path, "swap-cached", s3, host_cache_gib=1) as agent:
+        agent.wait_state("standby", timeout_s=180)
+        fresh_a = answers(assign(agent, "fresh-a", models["a"], "a", None)["engine_url"], "a")
+        release(agent)
+        prebuild(agent, models["b"], engine_class)  # b from the store: a's copy stays in memory
+        [obj] = resolve_objects(s3.client(), models["a"])
+        host = DiskCache(tmp_path / "host-cache", 1 << 30)
+        entry = host.lookup(obj.bucket, obj.key, obj.etag, obj.size)
+        assert entry is not None, "a's weights are in the host tier"
+        header = read_header_from_file(str(entry))
+        name, t = next((n, t) for n, t in header.tensors.items() if "layers.1.mlp.down_proj" in n)
+        with open(entry, "r+b") as f:
+            f.seek(header.data_offset + t.begin + t.nbytes // 2)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0x40]))
+
+        with agent.http() as c:
+            r = c.post("/assign", json={"assignment_id": "flipped", "model": "a", "uri": models["a"],
+                                        "served_model_name": "a", "max_model_len": MAX_LEN, "engine": ENGINE,
+                                        "engine_class": engine_class})
+            assert r.status_code == 202
+        failed, seen = agent.wait_state("failed", "ready", timeout_s=LOAD_S)
+        assert failed["state"] == "failed" and "ready" not in seen, (failed, seen)
+        assert f"tensor '{name}' does not match the manifest" in failed["error"], failed["error"]
+        assert "(read from host)" in failed["error"] and failed["engine_url"] is None
+        assert host.lookup(obj.bucket, obj.key, obj.etag, obj.size) is None  # evicted
+        release(agent)
+        again = assign(agent, "a-again", models["a"], "a", None)
+        assert again["load"]["sources"] == {"s3": obj.size}
+        assert answers(again["engine_url"], "a") == fresh_a
+
