@@ -173,7 +173,8 @@ def extrapolate(line: Line, models: Mapping[str, float] = MODEL_BYTES) -> dict[s
 
 
 def plot_curve(report: Mapping[str, Any], path: Path) -> None:
-    """Time to first token against GB, one line per tier, measured points marked."""
+    """Time to first token and the weights' time against GB, one fitted line per tier
+    (log seconds), measured points marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,9 +190,10 @@ def plot_curve(report: Mapping[str, Any], path: Path) -> None:
             xs = [p["gb"] for p in m["points"]]
             (dots,) = ax.plot(xs, [p["seconds"] for p in m["points"]], "o", label=tier)
             if "line" in m:
-                lo, hi = 0.0, max(xs) * 1.05
-                f = m["line"]
-                ax.plot([lo, hi], [f["fixed_s"] + f["s_per_gb"] * x for x in (lo, hi)], "-",
+                # Many points: on the log axis the straight line bends.
+                f, hi = m["line"], max(xs) * 1.05
+                line = [(x, f["fixed_s"] + f["s_per_gb"] * x) for x in (hi * i / 60 for i in range(61))]
+                ax.plot([x for x, y in line if y > 0], [y for _, y in line if y > 0], "-",
                         color=dots.get_color(), linewidth=1)
         ax.set_xlabel("model weights (GB)")
         ax.set_ylabel("seconds")
