@@ -131,14 +131,27 @@ def agent(s3: S3Endpoint, tmp_path: Path) -> Iterator[Agent]:
         yield a
 
 
-def assign(agent: Agent, aid: str, uri: str, served: str, engine_class: str | None) -> dict[str, Any]:
+def post_assign(agent: Agent, aid: str, uri: str, served: str, engine_class: str | None) -> None:
     with agent.http() as c:
         r = c.post("/assign", json={"assignment_id": aid, "model": served, "uri": uri, "served_model_name": served,
                                     "max_model_len": MAX_LEN, "engine": ENGINE, "engine_class": engine_class})
         assert r.status_code == 202, r.text
+
+
+def assign(agent: Agent, aid: str, uri: str, served: str, engine_class: str | None) -> dict[str, Any]:
+    post_assign(agent, aid, uri, served, engine_class)
     body, _ = agent.wait_state("ready", "failed", timeout_s=LOAD_S)
     assert body["state"] == "ready", body
     return body
+
+
+def assign_failing(agent: Agent, aid: str, uri: str, served: str, engine_class: str) -> dict[str, Any]:
+    """An assignment that must fail (never ready): the agent's state after it."""
+    post_assign(agent, aid, uri, served, engine_class)
+    failed, seen = agent.wait_state("failed", "ready", timeout_s=LOAD_S)
+    assert failed["state"] == "failed" and "ready" not in seen, (failed, seen)
+    assert "swapping the model into the engine failed" in failed["error"], failed["error"]
+    return failed
 
 
 def release(agent: Agent) -> dict[str, Any]:
@@ -253,13 +266,7 @@ def test_no_prefix_cache_hit_crosses_a_swap_and_a_failed_swap_never_serves(
     # b's weights in two shards, one byte of the second flipped: the first shard's
     # tensors are in the engine when the second fails the manifest's sha256. The
     # half-swapped engine is never served, and a fresh engine host follows.
-    with agent.http() as c:
-        r = c.post("/assign", json={"assignment_id": "broken", "model": "broken", "uri": models["broken"],
-                                    "served_model_name": "broken", "max_model_len": MAX_LEN, "engine": ENGINE,
-                                    "engine_class": engine_class})
-        assert r.status_code == 202
-    failed, seen = agent.wait_state("failed", "ready", timeout_s=LOAD_S)
-    assert failed["state"] == "failed" and "ready" not in seen, (failed, seen)
+    failed = assign_failing(agent, "broken", models["broken"], "broken", engine_class)
     assert "swapping the model into the engine failed (weights)" in failed["error"] and "sha256" in failed["error"]
     assert failed["engine_url"] is None and failed["prebuilt"] is None
     with pytest.raises(httpx.TransportError):
@@ -277,14 +284,7 @@ def test_a_swap_failing_half_way_in_the_store_or_on_shapes_never_serves(
     # (or whose tensors do not fit the engine's shapes): the first shard is in the engine
     # when the swap fails. Nothing is served from it; the engine goes with its host.
     prebuild(agent, models["a"], engine_class)
-    with agent.http() as c:
-        r = c.post("/assign", json={"assignment_id": bad, "model": bad, "uri": models[bad],
-                                    "served_model_name": bad, "max_model_len": MAX_LEN, "engine": ENGINE,
-                                    "engine_class": engine_class})
-        assert r.status_code == 202
-    failed, seen = agent.wait_state("failed", "ready", timeout_s=LOAD_S)
-    assert failed["state"] == "failed" and "ready" not in seen, (failed, seen)
-    assert "swapping the model into the engine failed" in failed["error"], failed["error"]
+    failed = assign_failing(agent, bad, models[bad], bad, engine_class)
     if bad == "lacking":  # named: the layer, and the parts of it that did come
         assert ("the checkpoint does not fill every weight of these layers: model.layers.1.self_attn.qkv_proj "
                 "(got weight[k], weight[q]: 98304/131072 elements)") in failed["error"], failed["error"]
@@ -326,13 +326,7 @@ def test_a_byte_flipped_in_the_host_copy_after_the_fill_never_serves(
             f.seek(-1, 1)
             f.write(bytes([b[0] ^ 0x40]))
 
-        with agent.http() as c:
-            r = c.post("/assign", json={"assignment_id": "flipped", "model": "a", "uri": models["a"],
-                                        "served_model_name": "a", "max_model_len": MAX_LEN, "engine": ENGINE,
-                                        "engine_class": engine_class})
-            assert r.status_code == 202
-        failed, seen = agent.wait_state("failed", "ready", timeout_s=LOAD_S)
-        assert failed["state"] == "failed" and "ready" not in seen, (failed, seen)
+        failed = assign_failing(agent, "flipped", models["a"], "a", engine_class)
         assert f"tensor '{name}' does not match the manifest" in failed["error"], failed["error"]
         assert "(read from host)" in failed["error"] and failed["engine_url"] is None
         assert host.lookup(obj.bucket, obj.key, obj.etag, obj.size) is None  # evicted
