@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt
 
 from thaw.objstore import MANIFEST_NAME
 from thaw.s3uri import S3UriError, check_key_path, join_key, parse_s3_uri
 from weight_streaming.safetensors_header import read_header_from_file
+from weight_streaming.tensor_check import TensorCrcs, file_digests
 
 __all__ = ["MANIFEST_NAME", "S3UriError", "join_key", "parse_s3_uri"]  # re-exported for the loaders
 
@@ -89,8 +91,9 @@ class Manifest(BaseModel):
         return sorted({d for s in self.safetensors.values() for d in s.dtypes})
 
 
-def expected_etag(path: Path, part_size: int = PART_SIZE) -> tuple[str, str]:
-    """(sha256 hex, S3 ETag) of a file, reading it once.
+def expected_etag(path: Path, part_size: int = PART_SIZE, crcs: TensorCrcs | None = None) -> tuple[str, str]:
+    """(sha256 hex, S3 ETag) of a file, reading it once; ``crcs``: a safetensors file's
+    per-tensor CRC-32s, fed in the same pass.
 
     A single-part upload's ETag is the MD5 of the object; a multipart upload's is
     the MD5 of the concatenated part MD5s, followed by ``-<parts>``.
@@ -101,6 +104,8 @@ def expected_etag(path: Path, part_size: int = PART_SIZE) -> tuple[str, str]:
     size = 0
     with open(path, "rb") as f:
         while chunk := f.read(part_size):
+            if crcs is not None:
+                crcs.update(size, chunk)
             sha.update(chunk)
             whole.update(chunk)
             part_digests.append(hashlib.md5(chunk, usedforsecurity=False).digest())
@@ -128,20 +133,20 @@ def model_files(model_dir: Path) -> list[Path]:
 
 
 def build_manifest(
-    model_dir: Path, uri: str, files: list[FileEntry], now: datetime | None = None
+    model_dir: Path, uri: str, files: list[FileEntry], now: datetime | None = None,
+    digests: Mapping[str, dict[str, Any]] | None = None,
 ) -> Manifest:
-    """Build the manifest from already-hashed files; headers are re-read (cheap), and
-    each tensor's CRC-32 computed (one more read of the weights, from the page cache
-    after the hashing)."""
-    from weight_streaming.tensor_check import file_digests
-
+    """Build the manifest from already-hashed files; headers are re-read (cheap).
+    ``digests``: per file path, its tensors' digests as hashed (``TensorCrcs``); a file
+    without them is read once more for its CRC-32s."""
     summaries: dict[str, SafetensorsSummary] = {}
     for entry in files:
         if entry.path.endswith(".safetensors"):
             path = str(model_dir / entry.path)
             header = read_header_from_file(path, source=entry.path)
+            tensors = (digests or {}).get(entry.path)
             summaries[entry.path] = SafetensorsSummary.model_validate(
-                {**header.summary(), "tensors": file_digests(path, header)})
+                {**header.summary(), "tensors": tensors if tensors is not None else file_digests(path, header)})
     config_summary: dict[str, object] = {}
     config_path = model_dir / "config.json"
     if config_path.exists():

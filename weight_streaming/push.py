@@ -34,6 +34,7 @@ from weight_streaming.manifest import (
     parse_s3_uri,
 )
 from weight_streaming.safetensors_header import MalformedSafetensors, read_header_from_file
+from weight_streaming.tensor_check import TensorCrcs
 
 
 class PushError(RuntimeError):
@@ -124,6 +125,8 @@ def push_model(
     )
     lock = threading.Lock()
     sent_total = 0
+    # Per safetensors file, its tensors' digests (each file's thread writes its own key).
+    digests: dict[str, dict[str, Any]] = {}
 
     def upload(rel: str) -> FileEntry:
         nonlocal sent_total
@@ -139,8 +142,12 @@ def push_model(
                 if progress:
                     progress(FileProgress(rel, sizes[rel], sent, False, time.monotonic() - start), sent_total, total)
 
-        # Hash before sending: the stored object is checked against these bytes.
-        sha, etag = expected_etag(path)
+        # Hash before sending: the stored object is checked against these bytes (and
+        # each tensor's CRC-32 for the manifest, in the same pass).
+        crcs = TensorCrcs(read_header_from_file(str(path), source=rel)) if rel.endswith(".safetensors") else None
+        sha, etag = expected_etag(path, crcs=crcs)
+        if crcs is not None:
+            digests[rel] = crcs.digests()
         key = join_key(prefix, rel)
         try:
             client.upload_file(str(path), bucket, key, Callback=on_bytes, Config=transfer)
@@ -162,7 +169,8 @@ def push_model(
     with ThreadPoolExecutor(max_workers=min(4, len(rels))) as pool:
         entries = list(pool.map(upload, rels))
 
-    manifest = build_manifest(model_dir, f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}", entries)
+    manifest = build_manifest(model_dir, f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}", entries,
+                              digests=digests)
     body = manifest.model_dump_json(indent=2).encode()
     try:
         # One PUT: the manifest appears whole or not at all.

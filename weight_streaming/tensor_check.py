@@ -51,18 +51,50 @@ class TensorMismatch(ValueError):
         self.name = name
 
 
+class TensorCrcs:
+    """The CRC-32 of every tensor of one safetensors file, fed the file's bytes in
+    order in chunks of any size (``thaw push`` feeds it as it hashes the file)."""
+
+    def __init__(self, header: SafetensorsHeader) -> None:
+        self.header = header
+        base = header.data_offset
+        # (absolute begin, end, name) in file order; the tensors tile the data region.
+        self._spans = sorted((base + t.begin, base + t.end, name) for name, t in header.tensors.items())
+        self._crcs = dict.fromkeys(header.tensors, 0)
+        self._next = 0
+
+    def update(self, offset: int, chunk: bytes | memoryview) -> None:
+        """Feed the file's bytes at ``offset`` (chunks in order, none skipped)."""
+        end = offset + len(chunk)
+        view = memoryview(chunk)
+        while self._next < len(self._spans):
+            b, e, name = self._spans[self._next]
+            if b >= end:
+                return
+            lo, hi = max(b, offset), min(e, end)
+            if hi > lo:
+                self._crcs[name] = zlib.crc32(view[lo - offset: hi - offset], self._crcs[name])
+            if e > end:
+                return
+            self._next += 1
+
+    def digests(self) -> dict[str, dict[str, Any]]:
+        """Every tensor's dtype, shape and CRC-32, as the manifest records them."""
+        return {name: {"dtype": t.dtype, "shape": list(t.shape), "crc32": self._crcs[name]}
+                for name, t in self.header.tensors.items()}
+
+
 def file_digests(path: str, header: SafetensorsHeader) -> dict[str, dict[str, Any]]:
     """Every tensor of the local safetensors file at ``path`` (its parsed ``header``):
     dtype, shape and CRC-32 of its bytes, as the manifest records them."""
+    crcs = TensorCrcs(header)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         view = memoryview(m)
         try:
-            base = header.data_offset
-            return {name: {"dtype": t.dtype, "shape": list(t.shape),
-                           "crc32": zlib.crc32(view[base + t.begin: base + t.end])}
-                    for name, t in header.tensors.items()}
+            crcs.update(0, view)
         finally:
             view.release()
+    return crcs.digests()
 
 
 def check_tensors(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, Digest], where: str,

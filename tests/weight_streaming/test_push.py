@@ -39,6 +39,11 @@ def test_push_list_and_read_back_manifest(s3: S3Endpoint, demo_model_dir: Path, 
     assert summary.parameter_count == sum(t.numel for t in header.tensors.values()) > 0
     assert manifest.parameter_count == summary.parameter_count
     assert manifest.config_summary["model_type"] == "llama"
+    # Every tensor's digest, computed as the file was hashed for the upload.
+    from weight_streaming.tensor_check import file_digests
+
+    assert {n: d.model_dump(mode="json") for n, d in summary.tensors.items()} == file_digests(
+        str(demo_model_dir / "model.safetensors"), header)
 
     # Every byte arrived: the objects read back equal the local files.
     bucket, prefix = parse_s3_uri(s3_prefix)

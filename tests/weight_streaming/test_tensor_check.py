@@ -3,6 +3,7 @@ load hands over; any difference names the tensor."""
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from pathlib import Path
 
@@ -11,10 +12,16 @@ import torch
 from safetensors.torch import save_file
 
 from tests.weight_streaming.support import random_tensor, raw_bytes
-from weight_streaming.manifest import FileEntry, TensorDigest, build_manifest
+from weight_streaming.manifest import FileEntry, TensorDigest, build_manifest, expected_etag
 from weight_streaming.safetensors_header import read_header_from_file
 from weight_streaming.streamer import load_many
-from weight_streaming.tensor_check import TensorMismatch, check_tensors, crc32_of, file_digests
+from weight_streaming.tensor_check import (
+    TensorCrcs,
+    TensorMismatch,
+    check_tensors,
+    crc32_of,
+    file_digests,
+)
 
 
 def _write(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
@@ -79,3 +86,17 @@ def test_the_manifest_records_every_tensor(tmp_path: Path) -> None:
     old = manifest.model_dump(mode="json")
     del old["safetensors"][path.name]["tensors"]
     assert type(manifest).model_validate(old).safetensors[path.name].tensors == {}
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 100, 1 << 20])
+def test_crcs_fed_in_chunks_of_any_size_equal_the_whole_files(tmp_path: Path, chunk: int) -> None:
+    # thaw push feeds them as it hashes the file, in parts; the manifest must not differ.
+    path, _ = _write(tmp_path)
+    data = path.read_bytes()
+    crcs = TensorCrcs(read_header_from_file(str(path)))
+    for off in range(0, len(data), chunk):
+        crcs.update(off, data[off: off + chunk])
+    assert crcs.digests() == file_digests(str(path), read_header_from_file(str(path)))
+    sha, _ = expected_etag(path, part_size=4096, crcs=TensorCrcs(read_header_from_file(str(path))))
+    assert sha == hashlib.sha256(data).hexdigest()
+
