@@ -48,6 +48,7 @@ from weight_streaming.safetensors_header import (
     TensorInfo,
     header_length,
     parse_header,
+    read_header_from_file,
 )
 from weight_streaming.sources import FileRangeSource, RangeSource, StreamError
 
@@ -704,41 +705,35 @@ def map_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     import mmap
 
     name = os.fspath(path)
+    header = read_header_from_file(name)
+    if header.data_len == 0:
+        return {n: torch.empty(t.shape, dtype=_dtype_for(t, name)) for n, t in header.tensors.items()}
     with open(name, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        header = parse_header(f.read(header_length(f.read(8), source=name)), file_size=size, source=name)
-        if header.data_len == 0:
-            return {n: torch.empty(t.shape, dtype=_dtype_for(t, name)) for n, t in header.tensors.items()}
         mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     with contextlib.suppress(OSError):  # an older kernel: the pages fault in as they are read
         mm.madvise(getattr(mmap, "MADV_POPULATE_READ", _MADV_POPULATE_READ))
     buf = torch.frombuffer(mm, dtype=torch.uint8)
-    out: dict[str, torch.Tensor] = {}
-    for n, t in header.tensors.items():
-        dtype = _dtype_for(t, name)
-        begin = header.data_offset + t.begin
-        raw = buf[begin: begin + t.nbytes]
-        if t.nbytes == 0:
-            out[n] = torch.empty(t.shape, dtype=dtype)
-            continue
-        if begin % dtype.itemsize:
-            raw = raw.clone()  # as in _materialize: torch views only aligned offsets
-        out[n] = raw.view(dtype).view(t.shape)
-    return out
+    return {n: _tensor_at(buf, header.data_offset + t.begin, t.nbytes, _dtype_for(t, name), t.shape)
+            for n, t in header.tensors.items()}
+
+
+def _tensor_at(buf: torch.Tensor, begin: int, length: int, dtype: torch.dtype,
+               shape: Sequence[int]) -> torch.Tensor:
+    """The tensor whose bytes are ``buf[begin:begin + length]``: a view of them, or a
+    copy where ``begin`` is not a multiple of the element size (torch cannot view bytes
+    there, and kernels assume aligned pointers)."""
+    if length == 0:
+        return torch.empty(tuple(shape), dtype=dtype, device=buf.device)
+    raw = buf[begin: begin + length]
+    if begin % dtype.itemsize:
+        raw = raw.clone()
+    return raw.view(dtype).view(tuple(shape))
 
 
 def _materialize(plan: _FilePlan, buf: torch.Tensor) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for p in plan.placements:
-        if p.length == 0:
-            t = torch.empty(p.shape, dtype=p.dtype, device=buf.device)
-        else:
-            raw = buf[p.buf_begin : p.buf_begin + p.length]
-            if p.buf_begin % p.dtype.itemsize:
-                # torch cannot view bytes at an offset that is not a multiple of the
-                # element size (and kernels assume aligned pointers): copy this one.
-                raw = raw.clone()
-            t = raw.view(p.dtype).view(p.shape)
+        t = _tensor_at(buf, p.buf_begin, p.length, p.dtype, p.shape)
         if p.post_slice is not None:
             dim, start, stop = p.post_slice
             t = t.narrow(dim, start, stop - start).contiguous()

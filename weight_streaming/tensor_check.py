@@ -99,10 +99,15 @@ def file_digests(path: str, header: SafetensorsHeader) -> dict[str, dict[str, An
 
 def check_tensors(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, Digest], where: str,
                   threads: int | None = None) -> None:
-    """Raise :class:`TensorMismatch` unless every tensor in ``tensors`` is in ``expected``
-    with its dtype, shape and CRC-32 (``where`` names the file in the message).
+    """Raise :class:`TensorMismatch` unless ``tensors`` are exactly those in ``expected``,
+    each with its dtype, shape and CRC-32 (``where`` names the file in the message).
     ``threads``: how many tensors are summed at once (default: every core)."""
     from weight_streaming.streamer import safetensors_dtype
+
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise TensorMismatch(missing[0], f"{where}: the manifest lists tensors the file does not hold: "
+                                         + ", ".join(missing[:10]))
 
     for name, t in tensors.items():
         d = expected.get(name)

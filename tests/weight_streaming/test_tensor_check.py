@@ -67,6 +67,7 @@ def test_a_loaded_file_passes_and_a_flipped_byte_names_its_tensor(tmp_path: Path
      r"tensor 'a.weight' is BF16 \[63, 48\], the manifest says BF16 \[64, 48\]"),
     (lambda ts: ts.update({"a.weight": ts["a.weight"].view(torch.float16)}),
      r"tensor 'a.weight' is F16 \[64, 48\], the manifest says BF16 \[64, 48\]"),
+    (lambda ts: ts.pop("b.bias"), "the manifest lists tensors the file does not hold: b.bias"),
 ])
 def test_another_name_shape_or_dtype_is_refused(tmp_path: Path, change, message: str) -> None:  # type: ignore[no-untyped-def]
     path, _ = _write(tmp_path)
