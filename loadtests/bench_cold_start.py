@@ -156,6 +156,9 @@ EXPECTED_TIER = {
 # Where a swap variant's weights must come from (the cold-start record's weights_from).
 EXPECTED_WEIGHTS = {SWAP_HOST: "host", SWAP_S3: "s3", SWAP_HOST_COMPILED: "host", SWAP_S3_COMPILED: "s3"}
 THAW_VARIANTS = tuple(EXPECTED_TIER)
+# The eager variants whose weights come from the store: their weights' bandwidth is put
+# over the store's ceiling (plain ranged GETs of the same bytes), measured when one runs.
+STORE_VARIANTS = (EAGER, SWAP_S3)
 # The order of each round of reps. A standby_eager rep leaves the model in both caches,
 # so host_eager after it needs no priming start, and disk_eager only drops the host copy.
 VARIANTS = (*BASELINES, EAGER, HOST, DISK, HOT, NO_SNAPSHOT, SNAPSHOT, LAUNCH, *SWAP_VARIANTS, PACKED, ADAPTER)
@@ -268,18 +271,21 @@ def median(values: Sequence[float]) -> float | None:
 def summarize_variant(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Medians of one variant's samples: TTFT, the loader's time (where samples have
     one), the weights' time (:func:`weights_seconds`), each phase present in any
-    sample, and each step of a swap.
+    sample, each step of a swap, and each step of the park before it.
 
     A sample without ``ttft_s`` (a failed rep) is counted but not in the medians.
     """
     ok = [s for s in samples if s.get("ttft_s") is not None]
     phases: dict[str, list[float]] = {}
     steps: dict[str, list[float]] = {}
+    park: dict[str, list[float]] = {}
     for s in ok:
         for name, secs in (s.get("phases_s") or {}).items():
             phases.setdefault(name, []).append(float(secs))
         for name, secs in (s.get("swap_steps_s") or {}).items():
             steps.setdefault(name, []).append(float(secs))
+        for name, secs in (s.get("park_steps_s") or {}).items():
+            park.setdefault(name, []).append(float(secs))
     return {
         "reps": len(samples),
         "failed": len(samples) - len(ok),
@@ -291,6 +297,7 @@ def summarize_variant(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "median_weights_s": median([w for s in ok if (w := weights_seconds(s)) is not None]),
         "phase_medians_s": {name: median(v) for name, v in phases.items()},
         "swap_step_medians_s": {name: median(v) for name, v in steps.items()},
+        "park_step_medians_s": {name: median(v) for name, v in park.items()},
     }
 
 
@@ -398,7 +405,8 @@ def weights_bandwidth(variants: Mapping[str, Mapping[str, Any]], nbytes: int,
                       reference: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """Per variant with a weights time (``median_weights_s``): the bandwidth it moved
     the model's ``nbytes`` at, and that over the copy reference's (into mapped memory
-    and into fresh pages) at the same size."""
+    and into fresh pages) at the same size; for a variant that reads the store, also
+    over the store's ceiling (plain ranged GETs) where it was measured."""
     out = {}
     for name, v in variants.items():
         w = v.get("median_weights_s")
@@ -408,6 +416,8 @@ def weights_bandwidth(variants: Mapping[str, Mapping[str, Any]], nbytes: int,
         out[name] = {"gbps": round(gbps, 3),
                      "over_mapped_copy": round(gbps / reference["mapped_gbps"], 4),
                      "over_fresh_copy": round(gbps / reference["fresh_gbps"], 4)}
+        if name in STORE_VARIANTS and reference.get("store_gbps"):
+            out[name]["over_store_ceiling"] = round(gbps / reference["store_gbps"], 4)
     return out
 
 
@@ -418,6 +428,7 @@ SWAP_WEIGHTS_FROM_BYTES = GiB
 SWAP_FIXED_MAX_S = 0.25
 SWAP_HOST_RATIO_MAX = 0.01  # at every size
 LINEAR_MAX_RESIDUAL = 0.10  # each Thaw tier's TTFT line
+STORE_MIN_OVER_CEILING = 0.85  # the store tiers' weights, at every size
 
 
 def curve_goals(per_size: Mapping[str, Mapping[str, Any]], c: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -439,6 +450,11 @@ def curve_goals(per_size: Mapping[str, Mapping[str, Any]], c: Mapping[str, Any])
         "swap_host_eager_vs_baseline_eager_every_size": goal("at_most", SWAP_HOST_RATIO_MAX,
                                                              max(ratios) if ratios else None),
     }
+    for v in STORE_VARIANTS:
+        got = [x for r in per_size.values() if (x := r.get("weights_gbps", {}).get(v, {}).get("over_store_ceiling"))]
+        if any(v in r["variants"] for r in per_size.values()):
+            out[f"{v}_weights_over_store_ceiling_every_size"] = goal("at_least", STORE_MIN_OVER_CEILING,
+                                                                     min(got) if got else None)
     for tier, t in c["tiers"].items():
         line = (t.get("ttft") or {}).get("line")
         if line is not None and t["variant"] in THAW_VARIANTS:
@@ -1141,7 +1157,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_size(args: argparse.Namespace, size: str, variants: list[str], store: Store, work: Path) -> dict[str, Any]:
     """Every variant at one model size, after the copy reference for its bytes; its report."""
-    from loadtests.cold_start_curve import copy_reference
+    from loadtests.cold_start_curve import copy_reference, store_ceiling
 
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -1155,6 +1171,9 @@ def _run_size(args: argparse.Namespace, size: str, variants: list[str], store: S
     reference = copy_reference(model_facts["total_bytes"])
     _log(f"{size}: copy into mapped memory {reference['mapped_gbps']} GB/s, into fresh pages "
          f"{reference['fresh_gbps']} GB/s")
+    if any(v in STORE_VARIANTS for v in variants):
+        reference |= store_ceiling(store.endpoint(), uri)
+        _log(f"{size}: the store's plain ranged GETs {reference['store_gbps']} GB/s at {reference['store_best']}")
     caches = CacheSettings.for_model(model_facts["total_bytes"], work / "weight-cache", args.cache_verify_sha256)
     base_uri = adapter_uri = None
     if any(v in SWAP_VARIANTS for v in variants) or PACKED in variants:
@@ -1307,8 +1326,11 @@ def _thaw_rep(stack: Stack, variant: str, rep: int, snapshot_source: str | None)
         sample = stack.cold_start(model)
     elif variant in SWAP_VARIANTS:
         model = m.swap_compiled if variant in (SWAP_HOST_COMPILED, SWAP_S3_COMPILED) else (m.swap or "")
-        _prepare_tier(stack, model, EXPECTED_WEIGHTS[variant], shape=SWAP_SHAPE, swap=True)
+        worker = _prepare_tier(stack, model, EXPECTED_WEIGHTS[variant], shape=SWAP_SHAPE, swap=True)
         sample = stack.cold_start(model)
+        # The park that left this engine free (the previous rep's release); none before
+        # the engine's first swap. Not on the request's path, so not in its TTFT.
+        sample["park_steps_s"] = (worker.get("prebuilt") or {}).get("park_steps_s")
     else:
         model = {EAGER: m.eager, HOST: m.eager, DISK: m.eager, SNAPSHOT: m.snapshot}.get(variant) \
             or m.no_snapshot[rep]
@@ -1331,8 +1353,10 @@ def _print_curve(report: Mapping[str, Any]) -> None:
     ref = report["curve"]["reference"]
     print(f"\n=== the size curve ({', '.join(report['sizes'])}) ===")
     print(f"copy reference: into mapped memory {_fmt(ref['mapped']['gbps'])} GB/s, into fresh pages "
-          f"{_fmt(ref['fresh']['gbps'])} GB/s")
-    print(f"{'tier':28} {'metric':8} {'fixed s':>8} {'s/GB':>8} {'GB/s':>7} {'/mapped':>8} {'max resid':>9}")
+          f"{_fmt(ref['fresh']['gbps'])} GB/s"
+          + (f"; the store's ranged GETs {_fmt(ref['store']['gbps'])} GB/s" if ref.get('store', {}).get('gbps') else ""))
+    print(f"{'tier':28} {'metric':8} {'fixed s':>8} {'s/GB':>8} {'GB/s':>7} {'/mapped':>8} {'/store':>7} "
+          f"{'max resid':>9}")
     for tier, t in report["curve"]["tiers"].items():
         for metric in ("ttft", "weights"):
             m = t.get(metric) or {}
@@ -1340,7 +1364,8 @@ def _print_curve(report: Mapping[str, Any]) -> None:
             if line is None:
                 continue
             print(f"{tier:28} {metric:8} {line['fixed_s']:8.3f} {line['s_per_gb']:8.3f} {_fmt(line['gbps']):>7} "
-                  f"{_fmt(m.get('gbps_over_mapped_copy'), '.3f'):>8} {line['max_residual']:9.3f}")
+                  f"{_fmt(m.get('gbps_over_mapped_copy'), '.3f'):>8} {_fmt(m.get('gbps_over_store_ceiling'), '.3f'):>7} "
+                  f"{line['max_residual']:9.3f}")
     for k, v in report["goals"].items():
         kind = "at_least" if "at_least" in v else "at_most"
         state = "not measured" if v["met"] is None else "met" if v["met"] else "NOT MET"

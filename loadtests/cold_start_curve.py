@@ -7,7 +7,9 @@ Two parts:
   best a load that writes into an engine's existing tensors could do) and into fresh
   pages (what a load into newly allocated memory pays: every 4 KiB page faults on its
   first write). Each is the best of a sweep over thread counts, so it is the
-  machine's, not our code's;
+  machine's, not our code's. For the tiers that read the store, the store's ceiling
+  (:func:`store_ceiling`): the same bytes read with plain ranged GETs, the best of a
+  sweep over chunk size and concurrency;
 - **the lines** (:func:`fit_line`, :func:`curve`): per tier, a least-squares line
   ``seconds = fixed_s + s_per_gb * GB`` over the sizes, for the time to first token
   and for the weights alone (the loader's time; a swap's weights step), with each
@@ -15,7 +17,8 @@ Two parts:
   reference's. :func:`extrapolate` prolongs a line to real model sizes, labelled as
   such: nothing at those sizes was run here.
 
-Pure but for :func:`copy_reference` (torch, memory) and :func:`plot_curve` (matplotlib).
+Pure but for :func:`copy_reference` (torch, memory), :func:`store_ceiling` (the store) and
+:func:`plot_curve` (matplotlib).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ MODEL_BYTES = {"8B": 16.06e9, "70B": 141.1e9, "405B": 810.0e9}
 # A tier's metrics, each a key of a variant's summary: time to first token, and the
 # weights alone (the loader's time, or for a swap its weights step in the engine host).
 METRICS = {"ttft": "median_ttft_s", "weights": "median_weights_s"}
+# The references a line's bandwidth is put over (a size's ``reference`` has ``<key>_gbps``
+# for each measured): the copy into mapped memory, into fresh pages, the store's GETs.
+REFERENCES = {"mapped": "mapped_copy", "fresh": "fresh_copy", "store": "store_ceiling"}
 
 
 # --- the reference ------------------------------------------------------------------------
@@ -73,6 +79,47 @@ def copy_reference(nbytes: int, *, reps: int = 3, threads: Sequence[int] | None 
 def _keep_best(best: dict[str, tuple[float, int]], key: str, gbps: float, threads: int) -> None:
     if gbps > best[key][0]:
         best[key] = (gbps, threads)
+
+
+# The store's grid: chunk MiB x GETs in flight (Thaw's own setting, 16 MiB x 8, among them).
+STORE_CHUNKS_MIB = (16, 64)
+STORE_CONCURRENCY = (4, 8, 16)
+
+
+def store_ceiling(endpoint: Any, uri: str, *, chunks_mib: Sequence[int] = STORE_CHUNKS_MIB,
+                  concurrency: Sequence[int] = STORE_CONCURRENCY, reps: int = 2) -> dict[str, Any]:
+    """GB/s the store delivers to one process: every byte of the model's safetensors
+    objects at ``uri`` read with plain parallel ranged GETs into buffers faulted in
+    beforehand and discarded (``loadtests.bench_stream.read_all_ranged``: no parsing, no
+    checks, no tensors), at each chunk size x concurrency, after one untimed read that
+    leaves the objects as warm in the store's page cache as a tier's load finds them.
+    Each point's figure is the median of ``reps``; the ceiling is the best point's.
+    Holds the largest point's buffers (concurrency x chunk) while it runs."""
+    from loadtests.bench_stream import arena_bytes, ceiling_grid, prefaulted, read_all_ranged, summarize_grid
+    from weight_streaming.s3_loader import resolve_objects
+
+    grid = ceiling_grid(chunks_mib, concurrency)
+    clients = {n: endpoint.client(max_pool_connections=n, response_checksum_validation="when_required",
+                                  request_checksum_calculation="when_required") for n in sorted(set(concurrency))}
+    top = max(clients)
+    objects = resolve_objects(clients[top], uri)
+    total = sum(o.size for o in objects)
+    arena = prefaulted(max(arena_bytes([o.size for o in objects], p.chunk_bytes, p.concurrency) for p in grid))
+    read_all_ranged(clients[top], objects, grid[-1].chunk_bytes, top, arena=arena)  # warm, untimed
+    seconds: dict[Any, list[float]] = {p: [] for p in grid}
+    for _ in range(reps):
+        for p in grid:
+            r = read_all_ranged(clients[p.concurrency], objects, p.chunk_bytes, p.concurrency, arena=arena)
+            if r.bytes != total:
+                raise RuntimeError(f"the store's GETs read {r.bytes} of {total} bytes at {p}")
+            seconds[p].append(r.seconds)
+    summary = summarize_grid(total, seconds)
+    grid_rows = [{"chunk_mib": r["chunk_mib"], "concurrency": r["concurrency"],
+                  "gbps": round(total / r["seconds_median"] / GB, 3)} for r in summary["grid"]]
+    best = max(grid_rows, key=lambda r: r["gbps"])
+    return {"bytes": total, "reps": reps, "store_gbps": best["gbps"],
+            "store_best": {"chunk_mib": best["chunk_mib"], "concurrency": best["concurrency"]},
+            "store_grid": grid_rows}
 
 
 # --- the lines (pure) ------------------------------------------------------------------------
@@ -132,7 +179,7 @@ def curve(sizes: Sequence[Mapping[str, Any]], rows: Sequence[tuple[str, str]]) -
     and the line extrapolated to real model sizes.
     """
     ref = {k: fit_line([(s["size_bytes"] / GB, s["size_bytes"] / GB / s["reference"][f"{k}_gbps"])
-                        for s in sizes if s.get("reference")]) for k in ("mapped", "fresh")}
+                        for s in sizes if (s.get("reference") or {}).get(f"{k}_gbps")]) for k in REFERENCES}
     ref_gbps = {k: _gbps(line, sizes, k) for k, line in ref.items()}
     tiers: dict[str, Any] = {}
     for tier, variant in rows:
@@ -147,7 +194,8 @@ def curve(sizes: Sequence[Mapping[str, Any]], rows: Sequence[tuple[str, str]]) -
             if line is not None:
                 m["line"] = line.to_json()
                 for k, g in ref_gbps.items():
-                    m[f"gbps_over_{k}_copy"] = None if line.gbps is None or not g else round(line.gbps / g, 4)
+                    if g is not None:
+                        m[f"gbps_over_{REFERENCES[k]}"] = None if line.gbps is None else round(line.gbps / g, 4)
                 m["extrapolated"] = extrapolate(line)
             out[metric] = m
         if len(out) > 1:
@@ -163,7 +211,7 @@ def _gbps(line: Line | None, sizes: Sequence[Mapping[str, Any]], key: str) -> fl
     """The reference's bandwidth: its line's slope, or with one size its measured rate."""
     if line is not None and line.gbps is not None:
         return line.gbps
-    rates = [s["reference"][f"{key}_gbps"] for s in sizes if s.get("reference")]
+    rates = [r for s in sizes if (r := (s.get("reference") or {}).get(f"{key}_gbps"))]
     return sum(rates) / len(rates) if rates else None
 
 

@@ -385,6 +385,10 @@ class InstanceShape(_Strict):
     # stands by (0: none).
     cache: WeightCache | None = None
     host_cache_gib: NonNegativeFloat = 0.0
+    # CPU shapes: start the engine with the system's tcmalloc preloaded (as vLLM's CPU
+    # backend asks; worker.allocator says why a swap needs it). Where the machine lacks
+    # it the worker logs so and runs on glibc's malloc. Ignored on GPU shapes.
+    engine_tcmalloc: bool = True
 
     @model_validator(mode="after")
     def _gpu(self) -> InstanceShape:

@@ -251,6 +251,9 @@ class PrebuiltView(_Msg):
     # building: the engine is being built (no swap yet); ready: a swap can start now.
     state: Literal["building", "ready"]
     built_at: float | None = None
+    # Each step of its last park in seconds (``prefix_cache_s``, ``total_s``); None when
+    # it was never parked (built ahead, nothing served since).
+    park_steps_s: dict[str, float] | None = None
 
 
 class AdapterView(_Msg):

@@ -11,7 +11,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
@@ -21,6 +21,7 @@ from thaw.config import DEFAULT_CONFIG_PATH, ConfigError, ThawConfig, load_confi
 from thaw.fit import engine_capacity
 from thaw.log import get_logger, setup_logging
 from thaw.objstore import worker_endpoint
+from worker.allocator import INSTALL_HINT, find_tcmalloc
 from worker.settings import AgentSettings
 
 DEFAULT_PORT = 8200
@@ -80,7 +81,22 @@ def settings_from(args: argparse.Namespace, cfg: ThawConfig) -> AgentSettings:
         cache_verify_tensors=disk.verify_tensors if disk else True,
         allowed_uri_prefixes=tuple(cfg.object_store.allowed_prefixes),
         capacity_bytes=engine_capacity(shape) if pool is not None and pool.pack else 0,
+        engine_preload=engine_preload(shape.gpu_type, shape.engine_tcmalloc, find_tcmalloc),
     )
+
+
+def engine_preload(gpu_type: str, tcmalloc: bool, find: Callable[[], str | None]) -> tuple[str, ...]:
+    """What a CPU engine is started with preloaded (worker.allocator): tcmalloc when the
+    shape wants it and ``find`` finds it; nothing on a GPU shape."""
+    if gpu_type != "cpu" or not tcmalloc:
+        return ()
+    path = find()
+    if path is None:
+        get_logger().warning("tcmalloc_missing", hint=INSTALL_HINT,
+                             effect="the engine runs on glibc's malloc: a swap's layers over 32 MiB fault "
+                                    "fresh pages")
+        return ()
+    return (path,)
 
 
 def run(args: argparse.Namespace, cfg: ThawConfig) -> int:

@@ -311,7 +311,7 @@ class Agent:
 
     async def _spawn_engine_host_process(self, on_event: OnEvent) -> EngineHost:
         return await EngineHostProcess.spawn(on_event, log_level=self.settings.log_level,
-                                             python=self.settings.python)
+                                             python=self.settings.python, preload=self.settings.engine_preload)
 
     def _graceful_stop_fits(self) -> bool:
         """Whether stopping the engine host now deserves a graceful SIGTERM: it is
@@ -909,8 +909,10 @@ class Agent:
             log.warning("park_failed", assignment_id=f.assignment.assignment_id, kind=ev.get("kind"),
                         error=ev.get("error"))
             return False
+        steps = ev.get("seconds") if isinstance(ev.get("seconds"), dict) else None
+        self.record(prebuilt=replace(p, park_steps_s=steps))
         log.info("engine_parked", assignment_id=f.assignment.assignment_id, model=p.model,
-                 engine_class=p.engine_class)
+                 engine_class=p.engine_class, steps_s=steps)
         return True
 
     def _clear_assignment(self) -> None:
@@ -932,4 +934,4 @@ def _prebuilt_view(p: Prebuilt | None) -> PrebuiltView | None:
     if p is None:
         return None
     return PrebuiltView(engine_class=p.engine_class, model=p.model, state="ready" if p.built_at else "building",
-                        built_at=p.built_at)
+                        built_at=p.built_at, park_steps_s=dict(p.park_steps_s) if p.park_steps_s else None)

@@ -15,12 +15,13 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from thaw.log import get_logger
 from thaw.process import group_alive, signal_group, spawn_group_async
+from worker.allocator import with_preload
 from worker.launch import LaunchCommand, ParkCommand, SwapCommand, decode_event
 
 log = get_logger()
@@ -68,10 +69,10 @@ class EngineHostProcess:
     @classmethod
     async def spawn(
         cls, on_event: OnEvent, *, log_level: str = "info", python: str = sys.executable,
-        cwd: Path | None = None,
+        cwd: Path | None = None, preload: Sequence[str] = (),
     ) -> EngineHostProcess:
         env = {
-            **os.environ,
+            **with_preload(os.environ, preload),
             # stdout carries events; vLLM's log lines go to stderr.
             "VLLM_LOGGING_STREAM": "ext://sys.stderr",
             "VLLM_LOGGING_LEVEL": "DEBUG" if log_level == "debug" else "INFO",

@@ -30,7 +30,7 @@ EV_WEIGHTS_LOADED = "weights_loaded"  # fields: t
 EV_FAILED = "failed"  # fields: error, where ("engine_host" | "engine_core"), kind (FailureKind)
 EV_SWAPPED = "swapped"  # fields: swap_id, load (the loader's summary), seconds (per step)
 EV_SWAP_FAILED = "swap_failed"  # fields: swap_id, kind (SwapFailure), error, cause (FailureKind)
-EV_PARKED = "parked"  # fields: swap_id
+EV_PARKED = "parked"  # fields: swap_id, seconds (per step)
 EVENTS = frozenset({EV_IMPORTED, EV_LAUNCHED, EV_WEIGHTS_LOADED, EV_FAILED, EV_SWAPPED, EV_SWAP_FAILED, EV_PARKED})
 
 # Why a swap failed. Every kind leaves the engine dirty (never served again): "weights"

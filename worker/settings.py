@@ -36,6 +36,9 @@ class AgentSettings:
     exit_when_orphaned_s: float | None = None
     # Interpreter for the engine host (the agent's own by default).
     python: str = sys.executable
+    # Libraries the engine host (and the engine core it forks) start with preloaded:
+    # tcmalloc for a CPU engine (worker.allocator).
+    engine_preload: tuple[str, ...] = ()
     # How often the engine's /health is polled while loading.
     ready_poll_s: float = 0.2
     # An engine not answering /health this long after the launch has failed.

@@ -67,6 +67,9 @@ class Prebuilt:
     port: int
     # None while it is being built.
     built_at: float | None = None
+    # Each step of its last park, in seconds, as the engine host timed them (None: never
+    # parked; it was built ahead and has served nothing since).
+    park_steps_s: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)

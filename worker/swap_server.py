@@ -161,16 +161,18 @@ class SwapServer:
                     seconds, load = await self._swap(cmd)
                     emit_event(EV_SWAPPED, swap_id=cmd.swap_id, load=load, seconds=seconds)
                 else:
-                    await self._park()
-                    emit_event(EV_PARKED, swap_id=cmd.swap_id)
+                    seconds = await self._park()
+                    emit_event(EV_PARKED, swap_id=cmd.swap_id, seconds=seconds)
             except _StepFailed as exc:
                 self.dirty, self.open = True, False
                 emit_event(EV_SWAP_FAILED, swap_id=cmd.swap_id, kind=exc.kind, error=str(exc), cause=exc.cause)
 
-    async def _park(self) -> None:
+    async def _park(self) -> dict[str, float]:
         self.open = False
-        ec = self._app.state.engine_client
-        await self._drop_prefix_cache(ec)
+        t0 = time.perf_counter()
+        await self._drop_prefix_cache(self._app.state.engine_client)
+        s = time.perf_counter() - t0
+        return {"prefix_cache_s": round(s, 4), "total_s": round(s, 4)}
 
     async def _drop_prefix_cache(self, ec: Any) -> None:
         try:

@@ -40,8 +40,10 @@ def test_extrapolation_prolongs_the_line() -> None:
     assert extrapolate(line, {"8B": 16e9}) == {"8B": 16.5}
 
 
-def _size(nbytes: int, ttft: dict[str, float], weights: dict[str, float], mapped: float = 8.0) -> dict:
-    return {"size_bytes": nbytes, "reference": {"mapped_gbps": mapped, "fresh_gbps": mapped / 4},
+def _size(nbytes: int, ttft: dict[str, float], weights: dict[str, float], mapped: float = 8.0,
+          store: float | None = None) -> dict:
+    ref = {"mapped_gbps": mapped, "fresh_gbps": mapped / 4} | ({"store_gbps": store} if store else {})
+    return {"size_bytes": nbytes, "reference": ref,
             "variants": {v: {"median_ttft_s": t, "median_weights_s": weights.get(v)} for v, t in ttft.items()}}
 
 
@@ -61,6 +63,50 @@ def test_the_curve_per_tier_against_the_reference() -> None:
     assert c["tiers"]["on_demand_vllm"]["ttft"]["line"]["s_per_gb"] == pytest.approx(10.0)
     assert "weights" not in c["tiers"]["on_demand_vllm"]  # no weights time for it
     assert "host" not in c["tiers"]  # not measured: no row
+    # No store ceiling was measured: nothing is put over it.
+    assert c["reference"]["store"]["gbps"] is None and "gbps_over_store_ceiling" not in swap["weights"]
+
+
+def test_the_store_tiers_against_the_stores_ceiling() -> None:
+    # The store gives 1 GB/s to plain GETs; the swap from it moves its weights at 0.8 GB/s
+    # (0.8 of it), the standby's loader at 0.9 GB/s; the swap from host memory never reads it.
+    per_size = {}
+    for label, gb in (("256MiB", 0.268), ("1GiB", 1.074)):
+        weights = {bench.SWAP_S3: gb / 0.8, bench.EAGER: gb / 0.9, bench.SWAP_HOST: gb / 4}
+        r = _size(int(gb * GB), {v: 1.0 + w for v, w in weights.items()}, weights, store=1.0)
+        r["ratios"] = bench.compute_ratios({v: x["median_ttft_s"] for v, x in r["variants"].items()})
+        r["weights_gbps"] = bench.weights_bandwidth(r["variants"], r["size_bytes"], r["reference"])
+        per_size[label] = r
+    assert per_size["1GiB"]["weights_gbps"][bench.SWAP_S3]["over_store_ceiling"] == pytest.approx(0.8)
+    assert "over_store_ceiling" not in per_size["1GiB"]["weights_gbps"][bench.SWAP_HOST]
+    report = bench.build_curve_report(per_size, environment={}, settings={})
+    assert report["curve"]["reference"]["store"]["gbps"] == pytest.approx(1.0)
+    assert report["curve"]["tiers"]["swap_s3"]["weights"]["gbps_over_store_ceiling"] == pytest.approx(0.8)
+    g = report["goals"]
+    assert g["swap_s3_eager_weights_over_store_ceiling_every_size"] == {
+        "at_least": 0.85, "measured": pytest.approx(0.8), "met": False}
+    assert g["standby_eager_weights_over_store_ceiling_every_size"]["met"] is True
+    assert "swap_s3_eager_weights_over_store_ceiling_every_size" in report["goals_not_met"]
+
+
+@pytest.mark.integration
+def test_the_stores_ceiling_reads_every_byte_of_the_model(s3, s3_prefix: str) -> None:
+    import os
+
+    from loadtests.cold_start_curve import store_ceiling
+    from weight_streaming.manifest import parse_s3_uri
+
+    bucket, prefix = parse_s3_uri(s3_prefix)
+    client = s3.client()
+    for name, n in (("a.safetensors", 3 * (1 << 20) + 7), ("b.safetensors", 1000)):
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=os.urandom(n))
+    client.put_object(Bucket=bucket, Key=f"{prefix}/config.json", Body=b"{}")  # not weights: not read
+    got = store_ceiling(s3, s3_prefix, chunks_mib=[1, 2], concurrency=[1, 2], reps=1)
+    assert got["bytes"] == 3 * (1 << 20) + 7 + 1000
+    assert len(got["store_grid"]) == 4 and all(r["gbps"] > 0 for r in got["store_grid"])
+    assert got["store_gbps"] == max(r["gbps"] for r in got["store_grid"])
+    assert got["store_best"] in [{"chunk_mib": r["chunk_mib"], "concurrency": r["concurrency"]}
+                                 for r in got["store_grid"]]
 
 
 def test_curve_goals_read_each_size_and_the_lines() -> None:
@@ -90,10 +136,14 @@ def test_weights_seconds_prefers_the_swap_step() -> None:
     assert bench.weights_seconds({"load_s": 0.6, "swap_steps_s": {"weights_s": 0.7}}) == 0.7
     assert bench.weights_seconds({"load_s": 0.6}) == 0.6
     assert bench.weights_seconds({}) is None
-    summary = bench.summarize_variant([{"ttft_s": 1.0, "swap_steps_s": {"weights_s": 0.5, "frontend_s": 0.2}},
-                                       {"ttft_s": 1.2, "swap_steps_s": {"weights_s": 0.7, "frontend_s": 0.1}}])
+    summary = bench.summarize_variant([{"ttft_s": 1.0, "swap_steps_s": {"weights_s": 0.5, "frontend_s": 0.2},
+                                        "park_steps_s": None},
+                                       {"ttft_s": 1.2, "swap_steps_s": {"weights_s": 0.7, "frontend_s": 0.1},
+                                        "park_steps_s": {"prefix_cache_s": 0.003, "total_s": 0.003}}])
     assert summary["median_weights_s"] == pytest.approx(0.6)
     assert summary["swap_step_medians_s"] == {"weights_s": pytest.approx(0.6), "frontend_s": pytest.approx(0.15)}
+    # A rep after a park carries its steps; the first swap of a built engine has none.
+    assert summary["park_step_medians_s"] == {"prefix_cache_s": 0.003, "total_s": 0.003}
 
 
 def test_the_copy_reference_measures_both_kinds_of_memory() -> None:

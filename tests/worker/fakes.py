@@ -108,7 +108,8 @@ class FakeHost:
         self.world.commands.append(cmd)
         loop = asyncio.get_running_loop()
         if cmd.op == "park":
-            loop.call_later(0.01, lambda: self.emit("parked", swap_id=cmd.swap_id))
+            loop.call_later(0.01, lambda: self.emit("parked", swap_id=cmd.swap_id,
+                                                    seconds={"prefix_cache_s": 0.002, "total_s": 0.002}))
         elif self.world.on_swap == "ok":
             loop.call_later(0.01, lambda: self.emit("swapped", swap_id=cmd.swap_id, load=self.world.load_report,
                                                     seconds={"total_s": 0.01}))

@@ -117,8 +117,11 @@ async def test_a_model_of_the_class_is_swapped_in_then_parked_and_taken_again(
     assert (await client.post("/release", json={})).status_code == 202
     back = await wait_state(client, "standby")
     assert [c.op for c in world.commands] == ["swap", "park"]
+    # The park's steps as the engine host timed them (a built engine had none before).
+    assert ready["prebuilt"]["park_steps_s"] is None
     assert back["prebuilt"] == {"engine_class": CLASS, "model": "demo", "state": "ready",
-                                "built_at": back["prebuilt"]["built_at"]}
+                                "built_at": back["prebuilt"]["built_at"],
+                                "park_steps_s": {"prefix_cache_s": 0.002, "total_s": 0.002}}
     assert host.stops == [] and len(world.hosts) == 1
     # ... and the next model of the class takes it by swap again.
     await client.post("/assign", json=assign_body(assignment_id="a2", model="other", uri="s3://thaw/models/other",

@@ -12,6 +12,7 @@ has, a tensor of another shape) never serves.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -131,6 +133,20 @@ def agent(s3: S3Endpoint, tmp_path: Path) -> Iterator[Agent]:
         yield a
 
 
+def engine_processes_without(agent: Agent, library: str) -> list[str]:
+    """The agent's Python descendants (the engine's processes) that do not map
+    ``library``; fails when the machine lacks tcmalloc, which the set-up installs."""
+    from worker.allocator import INSTALL_HINT, find_tcmalloc
+
+    assert find_tcmalloc() is not None, f"tcmalloc is not installed: {INSTALL_HINT}"
+    out = []
+    for p in psutil.Process(agent.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "python" in Path(p.exe()).name and not any(library in m.path for m in p.memory_maps()):
+                out.append(f"{p.pid} {p.name()}: {' '.join(p.cmdline())[:80]}")
+    return out
+
+
 def post_assign(agent: Agent, aid: str, uri: str, served: str, engine_class: str | None) -> None:
     with agent.http() as c:
         r = c.post("/assign", json={"assignment_id": aid, "model": served, "uri": uri, "served_model_name": served,
@@ -230,10 +246,14 @@ def test_a_swap_answers_as_a_fresh_engine_in_both_orders(agent: Agent, models: d
     assert swapped_b["load"]["tensors_verified"] == tensor_count(s3, models["b"])
     assert 0 < swapped_b["load"]["steps_s"]["verify_s"] <= swapped_b["load"]["steps_s"]["weights_s"]
     got = answers(swapped_b["engine_url"], "b")
+    # The engine (host, forkserver, engine core, where the reload ran) runs on tcmalloc.
+    assert engine_processes_without(agent, "libtcmalloc_minimal") == []
     assert got == {**fresh["b"], "names": ["b"]}
     # Released: back to standby with the engine (parked), then a takes it by swap.
     parked = release(agent)
     assert parked["prebuilt"]["state"] == "ready" and parked["prebuilt"]["model"] == "b"
+    park = parked["prebuilt"]["park_steps_s"]
+    assert set(park) == {"prefix_cache_s", "total_s"} and 0 < park["prefix_cache_s"] <= park["total_s"]
     swapped_a = assign(agent, "swap-a", models["a"], "a", engine_class)
     assert swapped_a["load"]["swap"] is True and swapped_a["engine_url"] == swapped_b["engine_url"]
     assert swapped_a["load"]["tensors_verified"] == tensor_count(s3, models["a"])
