@@ -7,7 +7,8 @@ measured in one run against one object store holding the model, and compared lik
 with like: eager with eager, compiled with compiled, one loader with the same loader.
 
 On-demand vLLM (the baselines): a fresh vLLM OpenAI server spawned when the request
-arrives (vLLM's engine core in its own process), timed from the spawn to the first
+arrives (vLLM's engine core in its own process; tcmalloc preloaded where the machine has
+it, as vLLM's CPU backend asks and as Thaw's CPU engines run), timed from the spawn to the first
 streamed token of a chat completion (``/health`` polled, then the request). A compiled
 baseline keeps its compile cache across reps like a user's ``~/.cache/vllm``, primed
 once before the timed reps: it is measured warm.
@@ -618,8 +619,12 @@ class Baseline:
         self.n = 0
 
     def env(self) -> dict[str, str]:
+        # With tcmalloc preloaded, as vLLM's CPU backend asks and as Thaw's engines run.
+        from worker.allocator import find_tcmalloc, with_preload
+
+        found = find_tcmalloc()
         return {
-            **os.environ, **self.store.endpoint().env(),
+            **with_preload(os.environ, [found] if found else []), **self.store.endpoint().env(),
             "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1", "VLLM_CACHE_ROOT": str(self.cache),
             "VLLM_ASSETS_CACHE": str(self.cache / "assets"),
