@@ -246,6 +246,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swap-only-sizes", nargs="+", default=[], metavar="SIZE",
                    help="of --sizes, those at which only the baselines and the swap variants run (at 4 GiB a "
                         "standby's load beside an engine built ahead does not fit in 24 GiB)")
+    p.add_argument("--engine-tcmalloc", action=argparse.BooleanOptionalAction, default=True,
+                   help="start the engines (Thaw's and the baselines') with tcmalloc preloaded (default on, "
+                        "as deployed; --no-engine-tcmalloc: glibc's malloc, for the comparison)")
     p.add_argument("--cache-verify-sha256", action=argparse.BooleanOptionalAction, default=True,
                    help="the shape's cache.verify_sha256: Thaw's loads check every file's sha256 "
                         "(default on, as deployed; the baselines check none)")
@@ -610,8 +613,9 @@ class Baseline:
     """Spawns a fresh vLLM server per rep; its caches persist across reps (one prime)."""
 
     def __init__(self, name: str, spec: BaselineSpec, store: Store, uri: str, work: Path,
-                 timeout_s: float) -> None:
+                 timeout_s: float, *, tcmalloc: bool = True) -> None:
         self.name, self.spec, self.store, self.uri, self.timeout_s = name, spec, store, uri, timeout_s
+        self.tcmalloc = tcmalloc
         # One cache per baseline: a compile cache primed by another loader proves nothing.
         self.cache = work / name / "vllm-cache"
         self.logs = work / name / "logs"
@@ -622,7 +626,7 @@ class Baseline:
         # With tcmalloc preloaded, as vLLM's CPU backend asks and as Thaw's engines run.
         from worker.allocator import find_tcmalloc, with_preload
 
-        found = find_tcmalloc()
+        found = find_tcmalloc() if self.tcmalloc else None
         return {
             **with_preload(os.environ, [found] if found else []), **self.store.endpoint().env(),
             "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
@@ -710,22 +714,25 @@ class ThawModels:
 
 @dataclass(frozen=True)
 class CacheSettings:
-    """The main shape's weight caches (``shapes[].cache`` and ``host_cache_gib``)."""
+    """The main shape's weight caches (``shapes[].cache`` and ``host_cache_gib``), and
+    whether its engines start with tcmalloc (``shapes[].engine_tcmalloc``)."""
 
     disk_dir: Path
     disk_gib: float
     host_gib: float
     verify_sha256: bool
+    engine_tcmalloc: bool = True
 
     @classmethod
-    def for_model(cls, total_bytes: int, disk_dir: Path, verify_sha256: bool) -> CacheSettings:
+    def for_model(cls, total_bytes: int, disk_dir: Path, verify_sha256: bool,
+                  engine_tcmalloc: bool = True) -> CacheSettings:
         # On disk, room for the model twice over, in whole GiB: it is never evicted. In
         # host memory (/dev/shm, counted against the machine's memory), room for one
         # model and a tenth: a swap worker's copy of the base it built its engine for
         # gives way to the measured model's, which at 4 GiB is what fits in 24 GiB.
         disk = float(max(1, math.ceil(2 * total_bytes / GiB)))
         host = float(max(1, math.ceil(1.1 * total_bytes / GiB)))
-        return cls(disk_dir, disk, host, verify_sha256)
+        return cls(disk_dir, disk, host, verify_sha256, engine_tcmalloc)
 
 
 def stack_config(store: Store, uri: str, data_dir: Path, port: int, models: ThawModels, caches: CacheSettings,
@@ -749,6 +756,7 @@ def stack_config(store: Store, uri: str, data_dir: Path, port: int, models: Thaw
 
     main_shape = {"name": SHAPE, "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8 + caches.host_gib,
                   "price_per_hour_usd": 0.0, "host_cache_gib": caches.host_gib,
+                  "engine_tcmalloc": caches.engine_tcmalloc,
                   "cache": {"dir": str(caches.disk_dir), "max_gib": caches.disk_gib,
                             "verify_sha256": caches.verify_sha256}}
     swap_shapes, swap_pools, swap_models = [], [], []
@@ -1143,6 +1151,7 @@ def run(args: argparse.Namespace) -> int:
         report = build_curve_report(reports, environment=_environment(),
                                     settings={"sizes": sizes, "swap_only_sizes": args.swap_only_sizes,
                                               "reps": args.reps, "variants": variants,
+                                              "engine_tcmalloc": args.engine_tcmalloc,
                                               "started_at": started, "wall_s": round(time.time() - started, 1)})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -1179,7 +1188,8 @@ def _run_size(args: argparse.Namespace, size: str, variants: list[str], store: S
     if any(v in STORE_VARIANTS for v in variants):
         reference |= store_ceiling(store.endpoint(), uri)
         _log(f"{size}: the store's plain ranged GETs {reference['store_gbps']} GB/s at {reference['store_best']}")
-    caches = CacheSettings.for_model(model_facts["total_bytes"], work / "weight-cache", args.cache_verify_sha256)
+    caches = CacheSettings.for_model(model_facts["total_bytes"], work / "weight-cache", args.cache_verify_sha256,
+                                     args.engine_tcmalloc)
     base_uri = adapter_uri = None
     if any(v in SWAP_VARIANTS for v in variants) or PACKED in variants:
         base_uri, _ = _ensure_model(store, size, work, seed=1)
@@ -1195,6 +1205,7 @@ def _run_size(args: argparse.Namespace, size: str, variants: list[str], store: S
         "expected_tiers": {v: EXPECTED_TIER[v] for v in variants if v in EXPECTED_TIER},
         "caches": {"disk_dir": str(caches.disk_dir), "disk_max_gib": caches.disk_gib,
                    "host_cache_gib": caches.host_gib, "verify_sha256": caches.verify_sha256},
+        "engine_tcmalloc": caches.engine_tcmalloc,
         "idle_grace_s": args.idle_grace_s, "max_model_len": MAX_MODEL_LEN, "max_tokens": MAX_TOKENS,
         "started_at": started, "wall_s": round(time.time() - started, 1), "notes": notes,
     }
@@ -1212,7 +1223,8 @@ def _run_variants(args: argparse.Namespace, variants: list[str], store: Store, u
     a vLLM started on demand and an engine built ahead do not both fit in 24 GiB, and
     each is measured with the machine to itself. Within each group reps are interleaved
     across variants."""
-    baselines = {v: Baseline(v, BASELINES[v], store, uri, work, args.timeout_s) for v in variants if v in BASELINES}
+    baselines = {v: Baseline(v, BASELINES[v], store, uri, work, args.timeout_s, tcmalloc=args.engine_tcmalloc)
+                 for v in variants if v in BASELINES}
     for name, b in baselines.items():
         if not b.primed():
             _log(f"{name}: priming its compile cache (untimed start)")
