@@ -95,7 +95,13 @@ def store_ceiling(endpoint: Any, uri: str, *, chunks_mib: Sequence[int] = STORE_
     leaves the objects as warm in the store's page cache as a tier's load finds them.
     Each point's figure is the median of ``reps``; the ceiling is the best point's.
     Holds the largest point's buffers (concurrency x chunk) while it runs."""
-    from loadtests.bench_stream import arena_bytes, ceiling_grid, prefaulted, read_all_ranged, summarize_grid
+    from loadtests.bench_stream import (
+        arena_bytes,
+        ceiling_grid,
+        prefaulted,
+        read_all_ranged,
+        summarize_grid,
+    )
     from weight_streaming.s3_loader import resolve_objects
 
     grid = ceiling_grid(chunks_mib, concurrency)

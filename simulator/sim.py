@@ -76,25 +76,28 @@ from thaw.fit import engine_capacity, engine_memory
 from thaw.units import GiB
 from thaw.wire import CachedWeights, WorkerState
 from warm_pool.autoscaler import steady_band
-from warm_pool.keepalive import IdleHistogram, IdlePools, keep_alive_decision
-from warm_pool.policy import (
-    COLD_START_WINDOW_S,
+from warm_pool.decisions import (
     Assign,
     Decision,
     Launch,
     LoadAdapter,
-    ModelActivity,
-    ModelState,
     Pack,
-    PolicyState,
     Prebuild,
     Release,
     Sleep,
-    Snapshot,
     Start,
     Stop,
     Terminate,
     UnloadAdapter,
+    carry_out,
+)
+from warm_pool.keepalive import IdleHistogram, IdlePools, keep_alive_decision
+from warm_pool.policy import (
+    COLD_START_WINDOW_S,
+    ModelActivity,
+    ModelState,
+    PolicyState,
+    Snapshot,
     WorkerView,
     decide,
     idle_pools,
@@ -359,6 +362,7 @@ class Simulator:
             raise ValueError(f"trace models not in the config: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
         self.cfg, self.trace, self.tick_s, self.exact = cfg, trace, tick_s, exact
         self.record = record_decisions
+        self._effects = _Effects(self)
         self.classes = engine_classes(cfg, costs)
         self.engine_bytes = engine_sizes(cfg, costs)
         # Only models of a class their pool pre-builds keep their engine (as on the controller).
@@ -984,118 +988,7 @@ class Simulator:
     def _apply(self, d: Decision, t: float) -> None:
         if self.record:
             self.decisions.append((t, d))
-        if isinstance(d, Assign):
-            w = self.workers[d.worker_id]
-            target = self.by_name[d.model]
-            load_s = self._start(w, target, t)
-            if target.cold_open and target.cold_tier is None:
-                target.cold_tier = w.tier
-            w.mem = self.engine_bytes.get(target.name, 0)
-            self._set(w, "loading", t, model=target, aid=d.assignment_id, since=t)
-            self._after(w, load_s)
-        elif isinstance(d, Pack):
-            self._pack(d, t)
-        elif isinstance(d, Release):
-            w = self.workers[d.worker_id]
-            m = w.model
-            if w.state == "ready" and m is not None:
-                m.ready.remove(w)
-            # Only a drained replica parks its engine (as the worker does); a loading or
-            # asleep one stops it.
-            w.park = w.state == "ready" and w.engine is not None
-            self._set(w, "draining", t)
-            if w.inflight == 0:
-                self._after(w, m.costs.release_s if m else 0.0)
-            else:
-                w.releasing = True
-        elif isinstance(d, Sleep):
-            w = self.workers[d.worker_id]
-            m = w.model
-            if w.state == "ready" and m is not None:
-                m.ready.remove(w)
-            self._set(w, "asleep", t, since=t)
-            if m is not None:
-                # The policy releases it once past asleep_ttl_s.
-                heapq.heappush(self.deadlines, (t + m.a.asleep_ttl_s, -1))
-        elif isinstance(d, Launch):
-            w = self._new_worker(d.shape, "launching")
-            self._after(w, self.shapes[d.shape].boot_s)
-        elif isinstance(d, Start):
-            w = self.workers[d.worker_id]
-            w.started_at = t
-            self._set(w, "starting", t)
-            self._after(w, self.shapes[w.shape].boot_s)
-        elif isinstance(d, Stop):
-            w = self.workers[d.worker_id]
-            assert not w.packed, "the policy never stops a worker hosting packed engines"
-            w.keep_engine(None)  # a stopped instance keeps no engine
-            self._set(w, "stopped", t)
-        elif isinstance(d, Terminate):
-            w = self.workers.pop(d.worker_id)
-            assert not w.packed, "the policy never terminates a worker hosting packed engines"
-            self._set(w, "stopped", t)
-            self.views_dirty = True
-        elif isinstance(d, Prebuild):
-            w = self.workers[d.worker_id]
-            m = self.by_name[d.model]
-            # The worker starts the named model in an engine that serves nothing yet: a
-            # full start of it, from wherever it would read the weights.
-            build_s = m.costs.load_s(w.tier_for(m))
-            w.keep_engine(d.engine_class, m, built=False, built_at=t + build_s)
-            self._engine_changed(w)
-            self._after(w, build_s)
-        elif isinstance(d, LoadAdapter):
-            self._load_adapter(d, t)
-        elif isinstance(d, UnloadAdapter):
-            self._unload_adapter(d, t)
-
-    def _load_adapter(self, d: LoadAdapter, t: float) -> None:
-        """Load an adapter into ``d.worker_id``'s engine of its base: a replica of the
-        adapter once loaded, in the engine's slots."""
-        w = self.workers.get(d.worker_id)
-        a = self.by_name[d.model]
-        if w is None or w.state != "ready" or w.model is not a.base:
-            # Released by a decision of the same tick: a draining engine takes no adapter
-            # (the policy sees it gone on the next tick).
-            return
-        rec = w.adapters[a] = _Loaded(a, w, t)
-        a.serving += 1
-        self._adapters_changed(w)
-        self._push(t + a.costs.adapter_load_s, _ADAPTER, rec, rec.epoch)
-
-    def _unload_adapter(self, d: UnloadAdapter, t: float) -> None:
-        """Unload an adapter: no new request goes to it; it goes once those in flight
-        are answered, ``adapter_unload_s`` after."""
-        w = self.workers.get(d.worker_id)
-        a = self.by_name[d.model]
-        rec = w.adapters.get(a) if w is not None else None
-        if w is None or rec is None:
-            return  # gone with its engine, released by a decision of the same tick
-        if rec.state == "ready":
-            a.ready.remove(w)
-        if rec.state in _SERVING:
-            a.serving -= 1
-        rec.state = "unloading"
-        rec.epoch += 1
-        if rec.inflight == 0:
-            self._push(t + a.costs.adapter_unload_s, _ADAPTER, rec, rec.epoch)
-        self._adapters_changed(w)
-
-    def _pack(self, d: Pack, t: float) -> None:
-        """Start a packed engine on ``d.worker_id``: a new replica, not an instance."""
-        host = self.workers[d.worker_id]
-        m = self.by_name[d.model]
-        self._account(host, t)  # the worker's time so far, without the new engine
-        e = _Worker(d.engine_id, host.shape, 0.0, "loading", t, inside=host)
-        e.mem, e.tier = d.memory_bytes, "packed"
-        host.packed.append(e)
-        self.workers[e.id] = e
-        if m.cold_open and m.cold_tier is None:
-            m.cold_tier = "packed"
-        self._set(e, "loading", t, model=m, aid=d.assignment_id, since=t)
-        # A full start of the model (an engine built and loaded) on a worker already up: no
-        # boot; the weights from the disk cache its engines share, else the store.
-        self._after(e, m.costs.load_s("disk" if m.name in host.disk else "s3"))
+        carry_out(d, self._effects, t)
 
     def _start(self, w: _Worker, m: _Model, t: float) -> float:
         """Seconds until ``w`` serves ``m`` from now; sets ``w.tier`` (where it came from)
@@ -1230,3 +1123,136 @@ def _row(st: _Stats) -> dict[str, Any]:
 SUMMARY_KEYS = ("requests", "cold_starts", "cold_start_share", "cold_starts_by_tier", "replica_seconds",
                 "standby_seconds", "asleep_seconds", "instance_seconds", "usd", "ttft_s", "slo_met_share",
                 "activation_timeouts", "per_model")
+
+
+class _Effects:
+    """Each decision's effect on the simulated fleet at time ``t``: what the actuator's
+    calls and the workers' answers would do (``warm_pool.decisions.Executor``)."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+
+    def assign(self, d: Assign, t: float) -> None:
+        s = self.sim
+        w = s.workers[d.worker_id]
+        target = s.by_name[d.model]
+        load_s = s._start(w, target, t)
+        if target.cold_open and target.cold_tier is None:
+            target.cold_tier = w.tier
+        w.mem = s.engine_bytes.get(target.name, 0)
+        s._set(w, "loading", t, model=target, aid=d.assignment_id, since=t)
+        s._after(w, load_s)
+
+    def pack(self, d: Pack, t: float) -> None:
+        """Start a packed engine on ``d.worker_id``: a new replica, not an instance."""
+        s = self.sim
+        host = s.workers[d.worker_id]
+        m = s.by_name[d.model]
+        s._account(host, t)  # the worker's time so far, without the new engine
+        e = _Worker(d.engine_id, host.shape, 0.0, "loading", t, inside=host)
+        e.mem, e.tier = d.memory_bytes, "packed"
+        host.packed.append(e)
+        s.workers[e.id] = e
+        if m.cold_open and m.cold_tier is None:
+            m.cold_tier = "packed"
+        s._set(e, "loading", t, model=m, aid=d.assignment_id, since=t)
+        # A full start of the model (an engine built and loaded) on a worker already up: no
+        # boot; the weights from the disk cache its engines share, else the store.
+        s._after(e, m.costs.load_s("disk" if m.name in host.disk else "s3"))
+
+    def release(self, d: Release, t: float) -> None:
+        s = self.sim
+        w = s.workers[d.worker_id]
+        m = w.model
+        if w.state == "ready" and m is not None:
+            m.ready.remove(w)
+        # Only a drained replica parks its engine (as the worker does); a loading or
+        # asleep one stops it.
+        w.park = w.state == "ready" and w.engine is not None
+        s._set(w, "draining", t)
+        if w.inflight == 0:
+            s._after(w, m.costs.release_s if m else 0.0)
+        else:
+            w.releasing = True
+
+    def sleep(self, d: Sleep, t: float) -> None:
+        s = self.sim
+        w = s.workers[d.worker_id]
+        m = w.model
+        if w.state == "ready" and m is not None:
+            m.ready.remove(w)
+        s._set(w, "asleep", t, since=t)
+        if m is not None:
+            # The policy releases it once past asleep_ttl_s.
+            heapq.heappush(s.deadlines, (t + m.a.asleep_ttl_s, -1))
+
+    def launch(self, d: Launch, t: float) -> None:
+        s = self.sim
+        w = s._new_worker(d.shape, "launching")
+        s._after(w, s.shapes[d.shape].boot_s)
+
+    def start(self, d: Start, t: float) -> None:
+        s = self.sim
+        w = s.workers[d.worker_id]
+        w.started_at = t
+        s._set(w, "starting", t)
+        s._after(w, s.shapes[w.shape].boot_s)
+
+    def stop(self, d: Stop, t: float) -> None:
+        s = self.sim
+        w = s.workers[d.worker_id]
+        assert not w.packed, "the policy never stops a worker hosting packed engines"
+        w.keep_engine(None)  # a stopped instance keeps no engine
+        s._set(w, "stopped", t)
+
+    def terminate(self, d: Terminate, t: float) -> None:
+        s = self.sim
+        w = s.workers.pop(d.worker_id)
+        assert not w.packed, "the policy never terminates a worker hosting packed engines"
+        s._set(w, "stopped", t)
+        s.views_dirty = True
+
+    def prebuild(self, d: Prebuild, t: float) -> None:
+        s = self.sim
+        w = s.workers[d.worker_id]
+        m = s.by_name[d.model]
+        # The worker starts the named model in an engine that serves nothing yet: a
+        # full start of it, from wherever it would read the weights.
+        build_s = m.costs.load_s(w.tier_for(m))
+        w.keep_engine(d.engine_class, m, built=False, built_at=t + build_s)
+        s._engine_changed(w)
+        s._after(w, build_s)
+
+    def load_adapter(self, d: LoadAdapter, t: float) -> None:
+        """Load an adapter into ``d.worker_id``'s engine of its base: a replica of the
+        adapter once loaded, in the engine's slots."""
+        s = self.sim
+        w = s.workers.get(d.worker_id)
+        a = s.by_name[d.model]
+        if w is None or w.state != "ready" or w.model is not a.base:
+            # Released by a decision of the same tick: a draining engine takes no adapter
+            # (the policy sees it gone on the next tick).
+            return
+        rec = w.adapters[a] = _Loaded(a, w, t)
+        a.serving += 1
+        s._adapters_changed(w)
+        s._push(t + a.costs.adapter_load_s, _ADAPTER, rec, rec.epoch)
+
+    def unload_adapter(self, d: UnloadAdapter, t: float) -> None:
+        """Unload an adapter: no new request goes to it; it goes once those in flight
+        are answered, ``adapter_unload_s`` after."""
+        s = self.sim
+        w = s.workers.get(d.worker_id)
+        a = s.by_name[d.model]
+        rec = w.adapters.get(a) if w is not None else None
+        if w is None or rec is None:
+            return  # gone with its engine, released by a decision of the same tick
+        if rec.state == "ready":
+            a.ready.remove(w)
+        if rec.state in _SERVING:
+            a.serving -= 1
+        rec.state = "unloading"
+        rec.epoch += 1
+        if rec.inflight == 0:
+            s._push(t + a.costs.adapter_unload_s, _ADAPTER, rec, rec.epoch)
+        s._adapters_changed(w)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,28 +31,25 @@ from thaw.wire import (
 )
 from warm_pool.classes import ModelClasses, engine_bytes
 from warm_pool.control import ControlError, WorkerControl
-from warm_pool.events import EventLog
-from warm_pool.facts import FleetFacts
-from warm_pool.metrics import PoolMetrics
-from warm_pool.policy import (
+from warm_pool.decisions import (
     Assign,
     Decision,
     Launch,
     LoadAdapter,
-    ModelActivity,
     Pack,
     Prebuild,
     Release,
     Sleep,
-    Snapshot,
     Start,
     Stop,
     Terminate,
     UnloadAdapter,
-    WorkerView,
-    kept_classes,
-    launch_backoff_s,
+    carry_out,
 )
+from warm_pool.events import EventLog
+from warm_pool.facts import FleetFacts
+from warm_pool.metrics import PoolMetrics
+from warm_pool.policy import ModelActivity, Snapshot, WorkerView, kept_classes, launch_backoff_s
 from warm_pool.providers import CapacityError, Provider
 from warm_pool.view import INTENT_TTL_S, Intent, WorkerFacts, count_states
 
@@ -71,7 +68,50 @@ class ShapeBackoff:
     reason: str
 
 
+@dataclass(frozen=True)
+class At:
+    """What the actuator carries a decision out with: the tick's snapshot and worker
+    views, and its time."""
+
+    snap: Snapshot
+    views: dict[str, WorkerView]
+    now: float
+
+
+def decision_inputs(snap: Snapshot, views: Mapping[str, WorkerView], model: str | None,
+                    shape: str | None) -> dict[str, Any]:
+    """What led to a decision: the model's traffic and the worker states behind it."""
+    out: dict[str, Any] = {}
+    if model is not None:
+        a = snap.activity.get(model, ModelActivity())
+        out["activity"] = {"queued": a.queued, "in_flight": a.in_flight, "last_request_at": a.last_request_at}
+        out["replicas"] = count_states(v.state for v in views.values() if v.model == model)
+    if shape is not None:
+        out["shape_workers"] = count_states(v.state for v in views.values() if v.shape == shape)
+    return out
+
+
+def assign_request(cfg: ThawConfig, model_classes: ModelClasses | None, model: Model, assignment_id: str,
+                   revision: int | None) -> AssignRequest:
+    """What a worker is asked to load ``model`` with."""
+    return AssignRequest(
+        assignment_id=assignment_id, model=model.name, uri=model.uri,
+        served_model_name=model.resolved_served_name, max_model_len=model.max_context_tokens,
+        # With vLLM's LoRA flags when it has adapters.
+        engine=cfg.engine_args(model),
+        # The asleep tier needs the engine started with sleep mode.
+        sleep_mode=model.autoscaling.asleep_ttl_s > 0,
+        # Named only for a model whose engine is kept (a class its pool pre-builds).
+        engine_class=kept_classes(cfg, model_classes.classes).get(model.name) if model_classes else None,
+        # Counted by a worker that packs engines (None: not counted).
+        memory_bytes=engine_bytes(cfg, model_classes).get(model.name),
+        revision=revision,
+    )
+
+
 class Actuator:
+    """Carries out the policy's decisions (``warm_pool.decisions.Executor``)."""
+
     def __init__(self, *, fleet: FleetFacts, providers: dict[str, Provider], control: WorkerControl,
                  config: Callable[[], ThawConfig], model_classes: ModelClasses | None, clock: Callable[[], float],
                  events: EventLog, metrics: PoolMetrics, wake: Callable[[], None],
@@ -110,21 +150,9 @@ class Actuator:
             t.cancel()
         await asyncio.gather(*self._inflight_ops, return_exceptions=True)
 
-    # -- decisions ------------------------------------------------------------------
-    def _inputs(self, snap: Snapshot, views: dict[str, WorkerView], model: str | None, shape: str | None) -> dict[str, Any]:
-        """What led to a decision: the model's traffic and the worker states behind it."""
-        out: dict[str, Any] = {}
-        if model is not None:
-            a = snap.activity.get(model, ModelActivity())
-            out["activity"] = {"queued": a.queued, "in_flight": a.in_flight, "last_request_at": a.last_request_at}
-            out["replicas"] = count_states(v.state for v in views.values() if v.model == model)
-        if shape is not None:
-            out["shape_workers"] = count_states(v.state for v in views.values() if v.shape == shape)
-        return out
-
+    # -- decisions: recorded, their intents noted, their calls started ----------------
     def carry_out(self, d: Decision, snap: Snapshot, views: dict[str, WorkerView], now: float) -> None:
         """Record ``d`` (an event, its intent) and start the call that carries it out."""
-        fleet = self.fleet
         kind = type(d).__name__.lower()
         reason = getattr(d, "reason", "demand")
         self.metrics.decisions.labels(kind, reason).inc()
@@ -132,54 +160,74 @@ class Actuator:
         model = getattr(d, "model", None)
         shape = d.shape if isinstance(d, Launch) else (views[wid].shape if wid in views else None)
         self.events.record(kind, reason, decision=True, worker_id=wid, model=model, shape=shape,
-                           inputs=self._inputs(snap, views, model, shape))
-        if isinstance(d, Launch):
-            worker_id = f"w-{uuid.uuid4().hex[:10]}"
-            fleet.observe(worker_id, d.shape, launch_requested_at=now)
-            self._spawn(self._launch(worker_id, d.shape), busy=worker_id)
-        elif isinstance(d, Assign):
-            f = fleet.facts[d.worker_id]
-            fleet.observe(d.worker_id, f.shape, intent=Intent("assign", now, d.model, d.assignment_id,
-                                                              memory_bytes=snap.engine_bytes.get(d.model, 0),
-                                                              revision=self._revision_of(d.model), batch=d.batch))
-            self._spawn(self._assign(d), busy=d.worker_id)
-        elif isinstance(d, LoadAdapter | UnloadAdapter):
-            f = fleet.facts[d.worker_id]
-            intent = (Intent("adapter_load", now, d.model, None) if isinstance(d, LoadAdapter)
-                      else Intent("adapter_unload", now, d.model, None))
-            intents = tuple(i for i in f.adapter_intents if i.model != d.model and now - i.at < INTENT_TTL_S)
-            fleet.observe(d.worker_id, f.shape, adapter_intents=(*intents, intent))
-            self._spawn(self._adapter_call(d))
-        elif isinstance(d, Pack):
-            f = fleet.facts[d.worker_id]
-            fleet.observe(d.engine_id, f.shape, host=d.worker_id,
-                          intent=Intent("assign", now, d.model, d.assignment_id, memory_bytes=d.memory_bytes,
-                                        revision=self._revision_of(d.model)))
-            self._spawn(self._pack(d), busy=d.engine_id)
-        elif isinstance(d, Release):
-            f = fleet.facts[d.worker_id]
-            fleet.observe(d.worker_id, f.shape, intent=Intent("release", now, d.model, views[d.worker_id].assignment_id))
-            self._spawn(self._release(d.worker_id), busy=d.worker_id)
-        elif isinstance(d, Sleep):
-            f = fleet.facts[d.worker_id]
-            fleet.observe(d.worker_id, f.shape, intent=Intent("sleep", now, d.model, views[d.worker_id].assignment_id))
-            self._spawn(self._sleep(d), busy=d.worker_id)
-        elif isinstance(d, Prebuild):
-            f = fleet.facts[d.worker_id]
-            fleet.observe(d.worker_id, f.shape, intent=Intent("prebuild", now, d.model, None, d.engine_class))
-            self._spawn(self._prebuild(d), busy=d.worker_id)
-        elif isinstance(d, Stop | Start):
-            f = fleet.facts[d.worker_id]
-            intent = Intent("stop", now, None, None) if isinstance(d, Stop) else Intent("start", now, None, None)
-            fleet.observe(d.worker_id, f.shape, intent=intent)
-            self._spawn(self._stop_or_start(d), busy=d.worker_id)
-        elif isinstance(d, Terminate) and d.worker_id in fleet.facts and fleet.facts[d.worker_id].host is not None:
+                           inputs=decision_inputs(snap, views, model, shape))
+        carry_out(d, self, At(snap, views, now))
+
+    def launch(self, d: Launch, at: At) -> None:
+        worker_id = f"w-{uuid.uuid4().hex[:10]}"
+        self.fleet.observe(worker_id, d.shape, launch_requested_at=at.now)
+        self._spawn(self._launch(worker_id, d.shape), busy=worker_id)
+
+    def assign(self, d: Assign, at: At) -> None:
+        f = self.fleet.facts[d.worker_id]
+        self.fleet.observe(d.worker_id, f.shape, intent=Intent("assign", at.now, d.model, d.assignment_id,
+                                                               memory_bytes=at.snap.engine_bytes.get(d.model, 0),
+                                                               revision=self._revision_of(d.model), batch=d.batch))
+        self._spawn(self._assign(d), busy=d.worker_id)
+
+    def load_adapter(self, d: LoadAdapter, at: At) -> None:
+        self._adapter_intent(d, Intent("adapter_load", at.now, d.model, None), at.now)
+
+    def unload_adapter(self, d: UnloadAdapter, at: At) -> None:
+        self._adapter_intent(d, Intent("adapter_unload", at.now, d.model, None), at.now)
+
+    def _adapter_intent(self, d: LoadAdapter | UnloadAdapter, intent: Intent, now: float) -> None:
+        f = self.fleet.facts[d.worker_id]
+        intents = tuple(i for i in f.adapter_intents if i.model != d.model and now - i.at < INTENT_TTL_S)
+        self.fleet.observe(d.worker_id, f.shape, adapter_intents=(*intents, intent))
+        self._spawn(self._adapter_call(d))
+
+    def pack(self, d: Pack, at: At) -> None:
+        f = self.fleet.facts[d.worker_id]
+        self.fleet.observe(d.engine_id, f.shape, host=d.worker_id,
+                           intent=Intent("assign", at.now, d.model, d.assignment_id, memory_bytes=d.memory_bytes,
+                                         revision=self._revision_of(d.model)))
+        self._spawn(self._pack(d), busy=d.engine_id)
+
+    def release(self, d: Release, at: At) -> None:
+        f = self.fleet.facts[d.worker_id]
+        self.fleet.observe(d.worker_id, f.shape,
+                           intent=Intent("release", at.now, d.model, at.views[d.worker_id].assignment_id))
+        self._spawn(self._release(d.worker_id), busy=d.worker_id)
+
+    def sleep(self, d: Sleep, at: At) -> None:
+        f = self.fleet.facts[d.worker_id]
+        self.fleet.observe(d.worker_id, f.shape,
+                           intent=Intent("sleep", at.now, d.model, at.views[d.worker_id].assignment_id))
+        self._spawn(self._sleep(d), busy=d.worker_id)
+
+    def prebuild(self, d: Prebuild, at: At) -> None:
+        f = self.fleet.facts[d.worker_id]
+        self.fleet.observe(d.worker_id, f.shape, intent=Intent("prebuild", at.now, d.model, None, d.engine_class))
+        self._spawn(self._prebuild(d), busy=d.worker_id)
+
+    def stop(self, d: Stop, at: At) -> None:
+        self.fleet.observe(d.worker_id, self.fleet.facts[d.worker_id].shape, intent=Intent("stop", at.now, None, None))
+        self._spawn(self._stop_or_start(d), busy=d.worker_id)
+
+    def start(self, d: Start, at: At) -> None:
+        self.fleet.observe(d.worker_id, self.fleet.facts[d.worker_id].shape, intent=Intent("start", at.now, None, None))
+        self._spawn(self._stop_or_start(d), busy=d.worker_id)
+
+    def terminate(self, d: Terminate, at: At) -> None:
+        f = self.fleet.facts.get(d.worker_id)
+        if f is not None and f.host is not None:
             # A packed engine that stopped reporting: it has no instance to terminate.
-            fleet.engine_gone(d.worker_id)
-        elif isinstance(d, Terminate):
-            gone = fleet.terminating(d.worker_id)
-            if gone is not None:
-                self._spawn(self._terminate(gone))
+            self.fleet.engine_gone(d.worker_id)
+            return
+        gone = self.fleet.terminating(d.worker_id)
+        if gone is not None:
+            self._spawn(self._terminate(gone))
 
     def _spawn(self, coro: Coroutine[Any, Any, None], busy: str | None = None) -> None:
         async def run() -> None:
@@ -288,28 +336,11 @@ class Actuator:
         self.fleet.answered(worker_id, status)
         return status
 
-    def assign_request(self, model: Model, assignment_id: str) -> AssignRequest:
-        """What a worker is asked to load ``model`` with."""
-        cfg = self._config()
-        return AssignRequest(
-            assignment_id=assignment_id, model=model.name, uri=model.uri,
-            served_model_name=model.resolved_served_name, max_model_len=model.max_context_tokens,
-            # With vLLM's LoRA flags when it has adapters.
-            engine=cfg.engine_args(model),
-            # The asleep tier needs the engine started with sleep mode.
-            sleep_mode=model.autoscaling.asleep_ttl_s > 0,
-            # Named only for a model whose engine is kept (a class its pool pre-builds).
-            engine_class=kept_classes(cfg, self.model_classes.classes).get(model.name)
-            if self.model_classes else None,
-            # Counted by a worker that packs engines (None: not counted).
-            memory_bytes=engine_bytes(cfg, self.model_classes).get(model.name),
-            revision=self._revision_of(model.name),
-        )
-
     async def _assign(self, d: Assign) -> None:
         model = self._config().model(d.model)
         assert model is not None
-        req = self.assign_request(model, d.assignment_id).model_copy(update={"batch": d.batch})
+        req = assign_request(self._config(), self.model_classes, model, d.assignment_id,
+                             self._revision_of(model.name)).model_copy(update={"batch": d.batch})
         if await self._call(d.worker_id, "assign", lambda url: self.control.assign(url, req)) is not None:
             log.info("worker_assigned", worker_id=d.worker_id, model=model.name, assignment_id=d.assignment_id,
                      expected_tier=d.tier, expected_load_s=d.expected_load_s, batch=d.batch)
@@ -318,7 +349,8 @@ class Actuator:
         """Ask the worker for a packed engine; its answer is the new engine's status."""
         model = self._config().model(d.model)
         assert model is not None
-        req = self.assign_request(model, d.assignment_id).model_copy(
+        req = assign_request(self._config(), self.model_classes, model, d.assignment_id,
+                             self._revision_of(model.name)).model_copy(
             update={"engine_id": d.engine_id, "memory_bytes": d.memory_bytes})
         url = self.fleet.control_url(d.worker_id)
         try:

@@ -47,13 +47,27 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
 
 from thaw.config import Autoscaling, Model, ThawConfig
 from thaw.wire import CachedWeights, FailureKind, WorkerState
 from warm_pool.autoscaler import ScaleResult, ScaleState, autoscale, evolve, observe
 from warm_pool.batch_policy import batch_launches, lent_to_batch, to_preempt, wanting_batch
 from warm_pool.budget import PoolAsk, PoolGrant, grant
+from warm_pool.decisions import (
+    Assign,
+    AssignReason,
+    Decision,
+    Launch,
+    LoadAdapter,
+    Pack,
+    Prebuild,
+    Release,
+    Sleep,
+    Start,
+    Stop,
+    Terminate,
+    UnloadAdapter,
+)
 from warm_pool.keepalive import (
     IdleHistogram,
     IdlePools,
@@ -278,113 +292,6 @@ class PolicyState:
     # Every model's idle intervals pooled: the keep-alive policy's prior (derived from
     # the models' histograms at each tick's start, by ``idle_pools``).
     idle_pools: IdlePools = IdlePools()
-
-
-# -- decisions (data; warm_pool.actuator carries them out) ----------------------------
-
-
-AssignReason = Literal["demand", "scale_up", "prewarm", "min_replicas", "roll", "batch"]
-
-
-@dataclass(frozen=True)
-class Assign:
-    worker_id: str
-    model: str
-    assignment_id: str
-    reason: AssignReason = "demand"
-    # Where the worker is expected to load the model from, and in how long (a standby
-    # placed by what it holds; None for a wake).
-    # Informational: not part of the decision's identity.
-    tier: str | None = field(default=None, compare=False)
-    expected_load_s: float | None = field(default=None, compare=False)
-    # Batch work on a standby (warm_pool.batch_policy): any other assignment takes it.
-    batch: bool = False
-
-
-@dataclass(frozen=True)
-class Release:
-    worker_id: str
-    model: str | None
-    reason: Literal["idle", "failed", "excess", "asleep_expired", "reclaimed", "budget", "removed", "rolled"]
-
-
-@dataclass(frozen=True)
-class Sleep:
-    """Put an idle replica to sleep (vLLM sleep mode): it keeps the model, off the GPU."""
-
-    worker_id: str
-    model: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Stop an idle standby instance (EC2): kept as stopped standby, storage cost only."""
-
-    worker_id: str
-    reason: Literal["excess_standby"]
-
-
-@dataclass(frozen=True)
-class Start:
-    """Start a stopped standby instance again (it stands by again in about a minute)."""
-
-    worker_id: str
-    reason: Literal["standby"]
-
-
-@dataclass(frozen=True)
-class Prebuild:
-    """Have a standby build an engine of ``model``'s engine class before any request."""
-
-    worker_id: str
-    model: str
-    engine_class: str
-
-
-@dataclass(frozen=True)
-class Pack:
-    """Start an engine of ``model`` beside the ones a serving worker runs
-    (``pools[].pack``): the engine becomes a replica of its own, ``engine_id``."""
-
-    worker_id: str
-    model: str
-    assignment_id: str
-    engine_id: str
-    memory_bytes: int
-    reason: AssignReason = "demand"
-    tier: str = field(default="packed", compare=False)
-
-
-@dataclass(frozen=True)
-class LoadAdapter:
-    """Load adapter ``model`` into the engine of its base that ``worker_id`` serves."""
-
-    worker_id: str
-    model: str
-    reason: AssignReason = "demand"
-    tier: str = field(default="adapter", compare=False)
-
-
-@dataclass(frozen=True)
-class UnloadAdapter:
-    worker_id: str
-    model: str
-    reason: Literal["idle", "excess", "failed", "removed"]
-
-
-@dataclass(frozen=True)
-class Launch:
-    shape: str
-    reason: Literal["standby", "demand", "batch"]
-
-
-@dataclass(frozen=True)
-class Terminate:
-    worker_id: str
-    reason: Literal["unreachable", "excess_standby", "excess_stopped"]
-
-
-Decision = Assign | Release | Sleep | Launch | Terminate | Stop | Start | Prebuild | Pack | LoadAdapter | UnloadAdapter
 
 
 _SERVING = ("loading", "ready")

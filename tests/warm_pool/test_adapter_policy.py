@@ -9,18 +9,8 @@ from pathlib import Path
 import yaml
 
 from thaw.config import ThawConfig, parse_config
-from warm_pool.policy import (
-    Assign,
-    LoadAdapter,
-    ModelActivity,
-    ModelState,
-    PolicyState,
-    Release,
-    Snapshot,
-    UnloadAdapter,
-    WorkerView,
-    decide,
-)
+from warm_pool.decisions import Assign, LoadAdapter, Release, UnloadAdapter
+from warm_pool.policy import ModelActivity, ModelState, PolicyState, Snapshot, WorkerView, decide
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 

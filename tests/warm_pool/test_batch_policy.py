@@ -10,17 +10,8 @@ import yaml
 
 from thaw.config import ThawConfig, parse_config
 from warm_pool.batch_policy import batch_launches, lent_to_batch
-from warm_pool.policy import (
-    Assign,
-    Launch,
-    ModelActivity,
-    PolicyState,
-    Release,
-    Snapshot,
-    Terminate,
-    WorkerView,
-    decide,
-)
+from warm_pool.decisions import Assign, Launch, Release, Terminate
+from warm_pool.policy import ModelActivity, PolicyState, Snapshot, WorkerView, decide
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 

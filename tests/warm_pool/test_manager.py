@@ -31,6 +31,7 @@ from thaw.wire import (
     WorkerState,
     WorkerStatus,
 )
+from warm_pool.actuator import assign_request
 from warm_pool.classes import ModelClasses
 from warm_pool.control import ControlError
 from warm_pool.facts import UnknownInstance
@@ -538,7 +539,7 @@ async def test_an_adapter_is_loaded_into_a_serving_base_and_routed_under_its_own
     row = next(x for x in m.status().models if x.name == "a1")
     assert row.replicas == {"ready": 1}
     # The base's engine starts with LoRA: an assignment of demo carries the flags.
-    req2 = m.actuator.assign_request(cfg.models[0], "demo-2")
+    req2 = assign_request(cfg, m.model_classes, cfg.models[0], "demo-2", None)
     assert req2.engine.extra["enable_lora"] is True and req2.engine.extra["max_loras"] == 4
 
 

@@ -10,15 +10,11 @@ import yaml
 
 from thaw.config import ThawConfig, parse_config
 from thaw.units import GiB
+from warm_pool.decisions import Assign, Launch, Pack, Release, Terminate
 from warm_pool.policy import (
-    Assign,
-    Launch,
     ModelActivity,
-    Pack,
     PolicyState,
-    Release,
     Snapshot,
-    Terminate,
     WorkerView,
     decide,
     pack_room,

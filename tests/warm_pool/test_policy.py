@@ -10,16 +10,12 @@ import yaml
 
 from thaw.config import ThawConfig, parse_config
 from thaw.wire import CachedWeights
+from warm_pool.decisions import Assign, Launch, Release, Sleep, Terminate
 from warm_pool.policy import (
     CRASH_WINDOW_S,
-    Assign,
-    Launch,
     ModelActivity,
     PolicyState,
-    Release,
-    Sleep,
     Snapshot,
-    Terminate,
     WorkerView,
     backoff_s,
     decide,

@@ -10,18 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thaw.config import ThawConfig, parse_config
+from warm_pool.decisions import Assign, Launch, Release, Start, Stop, Terminate
 from warm_pool.policy import (
-    Assign,
-    Launch,
     ModelActivity,
     ModelState,
     PolicyState,
     PoolState,
-    Release,
     Snapshot,
-    Start,
-    Stop,
-    Terminate,
     WorkerView,
     decide,
 )

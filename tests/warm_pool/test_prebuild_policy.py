@@ -10,14 +10,12 @@ import yaml
 
 from thaw.config import ThawConfig, parse_config
 from thaw.wire import CachedWeights
+from warm_pool.decisions import Assign, Prebuild, Terminate
 from warm_pool.policy import (
     ENGINE_BUILD_S,
-    Assign,
     ModelActivity,
     PolicyState,
-    Prebuild,
     Snapshot,
-    Terminate,
     WorkerView,
     decide,
     expected_start,

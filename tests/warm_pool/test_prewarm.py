@@ -9,15 +9,8 @@ from typing import Any
 import pytest
 
 from thaw.config import ConfigError, Prewarm, parse_config
-from warm_pool.policy import (
-    Assign,
-    ModelActivity,
-    PolicyState,
-    Release,
-    Snapshot,
-    WorkerView,
-    decide,
-)
+from warm_pool.decisions import Assign, Release
+from warm_pool.policy import ModelActivity, PolicyState, Snapshot, WorkerView, decide
 from warm_pool.prewarm import next_edge, scheduled_replicas
 
 NINE = datetime(2026, 12, 3, 9, 0, tzinfo=UTC).timestamp()  # a Thursday

@@ -11,16 +11,8 @@ from typing import Any
 import yaml
 
 from thaw.config import ThawConfig, parse_config
-from warm_pool.policy import (
-    Assign,
-    ModelActivity,
-    PolicyState,
-    Release,
-    Snapshot,
-    UnloadAdapter,
-    WorkerView,
-    decide,
-)
+from warm_pool.decisions import Assign, Release, UnloadAdapter
+from warm_pool.policy import ModelActivity, PolicyState, Snapshot, WorkerView, decide
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 BUSY = {"demo": ModelActivity(in_flight=2, last_request_at=100.0)}
