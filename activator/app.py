@@ -23,11 +23,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activator.auth import Authenticator
-from activator.batch_worker import BatchWorker
-from activator.batches import CREATE_BODY, BatchesApi
+from activator.batch.batches import CREATE_BODY, BatchesApi
+from activator.batch.files import UPLOAD_BODY, FilesApi, file_object
+from activator.batch.worker import BatchWorker
 from activator.bounds import RequestBounds
 from activator.catalog import CatalogCache, apply_catalog
-from activator.conversations import CONVERSATION_BODY, ITEMS_BODY, METADATA_BODY, ConversationsApi
+from activator.conversations.conversations import (
+    CONVERSATION_BODY,
+    ITEMS_BODY,
+    METADATA_BODY,
+    ConversationsApi,
+)
+from activator.conversations.responses import CREATE_BODY as RESPONSES_BODY
+from activator.conversations.responses import ResponsesApi
 from activator.edge import CompletionEdge, IncomingRequest, RequestGuard, request_id_from
 from activator.errors import (
     ApiError,
@@ -39,24 +47,22 @@ from activator.errors import (
     error_response,
     internal_error_response,
 )
-from activator.files import UPLOAD_BODY, FilesApi, file_object
 from activator.keys import KeyCache
 from activator.keys import split as split_keys
 from activator.ledger import Ledger, parse_time, usage_totals
 from activator.limits import build_limiter
 from activator.metrics import ActivatorMetrics
 from activator.protocol import ERROR_RESPONSES, ErrorResponse, add_request_schemas, request_body
-from activator.responses import CREATE_BODY as RESPONSES_BODY
-from activator.responses import ResponsesApi
 from activator.route_watcher import RouteWatcher, public_failure
 from activator.service import CompletionService, Kind, RequestContext
-from activator.shipping import S3Client, UsageShipper
+from activator.shipping import UsageShipper
 from activator.tokens import FileFetcher, TokenCounter
 from activator.usage_store import UsageReader, read_usage
 from thaw.config import ThawConfig
 from thaw.controllers import ControllerClient
 from thaw.http_api import allowed_methods
 from thaw.log import bind_request, get_logger
+from thaw.s3client import S3Client
 from thaw.wire import Catalog, KeyTable
 
 log = get_logger()
@@ -334,7 +340,7 @@ def create_app(
                              "data": data, "shipping": {"lag_s": fleet.shipping()["lag_s"]},
                              "complete": fleet.complete, "incomplete_reason": reason}, headers={"x-request-id": rid})
 
-    # -- the Files API (activator.files) ------------------------------------------------
+    # -- the Files API (activator.batch.files) ------------------------------------------------
 
     async def tenant_call(request: Request, call: Any, kind: str = "files") -> Response:
         rid = request_id_from(request)
@@ -384,7 +390,7 @@ def create_app(
     async def delete_file(file_id: str, request: Request) -> Response:
         return await tenant_call(request, lambda tenant: files.delete(tenant, file_id))
 
-    # -- the Batches API (activator.batches; lines run by activator.batch_worker) --------
+    # -- the Batches API (activator.batch.batches; lines run by activator.batch.worker) --------
 
     @app.post("/v1/batches", responses=ERROR_RESPONSES, openapi_extra=CREATE_BODY)
     async def create_batch(request: Request) -> Response:
@@ -410,7 +416,7 @@ def create_app(
     async def cancel_batch(batch_id: str, request: Request) -> Response:
         return await tenant_call(request, lambda tenant: batches.cancel(tenant, batch_id))
 
-    # -- the Responses API (activator.responses) -----------------------------------------
+    # -- the Responses API (activator.conversations.responses) -----------------------------------------
 
     @app.post("/v1/responses", responses=ERROR_RESPONSES, openapi_extra=RESPONSES_BODY)
     async def create_response(request: Request) -> Response:
@@ -431,7 +437,7 @@ def create_app(
         return await tenant_call(request, lambda tenant: responses.input_items(
             tenant, response_id, after=after, limit=limit, order=order), "responses")
 
-    # -- the Conversations API (activator.conversations) ---------------------------------
+    # -- the Conversations API (activator.conversations.conversations) ---------------------------------
 
     async def json_body(request: Request) -> Any:
         try:

@@ -51,7 +51,7 @@ class ActivatorMetrics:
             "thaw_limits_degraded_admissions_total",
             "Requests admitted or refused by this activator's share of the limits (the shared store unreachable)",
             registry=registry)
-        # Batch lines on this activator's spare slots (activator/batch_worker.py).
+        # Batch lines on this activator's spare slots (activator/batch/worker.py).
         self.batch_running = Gauge("thaw_batch_running", "Batch requests running now, per model", ["model"],
                                    registry=registry)
         # answered: sent to the controller and kept; answered_twice: sent, but the line had

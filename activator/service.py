@@ -81,7 +81,7 @@ class RequestContext:
     recorded: bool = False
     admission: Admission | None = None
     rate_headers: dict[str, str] = field(default_factory=dict)
-    # "batch" for a batch's line (activator.batch_worker); None online.
+    # "batch" for a batch's line (activator.batch.worker); None online.
     service_tier: str | None = None
 
     def response_headers(self) -> dict[str, str]:

@@ -37,10 +37,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from activator.metrics import ActivatorMetrics
 from thaw.log import get_logger
+from thaw.s3client import S3Client
 
 log = get_logger()
 
@@ -62,14 +63,6 @@ CREATE TABLE IF NOT EXISTS usage_shipped (
     shipped_at REAL NOT NULL
 )
 """
-
-
-class S3Client(Protocol):
-    """The slice of a boto3 S3 client that shipping and reading usage use."""
-
-    def put_object(self, *, Bucket: str, Key: str, Body: bytes, ContentType: str = ...) -> dict[str, Any]: ...
-    def get_object(self, *, Bucket: str, Key: str) -> dict[str, Any]: ...
-    def list_objects_v2(self, **kwargs: Any) -> dict[str, Any]: ...
 
 
 # -- the format ------------------------------------------------------------------------

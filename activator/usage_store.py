@@ -22,12 +22,12 @@ from activator.ledger import query_usage, replica_intervals
 from activator.shipping import (
     MARKER_NAME,
     REPLICAS_NAME,
-    S3Client,
     decode_lines,
     parse_segment_key,
     read_watermark,
 )
 from thaw.config import ThawConfig
+from thaw.s3client import S3Client
 
 # -- pure merging ------------------------------------------------------------------------
 

@@ -1163,9 +1163,7 @@ class _Effects:
     def release(self, d: Release, t: float) -> None:
         s = self.sim
         w = s.workers[d.worker_id]
-        m = w.model
-        if w.state == "ready" and m is not None:
-            m.ready.remove(w)
+        m = self._out_of_rotation(w)
         # Only a drained replica parks its engine (as the worker does); a loading or
         # asleep one stops it.
         w.park = w.state == "ready" and w.engine is not None
@@ -1178,13 +1176,19 @@ class _Effects:
     def sleep(self, d: Sleep, t: float) -> None:
         s = self.sim
         w = s.workers[d.worker_id]
-        m = w.model
-        if w.state == "ready" and m is not None:
-            m.ready.remove(w)
+        m = self._out_of_rotation(w)
         s._set(w, "asleep", t, since=t)
         if m is not None:
             # The policy releases it once past asleep_ttl_s.
             heapq.heappush(s.deadlines, (t + m.a.asleep_ttl_s, -1))
+
+    @staticmethod
+    def _out_of_rotation(w: _Worker) -> _Model | None:
+        """Take a ready replica out of its model's rotation; its model."""
+        m = w.model
+        if w.state == "ready" and m is not None:
+            m.ready.remove(w)
+        return m
 
     def launch(self, d: Launch, t: float) -> None:
         s = self.sim

@@ -33,7 +33,6 @@ from snapshotter.archive import (
 )
 from snapshotter.fingerprint import Fingerprint, diff_inputs, format_diff, probe_runtime
 from snapshotter.store import (
-    S3Client,
     SnapshotLocation,
     SnapshotStoreError,
     download_archive,
@@ -41,6 +40,7 @@ from snapshotter.store import (
     upload_snapshot,
 )
 from thaw.objstore import S3Endpoint
+from thaw.s3client import S3Client
 
 
 class RestoreStatus(StrEnum):

@@ -18,13 +18,14 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
 
 from snapshotter.archive import ArchiveInfo, CorruptArchive, sha256_file
+from thaw.s3client import S3Client
 from thaw.s3errors import is_missing_key
 from thaw.s3uri import parse_s3_uri
 
@@ -32,18 +33,6 @@ SNAPSHOT_FORMAT = "thaw-snapshot/1"
 SNAPSHOTS_PREFIX = "snapshots"
 MANIFEST_NAME = "manifest.json"
 PART_SIZE = 16 * 1024 * 1024
-
-
-class S3Client(Protocol):
-    """The slice of a boto3 S3 client that snapshots use."""
-
-    def upload_file(self, Filename: str, Bucket: str, Key: str, Config: Any = ...) -> None: ...
-    def download_file(self, Bucket: str, Key: str, Filename: str) -> None: ...
-    def head_object(self, *, Bucket: str, Key: str) -> dict[str, Any]: ...
-    def put_object(self, *, Bucket: str, Key: str, Body: bytes, ContentType: str = ...) -> dict[str, Any]: ...
-    def get_object(self, *, Bucket: str, Key: str) -> dict[str, Any]: ...
-    def delete_object(self, *, Bucket: str, Key: str) -> dict[str, Any]: ...
-    def get_paginator(self, name: str) -> Any: ...
 
 
 class SnapshotStoreError(RuntimeError):

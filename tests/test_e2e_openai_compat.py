@@ -272,7 +272,7 @@ def test_over_the_token_rate_is_429_with_the_token_headers(stack: Stack) -> None
     assert float(h["retry-after"]) > 0
 
 
-# -- the Responses API (activator/responses.py) ---------------------------------------------
+# -- the Responses API (activator/conversations/responses.py) ---------------------------------------------
 
 
 def prompt_tokens(client: openai.OpenAI, messages: list[dict[str, Any]]) -> int:

@@ -45,7 +45,7 @@ import httpx
 import pytest
 import yaml
 
-from activator.files import store_upload
+from activator.batch.files import store_upload
 from activator.ledger import Ledger, UsageRecord
 from activator.shipping import UsageShipper
 from activator.tokens import TokenCounter, s3_fetcher
@@ -60,11 +60,11 @@ from thaw.config import BatchConfig, parse_config
 from thaw.embedded_store import free_port
 from thaw.process import stop_group
 from thaw.wire import NewBatch, NewFile
-from warm_pool.batch_runner import BatchRunner
-from warm_pool.batches import BatchStore
+from warm_pool.batch.files import FileIndex
+from warm_pool.batch.runner import BatchRunner
+from warm_pool.batch.store import BatchStore
 from warm_pool.db import Db
 from warm_pool.ec2 import Ec2Provider
-from warm_pool.files import FileIndex
 from weight_streaming.fetch import fetch_model_files
 from weight_streaming.push import push_model, read_manifest
 from weight_streaming.s3_loader import load_s3, manifest_sha256

@@ -78,3 +78,33 @@ def test_no_test_module_imports_another_test_module() -> None:
     bad = {str(p.relative_to(ROOT)): found for p in sorted((ROOT / "tests").rglob("*.py"))
            if (found := imported_test_modules(p))}
     assert bad == {}
+
+
+# Feature folders inside a service: one folder per feature, none importing another's.
+FEATURE_FOLDERS = {"warm_pool": ("batch", "conversations"), "activator": ("batch", "conversations")}
+
+
+def imported_modules(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+@pytest.mark.parametrize("service", sorted(FEATURE_FOLDERS))
+def test_a_feature_folder_imports_no_other_feature_folder(service: str) -> None:
+    folders = FEATURE_FOLDERS[service]
+    bad = {}
+    for folder in folders:
+        others = tuple(f"{service}.{o}" for o in folders if o != folder)
+        for p in (ROOT / service / folder).rglob("*.py"):
+            found = sorted(m for m in imported_modules(p) if m.startswith(others))
+            if found:
+                bad[str(p.relative_to(ROOT))] = found
+    assert bad == {}
+    for folder in folders:  # each one a package with a docstring saying what it holds
+        init = ROOT / service / folder / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), init

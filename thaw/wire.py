@@ -993,7 +993,7 @@ class ReleaseLine(_Msg):
     failure: Annotated[str, Field(max_length=2000)] | None = None
 
 
-# -- stored responses (OpenAI's Responses API; activator.responses, warm_pool.responses_store)
+# -- stored responses (OpenAI's Responses API; activator.conversations.responses, warm_pool.conversations.store)
 
 RESPONSE_ID = r"resp_[A-Za-z0-9]{8,64}"
 CONVERSATION_ID = r"conv_[A-Za-z0-9]{8,64}"

@@ -58,12 +58,12 @@ from thaw.wire import (
 )
 from warm_pool.api_errors import NotFound, refusal_doc
 from warm_pool.api_errors import install as install_refusals
-from warm_pool.batch_api import batch_router
-from warm_pool.files_api import files_router
+from warm_pool.batch.api import batch_router
+from warm_pool.batch.files_api import files_router
+from warm_pool.conversations.api import responses_router
 from warm_pool.manager import PoolManager
 from warm_pool.persist import BudgetRefused
 from warm_pool.policy import ModelActivity
-from warm_pool.responses_api import responses_router
 
 
 def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle: bool = True) -> FastAPI:

@@ -11,11 +11,11 @@ from fastapi.responses import JSONResponse
 
 from thaw.wire import ErrorReply
 from warm_pool.admin import UnknownKey, UnknownTenant
+from warm_pool.batch.files import FileExists
+from warm_pool.conversations.store import ChainTooLong, ConversationFull, Exists
 from warm_pool.db import StateUnavailable
 from warm_pool.facts import UnknownInstance
-from warm_pool.files import FileExists
 from warm_pool.registry import RegistryRefused
-from warm_pool.responses_store import ChainTooLong, ConversationFull, Exists
 
 
 class NotFound(LookupError):

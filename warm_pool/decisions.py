@@ -31,7 +31,7 @@ class Assign:
     # Informational: not part of the decision's identity.
     tier: str | None = field(default=None, compare=False)
     expected_load_s: float | None = field(default=None, compare=False)
-    # Batch work on a standby (warm_pool.batch_policy): any other assignment takes it.
+    # Batch work on a standby (warm_pool.batch.policy): any other assignment takes it.
     batch: bool = False
 
 

@@ -54,16 +54,17 @@ from thaw.wire import (
 from warm_pool.actuator import Actuator
 from warm_pool.admin import BudgetAdmin, KeyAdmin
 from warm_pool.apply import Applier
-from warm_pool.batch_policy import standby_use
-from warm_pool.batch_runner import BatchRunner
-from warm_pool.batches import BatchStore
+from warm_pool.batch.files import FileIndex
+from warm_pool.batch.policy import standby_use
+from warm_pool.batch.runner import BatchRunner
+from warm_pool.batch.store import BatchStore
 from warm_pool.classes import ModelClasses, engine_bytes
 from warm_pool.clock import ClockAdmin
 from warm_pool.control import WorkerControl
+from warm_pool.conversations.store import ResponseStore
 from warm_pool.db import Db, StateUnavailable
 from warm_pool.events import EventLog
 from warm_pool.facts import FleetFacts
-from warm_pool.files import FileIndex
 from warm_pool.instances import InstanceWatch
 from warm_pool.keys import KeyStore
 from warm_pool.leader import Leadership, LeaseStore
@@ -73,7 +74,6 @@ from warm_pool.policy import ModelActivity, ModelState, PolicyState, Snapshot, W
 from warm_pool.providers import Provider
 from warm_pool.registry import ModelRegistry, StoreReader
 from warm_pool.registry_store import REGISTRY_FILE, RegistryStore
-from warm_pool.responses_store import ResponseStore
 from warm_pool.routes import RouteFeed, route_table
 from warm_pool.status import pool_status
 from warm_pool.tenants import TenantAdmin

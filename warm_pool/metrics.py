@@ -53,7 +53,7 @@ class PoolMetrics:
                                "Standby instances wanted but not granted by a budget", ["shape"], registry=registry)
         self.spend = Gauge("thaw_pool_spend_usd_per_hour", "Serving + asleep + standby spend", ["shape"],
                            registry=registry)
-        # Batches (warm_pool/batch_runner.py, updated each of its ticks).
+        # Batches (warm_pool/batch/runner.py, updated each of its ticks).
         self.batches = Gauge("thaw_batches", "Batches by status", ["status"], registry=registry)
         self.batch_lines = Gauge("thaw_batch_lines", "Lines of batches not yet ended, by state and model",
                                  ["model", "state"], registry=registry)

@@ -51,7 +51,7 @@ from functools import cached_property
 from thaw.config import Autoscaling, Model, ThawConfig
 from thaw.wire import CachedWeights, FailureKind, WorkerState
 from warm_pool.autoscaler import ScaleResult, ScaleState, autoscale, evolve, observe
-from warm_pool.batch_policy import batch_launches, lent_to_batch, to_preempt, wanting_batch
+from warm_pool.batch.policy import batch_launches, lent_to_batch, to_preempt, wanting_batch
 from warm_pool.budget import PoolAsk, PoolGrant, grant
 from warm_pool.decisions import (
     Assign,
@@ -135,7 +135,7 @@ class WorkerView:
     failure_kind: FailureKind | None = None
     # The model's registry revision its assignment serves (None: not known).
     revision: int | None = None
-    # Its assignment is batch work (``warm_pool.batch_policy``): another assignment takes it.
+    # Its assignment is batch work (``warm_pool.batch.policy``): another assignment takes it.
     batch: bool = False
 
     def adapter(self, model: str) -> str | None:
@@ -179,7 +179,7 @@ class Snapshot:
     # Per model, the registry revisions whose replicas a roll replaces (weights or engine
     # settings other than the current revision's).
     outdated: dict[str, frozenset[int]] = field(default_factory=dict)
-    # Per model, the lines of running batches not answered yet (warm_pool.batch_policy).
+    # Per model, the lines of running batches not answered yet (warm_pool.batch.policy).
     batch_demand: dict[str, int] = field(default_factory=dict)
 
     # Indexes of ``workers`` the stages read, each in the workers' order, built once per

@@ -19,7 +19,7 @@ from thaw.wire import (
     WorkerState,
 )
 from warm_pool.actuator import ShapeBackoff
-from warm_pool.batch_policy import standby_use
+from warm_pool.batch.policy import standby_use
 from warm_pool.facts import FleetFacts
 from warm_pool.policy import ModelActivity, PolicyState, WorkerView
 from warm_pool.providers import Provider

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
 from thaw.objstore import read_json_object
+from thaw.s3client import S3Client
 from thaw.s3errors import S3Failure, classify, error_code, error_message
 from thaw.s3uri import S3UriError, check_key_path, check_uri
 from weight_streaming.manifest import (
@@ -43,17 +44,6 @@ class PushError(RuntimeError):
 
 class InvalidModelDir(PushError):
     """The local directory must not be pushed (no safetensors, malformed header, ...)."""
-
-
-class S3Client(Protocol):
-    """The slice of a boto3 S3 client that push and listing use."""
-
-    def upload_file(self, Filename: str, Bucket: str, Key: str, Callback: Any = ..., Config: Any = ...) -> None: ...
-    def head_object(self, *, Bucket: str, Key: str) -> dict[str, Any]: ...
-    def put_object(self, *, Bucket: str, Key: str, Body: bytes, ContentType: str = ...) -> dict[str, Any]: ...
-    def delete_object(self, *, Bucket: str, Key: str) -> dict[str, Any]: ...
-    def get_object(self, *, Bucket: str, Key: str) -> dict[str, Any]: ...
-    def get_paginator(self, name: str) -> Any: ...
 
 
 @dataclass(frozen=True)

@@ -91,13 +91,13 @@ def controller_stand_in(routes: RouteTable, db: Any) -> Any:
 
     from thaw.wire import KeyTable
     from warm_pool.api_errors import install
-    from warm_pool.batch_api import batch_router
-    from warm_pool.batch_runner import BatchRunner
-    from warm_pool.batches import BatchStore
-    from warm_pool.files import FileIndex
-    from warm_pool.files_api import files_router
-    from warm_pool.responses_api import responses_router
-    from warm_pool.responses_store import ResponseStore
+    from warm_pool.batch.api import batch_router
+    from warm_pool.batch.files import FileIndex
+    from warm_pool.batch.files_api import files_router
+    from warm_pool.batch.runner import BatchRunner
+    from warm_pool.batch.store import BatchStore
+    from warm_pool.conversations.api import responses_router
+    from warm_pool.conversations.store import ResponseStore
 
     app = FastAPI()
     install(app)

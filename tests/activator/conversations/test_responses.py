@@ -1,4 +1,4 @@
-"""The Responses API on the activator (activator/responses.py), with the official openai
+"""The Responses API on the activator (activator/conversations/responses.py), with the official openai
 client: a real activator on a loopback port, a fake engine, and a controller stand-in
 that serves the route table and the real stored-responses API on SQLite.
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-import activator.batch_worker as batch_worker_module
-from activator.batch_worker import BatchWorker
+import activator.batch.worker as batch_worker_module
+from activator.batch.worker import BatchWorker
 from activator.metrics import ActivatorMetrics
 from activator.route_watcher import Replica, RouteWatcher
 from tests.waiting import until

@@ -1,10 +1,10 @@
 """OpenAI's Batches API, per tenant: ``POST /v1/batches``, ``GET /v1/batches/{id}``,
 ``GET /v1/batches`` (``after``, ``limit``) and ``POST /v1/batches/{id}/cancel``.
 
-The batch itself lives at the controller (``warm_pool.batches``, run by its
+The batch itself lives at the controller (``warm_pool.batch.store``, run by its
 ``batch_runner``); this module checks a request as OpenAI does, asks the controller for
 the tenant it authenticated, and shows the batch in OpenAI's shape. The lines run on
-this activator's spare slots (``activator.batch_worker``). Another tenant's batch id
+this activator's spare slots (``activator.batch.worker``). Another tenant's batch id
 answers 404 exactly as an unknown one.
 """
 

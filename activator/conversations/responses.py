@@ -2,7 +2,7 @@
 ``GET /v1/responses/{id}``, ``DELETE /v1/responses/{id}`` and
 ``GET /v1/responses/{id}/input_items``, per tenant.
 
-A request is rendered into a chat completion (``activator.responses_items``): the
+A request is rendered into a chat completion (``activator.conversations.items``): the
 stored history of ``previous_response_id`` (its chain's inputs and outputs, oldest
 first), then ``instructions`` as the system message, then the new input items; it is
 then served exactly as a chat completion is (checked, admitted, routed, billed), with
@@ -13,7 +13,7 @@ the prompt fits the context, and the response says how many
 (``thaw.truncated_items``); ``disabled``, the default: 400 ``context_length_exceeded``.
 
 A stored response (``store``, default true) is written at the controller
-(``warm_pool.responses_store``) before its client sees the end of it: the whole body,
+(``warm_pool.conversations.store``) before its client sees the end of it: the whole body,
 or ``response.completed``. If it cannot be written, the client gets an error instead
 (503 ``responses_unavailable``, or an ``error`` event), never an id it cannot continue
 from. Another tenant's response id is 404 ``No response found``.
@@ -33,9 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from activator.edge import ProxyStream
-from activator.errors import ApiError, BadRequest, NotFound, ServiceUnavailable
-from activator.responses_items import (
+from activator.conversations.items import (
     ItemError,
     StreamTranslator,
     chat_messages,
@@ -48,6 +46,8 @@ from activator.responses_items import (
     response_usage,
     sse,
 )
+from activator.edge import ProxyStream
+from activator.errors import ApiError, BadRequest, NotFound, ServiceUnavailable
 from activator.service import CompletionService, RequestContext
 from thaw.controllers import ControllerClient
 from thaw.log import get_logger

@@ -1,8 +1,8 @@
 """OpenAI's Conversations API on the activator, per tenant: ``POST /v1/conversations``,
 ``GET|POST|DELETE /v1/conversations/{id}``, ``GET|POST /v1/conversations/{id}/items`` and
 ``GET|DELETE /v1/conversations/{id}/items/{item_id}``. A conversation is a list of items
-kept at the controller (``warm_pool.responses_store``); a response created with
-``conversation`` follows its items and adds its turn to them (``activator.responses``).
+kept at the controller (``warm_pool.conversations.store``); a response created with
+``conversation`` follows its items and adds its turn to them (``activator.conversations.responses``).
 Another tenant's conversation is 404, as an unknown one."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 import httpx
 
+from activator.conversations.items import ItemError, input_items, new_id
 from activator.errors import BadRequest, NotFound, ServiceUnavailable
-from activator.responses_items import ItemError, input_items, new_id
 from thaw.controllers import ControllerClient
 from thaw.wire import ItemPage, NewConversation, StoredItem
 

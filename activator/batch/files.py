@@ -5,7 +5,7 @@
 An upload is counted (bytes, lines) and bounded (``batch.max_file_bytes``,
 ``batch.max_file_lines``) as it is read, stored in the object store at
 ``<batch.files_prefix><tenant>/<id>``, then indexed at the controller
-(``warm_pool.files``); a file exists for the API once it is indexed, so an upload the
+(``warm_pool.batch.files``); a file exists for the API once it is indexed, so an upload the
 controller could not index is deleted again and refused (503), never half there. A
 deletion takes the file out of the index first, then deletes its bytes. Another
 tenant's file id answers 404 exactly as an unknown one.

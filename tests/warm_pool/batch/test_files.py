@@ -1,4 +1,4 @@
-"""The Files API's index (warm_pool.files) on the state database: a file is its tenant's
+"""The Files API's index (warm_pool.batch.files) on the state database: a file is its tenant's
 only, pages run by creation time in either order with ``after`` as the cursor, and a
 removal says what it removed."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from thaw.wire import NewFile
+from warm_pool.batch.files import FileExists, FileIndex
 from warm_pool.db import Db
-from warm_pool.files import FileExists, FileIndex
 
 
 def new(i: int, tenant: str = "acme", purpose: str = "batch") -> NewFile:

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from thaw.config import ThawConfig, parse_config
-from warm_pool.batch_policy import batch_launches, lent_to_batch
+from warm_pool.batch.policy import batch_launches, lent_to_batch
 from warm_pool.decisions import Assign, Launch, Release, Terminate
 from warm_pool.policy import ModelActivity, PolicyState, Snapshot, WorkerView, decide
 

@@ -1,4 +1,4 @@
-"""The leader's batch work (warm_pool.batch_runner) with the store (SeaweedFS) and the
+"""The leader's batch work (warm_pool.batch.runner) with the store (SeaweedFS) and the
 state database, activators played by leases and answers: a batch is validated from its
 input file, finalized into output and error files in input order once every line is
 answered, expired with its unanswered lines named, and cancelled once nothing runs.
@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 from tests.conftest import BUCKET
 from thaw.objstore import S3Endpoint
 from thaw.wire import BatchEndpoint, BatchRecord, NewBatch, NewFile
-from warm_pool.batch_runner import BatchRunner, batch_step
-from warm_pool.batches import BatchStore
+from warm_pool.batch.files import FileIndex
+from warm_pool.batch.runner import BatchRunner, batch_step
+from warm_pool.batch.store import BatchStore
 from warm_pool.db import Db
-from warm_pool.files import FileIndex
 from warm_pool.metrics import PoolMetrics
 
 CHAT: BatchEndpoint = "/v1/chat/completions"

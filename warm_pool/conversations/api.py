@@ -1,5 +1,5 @@
 """The controller's side of the Responses and Conversations APIs: the responses and
-conversations activators store (``warm_pool.responses_store``). Callers are activators,
+conversations activators store (``warm_pool.conversations.store``). Callers are activators,
 with the cluster token; each names the tenant it authenticated, and answers about
 another tenant's response or conversation are 404s."""
 
@@ -22,7 +22,7 @@ from thaw.wire import (
     StoredResponse,
 )
 from warm_pool.api_errors import NotFound
-from warm_pool.responses_store import ResponseStore
+from warm_pool.conversations.store import ResponseStore
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorReply, "description": "The tenant has no such response or conversation"}}

@@ -1,5 +1,5 @@
-"""The controller's side of the Batches API (``warm_pool.batches``, run by
-``warm_pool.batch_runner``). Callers are activators, with the cluster token: they create,
+"""The controller's side of the Batches API (``warm_pool.batch.store``, run by
+``warm_pool.batch.runner``). Callers are activators, with the cluster token: they create,
 read and cancel batches for the tenant they authenticated (another tenant's batch is a
 404), lease batch requests to run and send their answers."""
 
@@ -26,9 +26,9 @@ from thaw.wire import (
     ReleaseLine,
 )
 from warm_pool.api_errors import BadRequest, NotFound, Unprocessable
-from warm_pool.batch_runner import BatchRunner
-from warm_pool.batches import MAX_PAGE, BatchStore, new_batch_id
-from warm_pool.files import FileIndex
+from warm_pool.batch.files import FileIndex
+from warm_pool.batch.runner import BatchRunner
+from warm_pool.batch.store import MAX_PAGE, BatchStore, new_batch_id
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "description": "The tenant has no such batch"}}
 

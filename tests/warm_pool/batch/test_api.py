@@ -1,4 +1,4 @@
-"""The controller's Batches API over HTTP (warm_pool.batch_api), as activators call it:
+"""The controller's Batches API over HTTP (warm_pool.batch.api), as activators call it:
 a batch over the tenant's own batch file only, another tenant's batch a 404, lines
 leased and answered once, a cancel."""
 

@@ -1,4 +1,4 @@
-"""The Batches API's state (warm_pool.batches), on SQLite and PostgreSQL: lines checked
+"""The Batches API's state (warm_pool.batch.store), on SQLite and PostgreSQL: lines checked
 at validation (refused ones failed from the start), leased to activators and taken
 again when a lease ends unanswered, each result kept once, counts and results in input
 order, cancel, and a batch only its tenant sees."""
@@ -13,7 +13,7 @@ import pytest
 from tests.postgres_server import PostgresServer
 from thaw.batch_lines import check_lines
 from thaw.wire import BatchEndpoint, NewBatch
-from warm_pool.batches import MAX_LINE_FAILURES, BatchStore
+from warm_pool.batch.store import MAX_LINE_FAILURES, BatchStore
 from warm_pool.db import Db
 
 CHAT: BatchEndpoint = "/v1/chat/completions"

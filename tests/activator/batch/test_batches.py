@@ -1,4 +1,4 @@
-"""The activator's Batches API (activator.batches): a request checked as OpenAI checks
+"""The activator's Batches API (activator.batch.batches): a request checked as OpenAI checks
 it before the controller is asked, and a batch shown in OpenAI's shape."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from activator.batches import BatchesApi, batch_object
+from activator.batch.batches import BatchesApi, batch_object
 from activator.errors import BadRequest
 from thaw.controllers import ControllerClient
 from thaw.wire import BatchCounts, BatchLineError, BatchRecord

@@ -30,8 +30,8 @@ from typing import Any, Literal
 from thaw.batch_lines import check_lines
 from thaw.log import get_logger
 from thaw.wire import BatchLineError, BatchRecord, NewFile
-from warm_pool.batches import ANSWERED, BatchStore, answered_ok
-from warm_pool.files import FileExists, FileIndex
+from warm_pool.batch.files import FileExists, FileIndex
+from warm_pool.batch.store import ANSWERED, BatchStore, answered_ok
 from warm_pool.metrics import PoolMetrics
 
 log = get_logger()
@@ -100,7 +100,7 @@ class BatchRunner:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         # Per model, the lines of running batches not answered yet, as of the last tick
-        # (what batch asks of the pool: warm_pool.batch_policy).
+        # (what batch asks of the pool: warm_pool.batch.policy).
         self.demand: dict[str, int] = {}
         # The last tick's batches by status, and lines of running batches by (model, state).
         self.census: tuple[dict[str, int], dict[tuple[str, str], int]] = ({}, {})

@@ -1,5 +1,5 @@
 """The controller's side of the Files API: the index activators keep files in
-(``warm_pool.files``). Callers are activators, with the cluster token; each names the
+(``warm_pool.batch.files``). Callers are activators, with the cluster token; each names the
 tenant it authenticated, and answers about another tenant's file are 404s."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from thaw.config import Name
 from thaw.wire import ErrorReply, FileList, FileRecord, NewFile
 from warm_pool.api_errors import NotFound
-from warm_pool.files import MAX_PAGE, FileIndex
+from warm_pool.batch.files import MAX_PAGE, FileIndex
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "description": "The tenant has no such file"}}
 

@@ -1,4 +1,4 @@
-"""Stored responses (warm_pool/responses_store.py) on SQLite and PostgreSQL: a chain's
+"""Stored responses (warm_pool/conversations/store.py) on SQLite and PostgreSQL: a chain's
 history oldest first, per tenant (another tenant's id is not found), deletion,
 retention and a tenant's removal."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tests.postgres_server import PostgresServer
+from warm_pool.conversations.store import MAX_CHAIN, ChainTooLong, ResponseStore
 from warm_pool.db import Db
-from warm_pool.responses_store import MAX_CHAIN, ChainTooLong, ResponseStore
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

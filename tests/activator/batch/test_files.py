@@ -22,8 +22,8 @@ import openai
 import pytest
 
 from activator.app import create_app
+from activator.batch.files import count_lines
 from activator.errors import PayloadTooLarge
-from activator.files import count_lines
 from tests.activator.support import KEY, LIMITED_KEY, assert_openai_error, make_config
 from tests.conftest import BUCKET
 from tests.warm_pool.fleet import TOKEN, InProcessProvider, controller, serve

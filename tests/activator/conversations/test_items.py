@@ -1,4 +1,4 @@
-"""The Responses API in chat terms (activator/responses_items.py): items in one shape,
+"""The Responses API in chat terms (activator/conversations/items.py): items in one shape,
 rendered as chat messages, a chat answer as output items, and a chat stream as the
 Responses event stream, each event valid as the official SDK types it."""
 
@@ -10,7 +10,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from activator.responses_items import (
+from activator.conversations.items import (
     ItemError,
     StreamTranslator,
     chat_messages,
