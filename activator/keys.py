@@ -1,6 +1,6 @@
 """The API keys this activator was last sent by the controller, kept on its own disk.
 
-The controller owns the key table (``warm_pool.keys``); the activator fetches it when
+The controller owns the key table (``warm_pool.registry.keys``); the activator fetches it when
 the route table's ``keys_version`` moves and applies it at once. It also writes what it
 received to ``<data_dir>/activators/<id>/keys.json`` (mode 0600, hashes only), so a
 restart while the controller is away neither loses a key nor forgets a revocation.

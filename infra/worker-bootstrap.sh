@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Turns a fresh GPU instance into a Thaw worker. Runs once, as root, from EC2 user data.
 #
-# The ec2 provider (warm_pool/ec2.py) puts the THAW_* assignments in front of this file.
+# The ec2 provider (warm_pool/providers/ec2.py) puts the THAW_* assignments in front of this file.
 # The AMI brings the NVIDIA driver, curl and Python 3.11+. The cluster token is not
 # here: the worker reads it from the Secrets Manager secret (or the SSM parameter) named
 # below, with its instance role.

@@ -11,7 +11,7 @@ machine is shared: drift hits every phase alike):
     No batch running: the baseline.
 ``batch_on_standby``
     A batch for another model at zero (``bulk``) runs on the pool's standby, lent to it
-    (``warm_pool.batch.policy``): the batch throughput Thaw gets from a standby the pool
+    (``warm_pool.policy.batch``): the batch throughput Thaw gets from a standby the pool
     pays for anyway. On this one machine the lent standby's engine shares the CPU with
     the online replica's; on GPU instances they share nothing.
 ``batch_on_spare_slots``

@@ -47,7 +47,7 @@ from simulator.oracle import Gaps, gaps_of
 from simulator.run import prepare
 from simulator.traces import read_trace
 from thaw.config import Autoscaling, KeepAliveHistogram, parse_config
-from warm_pool.keepalive import (
+from warm_pool.policy.keepalive import (
     IdleHistogram,
     IdlePools,
     KeepAliveWindow,

@@ -47,7 +47,7 @@ import numpy as np
 from loadtests.keepalive_regret import load_gaps, parse_variant, window_outcome
 from simulator.oracle import Gaps
 from thaw.config import Autoscaling, KeepAliveHistogram
-from warm_pool.keepalive import (
+from warm_pool.policy.keepalive import (
     IdleHistogram,
     IdlePools,
     keep_alive_window,

@@ -96,7 +96,7 @@ from thaw.units import GiB
 if TYPE_CHECKING:
     from simulator.sim import SimResult
     from simulator.traces import Trace
-    from warm_pool.decisions import Decision
+    from warm_pool.policy.decisions import Decision
 
 API_KEY = "thaw-calibrate-key"
 SHAPE = "cpu-local"
@@ -525,7 +525,7 @@ def sim_steps(decisions: Iterable[tuple[float, Decision]]) -> dict[str, Steps]:
     """Per model, the simulated replicas loading or ready (what the simulator counts as
     replica-seconds), from its decisions: an assignment adds one; a release, a sleep or
     a termination of a worker serving the model takes one away."""
-    from warm_pool.decisions import Assign, Release, Sleep, Terminate
+    from warm_pool.policy.decisions import Assign, Release, Sleep, Terminate
 
     serving: dict[str, str] = {}  # worker -> model
     count: dict[str, int] = {}

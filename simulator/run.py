@@ -14,7 +14,7 @@ from simulator.costs import CostModel, cost_model, read_overrides
 from simulator.sim import SimResult, Simulator, engine_classes, engine_sizes
 from simulator.traces import Trace
 from thaw.config import NAME_PATTERN, ThawConfig
-from warm_pool.keepalive import IdleHistogram, histograms_from_json, histograms_to_json
+from warm_pool.policy.keepalive import IdleHistogram, histograms_from_json, histograms_to_json
 
 DEFAULT_TTFT_SLO_S = 5.0
 _NAME = re.compile(NAME_PATTERN)

@@ -1,7 +1,7 @@
 """A discrete-event simulation of Thaw's warm pool, driven by a request trace.
 
 What is simulated, and what runs for real:
-- the controller's decisions are ``warm_pool.policy.decide`` itself (autoscaler,
+- the controller's decisions are ``warm_pool.policy.decide.decide`` itself (autoscaler,
   keep-alive, standby sizer, budgets, the stopped tier): the same function, on the same
   kind of snapshot, with time passed in. The simulator only carries them out;
 - activators: requests arrive at their trace times; a model with a ready replica with a
@@ -49,14 +49,14 @@ The controller ticks every ``tick_s``. In ``exact`` mode it judges every model a
 on every tick, like the controller. By default it judges a model only on the ticks
 where its decision can change (its inputs moved out of the band that keeps its replica
 count, a worker of it changed, a keep-alive or pool deadline passed) and otherwise only
-does the tick's bookkeeping (``warm_pool.policy.track``). A base and its adapters are
+does the tick's bookkeeping (``warm_pool.policy.decide.track``). A base and its adapters are
 judged as one (the base's activity includes its adapters', an adapter's replicas are
 its base's engines): all of them when any one's decision can change. The two modes
 make the same decisions (tests/simulator/test_sim.py), the default one many times
 faster.
 
 One piece: the event loop and the world state every event changes; split, each handler
-would reach into another module's state. The rules are not here (``warm_pool.policy``).
+would reach into another module's state. The rules are not here (``warm_pool.policy.decide``).
 """
 
 from __future__ import annotations
@@ -75,8 +75,20 @@ from thaw.engine_class import engine_class_of
 from thaw.fit import engine_capacity, engine_memory
 from thaw.units import GiB
 from thaw.wire import CachedWeights, WorkerState
-from warm_pool.autoscaler import steady_band
-from warm_pool.decisions import (
+from warm_pool.policy.autoscaler import steady_band
+from warm_pool.policy.decide import (
+    COLD_START_WINDOW_S,
+    ModelActivity,
+    ModelState,
+    PolicyState,
+    Snapshot,
+    WorkerView,
+    decide,
+    idle_pools,
+    kept_classes,
+    track,
+)
+from warm_pool.policy.decisions import (
     Assign,
     Decision,
     Launch,
@@ -91,20 +103,8 @@ from warm_pool.decisions import (
     UnloadAdapter,
     carry_out,
 )
-from warm_pool.keepalive import IdleHistogram, IdlePools, keep_alive_decision
-from warm_pool.policy import (
-    COLD_START_WINDOW_S,
-    ModelActivity,
-    ModelState,
-    PolicyState,
-    Snapshot,
-    WorkerView,
-    decide,
-    idle_pools,
-    kept_classes,
-    track,
-)
-from warm_pool.prewarm import next_edge, scheduled_replicas
+from warm_pool.policy.keepalive import IdleHistogram, IdlePools, keep_alive_decision
+from warm_pool.policy.prewarm import next_edge, scheduled_replicas
 
 INF = math.inf
 # Hot TTFT samples one report carries per model (the activators' bound).
@@ -1127,7 +1127,7 @@ SUMMARY_KEYS = ("requests", "cold_starts", "cold_start_share", "cold_starts_by_t
 
 class _Effects:
     """Each decision's effect on the simulated fleet at time ``t``: what the actuator's
-    calls and the workers' answers would do (``warm_pool.decisions.Executor``)."""
+    calls and the workers' answers would do (``warm_pool.policy.decisions.Executor``)."""
 
     def __init__(self, sim: Simulator) -> None:
         self.sim = sim

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from warm_pool.ec2 import BOOTSTRAP_SCRIPT, render_user_data
+from warm_pool.providers.ec2 import BOOTSTRAP_SCRIPT, render_user_data
 
 SCRIPT = Path(__file__).resolve().parents[1] / "infra" / "worker-bootstrap.sh"
 BASH = shutil.which("bash") or "/bin/bash"

@@ -64,7 +64,7 @@ from warm_pool.batch.files import FileIndex
 from warm_pool.batch.runner import BatchRunner
 from warm_pool.batch.store import BatchStore
 from warm_pool.db import Db
-from warm_pool.ec2 import Ec2Provider
+from warm_pool.providers.ec2 import Ec2Provider
 from weight_streaming.fetch import fetch_model_files
 from weight_streaming.push import push_model, read_manifest
 from weight_streaming.s3_loader import load_s3, manifest_sha256

@@ -81,7 +81,8 @@ def test_no_test_module_imports_another_test_module() -> None:
 
 
 # Feature folders inside a service: one folder per feature, none importing another's.
-FEATURE_FOLDERS = {"warm_pool": ("batch", "conversations"), "activator": ("batch", "conversations")}
+FEATURE_FOLDERS = {"warm_pool": ("batch", "conversations", "policy", "providers", "registry"),
+                   "activator": ("batch", "conversations")}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -108,3 +109,19 @@ def test_a_feature_folder_imports_no_other_feature_folder(service: str) -> None:
     for folder in folders:  # each one a package with a docstring saying what it holds
         init = ROOT / service / folder / "__init__.py"
         assert ast.get_docstring(ast.parse(init.read_text())), init
+
+
+def test_the_policy_is_pure() -> None:
+    # The policy folder imports nothing of the controller's I/O and no clock or network:
+    # thaw's config and wire types, its own stages, the standard library.
+    allowed_prefixes = ("thaw.config", "thaw.wire", "thaw.cron", "thaw.units", "thaw.engine_class",
+                        "thaw.fit", "warm_pool.policy", "__future__")
+    io = ("asyncio", "socket", "httpx", "boto3", "psycopg", "sqlite3", "time", "subprocess", "fastapi")
+    bad = {}
+    for p in (ROOT / "warm_pool" / "policy").rglob("*.py"):
+        mods = imported_modules(p)
+        found = sorted(m for m in mods if (m.split(".")[0] in PACKAGES and not m.startswith(allowed_prefixes))
+                       or m.split(".")[0] in io)
+        if found:
+            bad[str(p.relative_to(ROOT))] = found
+    assert bad == {}

@@ -127,7 +127,7 @@ class ObjectStore(_Strict):
 
 
 class KeepAliveHistogram(_Strict):
-    """The learned keep-alive policy (``keep_alive: histogram``, ``warm_pool.keepalive``):
+    """The learned keep-alive policy (``keep_alive: histogram``, ``warm_pool.policy.keepalive``):
     per model, a histogram of its idle intervals, blended with every model's while it
     has few of its own, decides how long an idle model keeps its replica and whether to
     let it go and bring one back just before the next request, at the least expected

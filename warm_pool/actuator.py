@@ -31,7 +31,17 @@ from thaw.wire import (
 )
 from warm_pool.classes import ModelClasses, engine_bytes
 from warm_pool.control import ControlError, WorkerControl
-from warm_pool.decisions import (
+from warm_pool.events import EventLog
+from warm_pool.facts import FleetFacts
+from warm_pool.metrics import PoolMetrics
+from warm_pool.policy.decide import (
+    ModelActivity,
+    Snapshot,
+    WorkerView,
+    kept_classes,
+    launch_backoff_s,
+)
+from warm_pool.policy.decisions import (
     Assign,
     Decision,
     Launch,
@@ -46,11 +56,7 @@ from warm_pool.decisions import (
     UnloadAdapter,
     carry_out,
 )
-from warm_pool.events import EventLog
-from warm_pool.facts import FleetFacts
-from warm_pool.metrics import PoolMetrics
-from warm_pool.policy import ModelActivity, Snapshot, WorkerView, kept_classes, launch_backoff_s
-from warm_pool.providers import CapacityError, Provider
+from warm_pool.providers.provider import CapacityError, Provider
 from warm_pool.view import INTENT_TTL_S, Intent, WorkerFacts, count_states
 
 log = get_logger()
@@ -110,7 +116,7 @@ def assign_request(cfg: ThawConfig, model_classes: ModelClasses | None, model: M
 
 
 class Actuator:
-    """Carries out the policy's decisions (``warm_pool.decisions.Executor``)."""
+    """Carries out the policy's decisions (``warm_pool.policy.decisions.Executor``)."""
 
     def __init__(self, *, fleet: FleetFacts, providers: dict[str, Provider], control: WorkerControl,
                  config: Callable[[], ThawConfig], model_classes: ModelClasses | None, clock: Callable[[], float],

@@ -63,7 +63,7 @@ from warm_pool.batch.files_api import files_router
 from warm_pool.conversations.api import responses_router
 from warm_pool.manager import PoolManager
 from warm_pool.persist import BudgetRefused
-from warm_pool.policy import ModelActivity
+from warm_pool.policy.decide import ModelActivity
 
 
 def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle: bool = True) -> FastAPI:
@@ -237,7 +237,7 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         reply = await manager.revoke_key(body.key, actor(request))
         return Response(reply.model_dump_json(), media_type="application/json")
 
-    # -- the model registry (warm_pool.registry) -------------------------------------
+    # -- the model registry (warm_pool.registry.models) -------------------------------------
     registry = manager.model_admin
     checked: dict[int | str, dict[str, Any]] = {422: refusal("A setting the config does not admit, weights that are not complete in the "
                             "store, or a model that does not fit its shape (the message names the field)"),
@@ -280,7 +280,7 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
                                                         "(refused if no longer current)")) -> Response:
         return reply(await registry.remove(name, actor(request), revision))
 
-    # -- tenants (warm_pool.tenants) ----------------------------------------------------
+    # -- tenants (warm_pool.registry.tenants) ----------------------------------------------------
     tenants = manager.tenant_admin
 
     @app.get("/v1/admin/tenants", response_model=TenantRecords)

@@ -21,8 +21,8 @@ from thaw.config import ThawConfig
 from thaw.log import get_logger
 from thaw.wire import HeartbeatReply, WorkerStatus
 from warm_pool.metrics import PoolMetrics
-from warm_pool.policy import WorkerView
-from warm_pool.providers import InstanceState
+from warm_pool.policy.decide import WorkerView
+from warm_pool.providers.provider import InstanceState
 from warm_pool.view import INTENT_TTL_S, WorkerFacts, derive_view
 
 log = get_logger()

@@ -1,12 +1,12 @@
-"""The pool manager: the stateful shell around ``warm_pool.policy.decide``.
+"""The pool manager: the stateful shell around ``warm_pool.policy.decide.decide``.
 
 Each turn of its loop it takes in what the providers say of their instances
-(``warm_pool.instances``), derives each worker's view from the facts it holds
+(``warm_pool.providers.instances``), derives each worker's view from the facts it holds
 (``warm_pool.facts``: the providers', heartbeats, intents), sums the activators'
 traffic (``warm_pool.traffic``), calls the policy, carries out its decisions through the
 providers and the workers' control API (``warm_pool.actuator``), publishes the route
 table that activators long-poll (``warm_pool.routes``) and exports its metrics
-(``warm_pool.metrics``). What operators change at run time is ``warm_pool.admin``'s;
+(``warm_pool.metrics``). What operators change at run time is ``warm_pool.registry.admin``'s;
 their view of the pool is ``warm_pool.status``'s.
 
 A restart does no harm: on start it lists the providers' instances, waits at least one
@@ -52,10 +52,7 @@ from thaw.wire import (
     WorkerStatus,
 )
 from warm_pool.actuator import Actuator
-from warm_pool.admin import BudgetAdmin, KeyAdmin
-from warm_pool.apply import Applier
 from warm_pool.batch.files import FileIndex
-from warm_pool.batch.policy import standby_use
 from warm_pool.batch.runner import BatchRunner
 from warm_pool.batch.store import BatchStore
 from warm_pool.classes import ModelClasses, engine_bytes
@@ -65,18 +62,28 @@ from warm_pool.conversations.store import ResponseStore
 from warm_pool.db import Db, StateUnavailable
 from warm_pool.events import EventLog
 from warm_pool.facts import FleetFacts
-from warm_pool.instances import InstanceWatch
-from warm_pool.keys import KeyStore
 from warm_pool.leader import Leadership, LeaseStore
 from warm_pool.metrics import PoolMetrics, export
 from warm_pool.persist import ControllerStore
-from warm_pool.policy import ModelActivity, ModelState, PolicyState, Snapshot, WorkerView, decide
-from warm_pool.providers import Provider
-from warm_pool.registry import ModelRegistry, StoreReader
-from warm_pool.registry_store import REGISTRY_FILE, RegistryStore
+from warm_pool.policy.batch import standby_use
+from warm_pool.policy.decide import (
+    ModelActivity,
+    ModelState,
+    PolicyState,
+    Snapshot,
+    WorkerView,
+    decide,
+)
+from warm_pool.providers.instances import InstanceWatch
+from warm_pool.providers.provider import Provider
+from warm_pool.registry.admin import BudgetAdmin, KeyAdmin
+from warm_pool.registry.apply import Applier
+from warm_pool.registry.keys import KeyStore
+from warm_pool.registry.models import ModelRegistry, StoreReader
+from warm_pool.registry.store import REGISTRY_FILE, RegistryStore
+from warm_pool.registry.tenants import TenantAdmin
 from warm_pool.routes import RouteFeed, route_table
 from warm_pool.status import pool_status
-from warm_pool.tenants import TenantAdmin
 from warm_pool.traffic import Traffic
 from warm_pool.view import WorkerFacts, count_states
 
@@ -323,7 +330,7 @@ class PoolManager:
         except (OSError, StateUnavailable, sqlite3.Error) as exc:
             log.warning("keepalive_state_not_saved", error=str(exc))
 
-    # -- operators: budgets and API keys (warm_pool.admin) -----------------------------
+    # -- operators: budgets and API keys (warm_pool.registry.admin) -----------------------------
     def budget_view(self) -> BudgetView:
         return self.budgets.view()
 

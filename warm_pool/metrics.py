@@ -10,7 +10,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from thaw.config import ThawConfig
-from warm_pool.policy import PolicyState, WorkerView
+from warm_pool.policy.decide import PolicyState, WorkerView
 
 
 class PoolMetrics:

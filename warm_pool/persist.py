@@ -20,7 +20,7 @@ from thaw.log import get_logger
 from thaw.wire import BudgetChange, BudgetView, PoolBudget, PoolEvent
 from warm_pool.db import Db
 from warm_pool.events import SavedEvent
-from warm_pool.keepalive import IdleHistogram, histograms_from_json, histograms_to_json
+from warm_pool.policy.keepalive import IdleHistogram, histograms_from_json, histograms_to_json
 
 log = get_logger()
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from thaw.config import ThawConfig
 from thaw.wire import ModelRoute, Phases, ReplicaRoute, RouteTable, WorkerState
-from warm_pool.policy import PolicyState, WorkerView
+from warm_pool.policy.decide import PolicyState, WorkerView
 from warm_pool.view import WorkerFacts
 
 

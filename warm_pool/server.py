@@ -25,7 +25,7 @@ from warm_pool.control import HttpWorkerControl
 from warm_pool.db import Db
 from warm_pool.leader import LeaseStore
 from warm_pool.manager import PoolManager
-from warm_pool.providers import Provider
+from warm_pool.providers.provider import Provider
 
 log = get_logger()
 
@@ -36,7 +36,7 @@ def build_providers(cfg: ThawConfig, config_path: Path, controller_url: str) -> 
     local = None
     ec2_pools = {p.shape: p.ec2 for p in cfg.pools if p.provider == "ec2" and p.ec2 is not None}
     if ec2_pools:
-        from warm_pool.ec2 import Ec2Provider
+        from warm_pool.providers.ec2 import Ec2Provider
 
         # One provider for every ec2 pool: one DescribeInstances per region lists them all.
         ec2 = Ec2Provider(cluster=cfg.cluster.name, pools=ec2_pools, controller_url=controller_url,
@@ -47,7 +47,7 @@ def build_providers(cfg: ThawConfig, config_path: Path, controller_url: str) -> 
         if p.provider == "local":
             if local is None:
                 from thaw.objstore import StoreConfigError, resolve_endpoint
-                from warm_pool.local import LocalProvider
+                from warm_pool.providers.local import LocalProvider
 
                 # Local workers get the store's keys in their environment, never over the wire.
                 try:
@@ -87,7 +87,7 @@ def build_model_classes(cfg: ThawConfig, clock: Callable[[], float] = time.time)
 
 
 class S3StoreReader:
-    """The registry's reads of the store (``warm_pool.registry.StoreReader``): a model's
+    """The registry's reads of the store (``warm_pool.registry.models.StoreReader``): a model's
     manifest and the HEAD of each file it lists, and its config.json. Blocking; the
     client is built on first use, in the caller's thread."""
 
@@ -156,7 +156,7 @@ def create_controller_app(cfg: ThawConfig, config_path: Path, controller_url: st
         finally:
             await manager.close()
             if stop_local_workers:
-                from warm_pool.local import LocalProvider
+                from warm_pool.providers.local import LocalProvider
 
                 locals_ = {id(p): p for p in providers.values() if isinstance(p, LocalProvider)}
                 await asyncio.gather(*(p.terminate_all() for p in locals_.values()))

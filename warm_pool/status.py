@@ -19,10 +19,10 @@ from thaw.wire import (
     WorkerState,
 )
 from warm_pool.actuator import ShapeBackoff
-from warm_pool.batch.policy import standby_use
 from warm_pool.facts import FleetFacts
-from warm_pool.policy import ModelActivity, PolicyState, WorkerView
-from warm_pool.providers import Provider
+from warm_pool.policy.batch import standby_use
+from warm_pool.policy.decide import ModelActivity, PolicyState, WorkerView
+from warm_pool.providers.provider import Provider
 from warm_pool.view import count_states
 
 

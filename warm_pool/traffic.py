@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from thaw.wire import ColdStartRecord
-from warm_pool.policy import ModelActivity
+from warm_pool.policy.decide import ModelActivity
 
 # A report older than this no longer counts (its activator stopped reporting).
 REPORT_TTL_S = 10.0

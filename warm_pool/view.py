@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from thaw.wire import WorkerState, WorkerStatus
-from warm_pool.policy import WorkerView
-from warm_pool.providers import Instance, InstanceState
+from warm_pool.policy.decide import WorkerView
+from warm_pool.providers.provider import Instance, InstanceState
 
 # An intent the worker has not reflected after this long no longer counts: the next
 # heartbeat is the truth again (a call that failed clears its intent at once).

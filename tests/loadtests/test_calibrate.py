@@ -24,7 +24,7 @@ from simulator.costs import cost_model, read_overrides
 from simulator.traces import from_columns, spread_models, write_generic
 from thaw.cli.main import main as thaw
 from thaw.config import parse_config
-from warm_pool.decisions import Assign, Decision, Launch, Release, Terminate
+from warm_pool.policy.decisions import Assign, Decision, Launch, Release, Terminate
 
 # -- the trace ------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 
 from loadtests import keepalive_regret as kr
 from thaw.config import KeepAliveHistogram
-from warm_pool.keepalive import IdleHistogram, KeepAliveWindow, record_idle
+from warm_pool.policy.keepalive import IdleHistogram, KeepAliveWindow, record_idle
 
 
 def test_a_window_is_priced_as_idle_seconds_plus_the_price_per_cold_start() -> None:

@@ -16,7 +16,7 @@ from simulator.run import with_trace_models
 from simulator.sim import SUMMARY_KEYS, TIERS, Simulator, engine_classes, engine_sizes
 from tests.simulator.support import config, costs, equivalence_cfg, trace, with_adapters
 from thaw.config import ThawConfig
-from warm_pool.decisions import Assign, LoadAdapter, Release, UnloadAdapter
+from warm_pool.policy.decisions import Assign, LoadAdapter, Release, UnloadAdapter
 
 
 def adapter_config(**kw: Any) -> ThawConfig:

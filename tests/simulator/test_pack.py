@@ -19,7 +19,7 @@ from tests.simulator.support import cli_args, config, costs, equivalence_cfg, tr
 from thaw.config import ThawConfig
 from thaw.fit import engine_capacity
 from thaw.units import GiB
-from warm_pool.decisions import Pack
+from warm_pool.policy.decisions import Pack
 
 
 def pack_config(models: int = 3, *, pack: bool = True, shares: list[float] | None = None, **kw: object) -> ThawConfig:

@@ -18,8 +18,8 @@ from simulator.run import SimError, prepare, with_trace_models
 from simulator.sim import SUMMARY_KEYS, Simulator, engine_classes
 from tests.simulator.support import cli_args, config, costs, equivalence_cfg, trace
 from thaw.config import ThawConfig
-from warm_pool.decisions import Assign, Pack, Prebuild, Release, UnloadAdapter
-from warm_pool.policy import decide
+from warm_pool.policy.decide import decide
+from warm_pool.policy.decisions import Assign, Pack, Prebuild, Release, UnloadAdapter
 
 
 def test_a_hand_computed_run() -> None:

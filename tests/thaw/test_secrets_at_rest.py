@@ -25,8 +25,8 @@ from thaw.private_files import UnsafeDirectory, ensure_private_dir, write_privat
 from thaw.wire import KeyTable
 from warm_pool.api import create_pool_app
 from warm_pool.control import HttpWorkerControl
-from warm_pool.keys import KeyStore
 from warm_pool.manager import PoolManager
+from warm_pool.registry.keys import KeyStore
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 TOKEN = "secrets-test-cluster-token"

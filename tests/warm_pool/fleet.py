@@ -24,7 +24,7 @@ from thaw.serve import server_config
 from warm_pool.api import create_pool_app
 from warm_pool.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
-from warm_pool.providers import Instance, InstanceState
+from warm_pool.providers.provider import Instance, InstanceState
 from worker.api import create_app
 from worker.host import OnEvent
 from worker.settings import AgentSettings

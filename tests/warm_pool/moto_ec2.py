@@ -19,7 +19,7 @@ from aiobotocore.awsrequest import AioAWSResponse
 
 from thaw.config import Ec2Pool
 from thaw.embedded_store import free_port
-from warm_pool.ec2 import Ec2Provider
+from warm_pool.providers.ec2 import Ec2Provider
 
 REGION = "us-east-1"
 CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}

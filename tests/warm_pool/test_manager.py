@@ -36,8 +36,8 @@ from warm_pool.classes import ModelClasses
 from warm_pool.control import ControlError
 from warm_pool.facts import UnknownInstance
 from warm_pool.manager import PoolManager
-from warm_pool.policy import ModelActivity
-from warm_pool.providers import CapacityError, Instance, InstanceState
+from warm_pool.policy.decide import ModelActivity
+from warm_pool.providers.provider import CapacityError, Instance, InstanceState
 
 S = WorkerState
 

@@ -21,7 +21,7 @@ from tests.warm_pool.fleet import (
 from thaw.embedded_store import free_port
 from thaw.wire import AssignRequest, WorkerStatus
 from warm_pool.manager import PoolManager
-from warm_pool.policy import ModelActivity
+from warm_pool.policy.decide import ModelActivity
 
 
 @pytest.fixture

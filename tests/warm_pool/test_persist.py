@@ -15,8 +15,8 @@ from tests.warm_pool.fleet import EXAMPLE
 from thaw.config import ThawConfig, parse_config
 from thaw.wire import PoolEvent
 from warm_pool.events import SavedEvent
-from warm_pool.keepalive import IdleHistogram, record_idle
 from warm_pool.persist import ControllerStore
+from warm_pool.policy.keepalive import IdleHistogram, record_idle
 
 
 def test_budgets_and_events_are_shared_by_every_controller_on_the_database(state_db: StateDb) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from warm_pool.policy import ModelActivity
+from warm_pool.policy.decide import ModelActivity
 from warm_pool.traffic import Traffic
 
 

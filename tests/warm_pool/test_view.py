@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from thaw.wire import WorkerState, WorkerStatus
-from warm_pool.providers import Instance, InstanceState
+from warm_pool.providers.provider import Instance, InstanceState
 from warm_pool.view import Intent, WorkerFacts, derive_view
 
 S = WorkerState

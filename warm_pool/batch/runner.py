@@ -100,7 +100,7 @@ class BatchRunner:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         # Per model, the lines of running batches not answered yet, as of the last tick
-        # (what batch asks of the pool: warm_pool.batch.policy).
+        # (what batch asks of the pool: warm_pool.policy.batch).
         self.demand: dict[str, int] = {}
         # The last tick's batches by status, and lines of running batches by (model, state).
         self.census: tuple[dict[str, int], dict[tuple[str, str], int]] = ({}, {})
