@@ -74,7 +74,8 @@ from thaw.config import Model, ThawConfig
 from thaw.engine_class import engine_class_of
 from thaw.fit import engine_capacity, engine_memory
 from thaw.units import GiB
-from thaw.wire import CachedWeights, WorkerState
+from thaw.wire import MAX_TTFT_SAMPLES, CachedWeights, WorkerState
+from thaw.wire import TIERS as WIRE_TIERS
 from warm_pool.policy.autoscaler import steady_band
 from warm_pool.policy.decide import (
     COLD_START_WINDOW_S,
@@ -105,19 +106,14 @@ from warm_pool.policy.decisions import (
 )
 from warm_pool.policy.keepalive import IdleHistogram, IdlePools, keep_alive_decision
 from warm_pool.policy.prewarm import next_edge, scheduled_replicas
+from warm_pool.policy.states import SERVING, STANDBY_LIKE
 
 INF = math.inf
-# Hot TTFT samples one report carries per model (the activators' bound).
-MAX_TTFTS = 256
 
-_SERVING = frozenset(("loading", "ready"))
-_STANDBY_LIKE = frozenset(("launching", "starting", "standby", "draining"))
 
-# Where a cold start's replica got its model, about the fastest start first: a wake, an
-# adapter loaded into an engine of its base already up, a swap into a pre-built engine,
-# a standby's memory or disk copy, the store, a packed engine beside another model's (a
-# full start, from the worker's disk cache or the store), an instance launched for it.
-TIERS = ("asleep", "adapter", "swap", "host", "disk", "s3", "packed", "launch")
+# Where a cold start's replica got its model (thaw.wire's tiers but "hot"), in the
+# wire's order, about the fastest start first.
+TIERS = tuple(t for t in WIRE_TIERS if t != "hot")
 
 # Event kinds, in the order events at the same instant are handled.
 _WORKER, _ADAPTER, _DONE, _TIMEOUT = 0, 1, 2, 3
@@ -474,7 +470,7 @@ class Simulator:
         if dt <= 0:
             return
         usd = dt * w.price / 3600.0
-        live = [e for e in (w, *w.packed) if e.model is not None and (e.state in _SERVING or e.state == "asleep")]
+        live = [e for e in (w, *w.packed) if e.model is not None and (e.state in SERVING or e.state == "asleep")]
         for e in live:
             st = e.model.stats  # type: ignore[union-attr]
             if e.state == "asleep":
@@ -482,17 +478,17 @@ class Simulator:
             else:
                 st.replica_s += dt
             st.usd += usd / len(live)
-        if not live and w.state in _STANDBY_LIKE:
+        if not live and w.state in STANDBY_LIKE:
             self.standby_s[w.shape] = self.standby_s.get(w.shape, 0.0) + dt
             self.standby_usd[w.shape] = self.standby_usd.get(w.shape, 0.0) + usd
-        if live or w.state in _STANDBY_LIKE:
+        if live or w.state in STANDBY_LIKE:
             self.instance_s += dt
 
     def _set(self, w: _Worker, state: str, t: float, *, model: _Model | None | bool = False,
              aid: str | None | bool = False, since: float | None | bool = False) -> None:
         self._account(w, t)
         old_model = w.model
-        was_serving = w.state in _SERVING
+        was_serving = w.state in SERVING
         w.state = state
         if model is not False:
             w.model = model  # type: ignore[assignment]
@@ -506,7 +502,7 @@ class Simulator:
         w.view = w._view()
         self.views_dirty = self.pools_dirty = True
         self.shapes_changed.add(w.shape)
-        serving = state in _SERVING
+        serving = state in SERVING
         if old_model is not None and was_serving and (not serving or w.model is not old_model):
             old_model.serving -= 1
         if w.model is not None and serving and (not was_serving or w.model is not old_model):
@@ -527,7 +523,7 @@ class Simulator:
         """``rec`` leaves its engine (no longer a replica of ``a``, if it still was)."""
         if rec.state == "ready":
             a.ready.remove(rec.w)
-        if rec.state in _SERVING:
+        if rec.state in SERVING:
             a.serving -= 1
         a.stats.adapter_s += t - rec.since
         rec.state = "gone"
@@ -582,7 +578,7 @@ class Simulator:
         st.ttfts.append(ttft)
         if ttft <= m.slo_s:
             st.slo_met += 1
-        if not self.req_cold[i] and len(m.hot_ttfts) < MAX_TTFTS:
+        if not self.req_cold[i] and len(m.hot_ttfts) < MAX_TTFT_SAMPLES:
             m.hot_ttfts.append(ttft)
         self._push(t + prefill + tr.output_tokens[i] * m.tpot_s, _DONE, done)
 
@@ -1253,7 +1249,7 @@ class _Effects:
             return  # gone with its engine, released by a decision of the same tick
         if rec.state == "ready":
             a.ready.remove(w)
-        if rec.state in _SERVING:
+        if rec.state in SERVING:
             a.serving -= 1
         rec.state = "unloading"
         rec.epoch += 1

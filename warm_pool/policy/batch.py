@@ -21,11 +21,11 @@ from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 from thaw.config import ThawConfig
+from warm_pool.policy.states import SERVING
 
 if TYPE_CHECKING:  # warm_pool.policy.decide calls this stage
     from warm_pool.policy.decide import ModelActivity, WorkerView
 
-SERVING = ("loading", "ready")
 
 
 def lent_to_batch(w: WorkerView, activity: Mapping[str, ModelActivity]) -> bool:

@@ -89,6 +89,7 @@ from warm_pool.policy.sizer import (
     plan_tiers,
     size_standby,
 )
+from warm_pool.policy.states import SERVING, STANDBY_LIKE
 
 BACKOFF_BASE_S = 2.0
 # Cold starts counted for the standby sizer's rate (per shape).
@@ -300,11 +301,6 @@ class PolicyState:
     idle_pools: IdlePools = IdlePools()
 
 
-_SERVING = ("loading", "ready")
-# Instances that are, or are about to be, standing by (a draining worker ends in
-# standby). Asleep workers are not: they are a tier of their own, bounded by their TTL
-# and the pool's caps, reclaimed for another model only when no standby is free.
-_STANDBY_LIKE = ("launching", "starting", "standby", "draining")
 
 
 def model_bytes(workers: Collection[WorkerView], uri: str) -> int:
@@ -695,7 +691,7 @@ def _removed(t: _Tick) -> None:
     """Models no longer served (`thaw models rm`): their replicas drain and are released,
     their adapters unloaded (asleep ones go in :func:`_asleep`)."""
     for w in t.snap.workers:
-        if w.model is not None and w.model not in t.by_name and w.state in _SERVING:
+        if w.model is not None and w.model not in t.by_name and w.state in SERVING:
             t.decisions.append(Release(w.id, w.model, "removed"))
         for name, st in w.adapters:
             if name not in t.by_name and st in ("loading", "ready"):
@@ -753,7 +749,7 @@ def _model(t: _Tick, m: Model) -> None:
     snap, now = t.snap, t.now
     act = t.activity.get(m.name, ModelActivity())
     if m.base is None:
-        replicas = [w for w in snap.by_model.get(m.name, ()) if w.state in _SERVING]
+        replicas = [w for w in snap.by_model.get(m.name, ()) if w.state in SERVING]
         ready = [w for w in replicas if w.state == "ready"]
         hosts: list[WorkerView] = []
     else:
@@ -932,7 +928,7 @@ def _pools(t: _Tick, state: PolicyState) -> dict[str, PoolState]:
         here = snap.by_shape.get(pool.shape, ())
         mine = [w for w in here if w.host is None and w.state not in ("unreachable", "stopped")]
         stopped = sorted((w for w in here if w.state == "stopped"), key=lambda w: w.id)
-        standby = [w for w in mine if (w.state in _STANDBY_LIKE or w.id in lent) and w.id not in assigned_now
+        standby = [w for w in mine if (w.state in STANDBY_LIKE or w.id in lent) and w.id not in assigned_now
                    and w.id not in hosting]
         total = len(mine)
         # Over the budget with asleep replicas: the longest asleep go first.
