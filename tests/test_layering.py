@@ -125,3 +125,11 @@ def test_the_policy_is_pure() -> None:
         if found:
             bad[str(p.relative_to(ROOT))] = found
     assert bad == {}
+
+
+def test_only_the_app_mounts_the_activators_routers() -> None:
+    # activator/api/ is the HTTP layer over the activator's parts: nothing below imports it.
+    bad = {str(p.relative_to(ROOT)): sorted(m for m in imported_modules(p) if m.startswith("activator.api"))
+           for p in (ROOT / "activator").rglob("*.py")
+           if "api" not in p.relative_to(ROOT / "activator").parts[:1] and p.name != "app.py"}
+    assert {k: v for k, v in bad.items() if v} == {}

@@ -1,0 +1,41 @@
+"""The operators' routes: ``/healthz`` and ``/metrics``.
+
+The metrics name every model: on the tenants' port they are the operators' and need the
+cluster token (Prometheus: ``authorization: {credentials: <token>}``), or a tenant would
+learn which models other tenants have. Without a token (a bare ``create_app`` in tests
+and tools) they are open."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from activator.api.parts import Parts
+from activator.errors import Unauthorized
+from activator.protocol import ErrorResponse
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz(parts: Parts) -> dict[str, Any]:
+    return {"ok": True, "pool_connected": parts.routes.connected}
+
+
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={401: {"model": ErrorResponse, "description": "No cluster token, or the wrong one"}})
+async def metrics_endpoint(request: Request, parts: Parts) -> Response:
+    expected = parts.metrics_authorization
+    if expected is not None and not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected):
+        raise Unauthorized("/metrics needs the cluster token (Authorization: Bearer <token>)",
+                           code="cluster_token_required", headers={"WWW-Authenticate": "Bearer"})
+    for m in parts.service.cfg.models:
+        st = parts.routes.routes[m.name]
+        parts.metrics.replicas.labels(m.name, "ready").set(len(st.replicas))
+        parts.metrics.replicas.labels(m.name, "loading").set(st.loading)
+        parts.metrics.queue_depth.labels(m.name).set(len(st.waiters))
+    return Response(generate_latest(parts.registry), media_type=CONTENT_TYPE_LATEST)
