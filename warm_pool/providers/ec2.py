@@ -38,7 +38,7 @@ CAPACITY_ERRORS = frozenset({
     "SpotMaxPriceTooLow",
 })
 
-BOOTSTRAP_SCRIPT = Path(__file__).resolve().parents[1] / "infra" / "worker-bootstrap.sh"
+BOOTSTRAP_SCRIPT = Path(__file__).resolve().parents[2] / "infra" / "worker-bootstrap.sh"
 
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 _NOT_FOUND = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
