@@ -5,6 +5,7 @@ child dies with its parent, and the async forms do the same."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,8 +35,13 @@ def wait_for(pred: Callable[[], bool], timeout_s: float = 30.0) -> None:
 
 
 def grandchild(log: Path) -> int:
-    wait_for(lambda: "child" in log.read_text())
-    return int(log.read_text().split()[1])
+    # Unbuffered (PYTHONUNBUFFERED), print writes "child", the pid and the newline
+    # separately: wait for the whole line.
+    line = re.compile(r"^child (\d+)$", re.M)
+    wait_for(lambda: line.search(log.read_text()) is not None)
+    match = line.search(log.read_text())
+    assert match is not None
+    return int(match.group(1))
 
 
 def gone(pid: int) -> bool:
