@@ -13,7 +13,6 @@ import os
 import random
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import botocore.exceptions
 from thaw.log import get_logger
 from thaw.objstore import S3Endpoint
 from thaw.private_files import ensure_private_dir, write_private
+from thaw.process import spawn_group, stop_group
 from thaw.s3errors import S3Failure, classify
 
 log = get_logger()
@@ -245,12 +245,8 @@ class EmbeddedStore:
             # A single master elects itself; the 10 s default only delays restarts.
             "-master.electionTimeout=1s",
         ]
-        logf = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child
-        self._proc = subprocess.Popen(
-            cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=detach,
-        )
-        logf.close()
+        # Its own group, tied to this process unless it is to outlive it (`thaw store up`).
+        self._proc = spawn_group(cmd, self.log_file, tied=not detach)
         self.pid_file.write_text(str(self._proc.pid))
         log.info("store_starting", pid=self._proc.pid, s3_port=ports.s3, dir=str(self.data_dir))
         ep = S3Endpoint(f"http://127.0.0.1:{ports.s3}", access, secret, self.region)
@@ -317,44 +313,10 @@ class EmbeddedStore:
         pid = self._proc.pid if self._proc is not None else self.running_pid()
         if pid is None:
             return False
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        if not _gone_within(grace_s, pid, self._proc):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            _gone_within(10.0, pid, self._proc)
+        stop_group(self._proc if self._proc is not None else pid, grace_s)
         self._proc = None
         self.pid_file.unlink(missing_ok=True)
         log.info("store_stopped", pid=pid)
-        return True
-
-
-def _gone_within(seconds: float, pid: int, proc: subprocess.Popen[bytes] | None) -> bool:
-    """Wait up to ``seconds`` for the server to exit (reaped, when it is our child)."""
-    deadline = time.monotonic() + seconds
-    while _alive(pid, proc):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _alive(pid: int, proc: subprocess.Popen[bytes] | None) -> bool:
-    if proc is not None:
-        return proc.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie child of someone else still answers kill(0); check its state.
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text().split()[2]
-        return status != "Z"
-    except OSError:
         return True
 
 

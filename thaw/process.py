@@ -14,6 +14,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -107,40 +108,105 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def _term(proc: subprocess.Popen[bytes] | asyncio.subprocess.Process, leader_only: bool) -> None:
+def leader_gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited: no such process, or a zombie (an adopted
+    leader is someone else's child, which this process cannot reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+# What a group is stopped through: a child (subprocess or asyncio), or the pid of a
+# leader this process did not start (a worker adopted after a restart, a store found by
+# its pid file), watched through /proc.
+Leader = subprocess.Popen[bytes] | asyncio.subprocess.Process | int
+
+
+def _pid(proc: Leader) -> int:
+    return proc if isinstance(proc, int) else proc.pid
+
+
+def _exited(proc: Leader) -> bool:
+    if isinstance(proc, int):
+        return leader_gone(proc)
+    if isinstance(proc, subprocess.Popen):
+        return proc.poll() is not None
+    return proc.returncode is not None
+
+
+def _term(proc: Leader, leader_only: bool) -> None:
     if leader_only:
         with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
+            os.kill(_pid(proc), signal.SIGTERM)
     else:
-        signal_group(proc.pid, signal.SIGTERM)
+        signal_group(_pid(proc), signal.SIGTERM)
 
 
-def stop_group(proc: subprocess.Popen[bytes], grace_s: float, *, term_leader_only: bool = False) -> None:
-    """SIGTERM the group ``proc`` leads (``term_leader_only``: ``proc`` alone, which
-    stops its own children in order), wait up to ``grace_s`` for ``proc``, then SIGKILL
-    whatever is left of the group."""
-    if proc.poll() is None:
-        _term(proc, term_leader_only)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(grace_s)
-    signal_group(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(_REAP_S)
+def _wait_exit(proc: Leader, timeout_s: float) -> bool:
+    if isinstance(proc, subprocess.Popen):
+        try:
+            proc.wait(timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    deadline = time.monotonic() + timeout_s
+    while not _exited(proc):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
-async def stop_group_async(proc: asyncio.subprocess.Process, grace_s: float, *,
-                           term_leader_only: bool = False) -> bool:
-    """:func:`stop_group` on the event loop; whether it took SIGKILL."""
-    if proc.returncode is not None:
-        return False  # reaped already: its pid (and group id) may be another's by now
-    _term(proc, term_leader_only)
+async def _wait_exit_async(proc: Leader, timeout_s: float) -> bool:
+    if isinstance(proc, asyncio.subprocess.Process):
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+    deadline = time.monotonic() + timeout_s
+    while not _exited(proc):  # nothing signals another's exit: poll it
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+def stop_group(proc: Leader, grace_s: float, *, term_leader_only: bool = False) -> bool:
+    """SIGTERM the group ``proc`` leads (``term_leader_only``: the leader alone, which
+    stops its own children in order), wait up to ``grace_s`` for the leader to exit,
+    then SIGKILL whatever is left of the group; whether the leader needed SIGKILL.
+    ``grace_s`` 0 kills at once."""
     killed = False
-    try:
-        await asyncio.wait_for(proc.wait(), grace_s)
-    except TimeoutError:
-        killed = True
-    signal_group(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(proc.wait(), _REAP_S)
+    if not _exited(proc):
+        if grace_s > 0:
+            _term(proc, term_leader_only)
+        killed = not (grace_s > 0 and _wait_exit(proc, grace_s))
+    signal_group(_pid(proc), signal.SIGKILL)
+    _wait_exit(proc, _REAP_S)
     return killed
 
+
+async def stop_group_async(proc: Leader, grace_s: float, *, term_leader_only: bool = False,
+                           until_empty: bool = False) -> bool:
+    """:func:`stop_group` on the event loop. ``until_empty``: the grace also waits for
+    the rest of the group (an engine's own children) to leave, not the leader alone."""
+    pid = _pid(proc)
+    if _exited(proc) and not await asyncio.to_thread(group_alive, pid):
+        return False  # nothing left: the pid (and group id) may be another's by now
+    killed = False
+    if not _exited(proc):
+        deadline = time.monotonic() + grace_s
+        if grace_s > 0:
+            _term(proc, term_leader_only)
+        killed = not (grace_s > 0 and await _wait_exit_async(proc, grace_s))
+        while until_empty and not killed and await asyncio.to_thread(group_alive, pid):  # noqa: ASYNC110
+            if time.monotonic() >= deadline:
+                killed = True
+                break
+            await asyncio.sleep(0.05)
+    signal_group(pid, signal.SIGKILL)
+    await _wait_exit_async(proc, _REAP_S)
+    return killed

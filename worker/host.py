@@ -11,16 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import sys
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from thaw.log import get_logger
-from thaw.process import group_alive, signal_group, spawn_group_async
+from thaw.process import spawn_group_async, stop_group_async
 from worker.allocator import with_preload
 from worker.launch import LaunchCommand, ParkCommand, SwapCommand, decode_event
 
@@ -152,18 +150,8 @@ class EngineHostProcess:
         aborted has nothing to finish, and vLLM can hang when SIGTERM arrives while
         it is already shutting down after a failed start)."""
         self.stopping = True
-        pgid = self.pid  # session leader: its pid is the group id
-        if grace_s > 0:
-            deadline = time.monotonic() + grace_s
-            signal_group(pgid, signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._proc.wait(), grace_s)
-            # Nothing signals "group empty": poll it.
-            while await asyncio.to_thread(group_alive, pgid) and time.monotonic() < deadline:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
-            if self._proc.returncode is None or await asyncio.to_thread(group_alive, pgid):
-                log.warning("engine_host_kill", host_pid=self.pid, after_s=grace_s)
-        signal_group(pgid, signal.SIGKILL)
+        if await stop_group_async(self._proc, grace_s, until_empty=True) and grace_s > 0:
+            log.warning("engine_host_kill", host_pid=self.pid, after_s=grace_s)
         await self.wait()
         for task in self._readers:
             task.cancel()

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from thaw.process import group_alive, spawn_group, spawn_group_async, stop_group, stop_group_async
+from thaw.process import group_alive, leader_gone, spawn_group, spawn_group_async, stop_group, stop_group_async
 
 # A leader that starts a grandchild in its own group, says so, then waits; with IGNORE
 # set it ignores SIGTERM.
@@ -97,3 +97,49 @@ async def test_the_async_forms_stop_a_group_and_say_whether_they_killed(tmp_path
     piped = await spawn_group_async([sys.executable, "-c", "print(input().upper())"], None)
     out, _ = await piped.communicate(b"hello\n")
     assert out == b"HELLO\n"
+
+
+# A leader that exits on SIGTERM, leaving a grandchild that ignores it.
+DESERTER = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('armed', flush=True); time.sleep(600)"],
+    stdout=sys.stdout)
+print("child", child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+async def test_until_empty_waits_for_the_whole_group_and_kills_what_stays(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    proc = await spawn_group_async([sys.executable, "-c", DESERTER], log)
+    kid = grandchild(log)
+    wait_for(lambda: "armed" in log.read_text())
+    # The leader goes at once; the grace is spent on the grandchild, then it is killed.
+    assert await stop_group_async(proc, 0.5, until_empty=True)
+    assert proc.returncode == -signal.SIGTERM
+    wait_for(lambda: gone(kid) and not group_alive(proc.pid))
+    # A leader that already exited with nothing left of its group: nothing to do.
+    assert not await stop_group_async(proc, 0.5, until_empty=True)
+
+
+def test_a_leader_known_only_by_its_pid_is_stopped_through_proc(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    proc = spawn_group([sys.executable, "-c", LEADER], log, env={**os.environ, "IGNORE": "1"})
+    kid = grandchild(log)
+    assert not leader_gone(proc.pid)
+    # As an adopted worker or a store found by its pid file: not waited on as a child.
+    assert stop_group(proc.pid, 0.3, term_leader_only=True)
+    wait_for(lambda: leader_gone(proc.pid) and gone(kid))
+    proc.wait(5)
+    assert proc.returncode == -signal.SIGKILL
+
+
+async def test_an_adopted_leader_is_stopped_on_the_event_loop(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    proc = spawn_group([sys.executable, "-c", LEADER], log)
+    kid = grandchild(log)
+    assert not await stop_group_async(proc.pid, 10)
+    wait_for(lambda: gone(kid))
+    proc.wait(5)
+    assert proc.returncode == -signal.SIGTERM

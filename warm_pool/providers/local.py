@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import psutil
 
 from thaw.embedded_store import free_port
 from thaw.log import get_logger
-from thaw.process import signal_group, spawn_group_async
+from thaw.process import spawn_group_async, stop_group_async
 from warm_pool.providers.provider import Instance, InstanceState
 
 log = get_logger()
@@ -133,29 +132,11 @@ class LocalProvider:
         wid, pid = str(rec["worker_id"]), int(rec["pid"])  # type: ignore[call-overload]
         if _alive(pid, float(rec["create_time"])):  # type: ignore[arg-type]
             # The worker drains and stops its engine on SIGTERM; its group goes after.
-            signal_group(pid, signal.SIGTERM)
-            if not await self._wait_exit(wid, pid, self.stop_timeout_s):
+            if await stop_group_async(self._children.get(wid) or pid, self.stop_timeout_s):
                 log.warning("worker_kill", worker_id=wid, after_s=self.stop_timeout_s)
-            signal_group(pid, signal.SIGKILL)
-            await self._wait_exit(wid, pid, 5.0)
         self._record_path(wid).unlink(missing_ok=True)
         self._children.pop(wid, None)
         log.info("worker_terminated", worker_id=wid, pid=pid)
-
-    async def _wait_exit(self, worker_id: str, pid: int, timeout_s: float) -> bool:
-        child = self._children.get(worker_id)
-        if child is not None:
-            try:
-                await asyncio.wait_for(child.wait(), timeout_s)
-                return True
-            except TimeoutError:
-                return False
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-            await asyncio.sleep(0.1)
-        return False
 
     async def stop(self, instance_id: str) -> None:
         raise ProviderError("the local provider cannot stop an instance (only ec2 can)")
