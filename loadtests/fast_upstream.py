@@ -93,7 +93,10 @@ class Upstream:
             "served_name": self.model, "replicas": [replica], "loading": 0, "failures": 0, "error": None,
             "backoff_until": None}}}
 
-    async def complete(self, chat: bool, req: dict[str, Any], w: asyncio.StreamWriter) -> None:
+    async def complete(self, chat: bool, req: dict[str, Any], w: asyncio.StreamWriter,
+                       model: str | None = None) -> None:
+        """One completion of ``model`` (default: this upstream's)."""
+        model = model or self.model
         n = int(req.get("max_completion_tokens") or req.get("max_tokens") or self.tokens)
         created = int(time.time())
         rid = f"cmpl-{id(req):x}"
@@ -104,13 +107,13 @@ class Upstream:
             choice: dict[str, Any] = (
                 {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
                 if chat else {"index": 0, "text": text, "finish_reason": "length"})
-            return _send(w, 200, {"id": rid, "object": obj, "created": created, "model": self.model,
+            return _send(w, 200, {"id": rid, "object": obj, "created": created, "model": model,
                                   "choices": [choice], "usage": usage})
         w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
                 b"transfer-encoding: chunked\r\n\r\n")
         obj_chunk = "chat.completion.chunk" if chat else "text_completion"
         prefix = (f'data: {{"id":"{rid}","object":"{obj_chunk}","created":{created},'
-                  f'"model":"{self.model}","choices":[').encode()
+                  f'"model":"{model}","choices":[').encode()
         if chat:
             token = prefix + b'{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}\n\n'
             last = prefix + b'{"index":0,"delta":{"content":" tok"},"finish_reason":"length"}]}\n\n'
