@@ -59,7 +59,7 @@ def read_store_config(store: S3Endpoint, uri: str) -> dict[str, Any] | None:
     return read_model_config(store.client(), uri)
 
 
-class KeptHost(Protocol):
+class KeptAgent(Protocol):
     """What the kept engines need from the agent."""
 
     settings: AgentSettings
@@ -78,10 +78,10 @@ class KeptHost(Protocol):
 
 
 class KeptEngines:
-    def __init__(self, host: KeptHost, *, supervisor: HostSupervisor, engine: CurrentEngine,
+    def __init__(self, agent: KeptAgent, *, supervisor: HostSupervisor, engine: CurrentEngine,
                  caches: WeightCaches, clock: Callable[[], float], manifest_reader: ManifestReader,
                  config_reader: ConfigReader, front_end_fetch: FrontEndFetch) -> None:
-        self._host = host
+        self._agent = agent
         self._supervisor = supervisor
         self._engine = engine
         self._caches = caches
@@ -97,7 +97,7 @@ class KeptEngines:
         """What the model is to a kept engine; None (no swap, nothing kept) when its
         config cannot be read: the model is then built as any other."""
         try:
-            config = await asyncio.to_thread(self._config_reader, self._host.settings.store, uri)
+            config = await asyncio.to_thread(self._config_reader, self._agent.settings.store, uri)
             return identity_of(manifest, config, engine, max_model_len)
         except Exception as exc:
             log.warning("engine_class_unknown", uri=uri, error=f"{type(exc).__name__}: {exc}")
@@ -109,23 +109,23 @@ class KeptEngines:
         """Build an engine of ``req.model``'s class while standing by; False when this
         worker already keeps one of that class. Raises :class:`Conflict` unless
         standing by with no engine (the caller checks the URI first: ``check_uri``)."""
-        h = self._host
-        f = h.facts
+        agent = self._agent
+        f = agent.facts
         if f.prebuilt is not None and f.prebuilt.engine_class == req.engine_class:
             return False
         host = self._supervisor.host
-        if h.state is not WorkerState.STANDBY or f.prebuilt is not None or host is None or host.launched:
-            raise Conflict(f"worker is {h.state.value}"
+        if agent.state is not WorkerState.STANDBY or f.prebuilt is not None or host is None or host.launched:
+            raise Conflict(f"worker is {agent.state.value}"
                            + (" and keeps an engine already" if f.prebuilt is not None else "")
-                           + "; it builds an engine only standing by with none", h.state)
-        h.record(prebuilt=Prebuilt(req.engine_class, "", req.model, req.uri, 0, None))
+                           + "; it builds an engine only standing by with none", agent.state)
+        agent.record(prebuilt=Prebuilt(req.engine_class, "", req.model, req.uri, 0, None))
         log.info("prebuild_accepted", model=req.model, engine_class=req.engine_class)
-        h.spawn(self._run_prebuild(req), name="prebuild")
+        agent.spawn(self._run_prebuild(req), name="prebuild")
         return True
 
     async def _run_prebuild(self, req: PrebuildRequest) -> None:
-        h = self._host
-        s = h.settings
+        agent = self._agent
+        s = agent.settings
         t0 = self._clock()
         try:
             manifest = await asyncio.to_thread(self._manifest_reader, s.store, req.uri)
@@ -134,12 +134,12 @@ class KeptEngines:
             log.warning("prebuild_manifest_unreadable", uri=req.uri, error=str(exc))
         ident = await self.identity(req.uri, manifest, req.engine, req.max_model_len) if manifest else None
         host = self._supervisor.host
-        p = h.facts.prebuilt
+        p = agent.facts.prebuilt
         if ident is None or host is None or host.launched or p is None or p.built_at is not None:
-            h.record(prebuilt=None)
-            h.host_unwell(f"cannot build an engine for {req.model}: "
-                          + ("its manifest or config.json could not be read" if ident is None
-                             else "the engine host is not standing by"))
+            agent.record(prebuilt=None)
+            agent.host_unwell(f"cannot build an engine for {req.model}: "
+                              + ("its manifest or config.json could not be read" if ident is None
+                                 else "the engine host is not standing by"))
             return
         if ident.engine_class.id != req.engine_class:
             # The controller's view of the model is older than the store's: ours counts.
@@ -148,23 +148,23 @@ class KeptEngines:
         port = free_port()
         cmd = launch_command(s, self._caches, req.uri, f"thaw-prebuilt-{ident.engine_class.id}", req.max_model_len,
                              req.engine, port, cache_root_of=req.model, swappable=True, serving=False)
-        h.record(prebuilt=replace(p, engine_class=ident.engine_class.id, vocab=ident.vocab, port=port))
+        agent.record(prebuilt=replace(p, engine_class=ident.engine_class.id, vocab=ident.vocab, port=port))
         engine = self._engine.at(port)
         try:
             await host.launch(cmd)
         except (BrokenPipeError, ConnectionResetError):
             return  # the engine host died: its watcher reports why
         if not await wait_healthy(engine, timeout_s=s.load_timeout_s, poll_s=s.ready_poll_s, clock=self._clock):
-            if h.facts.prebuilt is not None:
-                h.host_unwell(f"the engine built for {req.model} did not answer /health within "
-                              f"{s.load_timeout_s:.0f} s")
+            if agent.facts.prebuilt is not None:
+                agent.host_unwell(f"the engine built for {req.model} did not answer /health within "
+                                  f"{s.load_timeout_s:.0f} s")
                 self._supervisor.replace(graceful=False)
             return
-        p = h.facts.prebuilt
+        p = agent.facts.prebuilt
         if p is not None and p.port == port:
             now = self._clock()
-            h.record(prebuilt=replace(p, built_at=now))
-            h.metrics.engine_start.observe(now - t0)
+            agent.record(prebuilt=replace(p, built_at=now))
+            agent.metrics.engine_start.observe(now - t0)
             log.info("engine_prebuilt", model=req.model, engine_class=ident.engine_class.id,
                      seconds=round(now - t0, 3))
 
@@ -175,10 +175,11 @@ class KeptEngines:
         """Swap the model into the kept engine when it is of its class (waiting for one
         still being built); else stop that engine (a fresh engine host follows) and
         return False. A swap that fails fails the assignment (returns False)."""
-        h = self._host
-        s = h.settings
-        await h.until(lambda: h.facts.prebuilt is None or h.facts.prebuilt.built_at is not None, s.load_timeout_s)
-        p = h.facts.prebuilt
+        agent = self._agent
+        s = agent.settings
+        await agent.until(lambda: agent.facts.prebuilt is None or agent.facts.prebuilt.built_at is not None,
+                          s.load_timeout_s)
+        p = agent.facts.prebuilt
         if p is None:
             return False
         fits = (ident is not None and p.built_at is not None
@@ -192,29 +193,29 @@ class KeptEngines:
             return False
         engine = self._engine.at(p.port, reuse=True)
         now = self._clock()
-        h.record(snapshot_restored_at=now, launched_at=now)
+        agent.record(snapshot_restored_at=now, launched_at=now)
         extra = self._caches.loader_args(req.engine).extra.get("model_loader_extra_config") or {}
         files = await front_end_dir(s.data_dir / "model-files", self._front_end_fetch, req.uri, manifest)
         ev = await self._command(SwapCommand(swap_id=a.assignment_id, uri=req.uri,
                                              served_model_name=req.served_model_name, loader_options=extra,
                                              files_dir=files))
         if ev.get("event") != EV_SWAPPED:
-            h.fail(f"swapping the model into the engine failed ({ev.get('kind', 'engine')}): "
-                   f"{ev.get('error') or 'no reason given'}", reported_kind(ev.get("cause")))
+            agent.fail(f"swapping the model into the engine failed ({ev.get('kind', 'engine')}): "
+                       f"{ev.get('error') or 'no reason given'}", reported_kind(ev.get("cause")))
             return False
         report, steps = ev.get("load"), ev.get("seconds")
         lv = load_view(req.uri, report if isinstance(report, dict) else None,
                        swap_steps=steps if isinstance(steps, dict) else {})
         self._caches.note_load(lv)
-        h.spawn(h.scan_caches(), name="scan_caches_after_swap")
-        h.record(weights_loaded_at=float(ev.get("t") or self._clock()), load=lv,
-                 prebuilt=replace(p, model=req.model, uri=req.uri))
+        agent.spawn(agent.scan_caches(), name="scan_caches_after_swap")
+        agent.record(weights_loaded_at=float(ev.get("t") or self._clock()), load=lv,
+                     prebuilt=replace(p, model=req.model, uri=req.uri))
         if not await wait_healthy(engine, timeout_s=s.load_timeout_s, poll_s=s.ready_poll_s, clock=self._clock):
-            h.fail("the engine did not answer /health after the swap")
+            agent.fail("the engine did not answer /health after the swap")
             return False
         now = self._clock()
-        h.record(engine_ready_at=now)
-        h.metrics.engine_start.observe(now - a.assigned_at)
+        agent.record(engine_ready_at=now)
+        agent.metrics.engine_start.observe(now - a.assigned_at)
         log.info("engine_ready", assignment_id=a.assignment_id, model=a.model, engine_url=self._engine.url,
                  total_s=round(now - a.assigned_at, 3), swap=True, tier=lv.tier, steps_s=ev.get("seconds"))
         return True
@@ -225,8 +226,8 @@ class KeptEngines:
         """Keep a drained engine that can take another model (it came from a kept
         engine or was started swappable): it stops serving and drops its prefix cache.
         False when there is none to keep, or parking failed (the engine then goes)."""
-        h = self._host
-        f, host = h.facts, self._supervisor.host
+        agent = self._agent
+        f, host = agent.facts, self._supervisor.host
         p = f.prebuilt
         if p is None or p.built_at is None or f.assignment is None or host is None or host.returncode is not None:
             return False
@@ -236,7 +237,7 @@ class KeptEngines:
                         error=ev.get("error"))
             return False
         steps = ev.get("seconds") if isinstance(ev.get("seconds"), dict) else None
-        h.record(prebuilt=replace(p, park_steps_s=steps))
+        agent.record(prebuilt=replace(p, park_steps_s=steps))
         log.info("engine_parked", assignment_id=f.assignment.assignment_id, model=p.model,
                  engine_class=p.engine_class, steps_s=steps)
         return True
@@ -249,7 +250,7 @@ class KeptEngines:
         host = self._supervisor.host
         if host is None or host.returncode is not None:
             return {"event": EV_SWAP_FAILED, "kind": "engine", "error": "no engine host"}
-        timeout_s = self._host.settings.load_timeout_s
+        timeout_s = self._agent.settings.load_timeout_s
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiters[cmd.swap_id] = waiter
         try:
@@ -271,8 +272,8 @@ class KeptEngines:
     def host_gone(self) -> None:
         """The engine host stopped or exited: the engine it kept goes with it, and a
         swap or park waiting for it gets its answer now."""
-        if self._host.facts.prebuilt is not None:
-            self._host.record(prebuilt=None)
+        if self._agent.facts.prebuilt is not None:
+            self._agent.record(prebuilt=None)
         for swap_id, waiter in list(self._waiters.items()):
             if not waiter.done():
                 waiter.set_result({"event": EV_SWAP_FAILED, "swap_id": swap_id, "kind": "engine",

@@ -27,7 +27,7 @@ from worker.supervisor import HostSupervisor
 log = get_logger()
 
 
-class ReleaseHost(Protocol):
+class ReleaseAgent(Protocol):
     """What a release needs from the agent."""
 
     settings: AgentSettings
@@ -45,9 +45,9 @@ class ReleaseHost(Protocol):
 
 
 class Releases:
-    def __init__(self, host: ReleaseHost, *, supervisor: HostSupervisor, engine: CurrentEngine,
+    def __init__(self, agent: ReleaseAgent, *, supervisor: HostSupervisor, engine: CurrentEngine,
                  kept: KeptEngines, clock: Callable[[], float]) -> None:
-        self._host = host
+        self._agent = agent
         self._supervisor = supervisor
         self._engine = engine
         self._kept = kept
@@ -61,68 +61,68 @@ class Releases:
             host = self._supervisor.host
             return host is None or host.returncode is not None
 
-        await drain(engine, timeout_s, poll_s=self._host.settings.drain_poll_s, clock=self._clock,
-                    on_in_flight=lambda n: self._host.record(in_flight=n), engine_gone=gone)
+        await drain(engine, timeout_s, poll_s=self._agent.settings.drain_poll_s, clock=self._clock,
+                    on_in_flight=lambda n: self._agent.record(in_flight=n), engine_gone=gone)
 
     async def release(self, req: ReleaseRequest) -> bool:
         """Start releasing the current assignment; False when there was nothing to do.
 
         Raises :class:`Conflict` for an ``assignment_id`` that is not the current one.
         """
-        h = self._host
-        f = h.facts
+        agent = self._agent
+        f = agent.facts
         if f.assignment is None:
             if f.failure is not None:  # an engine host failed while standing by
-                h.record(failure=None, failure_kind=None)
+                agent.record(failure=None, failure_kind=None)
                 return True
             return False
         if req.assignment_id is not None and req.assignment_id != f.assignment.assignment_id:
             raise Conflict(
                 f"assignment {req.assignment_id!r} is not the current one ({f.assignment.assignment_id!r})",
-                h.state,
+                agent.state,
             )
         if f.release_requested_at is not None:
             return True  # already releasing
         if f.failure is not None:
             # The failed engine host is already being replaced (if it was launched).
             log.info("release", assignment_id=f.assignment.assignment_id, from_state="failed")
-            if h.settings.packed:
-                h.record(release_requested_at=self._clock())
-                h.spawn(self.run(False, 0.0), name="release")
+            if agent.settings.packed:
+                agent.record(release_requested_at=self._clock())
+                agent.spawn(self.run(False, 0.0), name="release")
                 return True
-            h.clear_assignment()
+            agent.clear_assignment()
             return True
-        drain = h.state is WorkerState.READY  # else loading: abort
-        log.info("release", assignment_id=f.assignment.assignment_id, from_state=h.state.value,
+        drain = agent.state is WorkerState.READY  # else loading: abort
+        log.info("release", assignment_id=f.assignment.assignment_id, from_state=agent.state.value,
                  drain_timeout_s=req.drain_timeout_s)
-        h.record(release_requested_at=self._clock())
-        h.spawn(self.run(drain, req.drain_timeout_s), name="release")
+        agent.record(release_requested_at=self._clock())
+        agent.spawn(self.run(drain, req.drain_timeout_s), name="release")
         return True
 
     async def run(self, drain: bool, drain_timeout_s: float) -> None:
         """Carry out a release recorded already (``release_requested_at``)."""
-        h = self._host
-        await h.stop_work()
+        agent = self._agent
+        await agent.stop_work()
         engine = self._engine.client
         if drain and engine is not None:
             await self.drain(engine, drain_timeout_s)
-        if h.settings.packed:
+        if agent.settings.packed:
             # A packed engine goes away with its assignment: no engine host follows.
             await self._engine.close()
             await self._supervisor.close(graceful=drain)
-            h.clear_assignment()
-            if h.on_released is not None:
-                h.on_released()
+            agent.clear_assignment()
+            if agent.on_released is not None:
+                agent.on_released()
             return
         if drain and await self._kept.park():
             # The engine stays, parked, for the next model of its class.
-            await h.scan_caches()
-            h.clear_assignment()
+            await agent.scan_caches()
+            agent.clear_assignment()
             return
         await self._engine.close()
         host = self._supervisor.host
         if host is None or host.launched:
             await self._supervisor.replace(graceful=drain)
         # Before standby is reported: the controller places the next model by it.
-        await h.scan_caches()
-        h.clear_assignment()
+        await agent.scan_caches()
+        agent.clear_assignment()

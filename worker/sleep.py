@@ -25,7 +25,7 @@ log = get_logger()
 Drain = Callable[[EngineClient, float], Awaitable[None]]
 
 
-class SleepHost(Protocol):
+class SleepAgent(Protocol):
     """What sleep and wake need from the agent."""
 
     metrics: WorkerMetrics
@@ -42,9 +42,9 @@ class SleepHost(Protocol):
 
 
 class SleepMode:
-    def __init__(self, host: SleepHost, *, engine: CurrentEngine, drain: Drain, clock: Callable[[], float]) -> None:
+    def __init__(self, agent: SleepAgent, *, engine: CurrentEngine, drain: Drain, clock: Callable[[], float]) -> None:
         """``drain``: waits for the engine to finish its requests (``Releases.drain``)."""
-        self._host = host
+        self._agent = agent
         self._engine = engine
         self._drain = drain
         self._clock = clock
@@ -56,8 +56,8 @@ class SleepMode:
         """Put the ready engine to sleep, keeping the model; False if it already is.
         Raises :class:`Conflict` unless it is ready (or asleep), of the current
         assignment, and was started with sleep mode."""
-        h = self._host
-        f, state = h.facts, h.state
+        agent = self._agent
+        f, state = agent.facts, agent.state
         if f.assignment is None or state not in (WorkerState.READY, WorkerState.ASLEEP):
             raise Conflict(f"worker is {state.value}; only a ready engine can be put to sleep", state)
         if req.assignment_id is not None and req.assignment_id != f.assignment.assignment_id:
@@ -67,11 +67,11 @@ class SleepMode:
             )
         if state is WorkerState.ASLEEP:
             return False
-        if h.launched is None or not h.launched.sleep_mode:
+        if agent.launched is None or not agent.launched.sleep_mode:
             raise Conflict("the engine was not started with sleep mode (sleep_mode in the assignment)", state)
         log.info("sleep", assignment_id=f.assignment.assignment_id, level=req.level)
-        h.record(sleep_requested_at=self._clock())
-        self._sleep_task = h.spawn(self._run_sleep(req), name="sleep")
+        agent.record(sleep_requested_at=self._clock())
+        self._sleep_task = agent.spawn(self._run_sleep(req), name="sleep")
         return True
 
     async def _run_sleep(self, req: SleepRequest) -> None:
@@ -83,52 +83,52 @@ class SleepMode:
         try:
             await engine.sleep(req.level)
         except EngineError as exc:
-            self._host.fail(f"putting the engine to sleep failed: {exc}")
+            self._agent.fail(f"putting the engine to sleep failed: {exc}")
             return
-        self._host.metrics.sleep_seconds.observe(self._clock() - t0)
+        self._agent.metrics.sleep_seconds.observe(self._clock() - t0)
         log.info("engine_asleep", level=req.level, seconds=round(self._clock() - t0, 3))
 
     def wake(self, req: AssignRequest) -> None:
         """An assignment for the model asleep here: wake the engine instead of loading.
         Raises :class:`Conflict` for another model or other engine settings."""
-        h = self._host
-        launched, cur = h.launched, h.facts.assignment
+        agent = self._agent
+        launched, cur = agent.launched, agent.facts.assignment
         assert launched is not None and cur is not None
         same = (req.model, req.uri, req.served_model_name, req.max_model_len, req.engine) == (
             launched.model, launched.uri, launched.served_model_name, launched.max_model_len, launched.engine)
         if not same:
             raise Conflict(f"worker is asleep with model {cur.model!r} ({cur.uri}); release it before "
-                           f"assigning another model or other engine settings", h.state)
+                           f"assigning another model or other engine settings", agent.state)
         a = Assignment(req.assignment_id, req.model, req.uri, req.served_model_name, self._clock(),
                        revision=req.revision)
-        h.record(assignment=a, sleep_requested_at=None, snapshot_restored_at=None, snapshot=None,
-                 launched_at=None, weights_loaded_at=None, engine_ready_at=None, woken_at=None,
-                 failure=None, failure_kind=None, load=LoadView(tier="asleep"))
+        agent.record(assignment=a, sleep_requested_at=None, snapshot_restored_at=None, snapshot=None,
+                     launched_at=None, weights_loaded_at=None, engine_ready_at=None, woken_at=None,
+                     failure=None, failure_kind=None, load=LoadView(tier="asleep"))
         log.info("assignment_accepted", assignment_id=a.assignment_id, model=a.model, uri=a.uri, wake=True)
-        self._wake_task = h.spawn(self._run_wake(a), name="wake")
+        self._wake_task = agent.spawn(self._run_wake(a), name="wake")
 
     async def _run_wake(self, a: Assignment) -> None:
-        h = self._host
+        agent = self._agent
         sleeping = self._sleep_task
         if sleeping is not None:
             await asyncio.gather(sleeping, return_exceptions=True)  # still going to sleep
         engine = self._engine.client
-        if h.facts.failure is not None or h.facts.assignment != a:
+        if agent.facts.failure is not None or agent.facts.assignment != a:
             return
         if engine is None:
-            h.fail("the engine went away while asleep")
+            agent.fail("the engine went away while asleep")
             return
         try:
             await engine.wake_up()
         except EngineError as exc:
-            if h.facts.assignment == a:
-                h.fail(f"waking the engine failed: {exc}")
+            if agent.facts.assignment == a:
+                agent.fail(f"waking the engine failed: {exc}")
             return
-        if h.facts.assignment != a:
+        if agent.facts.assignment != a:
             return  # released meanwhile
         now = self._clock()
-        h.record(engine_ready_at=now, woken_at=now)
-        h.metrics.engine_start.observe(now - a.assigned_at)
+        agent.record(engine_ready_at=now, woken_at=now)
+        agent.metrics.engine_start.observe(now - a.assigned_at)
         log.info("engine_ready", assignment_id=a.assignment_id, model=a.model, engine_url=self._engine.url,
                  total_s=round(now - a.assigned_at, 3), woken=True)
 
