@@ -1,7 +1,8 @@
-"""The agent's control API: a thin router over :class:`worker.agent.Agent`.
+"""The agent's control API: a thin router over :class:`worker.agent.Agent` and its parts
+(``agent.kept``, ``agent.releases``, ``agent.sleep_mode``, ``agent.adapters``).
 
-Errors are mapped here, in one place: :class:`~worker.agent.Conflict` is 409,
-:class:`~worker.agent.Refused` 403 and a malformed body 422, each as ``{"error": ...}``
+Errors are mapped here, in one place: :class:`~worker.errors.Conflict` is 409,
+:class:`~worker.errors.Refused` 403 and a malformed body 422, each as ``{"error": ...}``
 JSON. Every endpoint but ``/healthz`` needs the cluster token (401 without it) when the
 settings carry one.
 """
@@ -31,8 +32,9 @@ from thaw.wire import (
     WorkerStatus,
 )
 from worker.adapters import AdapterConflict
-from worker.agent import Agent, Conflict, Refused
+from worker.agent import Agent
 from worker.engines import PackedEngines
+from worker.errors import Conflict, Refused
 from worker.fence import Fence
 from worker.heartbeat import Heartbeat
 from worker.metrics import CONTENT_TYPE
@@ -83,7 +85,8 @@ async def assign(body: AssignRequest, request: Request) -> WorkerStatus:
     202: {"model": WorkerStatus, "description": "Building the engine"}})
 async def prebuild(body: PrebuildRequest, request: Request) -> JSONResponse:
     agent = _agent(request)
-    started = await agent.prebuild(body)
+    agent.check_uri(body.uri, body.model)
+    started = await agent.kept.prebuild(body)
     return JSONResponse(agent.view().model_dump(mode="json"), status_code=202 if started else 200)
 
 
@@ -91,7 +94,7 @@ async def prebuild(body: PrebuildRequest, request: Request) -> JSONResponse:
              responses={**CONFLICT, 202: {"model": WorkerStatus, "description": "Draining started"}})
 async def release(request: Request, body: ReleaseRequest | None = None) -> JSONResponse:
     agent = _agent(request)
-    started = await agent.release(body or ReleaseRequest())
+    started = await agent.releases.release(body or ReleaseRequest())
     return JSONResponse(agent.view().model_dump(mode="json"), status_code=202 if started else 200)
 
 
@@ -99,7 +102,7 @@ async def release(request: Request, body: ReleaseRequest | None = None) -> JSONR
              responses={**CONFLICT, 202: {"model": WorkerStatus, "description": "Going to sleep"}})
 async def sleep(request: Request, body: SleepRequest | None = None) -> JSONResponse:
     agent = _agent(request)
-    started = await agent.sleep(body or SleepRequest())
+    started = await agent.sleep_mode.sleep(body or SleepRequest())
     return JSONResponse(agent.view().model_dump(mode="json"), status_code=202 if started else 200)
 
 

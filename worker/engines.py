@@ -23,7 +23,8 @@ from typing import Any
 from thaw.fit import pack_problem
 from thaw.log import get_logger
 from thaw.wire import AssignRequest
-from worker.agent import Agent, Conflict
+from worker.agent import Agent
+from worker.errors import Conflict
 from worker.heartbeat import Heartbeat
 from worker.settings import AgentSettings
 from worker.spare import SpareHost

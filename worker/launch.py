@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -229,6 +229,11 @@ def failure_kind(exc: BaseException) -> FailureKind:
         if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":  # torch's, not imported here
             return "memory"
     return "engine"
+
+
+def reported_kind(value: object) -> FailureKind:
+    """A failure kind an engine host reported (anything else, or none: "engine")."""
+    return value if value in get_args(FailureKind) else "engine"  # type: ignore[return-value]
 
 
 def root_cause(exc: BaseException) -> str:
