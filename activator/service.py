@@ -36,7 +36,8 @@ from activator.limits import Admission, Limiter, LocalLimiter
 from activator.metrics import PHASES, ActivatorMetrics
 from activator.protocol import Kind, parse_request, tenant_cache_salt
 from activator.replica_choice import prefix_key
-from activator.route_watcher import Acquired, Replica, RouteWatcher, cold_start_tier
+from activator.routing.replicas import Replica, cold_start_tier
+from activator.routing.router import Acquired, Router
 from activator.throttle import FailedAuthThrottle
 from activator.tokens import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -118,7 +119,7 @@ class CompletionService:
         self,
         cfg: ThawConfig,
         auth: Authenticator,
-        routes: RouteWatcher,
+        routes: Router,
         metrics: ActivatorMetrics,
         ledger: Ledger,
         tokens: TokenCounter | None = None,
