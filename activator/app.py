@@ -99,7 +99,7 @@ def create_app(
 
     async def on_catalog(catalog: Catalog) -> None:
         live = apply_catalog(service.cfg, catalog)
-        service.cfg = live
+        service.use_config(live)
         auth.update_catalog(live.tenants, live.models)
         routes.set_models(live.models)
         log.info("catalog_updated", version=catalog.version, models=len(catalog.models),

@@ -27,10 +27,11 @@ from typing import Any
 
 import httpx
 
+from activator.context import RequestContext
 from activator.protocol import Kind
 from activator.routing.replicas import Replica
 from activator.routing.router import Router
-from activator.service import UPSTREAM_PATH, CompletionService, RequestContext
+from activator.service import UPSTREAM_PATH, CompletionService
 from thaw.config import BatchConfig
 from thaw.controllers import ControllerClient
 from thaw.log import get_logger
