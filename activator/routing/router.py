@@ -8,8 +8,9 @@ fails they all get the reason at once. With every replica full it waits in the m
 fair queue, handed freed slots round-robin across tenants.
 
 ``Router`` ties the parts together and is the only writer of their state: the feed
-(``activator.routing.feed``) gives it route tables, each model's replicas
-(``.replicas``) and queues (``.queues``) and traffic counts (``.activity``) hold it.
+(``activator.routing.feed``) brings it route tables; each model's replicas
+(``activator.routing.replicas``), its cold and fair queues (``activator.routing.queues``)
+and its traffic counts (``activator.routing.activity``) hold that state.
 """
 
 from __future__ import annotations
