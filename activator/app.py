@@ -34,7 +34,7 @@ from activator.ledger import Ledger
 from activator.limits import build_limiter
 from activator.metrics import ActivatorMetrics
 from activator.protocol import add_request_schemas
-from activator.route_watcher import RouteWatcher
+from activator.routing.router import Router
 from activator.service import CompletionService
 from activator.shipping import UsageShipper
 from activator.tokens import FileFetcher, TokenCounter
@@ -99,7 +99,7 @@ def create_app(
 
     async def on_catalog(catalog: Catalog) -> None:
         live = apply_catalog(service.cfg, catalog)
-        service.cfg = live
+        service.use_config(live)
         auth.update_catalog(live.tenants, live.models)
         routes.set_models(live.models)
         log.info("catalog_updated", version=catalog.version, models=len(catalog.models),
@@ -109,14 +109,14 @@ def create_app(
         except OSError as exc:
             log.warning("catalog_cache_write_failed", path=str(catalog_cache.path), error=str(exc))
 
-    routes = RouteWatcher(cfg.models, pool_url, activator_id, token=token, on_replica=on_replica,
-                          ejection_s=cfg.server.replica_ejection_s,
-                          on_keys=on_keys, keys_version=known_keys.version if known_keys else None,
-                          on_catalog=on_catalog, catalog_version=known_catalog.version if known_catalog else None)
+    routes = Router(cfg.models, pool_url, activator_id, token=token, on_replica=on_replica,
+                    ejection_s=cfg.server.replica_ejection_s,
+                    on_keys=on_keys, keys_version=known_keys.version if known_keys else None,
+                    on_catalog=on_catalog, catalog_version=known_catalog.version if known_catalog else None)
     tokens = TokenCounter(store_fetcher) if store_fetcher is not None else None
     # limits.backend redis: shared by every activator; while Redis is away, this one's
     # share is the limit over the activators the controller hears from.
-    limiter = build_limiter(cfg.limits, metrics, owner=activator_id, activators=lambda: routes.activators,
+    limiter = build_limiter(cfg.limits, metrics, owner=activator_id, activators=lambda: routes.feed.activators,
                             processes=processes)
     service = CompletionService(cfg, auth, routes, metrics, ledger, tokens, limiter=limiter)
     bucket, prefix = cfg.object_store.bucket, cfg.ledger.ship_prefix
@@ -165,7 +165,7 @@ def _app(cfg: ThawConfig, parts: ActivatorParts,
     return app
 
 
-def _lifespan(cfg: ThawConfig, routes: RouteWatcher, limiter: Any, batch_worker: BatchWorker,
+def _lifespan(cfg: ThawConfig, routes: Router, limiter: Any, batch_worker: BatchWorker,
               shipper: UsageShipper | None, tokens: TokenCounter | None, controller: ControllerClient,
               service: CompletionService, ledger: Ledger) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     """What starts with the app and stops with it, in order."""

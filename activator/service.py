@@ -12,13 +12,13 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi.responses import Response
 
 from activator.auth import Authenticator, Principal, check_model_access
 from activator.bounds import RequestBounds, parse_json
+from activator.context import RequestContext
 from activator.edge import IncomingRequest, ProxyStream, client_address
 from activator.errors import (
     ApiError,
@@ -31,12 +31,14 @@ from activator.errors import (
     error_body,
     upstream_error_body,
 )
-from activator.ledger import Ledger, UsageRecord
-from activator.limits import Admission, Limiter, LocalLimiter
-from activator.metrics import PHASES, ActivatorMetrics
+from activator.ledger import Ledger
+from activator.limits import Limiter, LocalLimiter
+from activator.metrics import ActivatorMetrics
 from activator.protocol import Kind, parse_request, tenant_cache_salt
+from activator.recording import RequestRecorder
 from activator.replica_choice import prefix_key
-from activator.route_watcher import Acquired, Replica, RouteWatcher, cold_start_tier
+from activator.routing.replicas import Replica, cold_start_tier
+from activator.routing.router import Acquired, Router
 from activator.throttle import FailedAuthThrottle
 from activator.tokens import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -46,54 +48,15 @@ from activator.tokens import (
     prompt_chars,
 )
 from activator.upstream import UpstreamPool, UpstreamResponse
-from activator.usage import DONE, StreamTap, Usage, usage_from_body
+from activator.usage import DONE, StreamTap, usage_from_body
 from thaw.config import Model, ThawConfig
 from thaw.log import get_logger
-from thaw.wire import ColdStartRecord, LoadSource
 
 log = get_logger()
 
 UPSTREAM_PATH: dict[Kind, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Headers from the engine that are about the connection, not the content.
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
-
-
-@dataclass
-class RequestContext:
-    request_id: str
-    arrival: float
-    model: Model | None = None
-    status: int = 0
-    cold: bool = False
-    queue_s: float = 0.0
-    enqueued_at: float | None = None
-    first_byte_at: float | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    tenant: str | None = None
-    stream: bool = False
-    replica: str | None = None
-    # The model's registry revision that replica serves (None: not known).
-    revision: int | None = None
-    # hot, or where the cold start's replica got the model from (thaw.wire.Tier).
-    tier: str | None = None
-    usage: Usage = field(default_factory=Usage)
-    cancelled: bool = False
-    recorded: bool = False
-    admission: Admission | None = None
-    rate_headers: dict[str, str] = field(default_factory=dict)
-    # "batch" for a batch's line (activator.batch.worker); None online.
-    service_tier: str | None = None
-
-    def response_headers(self) -> dict[str, str]:
-        h = {**self.rate_headers, "x-request-id": self.request_id,
-             "x-thaw-cold-start": "true" if self.cold else "false"}
-        if self.cold:
-            h["x-thaw-queue-ms"] = str(round(self.queue_s * 1000))
-        if self.replica:
-            h["x-thaw-replica"] = self.replica
-        if self.tier:
-            h["x-thaw-tier"] = self.tier
-        return h
 
 
 def upstream_client(timeout_s: float = 600.0) -> UpstreamPool:
@@ -118,7 +81,7 @@ class CompletionService:
         self,
         cfg: ThawConfig,
         auth: Authenticator,
-        routes: RouteWatcher,
+        routes: Router,
         metrics: ActivatorMetrics,
         ledger: Ledger,
         tokens: TokenCounter | None = None,
@@ -138,10 +101,14 @@ class CompletionService:
         self.limiter: Limiter = limiter or LocalLimiter()
         self.clock = clock
         self._http = upstream_client(cfg.server.upstream_timeout_s)
-        self._recorded_cold: set[str] = set()
+        self.recorder = RequestRecorder(ledger, self.limiter, metrics, routes, clock)
 
     async def close(self) -> None:
         await self._http.close()
+
+    def use_config(self, cfg: ThawConfig) -> None:
+        """The models and tenants in force changed (the controller's catalog)."""
+        self.cfg = cfg
 
     # -- admission ------------------------------------------------------------------
     def principal(self, request: IncomingRequest) -> Principal:
@@ -396,7 +363,7 @@ class CompletionService:
         OpenAI's error shape, with the engine's status and message."""
         try:
             content = first + await upstream.read()
-            self._first_byte(model, replica, ctx)
+            self.recorder.first_byte(model, replica, ctx)
         except (ConnectionError, TimeoutError) as exc:
             ctx.status = 502
             raise UpstreamError(f"the replica failed while answering: {exc or type(exc).__name__}") from None
@@ -450,7 +417,7 @@ class CompletionService:
                         chunk = await upstream.readany()
                         continue
                     if ctx.first_byte_at is None:
-                        self._first_byte(model, replica, ctx)
+                        self.recorder.first_byte(model, replica, ctx)
                     # The events of one upstream read go out in one write.
                     out = bytearray()
                     for event in tap.feed(chunk):
@@ -485,73 +452,9 @@ class CompletionService:
 
     async def record(self, ctx: RequestContext, error_code: str | None = None) -> None:
         """Append this request's usage record once (no-op before authentication)."""
-        if ctx.recorded or ctx.tenant is None:
-            return
-        ctx.recorded = True
-        now = self.clock()
-        try:
-            # The record first: a limits store that is slow or away cannot hold it back.
-            await self.ledger.append(UsageRecord(
-                request_id=ctx.request_id, tenant=ctx.tenant, model=ctx.model.name if ctx.model else None,
-                status=ctx.status, error_code=error_code, prompt_tokens=ctx.usage.prompt_tokens,
-                completion_tokens=ctx.usage.completion_tokens, cached_tokens=ctx.usage.cached_tokens,
-                usage_source=ctx.usage.source, queue_ms=round(ctx.queue_s * 1000, 3),
-                ttft_ms=round((ctx.first_byte_at - ctx.arrival) * 1000, 3) if ctx.first_byte_at else None,
-                duration_ms=round((now - ctx.arrival) * 1000, 3), cold_start=ctx.cold, cancelled=ctx.cancelled,
-                stream=ctx.stream, replica=ctx.replica, started_at=ctx.arrival, finished_at=now,
-                revision=ctx.revision, service_tier=ctx.service_tier,
-            ))
-        finally:
-            if ctx.admission is not None:
-                try:
-                    await self.limiter.settle(ctx.admission, ctx.usage.prompt_tokens + ctx.usage.completion_tokens,
-                                              now)
-                except Exception:
-                    log.exception("limits_settle_failed")
-
-    def _first_byte(self, model: Model, replica: Replica, ctx: RequestContext) -> None:
-        now = self.clock()
-        ctx.first_byte_at = now
-        self.metrics.ttft.labels(model.name).observe(now - ctx.arrival)
-        if not ctx.cold:
-            # The autoscaler's TTFT target is about serving capacity, not cold starts.
-            self.routes.note_ttft(model.name, now - ctx.arrival)
-        if ctx.cold and replica.assignment_id and replica.assignment_id not in self._recorded_cold:
-            self._recorded_cold.add(replica.assignment_id)
-            self._record_cold_start(model, replica, ctx, now)
-
-    def _record_cold_start(self, model: Model, replica: Replica, ctx: RequestContext, first_token: float) -> None:
-        """Split request → first token into the named phases, from the worker's milestones."""
-        p = replica.phases
-        marks: list[float | None] = [ctx.enqueued_at or ctx.arrival, p.get("assigned"), p.get("snapshot_restored"),
-                                     p.get("weights_loaded"), p.get("engine_ready"), first_token]
-        phases: dict[str, float] = {}
-        prev = ctx.arrival
-        for name, mark in zip(PHASES, marks, strict=True):
-            # A missing milestone takes no time; clocks of other machines may be skewed a little.
-            t = prev if mark is None else min(max(mark, prev), first_token)
-            phases[name] = t - prev
-            prev = t
-        total = first_token - ctx.arrival
-        tier = cold_start_tier(ctx.enqueued_at or ctx.arrival, replica)
-        self.metrics.cold_starts.labels(model.name, tier).inc()
-        for name, secs in phases.items():
-            self.metrics.cold_start_seconds.labels(model.name, name, tier).observe(secs)
-        self.metrics.cold_start_seconds.labels(model.name, "total", tier).observe(total)
-        record = ColdStartRecord(model=model.name, request_id=ctx.request_id, at=ctx.arrival,
-                                 total_s=round(total, 3), phases_s={k: round(v, 3) for k, v in phases.items()},
-                                 # Woken from the asleep tier rather than loaded.
-                                 woken=p.get("woken") is not None, tier=tier, load_s=replica.load_s,
-                                 weights_from=_weights_from(replica.load_tier),
-                                 swap_steps_s=replica.swap_steps_s)
-        log.info("cold_start", **record.model_dump())
-        self.routes.record_cold_start(record)
+        await self.recorder.record(ctx, error_code)
 
     def observe_end(self, ctx: RequestContext, error: ApiError | None = None) -> None:
         label = ctx.model.name if ctx.model else "unknown"
         self.metrics.requests.labels(label, str(error.status if error else ctx.status)).inc()
 
-
-def _weights_from(load_tier: str | None) -> LoadSource | None:
-    """Where a replica's weights came from (None: woken, or not reported)."""
-    return load_tier if load_tier in ("host", "disk", "s3", "local") else None  # type: ignore[return-value]

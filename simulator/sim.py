@@ -755,7 +755,7 @@ class Simulator:
     @staticmethod
     def _adapter_tier(w: _Worker, since: float) -> str:
         """Where an adapter's cold start since ``since`` got its replica, as the activator
-        says (``activator.route_watcher.cold_start_tier``): "adapter" when the engine of its
+        says (``activator.routing.replicas.cold_start_tier``): "adapter" when the engine of its
         base was ready before, else where that engine came from."""
         if w.ready_at <= since:
             return "adapter"

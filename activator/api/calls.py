@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activator.api.parts import ActivatorParts
+from activator.context import RequestContext
 from activator.edge import IncomingRequest, request_id_from
 from activator.errors import (
     ApiError,
@@ -33,7 +34,6 @@ from activator.errors import (
     error_response,
     internal_error_response,
 )
-from activator.service import RequestContext
 from thaw.http_api import allowed_methods
 from thaw.log import bind_request, get_logger
 

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from activator.api.parts import ActivatorParts, Parts
 from activator.edge import request_id_from
 from activator.protocol import ERROR_RESPONSES
-from activator.route_watcher import public_failure
+from activator.routing.router import public_failure
 
 router = APIRouter()
 
@@ -19,14 +19,13 @@ router = APIRouter()
 def model_entry(parts: ActivatorParts, name: str) -> dict[str, Any]:
     m = parts.service.cfg.model(name)
     assert m is not None
-    routes = parts.routes
-    st = routes.routes[m.name]
+    st = parts.routes.status(m.name)
     return {
         "id": m.resolved_served_name, "object": "model", "created": 0, "owned_by": "thaw",
         "max_model_len": m.max_context_tokens,
-        "thaw": {"state": routes.state_of(m.name), "replicas_ready": len(st.replicas),
-                 "replicas_loading": st.loading, "queue_depth": len(st.waiters),
-                 "error": public_failure(st.failure_kind) if routes.state_of(m.name) == "failed" else None},
+        "thaw": {"state": st.state, "replicas_ready": st.ready, "replicas_loading": st.loading,
+                 "queue_depth": st.cold_queue,
+                 "error": public_failure(st.failure_kind) if st.state == "failed" else None},
     }
 
 

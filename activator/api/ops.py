@@ -23,7 +23,7 @@ router = APIRouter()
 
 @router.get("/healthz")
 async def healthz(parts: Parts) -> dict[str, Any]:
-    return {"ok": True, "pool_connected": parts.routes.connected}
+    return {"ok": True, "pool_connected": parts.routes.feed.connected}
 
 
 @router.get("/metrics", response_class=PlainTextResponse,
@@ -34,8 +34,8 @@ async def metrics_endpoint(request: Request, parts: Parts) -> Response:
         raise Unauthorized("/metrics needs the cluster token (Authorization: Bearer <token>)",
                            code="cluster_token_required", headers={"WWW-Authenticate": "Bearer"})
     for m in parts.service.cfg.models:
-        st = parts.routes.routes[m.name]
-        parts.metrics.replicas.labels(m.name, "ready").set(len(st.replicas))
+        st = parts.routes.status(m.name)
+        parts.metrics.replicas.labels(m.name, "ready").set(st.ready)
         parts.metrics.replicas.labels(m.name, "loading").set(st.loading)
-        parts.metrics.queue_depth.labels(m.name).set(len(st.waiters))
+        parts.metrics.queue_depth.labels(m.name).set(st.cold_queue)
     return Response(generate_latest(parts.registry), media_type=CONTENT_TYPE_LATEST)

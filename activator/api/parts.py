@@ -15,7 +15,7 @@ from activator.conversations.conversations import ConversationsApi
 from activator.conversations.responses import ResponsesApi
 from activator.ledger import Ledger
 from activator.metrics import ActivatorMetrics
-from activator.route_watcher import RouteWatcher
+from activator.routing.router import Router
 from activator.service import CompletionService
 from activator.usage_store import UsageReader
 
@@ -24,7 +24,7 @@ from activator.usage_store import UsageReader
 class ActivatorParts:
     activator_id: str
     service: CompletionService
-    routes: RouteWatcher
+    routes: Router
     metrics: ActivatorMetrics
     registry: CollectorRegistry
     ledger: Ledger

@@ -1,12 +1,12 @@
 """Batch lines run on room online traffic leaves (OpenAI's Batches API).
 
 Each tick the worker asks, for each model with ready replicas here, how many batch
-requests it takes now (``RouteWatcher.batch_room``: none while an online request waits
+requests it takes now (``Router.batch_room``: none while an online request waits
 for the model; else up to ``batch.max_share`` of its slots, within the free ones),
 leases that many lines from the controller and runs each on a slot of its own, answered
 whole (``CompletionService.run_batch_line``), then sends the answer. An online request
 that finds every slot taken cuts one batch request of its model at once
-(``RouteWatcher.yield_batch``): the slot is handed to it, and the cut line is given back
+(``Router.yield_batch_with``): the slot is handed to it, and the cut line is given back
 to the controller to run later. A line whose standby the controller took back for an
 online cold start (its engine stopped mid-request) is given back the same way; a line
 whose run fails otherwise (a replica gone) is given back counting a failure (three and
@@ -27,9 +27,11 @@ from typing import Any
 
 import httpx
 
+from activator.context import RequestContext
 from activator.protocol import Kind
-from activator.route_watcher import Replica, RouteWatcher
-from activator.service import UPSTREAM_PATH, CompletionService, RequestContext
+from activator.routing.replicas import Replica
+from activator.routing.router import Router
+from activator.service import UPSTREAM_PATH, CompletionService
 from thaw.config import BatchConfig
 from thaw.controllers import ControllerClient
 from thaw.log import get_logger
@@ -51,7 +53,7 @@ KINDS: dict[str, Kind] = {path: kind for kind, path in UPSTREAM_PATH.items()}
 
 
 class BatchWorker:
-    def __init__(self, service: CompletionService, routes: RouteWatcher, controller: ControllerClient, owner: str,
+    def __init__(self, service: CompletionService, routes: Router, controller: ControllerClient, owner: str,
                  cfg: BatchConfig, *, clock: Callable[[], float] = time.time) -> None:
         self.service = service
         self.routes = routes
@@ -67,7 +69,7 @@ class BatchWorker:
         self._task: asyncio.Task[None] | None = None
         self._renewed_at = clock()
         self.metrics = service.metrics
-        routes.yield_batch = self.yield_to_online
+        routes.yield_batch_with(self.yield_to_online)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="batch_worker")
@@ -90,7 +92,7 @@ class BatchWorker:
     def room(self) -> dict[str, int]:
         """Per model, the batch requests it takes now."""
         out = {}
-        for name in self.routes.routes:
+        for name in self.routes.model_names():
             n = self.routes.batch_room(name, self.cfg.max_share, len(self.running.get(name, {})))
             if n > 0:
                 out[name] = n

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from activator.context import RequestContext
 from activator.conversations.items import (
     ItemError,
     StreamTranslator,
@@ -48,7 +49,7 @@ from activator.conversations.items import (
 )
 from activator.edge import ProxyStream
 from activator.errors import ApiError, BadRequest, NotFound, ServiceUnavailable
-from activator.service import CompletionService, RequestContext
+from activator.service import CompletionService
 from thaw.controllers import ControllerClient
 from thaw.log import get_logger
 from thaw.wire import (

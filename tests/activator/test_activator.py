@@ -158,10 +158,10 @@ async def test_cold_request_waits_for_the_route_then_streams(
     task = asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "stream": True},
                                            headers={"Authorization": f"Bearer {KEY}"}))
     for _ in range(100):
-        if routes.queue_depth("demo"):
+        if routes.status("demo").cold_queue:
             break
         await asyncio.sleep(0.01)
-    assert routes.queue_depth("demo") == 1
+    assert routes.status("demo").cold_queue == 1
     await asyncio.sleep(0.2)
     routes.apply(table(2, [replica(url, assignment="demo-7")]))
     r = await task
@@ -183,7 +183,7 @@ async def test_full_queue_is_429_and_deadline_is_503(activator: tuple[Any, httpx
     h = {"Authorization": f"Bearer {KEY}"}
     waiting = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT, headers=h)) for _ in range(3)]
     for _ in range(100):
-        if app.state.routes.queue_depth("demo") == 3:
+        if app.state.routes.status("demo").cold_queue == 3:
             break
         await asyncio.sleep(0.01)
     r = await client.post("/v1/chat/completions", json=CHAT, headers=h)
@@ -204,7 +204,7 @@ async def test_load_failure_fails_waiters_with_the_reason(activator: tuple[Any, 
     h = {"Authorization": f"Bearer {KEY}"}
     waiting = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT, headers=h)) for _ in range(2)]
     for _ in range(100):
-        if routes.queue_depth("demo") == 2:
+        if routes.status("demo").cold_queue == 2:
             break
         await asyncio.sleep(0.01)
     backoff_until = routes.clock() + 4
@@ -245,11 +245,11 @@ async def test_dead_replica_before_first_byte_is_retried_on_another(
     _, url = engine
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     app.state.routes.apply(table(1, [replica(dead, "w0", "demo-0"), replica(url, "w1", "demo-1")]))
-    for r_ in app.state.routes.routes["demo"].replicas:
+    for r_ in app.state.routes.replicas("demo").usable:
         r_.outstanding = 0 if r_.url == dead else 5  # make sure the dead one is picked first
     r = await client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 200
-    assert [x.url for x in app.state.routes.routes["demo"].replicas] == [url]
+    assert [x.url for x in app.state.routes.replicas("demo").usable] == [url]
 
 
 async def test_failure_after_first_byte_becomes_an_sse_error_then_done(
@@ -288,7 +288,7 @@ async def test_a_stream_whose_replica_stays_silent_goes_to_another(engine: tuple
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
             with serve(silent) as silent_url:
                 app.state.routes.apply(table(1, [replica(silent_url, "w0", "demo-0"), replica(url, "w1", "demo-1")]))
-                for r_ in app.state.routes.routes["demo"].replicas:
+                for r_ in app.state.routes.replicas("demo").usable:
                     r_.outstanding = 0 if r_.url == silent_url else 5  # the silent one is picked first
                 served_before = len(good.requests)  # the engine fixture serves other tests too
                 r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
@@ -296,15 +296,15 @@ async def test_a_stream_whose_replica_stays_silent_goes_to_another(engine: tuple
                 assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text
                 assert "error" not in r.text
                 assert len(silent.requests) == 1 and len(good.requests) == served_before + 1
-                assert [x.url for x in app.state.routes.routes["demo"].replicas] == [url]
+                assert [x.url for x in app.state.routes.replicas("demo").usable] == [url]
                 # The same table again (the controller still lists it): still ejected.
                 app.state.routes.apply(table(2, [replica(silent_url, "w0", "demo-0"), replica(url, "w1", "demo-1")]))
-                assert [x.url for x in app.state.routes.routes["demo"].replicas] == [url]
+                assert [x.url for x in app.state.routes.replicas("demo").usable] == [url]
                 for _ in range(300):  # readmitted once its ejection ends
-                    if len(app.state.routes.routes["demo"].replicas) == 2:
+                    if len(app.state.routes.replicas("demo").usable) == 2:
                         break
                     await asyncio.sleep(0.1)
-                assert {x.url for x in app.state.routes.routes["demo"].replicas} == {url, silent_url}
+                assert {x.url for x in app.state.routes.replicas("demo").usable} == {url, silent_url}
                 silent.stall_before_headers = False
     finally:
         await app.state.routes.close()
@@ -386,7 +386,7 @@ def test_client_disconnect_aborts_the_upstream_stream(engine: tuple[FakeEngine, 
         while not rows and time.time() < deadline:
             rows = query_usage(app.state.ledger.path)
             time.sleep(0.05)
-        assert app.state.routes.routes["demo"].in_flight == 0
+        assert app.state.routes.report_body().models["demo"].in_flight == 0
         assert [(r["cancelled"], r["usage_source"]) for r in rows] == [(1, "estimated")]
         assert rows[0]["completion_tokens"] >= 1
     server.should_exit = True
@@ -550,7 +550,7 @@ async def test_keys_the_controller_sent_hold_across_a_restart_without_it(tmp_pat
     # The controller is down (nothing listens): the activator starts from what it kept.
     app = create_app(cfg, f"http://127.0.0.1:{free_port()}", activator_id="t5")
     async with app.router.lifespan_context(app):
-        assert app.state.routes.keys_version == 7
+        assert app.state.routes.feed.keys_version == 7
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
             r = await client.get("/v1/models", headers={"Authorization": f"Bearer {added}"})
             assert r.status_code == 200 and [m["id"] for m in r.json()["data"]] == ["other"]
@@ -579,10 +579,10 @@ async def test_fair_queue_round_robins_tenants_when_saturated(tmp_path: Path) ->
 
             burst = [send(KEY, f"A{i}") for i in range(5)]
             for _ in range(100):  # A0 is on the replica, A1..A4 wait
-                if app.state.routes.fair_depth("demo") == 4:
+                if app.state.routes.status("demo").fair_queue == 4:
                     break
                 await asyncio.sleep(0.01)
-            assert app.state.routes.fair_depth("demo") == 4
+            assert app.state.routes.status("demo").fair_queue == 4
             b = send(LIMITED_KEY, "B0")
             results = await asyncio.gather(*burst, b)
         assert all(r.status_code == 200 for r in results)
@@ -613,7 +613,7 @@ async def test_a_request_that_waits_for_a_busy_replica_is_not_a_cold_start(tmp_p
                 h = {"Authorization": f"Bearer {KEY}"}
                 first = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=h))
                 for _ in range(100):
-                    if app.state.routes.routes["demo"].replicas[0].outstanding:
+                    if app.state.routes.replicas("demo").usable[0].outstanding:
                         break
                     await asyncio.sleep(0.01)
                 # The one slot is taken: this one waits 0.3 s for it, then gets 503.
@@ -633,13 +633,13 @@ async def test_a_replica_that_dies_after_its_headers_before_any_body_is_retried(
     headless = FakeEngine("headless", tokens=5, die_after_chunks=0)  # 200 headers, then it dies
     with serve(headless) as dying_url:
         app.state.routes.apply(table(1, [replica(dying_url, "w0", "demo-0"), replica(url, "w1", "demo-1")]))
-        for r_ in app.state.routes.routes["demo"].replicas:
+        for r_ in app.state.routes.replicas("demo").usable:
             r_.outstanding = 0 if r_.url == dying_url else 5  # the dying one is picked first
         r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
                               headers={"Authorization": f"Bearer {KEY}"})
         # Served whole by the other replica; the dying one is no longer used.
         assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n") and "tok4" in r.text
-        assert [x.url for x in app.state.routes.routes["demo"].replicas] == [url]
+        assert [x.url for x in app.state.routes.replicas("demo").usable] == [url]
         # With only a dying replica, the client gets an error in OpenAI's shape, not a
         # 200 cut short.
         app.state.routes.apply(table(2, [replica(dying_url, "w0", "demo-0")]))

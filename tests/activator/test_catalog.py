@@ -41,7 +41,7 @@ async def test_models_come_and_go_with_the_catalog(tmp_path: Path) -> None:
     async with app.router.lifespan_context(app), \
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
         assert ids(await client.get("/v1/models", headers=every)) == ["other", "thaw-demo"]
-        await routes.followed["catalog"].on(catalog(cfg, 2, PRIVATE))
+        await routes.feed.followed["catalog"].on(catalog(cfg, 2, PRIVATE))
         # Private to "limited": listed and callable with its keys only, whatever "all" may use.
         assert ids(await client.get("/v1/models", headers=limited)) == ["acme-chat", "other"]
         assert ids(await client.get("/v1/models", headers=every)) == ["other", "thaw-demo"]
@@ -62,11 +62,11 @@ async def test_models_come_and_go_with_the_catalog(tmp_path: Path) -> None:
             "/v1/chat/completions", headers=every,
             json={"model": "other", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
         for _ in range(200):
-            if routes.routes["other"].waiters:
+            if routes.status("other").cold_queue:
                 break
             await asyncio.sleep(0.01)
-        assert routes.routes["other"].waiters
-        await routes.followed["catalog"].on(catalog(cfg, 3, PRIVATE, drop=("other",)))
+        assert routes.status("other").cold_queue
+        await routes.feed.followed["catalog"].on(catalog(cfg, 3, PRIVATE, drop=("other",)))
         gone = await waiting
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
         assert ids(await client.get("/v1/models", headers=every)) == ["thaw-demo"]
@@ -75,7 +75,7 @@ async def test_models_come_and_go_with_the_catalog(tmp_path: Path) -> None:
     again = create_app(cfg, f"http://127.0.0.1:{free_port()}", activator_id="c1")
     async with again.router.lifespan_context(again), \
             httpx.AsyncClient(transport=httpx.ASGITransport(app=again), base_url="http://act") as client:
-        assert again.state.routes.followed["catalog"].held == 3
+        assert again.state.routes.feed.followed["catalog"].held == 3
         assert ids(await client.get("/v1/models", headers=limited)) == ["acme-chat"]
     assert (cfg.activator_dir("c1") / "catalog.json").stat().st_mode & 0o777 == 0o600
 
@@ -97,13 +97,13 @@ async def test_a_tenant_made_at_run_time_works_whichever_table_comes_first(tmp_p
     async with app.router.lifespan_context(app), \
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
         # The key first: its tenant is not known yet, so it is refused.
-        await routes.followed["keys"].on(keys)
+        await routes.feed.followed["keys"].on(keys)
         assert (await client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})).status_code == 401
         # Then the catalog with the tenant: the key works, with the tenant's models and limits.
-        await routes.followed["catalog"].on(with_beta)
+        await routes.feed.followed["catalog"].on(with_beta)
         r = await client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
         assert ids(r) == ["other"] and r.status_code == 200
         assert app.state.service.auth.authenticate(f"Bearer {key}").limits.requests_per_minute == 5
         # Removed from the catalog: refused again.
-        await routes.followed["catalog"].on(catalog(cfg, 3))
+        await routes.feed.followed["catalog"].on(catalog(cfg, 3))
         assert (await client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})).status_code == 401

@@ -293,7 +293,7 @@ async def test_two_activators_one_redis_then_redis_stops(engine_url: str, redis_
         with serve_app(apps[0], lifespan="on") as url0, serve_app(apps[1], lifespan="on") as url1:
             urls = [url0, url1]
             await until("both activators have the controller's table",
-                        lambda: all(a.state.routes.activators == 2 and a.state.routes.routes["demo"].replicas
+                        lambda: all(a.state.routes.feed.activators == 2 and a.state.routes.replicas("demo").usable
                                     for a in apps), 20.0)
             async with httpx.AsyncClient(timeout=30) as client:
                 async def send(i: int, rid: str) -> httpx.Response:

@@ -186,7 +186,7 @@ async def test_a_model_of_another_tenant_is_refused_before_any_queueing_or_activ
     routes = app.state.routes
     routes.apply(routes_to(2, url, cold=("demo",)))
     seen: list[str] = []
-    real_acquire, real_signal = routes.acquire, routes.signal_demand
+    real_acquire, real_signal = routes.acquire, routes.feed.signal_demand
 
     async def acquire(model: Any, *args: Any, **kw: Any) -> Any:
         seen.append(f"acquire {model.name}")
@@ -196,9 +196,13 @@ async def test_a_model_of_another_tenant_is_refused_before_any_queueing_or_activ
         seen.append(f"demand {model}")
         real_signal(model)
 
-    routes.acquire, routes.signal_demand = acquire, signal_demand
-    st = routes.routes["demo"]
-    before = (st.arrivals, st.last_request_at)
+    routes.acquire, routes.feed.signal_demand = acquire, signal_demand
+
+    def activity() -> tuple[int, float | None]:
+        st = routes.report_body().models["demo"]
+        return st.arrivals, st.last_request_at
+
+    before = activity()
     loop = asyncio.get_running_loop()
     for path, body in (("/v1/chat/completions", {"model": "thaw-demo", "messages": MESSAGES}),
                        ("/v1/completions", {"model": "demo", "prompt": "hi", "stream": True}),
@@ -210,8 +214,8 @@ async def test_a_model_of_another_tenant_is_refused_before_any_queueing_or_activ
         assert loop.time() - started < 1.0  # answered at once, not after the 2 s activation timeout
         assert r.headers["x-thaw-cold-start"] == "false"
     assert seen == []
-    assert (st.arrivals, st.last_request_at) == before
-    assert routes.queue_depth("demo") == 0 and routes.fair_depth("demo") == 0
+    assert activity() == before
+    assert routes.status("demo").cold_queue == 0 and routes.status("demo").fair_queue == 0
     assert not fake.requests
     # The caller's own usage rows do not name the model either (its config name is "demo").
     rows = (await client.get("/v1/usage", headers=B)).json()["data"]

@@ -107,7 +107,7 @@ async def activator(root: Path, store_url: str) -> AsyncIterator[str]:
     app = create_app(config(root), f"http://127.0.0.1:{feed_port}", activator_id="fuzz", files_client=store)
     started.append(await serve(app, port))
     try:
-        while app.state.routes.version < 1:  # noqa: ASYNC110 - the watcher offers no event
+        while app.state.routes.feed.version < 1:  # noqa: ASYNC110 - the watcher offers no event
             await asyncio.sleep(0.01)
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from activator.route_watcher import RouteWatcher
+from activator.routing.router import Router
 from tests.warm_pool.fleet import (
     TOKEN,
     InProcessProvider,
@@ -66,30 +66,30 @@ async def test_a_controller_restart_keeps_the_workers_the_replicas_and_the_route
 ) -> None:
     cfg = fleet_config(idle_grace_s=300)
     port = port_of(provider)
-    watcher = RouteWatcher(cfg.models, provider.controller_url, "act-test", token=TOKEN)
+    watcher = Router(cfg.models, provider.controller_url, "act-test", token=TOKEN)
     await watcher.start()
     try:
         async with controller(cfg, provider, port) as a:
             m = a.manager
             await until("a standby", lambda: "standby" in states(m).values(), m)
             m.demand("demo")
-            await until("the activator sees a replica", lambda: watcher.routes["demo"].replicas, m)
+            await until("the activator sees a replica", lambda: watcher.replicas("demo").usable, m)
             before = {w: s for w, s in states(m).items()}
             epoch_a, launched = m.epoch, provider.launched
             await a.stop()  # the controller goes away (its workers do not)
         # While it is down the activator keeps routing to the replica it knew.
-        await until("the activator lost the controller", lambda: not watcher.connected, m)
+        await until("the activator lost the controller", lambda: not watcher.feed.connected, m)
         await asyncio.sleep(0.5)  # quiet: half a second without a controller changes nothing
-        assert not watcher.connected and watcher.routes["demo"].replicas
+        assert not watcher.feed.connected and watcher.replicas("demo").usable
         async with controller(cfg, provider, port) as b:
             m = b.manager
             await until("adopted", lambda: m.adopted, m)
             await until("the activator is back on the new epoch",
-                        lambda: watcher.connected and watcher.epoch == m.epoch, m)
+                        lambda: watcher.feed.connected and watcher.feed.epoch == m.epoch, m)
             # The same workers in the same states; nothing launched, assigned or released.
             assert m.epoch != epoch_a
             assert states(m) == before and provider.launched == launched
-            assert [r.worker_id for r in watcher.routes["demo"].replicas] == [
+            assert [r.worker_id for r in watcher.replicas("demo").usable] == [
                 w for w, s in before.items() if s == "ready"]
             await steps_pass(m)
             assert states(m) == before
@@ -151,10 +151,10 @@ async def test_keys_added_and_revoked_reach_every_activator_and_survive_a_restar
     port = port_of(provider)
     seen: dict[str, list[KeyTable]] = {"a": [], "b": []}
 
-    def watcher(name: str) -> RouteWatcher:
+    def watcher(name: str) -> Router:
         async def on_keys(table: KeyTable) -> None:
             seen[name].append(table)
-        return RouteWatcher(cfg.models, provider.controller_url, f"act-{name}", token=TOKEN, on_keys=on_keys,
+        return Router(cfg.models, provider.controller_url, f"act-{name}", token=TOKEN, on_keys=on_keys,
                             report_interval_s=0.1)
 
     def revoked(name: str, hash_: str) -> bool:
@@ -168,7 +168,7 @@ async def test_keys_added_and_revoked_reach_every_activator_and_survive_a_restar
         async with controller(cfg, provider, port, state_dir=tmp_path / "ctl") as c, \
                 httpx.AsyncClient(base_url=c.url, headers=auth, timeout=5) as http:
             m = c.manager
-            await until("both activators counted", lambda: all(w.activators == 2 for w in watchers), m)
+            await until("both activators counted", lambda: all(w.feed.activators == 2 for w in watchers), m)
             r = await http.post("/v1/keys", json={"tenant": "demo", "label": "ci"})
             assert r.status_code == 201, r.text
             key, row = r.json()["key"], r.json()["row"]

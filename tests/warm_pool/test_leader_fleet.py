@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from activator.route_watcher import RouteWatcher
+from activator.routing.router import Router
 from tests.postgres_server import PostgresServer
 from tests.warm_pool.fleet import (
     TOKEN,
@@ -62,7 +62,7 @@ async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
         watcher.set_models(list(catalog.models))
 
     # The watcher is told the follower's URL first: it must find the leader itself.
-    watcher = RouteWatcher(cfg.models, f"{urls[1]},{urls[0]}", "act", token=TOKEN, on_catalog=on_catalog,
+    watcher = Router(cfg.models, f"{urls[1]},{urls[0]}", "act", token=TOKEN, on_catalog=on_catalog,
                            report_interval_s=0.1)
     auth = {"Authorization": f"Bearer {TOKEN}", "X-Thaw-Actor": "ops@test"}
     stack = contextlib.AsyncExitStack()
@@ -89,8 +89,8 @@ async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
         await until("the activator follows the leader's catalog",
                     lambda: bool(catalogs) and "second" in {x.name for x in catalogs[-1].models}, m)
         m.demand("demo")
-        await until("demo is served", lambda: bool(watcher.routes["demo"].listed), m)
-        served_by = watcher.routes["demo"].listed[0].worker_id
+        await until("demo is served", lambda: bool(watcher.replicas("demo").listed), m)
+        served_by = watcher.replicas("demo").listed[0].worker_id
 
         # The leader dies: no release, its lease left to run out.
         monkeypatch.setattr(a.manager.leadership.store, "release", lambda me: None)
@@ -105,7 +105,7 @@ async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
         assert acquired.cold
         watcher.release("second", acquired.replica)
         # Hot traffic untouched: the replica serving demo is the same worker, adopted.
-        assert served_by in {r.worker_id for r in watcher.routes["demo"].listed}
+        assert served_by in {r.worker_id for r in watcher.replicas("demo").listed}
         # What the dead leader changed, the new one serves (it read the registry on taking over).
         assert b.manager.model_admin.revision("second") == 1
         await until("the workers heartbeat to b", lambda: b.manager.adopted, b.manager)

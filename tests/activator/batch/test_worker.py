@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry
 import activator.batch.worker as batch_worker_module
 from activator.batch.worker import BatchWorker
 from activator.metrics import ActivatorMetrics
-from activator.route_watcher import Replica, RouteWatcher
+from activator.routing.replicas import Replica
+from activator.routing.router import Router
 from tests.waiting import until
 from thaw.config import BatchConfig, ThawConfig, parse_config
 from thaw.wire import LeasedLine, ModelRoute, ReplicaRoute, RouteTable
@@ -83,7 +84,7 @@ LINE = LeasedLine(batch_id="batch_1", tenant="acme", line=7, custom_id="r7", mod
 @pytest.fixture
 async def world(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[BatchWorker, Service, Controller]]:
     monkeypatch.setattr(batch_worker_module, "PREEMPTED_WAIT_S", 0.5)
-    routes = RouteWatcher(CFG.models, "http://127.0.0.1:9", "act-1")
+    routes = Router(CFG.models, "http://127.0.0.1:9", "act-1")
     service, controller = Service(CFG), Controller()
     worker = BatchWorker(service, routes, controller, "act-1", BatchConfig())  # type: ignore[arg-type]
     try:
@@ -139,12 +140,12 @@ async def test_a_line_cut_for_an_online_request_goes_back_uncounted(
         world: tuple[BatchWorker, Service, Controller]) -> None:
     worker, service, controller = world
     run = await running_line(worker, service, lent("w2", "bulk-1", batch=False))
-    assert worker.routes.routes["bulk"].replicas[0].outstanding == 1
+    assert worker.routes.replicas("bulk").usable[0].outstanding == 1
     worker.yield_to_online("bulk")
     await asyncio.wait_for(run, 5)
     assert controller.released() == [None] and count(service, "yielded") == 1
     # Its slot is free again, for the online request it was cut for.
-    assert worker.routes.routes["bulk"].replicas[0].outstanding == 0
+    assert worker.routes.replicas("bulk").usable[0].outstanding == 0
     await until("the line forgotten", lambda: worker.running.get("bulk", {}) == {})
 
 

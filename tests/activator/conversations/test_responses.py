@@ -57,7 +57,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     app = create_app(make_config(tmp_path), f"http://127.0.0.1:{ctl_port}", activator_id="r")
     started.append(await serve(app, port))
     try:
-        while app.state.routes.version < 1:  # noqa: ASYNC110 - the watcher offers no event
+        while app.state.routes.feed.version < 1:  # noqa: ASYNC110 - the watcher offers no event
             await asyncio.sleep(0.01)
         w = World(f"http://127.0.0.1:{port}", engine, [])
         yield w

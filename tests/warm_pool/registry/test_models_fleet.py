@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from activator.route_watcher import RouteWatcher
+from activator.routing.router import Router
 from tests.warm_pool.fleet import (
     TOKEN,
     FakeStoreReader,
@@ -27,12 +27,12 @@ async def test_deploy_reaches_every_activator_serves_on_demand_and_rm_releases(
     cfg = fleet_config()
     seen: dict[str, list[Catalog]] = {"a": [], "b": []}
 
-    def watcher(name: str) -> RouteWatcher:
+    def watcher(name: str) -> Router:
         async def on_catalog(catalog: Catalog) -> None:
             seen[name].append(catalog)
             w.set_models(list(catalog.models))
 
-        w = RouteWatcher(cfg.models, provider.controller_url, f"act-{name}", token=TOKEN, on_catalog=on_catalog,
+        w = Router(cfg.models, provider.controller_url, f"act-{name}", token=TOKEN, on_catalog=on_catalog,
                          report_interval_s=0.1)
         return w
 
@@ -64,7 +64,7 @@ async def test_deploy_reaches_every_activator_serves_on_demand_and_rm_releases(
             assert catalog.version == m.routes.catalog_version and "second" in {x.name for x in catalog.models}
             # On demand it is placed like any model, from its own weights.
             for w in watchers:
-                assert "second" in w.routes
+                assert "second" in w.model_names()
             m.demand("second")
             await until("a replica of second", lambda: bool(m.routes.models.get("second")
                                                             and m.routes.models["second"].replicas), m)

@@ -1,0 +1,51 @@
+"""What the activator knows of one completion request as it goes: who, which model, how
+it was routed (cold or hot, the replica, where that replica got the model), its usage
+and timings. The service fills it in; the recorder (``activator.recording``) writes it
+to the ledger; the response headers are read from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from activator.limits import Admission
+from activator.usage import Usage
+from thaw.config import Model
+
+
+@dataclass
+class RequestContext:
+    request_id: str
+    arrival: float
+    model: Model | None = None
+    status: int = 0
+    cold: bool = False
+    queue_s: float = 0.0
+    enqueued_at: float | None = None
+    first_byte_at: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    tenant: str | None = None
+    stream: bool = False
+    replica: str | None = None
+    # The model's registry revision that replica serves (None: not known).
+    revision: int | None = None
+    # hot, or where the cold start's replica got the model from (thaw.wire.Tier).
+    tier: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    cancelled: bool = False
+    recorded: bool = False
+    admission: Admission | None = None
+    rate_headers: dict[str, str] = field(default_factory=dict)
+    # "batch" for a batch's line (activator.batch.worker); None online.
+    service_tier: str | None = None
+
+    def response_headers(self) -> dict[str, str]:
+        h = {**self.rate_headers, "x-request-id": self.request_id,
+             "x-thaw-cold-start": "true" if self.cold else "false"}
+        if self.cold:
+            h["x-thaw-queue-ms"] = str(round(self.queue_s * 1000))
+        if self.replica:
+            h["x-thaw-replica"] = self.replica
+        if self.tier:
+            h["x-thaw-tier"] = self.tier
+        return h

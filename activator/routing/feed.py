@@ -1,0 +1,185 @@
+"""This activator's link to the controller: the long poll of the route table, the tables
+it versions (API keys, catalog) fetched when they change, and what the activator tells
+the controller (demand, cold starts, its traffic reports).
+
+The feed holds no routes: each table goes to ``on_table`` (``Router.apply``). While the
+controller is away the activator keeps serving from the last table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from thaw.auth import bearer
+from thaw.controllers import Controllers
+from thaw.log import get_logger
+from thaw.wire import ActivityReport, ColdStartRecord, DemandSignal, RouteTable
+
+log = get_logger()
+
+
+@dataclass
+class Followed:
+    """A table the controller versions in the route table (``GET path``)."""
+
+    path: str
+    parse: Callable[[bytes], Any]
+    on: Callable[[Any], Awaitable[None]]
+    # The version this activator holds, and the one the last route table named.
+    held: int = 0
+    listed: int = 0
+    wanted: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ControllerFeed:
+    def __init__(
+        self,
+        pool_url: str,
+        activator_id: str,
+        *,
+        on_table: Callable[[RouteTable], None],
+        report: Callable[[], ActivityReport],
+        followed: dict[str, Followed] | None = None,
+        token: str | None = None,
+        report_interval_s: float = 1.0,
+    ) -> None:
+        # The controllers (``URL[,URL]``): calls go to the leader among them.
+        self.controllers = Controllers(pool_url)
+        self.activator_id = activator_id
+        self._on_table = on_table
+        self._report = report
+        self.report_interval_s = report_interval_s
+        # The tables the route table carries the version of, each fetched when its
+        # version there differs from the one this activator holds.
+        self.followed: dict[str, Followed] = followed or {}
+        self.version = -1
+        # Activators the controller hears from (this one included): each one's share of
+        # a limit when the shared limits store cannot be reached.
+        self.activators = 1
+        # The controller start the table came from: a restarted controller counts its
+        # versions from 1 again, so a new epoch is taken whatever its version.
+        self.epoch: str | None = None
+        self.connected = False
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(65.0, connect=2.0),
+                                       headers=bearer(token) if token else None)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._side: set[asyncio.Task[Any]] = set()
+        self._demand_in_flight: set[str] = set()
+        self.demand_coalesced = 0
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._watch(), name="route-watch"),
+            asyncio.create_task(self._report_loop(), name="activity-report"),
+        ]
+        for name, f in self.followed.items():
+            self._tasks.append(asyncio.create_task(self._follow(f), name=f"{name}-fetch"))
+
+    async def close(self) -> None:
+        for t in self._tasks + list(self._side):
+            t.cancel()
+        await asyncio.gather(*self._tasks, *self._side, return_exceptions=True)
+        await self._http.aclose()
+
+    @property
+    def keys_version(self) -> int:
+        """The version of the key table this activator holds."""
+        return self.followed["keys"].held if "keys" in self.followed else 0
+
+    def track(self, table: RouteTable) -> None:
+        """Where ``table`` puts this activator: its version and epoch (the next long
+        poll's), the activators counted, and which followed tables to fetch again."""
+        self.version = table.version
+        self.epoch = table.epoch
+        self.activators = table.activators
+        for name, listed in (("keys", table.keys_version), ("catalog", table.catalog_version)):
+            if (f := self.followed.get(name)) is not None:
+                f.listed = listed
+                if listed != f.held:
+                    f.wanted.set()
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                params: dict[str, Any] = {"since": self.version, "wait_s": 25}
+                if self.epoch is not None:
+                    params["epoch"] = self.epoch
+                r = await self.controllers.request(self._http, "GET", "/v1/routes", params=params)
+                r.raise_for_status()
+                self._on_table(RouteTable.model_validate_json(r.content))
+                if not self.connected:
+                    log.info("controller_connected", epoch=self.epoch, version=self.version)
+                self.connected = True
+            except asyncio.CancelledError:
+                raise
+            except (httpx.HTTPError, ValueError) as exc:
+                # Keep serving from the last table: hot models stay hot while the
+                # controller is away; cold requests wait within their deadline.
+                if self.connected:
+                    log.warning("pool_unreachable", error=str(exc) or type(exc).__name__)
+                self.connected = False
+                await asyncio.sleep(0.5)
+
+    async def _follow(self, f: Followed) -> None:
+        """Fetch a followed table whenever the route table says it changed (the long poll
+        answers at once, so a revoked key or a removed model reaches this activator
+        within a second)."""
+        while True:
+            await f.wanted.wait()
+            f.wanted.clear()
+            try:
+                r = await self.controllers.request(self._http, "GET", f.path, timeout=5.0)
+                r.raise_for_status()
+                table = f.parse(r.content)
+            except (httpx.HTTPError, ValueError) as exc:
+                log.warning("table_fetch_failed", path=f.path, error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(0.5)
+                f.wanted.set()
+                continue
+            await f.on(table)
+            f.held = table.version
+            if f.listed != table.version:
+                f.wanted.set()  # it moved again while this fetch ran
+
+    # -- telling the controller ---------------------------------------------------------
+    def signal_demand(self, model: str) -> None:
+        """Tell the controller a request waits for ``model``; one signal in flight per
+        model at most (a burst of waiting requests is one signal, not one each)."""
+        if model in self._demand_in_flight:
+            self.demand_coalesced += 1
+            return
+        self._demand_in_flight.add(model)
+        task = asyncio.create_task(self._post("/v1/demand", DemandSignal(model=model)))
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
+        task.add_done_callback(lambda _: self._demand_in_flight.discard(model))
+
+    def demand_in_flight(self, model: str) -> bool:
+        """Whether a demand signal for ``model`` is on its way."""
+        return model in self._demand_in_flight
+
+    def record_cold_start(self, record: ColdStartRecord) -> None:
+        task = asyncio.create_task(self._post("/v1/cold_starts", record))
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
+
+    async def _post(self, path: str, body: BaseModel) -> None:
+        try:
+            r = await self.controllers.request(self._http, "POST", path, content=body.model_dump_json(),
+                                               headers={"content-type": "application/json"}, timeout=5.0)
+            if r.status_code >= 400:
+                log.warning("pool_post_refused", path=path, status=r.status_code)
+        except httpx.HTTPError as exc:
+            if self.connected:  # while the controller is away, the watcher has said so
+                log.warning("pool_post_failed", path=path, error=str(exc) or type(exc).__name__)
+
+    async def _report_loop(self) -> None:
+        while True:
+            await self._post("/v1/reports", self._report())
+            await asyncio.sleep(self.report_interval_s)
