@@ -21,7 +21,7 @@ from thaw.wire import (
     NewItems,
     StoredResponse,
 )
-from warm_pool.api_errors import NotFound
+from warm_pool.api.errors import NotFound
 from warm_pool.conversations.store import ResponseStore
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
