@@ -168,7 +168,7 @@ class Controller:
 async def controller(cfg: ThawConfig, provider: InProcessProvider, port: int, **kw: Any) -> AsyncIterator[Controller]:
     """The controller's app (with the cluster token) serving ``provider``'s shape."""
     m = build_pool(cfg, {p.shape: provider for p in cfg.pools}, HttpWorkerControl(TOKEN),  # type: ignore[misc]
-                    poll_interval_s=0.05, adopt_grace_s=kw.pop("adopt_grace_s", 0.3), refresh_interval_s=0.2, **kw)
+                   poll_interval_s=0.05, adopt_grace_s=kw.pop("adopt_grace_s", 0.3), refresh_interval_s=0.2, **kw)
     # (kw: e.g. state_dir, to keep what a restart must find)
     server, task = await serve(create_pool_app(m, TOKEN), port)
     c = Controller(m, f"http://127.0.0.1:{port}", server, task)

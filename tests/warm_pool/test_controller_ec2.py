@@ -60,7 +60,7 @@ def config(aws: Aws, data_dir: Path, controller_port: int, boot_timeout_s: float
 async def controller(cfg: ThawConfig, aws: Aws, port: int, **provider_kw: Any) -> AsyncIterator[PoolManager]:
     provider = aws.provider(aws.pool(), **provider_kw)
     m = build_pool(cfg, {"gpu": provider}, HttpWorkerControl(TOKEN), poll_interval_s=0.1,
-                    refresh_interval_s=0.5)
+                   refresh_interval_s=0.5)
     server, task = await serve(create_pool_app(m, TOKEN), port)
     try:
         yield m

@@ -368,7 +368,7 @@ async def test_the_keep_alive_histogram_survives_a_restart(tmp_path: Path) -> No
     assert learnt.total() == 4 and learnt.counts[10] == 3 and learnt.counts[5] == 1
     # A new controller reads it back; with another bin width it starts afresh.
     again = build_pool(cfg, {"gpu": provider}, control, clock=clock, state_dir=tmp_path,
-                        store_reader=FakeStoreReader())
+                       store_reader=FakeStoreReader())
     assert again.state.models["demo"].idle_histogram == learnt
     # The model's settings change (in the registry: the file's models were its seed).
     await again.parts.model_admin.update("demo", ModelUpdate(revision=1, spec=ModelSpec.model_validate(
@@ -443,7 +443,7 @@ async def test_a_packed_engine_is_asked_of_a_serving_worker_and_tracked_as_a_rep
          memory_bytes=share, capacity_bytes=48 * GiB)
     clock.t += m.adopt_grace_s
     m.traffic.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
-                       "tuned": ModelActivity(queued=1, last_request_at=clock())})
+                               "tuned": ModelActivity(queued=1, last_request_at=clock())})
     await step(m)
     [(kind, url, req)] = [c for c in control.calls if c[0] == "pack"]
     assert (kind, url, req.model, req.memory_bytes) == ("pack", "http://w-1", "tuned", share)
@@ -468,7 +468,7 @@ async def test_a_packed_engine_is_asked_of_a_serving_worker_and_tracked_as_a_rep
     # Idle: released through its own control API.
     clock.t += 120
     m.traffic.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
-                       "tuned": ModelActivity(last_request_at=clock() - 100)})
+                               "tuned": ModelActivity(last_request_at=clock() - 100)})
     await step(m)
     [(_, url, _)] = [c for c in control.calls if c[0] == "release"]
     assert url == f"http://w-1/engines/{engine_id}"
@@ -497,7 +497,7 @@ async def test_a_packed_engine_of_an_unknown_worker_is_refused_and_a_refused_pac
          memory_bytes=int(48 * GiB * 0.4), capacity_bytes=48 * GiB)
     clock.t += m.adopt_grace_s
     m.traffic.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
-                       "tuned": ModelActivity(queued=1, last_request_at=clock())})
+                               "tuned": ModelActivity(queued=1, last_request_at=clock())})
     await step(m)
     await step(m)
     assert len([c for c in control.calls if c[0] == "pack"]) == 1

@@ -22,7 +22,7 @@ async def test_a_body_that_is_not_utf8_is_a_documented_400_in_the_error_shape() 
         data = fleet_config().model_dump(mode="json")
         data["data_dir"] = root
         app = create_pool_app(build_pool(parse_config(data), {}, HttpWorkerControl(TOKEN),
-                                          state_dir=Path(root)), TOKEN, manage_lifecycle=False)
+                                         state_dir=Path(root)), TOKEN, manage_lifecycle=False)
         h = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c") as c:
             r = await c.post("/v1/workers/heartbeat", content=b"\x80\x81", headers=h)

@@ -41,7 +41,7 @@ async def test_batches_over_the_controllers_api(provider: InProcessProvider, s3:
         m = c.manager
         tenant = cfg.tenants[0].name
         m.parts.files.add(NewFile(id="file-input0001", tenant=tenant, filename="in.jsonl", purpose="batch", bytes=10,
-                            lines=2, key=key), 1.0)
+                                  lines=2, key=key), 1.0)
         new = {"tenant": tenant, "input_file_id": "file-input0001", "endpoint": CHAT, "metadata": {"job": "x"}}
         missing = await http.post("/v1/batches", json={**new, "input_file_id": "file-nothere0"})
         assert missing.status_code == 400 and "No such File object" in missing.json()["error"]

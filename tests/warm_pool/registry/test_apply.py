@@ -22,7 +22,7 @@ DEMO = {"name": "demo", "uri": "s3://thaw/models/demo", "served_name": "thaw-dem
 
 def manager(db: Db, reader: FakeStoreReader | None = None) -> PoolManager:
     return build_pool(registry_config(), {}, HttpWorkerControl(None), store_reader=reader or FakeStoreReader(),
-                       state_db=db)
+                      state_db=db)
 
 
 def request(models: list[dict[str, Any]] | None = None, tenants: list[dict[str, Any]] | None = None,

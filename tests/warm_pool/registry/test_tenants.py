@@ -20,14 +20,14 @@ from warm_pool.registry.models import RegistryRefused
 
 def manager(db: Db, state_dir: Path | None = None) -> PoolManager:
     return build_pool(registry_config(), {}, HttpWorkerControl(None), state_dir=state_dir,
-                       store_reader=FakeStoreReader(), state_db=db)
+                      store_reader=FakeStoreReader(), state_db=db)
 
 
 async def test_a_tenant_made_at_run_time_gets_keys_limits_and_models(tmp_path: Path, state_db: StateDb) -> None:
     m = manager(state_db(), tmp_path)
     version = m.parts.model_admin.catalog().version
     rec = await m.parts.tenant_admin.create(TenantCreate(name="beta", allowed_models=["demo"],
-                                                   limits={"requests_per_minute": 60}), "ops")
+                                                         limits={"requests_per_minute": 60}), "ops")
     assert rec.who == "ops" and rec.limits.requests_per_minute == 60
     catalog = m.parts.model_admin.catalog()
     assert catalog.version == version + 1 and sorted(t.name for t in catalog.tenants) == ["acme", "beta", "demo"]
