@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from thaw.config import ThawConfig
 from thaw.wire import ClockStep, ClockView
-from warm_pool.api_errors import Conflict, Unprocessable
+from warm_pool.api.errors import Conflict, Unprocessable
 from warm_pool.events import EventLog
 
 

@@ -18,13 +18,13 @@ from thaw.auth import cluster_token
 from thaw.config import ThawConfig
 from thaw.log import get_logger
 from thaw.objstore import WeightsCheck
-from warm_pool.api import create_pool_app
+from warm_pool.app import create_pool_app
+from warm_pool.assembly import build_pool
 from warm_pool.classes import ModelClasses
 from warm_pool.clock import SteppedClock
 from warm_pool.control import HttpWorkerControl
 from warm_pool.db import Db
 from warm_pool.leader import LeaseStore
-from warm_pool.manager import PoolManager
 from warm_pool.providers.provider import Provider
 
 log = get_logger()
@@ -140,11 +140,11 @@ def create_controller_app(cfg: ThawConfig, config_path: Path, controller_url: st
     control = HttpWorkerControl(token)
     reader = build_store_reader(cfg)
     clock = SteppedClock() if cfg.controller.stepped_clock else time.time
-    manager = PoolManager(cfg, providers, control, state_dir=cfg.data_dir / "controller", clock=clock,
-                          model_classes=build_model_classes(cfg, clock), store_reader=reader,
-                          store_client=reader.client if reader is not None else None,
-                          state_db=state_db, lease=lease, url=controller_url,
-                          controller_id=f"{socket.gethostname()}-{os.getpid()}", lease_s=cfg.controller.lease_s)
+    manager = build_pool(cfg, providers, control, state_dir=cfg.data_dir / "controller", clock=clock,
+                        model_classes=build_model_classes(cfg, clock), store_reader=reader,
+                        store_client=reader.client if reader is not None else None,
+                        state_db=state_db, lease=lease, url=controller_url,
+                        controller_id=f"{socket.gethostname()}-{os.getpid()}", lease_s=cfg.controller.lease_s)
     control.fence(lambda: manager.term)
     app = create_pool_app(manager, token, manage_lifecycle=False)
 

@@ -90,7 +90,7 @@ def controller_stand_in(routes: RouteTable, db: Any) -> Any:
     from fastapi.responses import Response
 
     from thaw.wire import KeyTable
-    from warm_pool.api_errors import install
+    from warm_pool.api.errors import install
     from warm_pool.batch.api import batch_router
     from warm_pool.batch.files import FileIndex
     from warm_pool.batch.files_api import files_router

@@ -25,9 +25,9 @@ from tests.warm_pool.fleet import (
 )
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
-from warm_pool.api import create_pool_app
+from warm_pool.app import create_pool_app
+from warm_pool.assembly import build_pool
 from warm_pool.control import HttpWorkerControl
-from warm_pool.manager import PoolManager
 
 
 def config(root: Path) -> ThawConfig:
@@ -39,7 +39,7 @@ def config(root: Path) -> ThawConfig:
 def openapi() -> dict[str, object]:
     """The controller's /openapi.json (its routes: nothing runs)."""
     with tempfile.TemporaryDirectory(prefix="thaw-fuzz-") as root:
-        manager = PoolManager(config(Path(root)), {}, HttpWorkerControl(TOKEN))
+        manager = build_pool(config(Path(root)), {}, HttpWorkerControl(TOKEN))
         return create_pool_app(manager, TOKEN).openapi()
 
 
@@ -79,7 +79,7 @@ async def fleet(root: Path) -> AsyncIterator[str]:
     try:
         async with controller(config(root), provider, port, state_dir=root / "state",
                               store_reader=FakeStoreReader()) as c:
-            await until("the fleet adopted", lambda: c.manager.routes.version > 0, c.manager)
+            await until("the fleet adopted", lambda: c.manager.feed.table.version > 0, c.manager)
             yield c.url
     finally:
         await provider.shutdown()

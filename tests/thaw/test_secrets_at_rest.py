@@ -23,9 +23,9 @@ from thaw.embedded_store import EmbeddedStore
 from thaw.log import setup_logging
 from thaw.private_files import UnsafeDirectory, ensure_private_dir, write_private
 from thaw.wire import KeyTable
-from warm_pool.api import create_pool_app
+from warm_pool.app import create_pool_app
+from warm_pool.assembly import build_pool
 from warm_pool.control import HttpWorkerControl
-from warm_pool.manager import PoolManager
 from warm_pool.registry.keys import KeyStore
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
@@ -161,7 +161,7 @@ async def test_keys_created_with_thaw_tenants_exist_on_disk_only_as_hashes(
     cfg = config(tmp_path / "data")
     setup_logging("controller", "debug")  # everything logged is captured and scanned too
     # The controller as `thaw controller` builds it: its state under data_dir/controller.
-    manager = PoolManager(cfg, {}, HttpWorkerControl(TOKEN), state_dir=cfg.data_dir / "controller")
+    manager = build_pool(cfg, {}, HttpWorkerControl(TOKEN), state_dir=cfg.data_dir / "controller")
     app = create_pool_app(manager, TOKEN, manage_lifecycle=False)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://controller",
                                  headers={"Authorization": f"Bearer {TOKEN}", "x-thaw-actor": "ops"}) as http:
@@ -178,7 +178,7 @@ async def test_keys_created_with_thaw_tenants_exist_on_disk_only_as_hashes(
     KeyCache(cfg.activator_dir("a1")).save(table)
     cluster_token(cfg)
     write_endpoint_file(cfg, {"api_key": _demo_key(cfg)})
-    manager.keys.close()
+    manager.parts.key_admin.keys.close()
     logs = cfg.data_dir / "logs" / "captured.log"
     logs.parent.mkdir(parents=True, exist_ok=True)
     captured = capsys.readouterr()

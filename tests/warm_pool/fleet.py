@@ -21,7 +21,8 @@ from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint, WeightsCheck, WeightsProblem
 from thaw.serve import server_config
-from warm_pool.api import create_pool_app
+from warm_pool.app import create_pool_app
+from warm_pool.assembly import build_pool
 from warm_pool.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
 from warm_pool.providers.provider import Instance, InstanceState
@@ -166,8 +167,8 @@ class Controller:
 @asynccontextmanager
 async def controller(cfg: ThawConfig, provider: InProcessProvider, port: int, **kw: Any) -> AsyncIterator[Controller]:
     """The controller's app (with the cluster token) serving ``provider``'s shape."""
-    m = PoolManager(cfg, {p.shape: provider for p in cfg.pools}, HttpWorkerControl(TOKEN),  # type: ignore[misc]
-                    poll_interval_s=0.05, adopt_grace_s=kw.pop("adopt_grace_s", 0.3), refresh_interval_s=0.2, **kw)
+    m = build_pool(cfg, {p.shape: provider for p in cfg.pools}, HttpWorkerControl(TOKEN),  # type: ignore[misc]
+                   poll_interval_s=0.05, adopt_grace_s=kw.pop("adopt_grace_s", 0.3), refresh_interval_s=0.2, **kw)
     # (kw: e.g. state_dir, to keep what a restart must find)
     server, task = await serve(create_pool_app(m, TOKEN), port)
     c = Controller(m, f"http://127.0.0.1:{port}", server, task)
@@ -190,4 +191,4 @@ async def steps_pass(m: PoolManager, n: int = 5, timeout_s: float = 30.0) -> Non
 
 
 def states(m: PoolManager) -> dict[str, str]:
-    return {wid: v.state.value for wid, v in m.views(time.time()).items()}
+    return {wid: v.state.value for wid, v in m.fleet.views(time.time()).items()}

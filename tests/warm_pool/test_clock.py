@@ -23,7 +23,8 @@ from tests.warm_pool.fleet import (
     until,
 )
 from thaw.config import ThawConfig, parse_config
-from warm_pool.api import create_pool_app
+from warm_pool.app import create_pool_app
+from warm_pool.assembly import build_pool
 from warm_pool.clock import SteppedClock, largest_step_s
 from warm_pool.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
@@ -55,22 +56,22 @@ async def test_steps_reach_a_scheduled_window_and_its_replica_comes_up_only_then
     port = int(provider.controller_url.rsplit(":", 1)[1])
     async with controller(cfg, provider, port, clock=clock) as c, httpx.AsyncClient(base_url=c.url, headers=AUTH) as http:
         m = c.manager
-        await until("a standby", lambda: any(v.state.value == "standby" for v in m.views(clock()).values()), m)
+        await until("a standby", lambda: any(v.state.value == "standby" for v in m.fleet.views(clock()).values()), m)
         # To 5 s before the window: nothing is assigned however long it runs.
         first = opens - 5 - clock()
         r = await http.post("/v1/pool/clock", json={"advance_s": first})
         assert r.status_code == 200, r.text
         assert r.json()["stepped_s"] == pytest.approx(clock.stepped_s) and r.json()["now"] < opens
         await steps_pass(m)
-        assert ready(m) == 0 and not [e for e in m.events if e.kind == "assign"]
+        assert ready(m) == 0 and not [e for e in m.parts.event_log.events if e.kind == "assign"]
         # Across its opening: the schedule's replica comes up with no request.
         r = await http.post("/v1/pool/clock", json={"advance_s": 6})
         assert r.status_code == 200, r.text
         await until("the scheduled replica", lambda: ready(m) == 1, m)
-        assigned = [e for e in m.events if e.kind == "assign"]
+        assigned = [e for e in m.parts.event_log.events if e.kind == "assign"]
         assert [e.reason for e in assigned] == ["prewarm"] and assigned[0].at >= opens
         # Each step is in the decision log, with who asked.
-        steps = [e for e in m.events if e.kind == "clock"]
+        steps = [e for e in m.parts.event_log.events if e.kind == "clock"]
         assert [e.inputs["advance_s"] for e in steps] == [first, 6] and all("unknown" in e.inputs["by"] for e in steps)
         # 600 s later (in steps the heartbeats keep up with) the window has closed and
         # the model, with no traffic, lets its replica go.
@@ -83,7 +84,7 @@ async def test_steps_reach_a_scheduled_window_and_its_replica_comes_up_only_then
 def app_for(cfg: ThawConfig, root: str, clock: Callable[[], float]) -> FastAPI:
     data = cfg.model_dump(mode="json")
     data["data_dir"] = root
-    m = PoolManager(parse_config(data), {}, HttpWorkerControl(TOKEN), state_dir=Path(root), clock=clock)
+    m = build_pool(parse_config(data), {}, HttpWorkerControl(TOKEN), state_dir=Path(root), clock=clock)
     return create_pool_app(m, TOKEN, manage_lifecycle=False)
 
 

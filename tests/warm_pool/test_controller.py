@@ -72,7 +72,7 @@ async def test_a_controller_restart_keeps_the_workers_the_replicas_and_the_route
         async with controller(cfg, provider, port) as a:
             m = a.manager
             await until("a standby", lambda: "standby" in states(m).values(), m)
-            m.demand("demo")
+            m.traffic.demand("demo")
             await until("the activator sees a replica", lambda: watcher.replicas("demo").usable, m)
             before = {w: s for w, s in states(m).items()}
             epoch_a, launched = m.epoch, provider.launched
@@ -93,7 +93,7 @@ async def test_a_controller_restart_keeps_the_workers_the_replicas_and_the_route
                 w for w, s in before.items() if s == "ready"]
             await steps_pass(m)
             assert states(m) == before
-            assert not [e for e in m.events if e.kind in ("launch", "assign", "release", "terminate")]
+            assert not [e for e in m.parts.event_log.events if e.kind in ("launch", "assign", "release", "terminate")]
     finally:
         await watcher.close()
 
@@ -131,12 +131,12 @@ async def test_a_budget_change_is_validated_applied_within_a_tick_and_survives_a
             assert ok.status_code == 200 and ok.json()["pools"][0]["source"] == "run time"
         # In force from the next tick: a second standby is launched.
         await until("two standbys", lambda: list(states(m).values()).count("standby") == 2, m)
-        ev = next(e for e in m.events if e.kind == "budget")
+        ev = next(e for e in m.parts.event_log.events if e.kind == "budget")
         assert ev.inputs["who"].startswith("ops@test") and ev.inputs["after"]["pools"][0]["standby_min"] == 2
         assert provider.launched == 2
     # A new controller keeps the operator's band (and adopts both standbys).
     async with controller(cfg, provider, port_of(provider), state_dir=state_dir) as c:
-        assert c.manager.cfg.pools[0].standby_min == 2 and c.manager.budget_view().pools[0].source == "run time"
+        assert c.manager.cfg.pools[0].standby_min == 2 and c.manager.parts.budgets.view().pools[0].source == "run time"
         await until("adopted", lambda: c.manager.adopted, c.manager)
         await steps_pass(c.manager)
         assert provider.launched == 2
@@ -189,7 +189,7 @@ async def test_keys_added_and_revoked_reach_every_activator_and_survive_a_restar
             assert bad.status_code == 404 and "no tenant 'nobody'" in bad.json()["error"]
             assert (await http.post("/v1/keys", json={"tenant": "demo", "extra": 1})).status_code == 422
             version = (await http.get("/v1/keys")).json()["version"]
-            assert any(e.kind == "key" and e.outcome == "revoked" for e in m.events)
+            assert any(e.kind == "key" and e.outcome == "revoked" for e in m.parts.event_log.events)
         assert (tmp_path / "ctl" / "keys.db").stat().st_mode & 0o777 == 0o600
         # A new controller on the same state keeps the table and its version.
         async with controller(cfg, provider, port, state_dir=tmp_path / "ctl") as c, \

@@ -31,7 +31,8 @@ from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
 from thaw.process import stop_group
 from thaw.wire import BudgetChange, WorkerState, WorkerStatus
-from warm_pool.api import create_pool_app
+from warm_pool.app import create_pool_app
+from warm_pool.assembly import build_pool
 from warm_pool.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
 
@@ -58,8 +59,8 @@ def config(aws: Aws, data_dir: Path, controller_port: int, boot_timeout_s: float
 @asynccontextmanager
 async def controller(cfg: ThawConfig, aws: Aws, port: int, **provider_kw: Any) -> AsyncIterator[PoolManager]:
     provider = aws.provider(aws.pool(), **provider_kw)
-    m = PoolManager(cfg, {"gpu": provider}, HttpWorkerControl(TOKEN), poll_interval_s=0.1,
-                    refresh_interval_s=0.5)
+    m = build_pool(cfg, {"gpu": provider}, HttpWorkerControl(TOKEN), poll_interval_s=0.1,
+                   refresh_interval_s=0.5)
     server, task = await serve(create_pool_app(m, TOKEN), port)
     try:
         yield m
@@ -106,19 +107,19 @@ async def test_restart_with_instances_present_launches_none(aws: Aws, tmp_path: 
             worker_id, instance_id = t["thaw:worker-id"], inst["InstanceId"]
             proc = processes.enter_context(worker_process(cfg_path, instance_id, worker_id, tmp_path / "worker.log"))
             # The booted instance registers: the controller hears it (under its moto id).
-            await until("the worker's heartbeat", lambda: a.facts.get(worker_id) is not None
-                        and a.facts[worker_id].status is not None, timeout_s=60)
+            await until("the worker's heartbeat", lambda: a.fleet.facts.get(worker_id) is not None
+                        and a.fleet.facts[worker_id].status is not None, timeout_s=60)
             assert [w.instance_id for w in a.status().workers] == [instance_id]
             epoch = a.epoch
         # The controller is gone; the worker keeps running. A new one starts.
         async with controller(cfg, aws, port) as b:
             await until("adopted", lambda: b.adopted)
-            await until("the worker heard again", lambda: b.facts.get(worker_id) is not None
-                        and b.facts[worker_id].status is not None, timeout_s=30)
+            await until("the worker heard again", lambda: b.fleet.facts.get(worker_id) is not None
+                        and b.fleet.facts[worker_id].status is not None, timeout_s=30)
             await steps_pass(b, 10)  # several turns after adoption
             assert b.epoch != epoch and proc.poll() is None
             assert [i["InstanceId"] for i in live(aws)] == [instance_id]
-            assert not [e for e in b.events if e.kind in ("launch", "terminate")]
+            assert not [e for e in b.parts.event_log.events if e.kind in ("launch", "terminate")]
             row = b.status().workers[0]
             assert (row.id, row.instance_id) == (worker_id, instance_id)
             assert row.state.value in ("starting", "standby")
@@ -135,7 +136,7 @@ async def test_an_instance_that_never_registers_is_terminated_and_replaced(aws: 
                     timeout_s=30)
         states = {i["InstanceId"]: i["State"]["Name"] for i in aws.described()}
         assert states[first] in ("shutting-down", "terminated")
-        ev = next(e for e in m.events if e.kind == "terminate")
+        ev = next(e for e in m.parts.event_log.events if e.kind == "terminate")
         assert ev.reason == "unreachable" and ev.worker_id is not None
 
 
@@ -151,7 +152,7 @@ async def test_an_unknown_instance_ids_heartbeat_is_refused(aws: Aws, tmp_path: 
             await until("the refusal", lambda: log.exists() and "heartbeat_refused" in log.read_text(),
                         timeout_s=60)
             assert '"status": 403' in log.read_text()
-            assert "w-stranger" not in m.facts and m.status().workers == []
+            assert "w-stranger" not in m.fleet.facts and m.status().workers == []
         async with httpx.AsyncClient() as http:
             r = await http.get(f"http://127.0.0.1:{port}/v1/state", headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.json()["workers"] == []
@@ -164,7 +165,7 @@ async def test_no_capacity_anywhere_backs_the_shape_off(aws: Aws, tmp_path: Path
     nocap = NoCapacity(lambda subnet, itype, market: True)
     async with controller(parse_config(raw), aws, port, on_client=nocap.register) as m:
         # Both subnets x both instance types, on-demand: 4 tries, then the shape backs off.
-        await until("the first failed launch", lambda: any(e.outcome == "failed" for e in m.events))
+        await until("the first failed launch", lambda: any(e.outcome == "failed" for e in m.parts.event_log.events))
         assert len(nocap.attempts) == 4 and live(aws) == []
         row = m.status().shapes[0]
         assert row.backoff_until is not None and row.backoff_until - time.time() <= 2
@@ -174,7 +175,7 @@ async def test_no_capacity_anywhere_backs_the_shape_off(aws: Aws, tmp_path: Path
         await asyncio.sleep(1.0)  # quiet: within the backoff nothing is tried
         assert len(nocap.attempts) == 4
         await until("the retry after the backoff", lambda: len(nocap.attempts) == 8, timeout_s=10)
-        await until("the second failure", lambda: sum(e.outcome == "failed" for e in m.events) == 2)
+        await until("the second failure", lambda: sum(e.outcome == "failed" for e in m.parts.event_log.events) == 2)
         row = m.status().shapes[0]
         assert row.backoff_until is not None and 2 < row.backoff_until - time.time() <= 4
 
@@ -200,19 +201,19 @@ async def test_excess_standby_is_stopped_then_started_again_before_any_launch(aw
         beats = asyncio.create_task(booted())
         try:
             await until("both standing by", lambda: list(
-                v.state.value for v in m.views(time.time()).values()) == ["standby", "standby"])
-            await m.change_budget(BudgetChange(shape="gpu", standby_min=1, standby_max=1), "test")
+                v.state.value for v in m.fleet.views(time.time()).values()) == ["standby", "standby"])
+            await m.parts.budgets.change(BudgetChange(shape="gpu", standby_min=1, standby_max=1), "test")
             # One too many: stopped (storage only), not terminated.
             await until("one stopped", lambda: [i["State"]["Name"] for i in aws.described()].count("stopped") == 1)
-            assert len(live(aws)) == 1 and not [e for e in m.events if e.kind == "terminate"]
+            assert len(live(aws)) == 1 and not [e for e in m.parts.event_log.events if e.kind == "terminate"]
             stopped_id = next(i["InstanceId"] for i in aws.described() if i["State"]["Name"] == "stopped")
             await until("the view says stopped",
-                        lambda: "stopped" in {v.state.value for v in m.views(time.time()).values()})
+                        lambda: "stopped" in {v.state.value for v in m.fleet.views(time.time()).values()})
             # Wanted again: the stopped one is started; nothing is launched.
-            await m.change_budget(BudgetChange(shape="gpu", standby_min=2, standby_max=2), "test")
+            await m.parts.budgets.change(BudgetChange(shape="gpu", standby_min=2, standby_max=2), "test")
             await until("started again", lambda: len(live(aws)) == 2)
         finally:
             beats.cancel()
         assert stopped_id in [i["InstanceId"] for i in live(aws)] and len(aws.described()) == 2
-        kinds = [e.kind for e in m.events]
+        kinds = [e.kind for e in m.parts.event_log.events]
         assert kinds.count("launch") == 2 and "stop" in kinds and "start" in kinds

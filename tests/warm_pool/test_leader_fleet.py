@@ -88,13 +88,13 @@ async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
         m = a.manager
         await until("the activator follows the leader's catalog",
                     lambda: bool(catalogs) and "second" in {x.name for x in catalogs[-1].models}, m)
-        m.demand("demo")
+        m.traffic.demand("demo")
         await until("demo is served", lambda: bool(watcher.replicas("demo").listed), m)
         served_by = watcher.replicas("demo").listed[0].worker_id
 
         # The leader dies: no release, its lease left to run out.
-        monkeypatch.setattr(a.manager.leadership.store, "release", lambda me: None)
-        await a.manager.leadership.close(release=False)
+        monkeypatch.setattr(a.manager.parts.leadership.store, "release", lambda me: None)
+        await a.manager.parts.leadership.close(release=False)
         await a.stop()
         # A cold request arrives while nobody leads: it waits at the activator, which
         # reports it queued; demand signals go nowhere until a leader answers.
@@ -107,12 +107,12 @@ async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
         # Hot traffic untouched: the replica serving demo is the same worker, adopted.
         assert served_by in {r.worker_id for r in watcher.replicas("demo").listed}
         # What the dead leader changed, the new one serves (it read the registry on taking over).
-        assert b.manager.model_admin.revision("second") == 1
+        assert b.manager.parts.model_admin.revision("second") == 1
         await until("the workers heartbeat to b", lambda: b.manager.adopted, b.manager)
         # Fenced: a worker that heard of term 2 refuses a call of term 1 (a controller
         # that lost the lease and has not noticed yet).
         worker = next(iter(await provider.instances()))
-        await until("the worker heard of term 2", lambda: b.manager.facts[worker.worker_id].status is not None,
+        await until("the worker heard of term 2", lambda: b.manager.fleet.facts[worker.worker_id].status is not None,
                     b.manager)
         stale = HttpWorkerControl(TOKEN)
         stale.fence(lambda: 1)

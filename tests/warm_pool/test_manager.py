@@ -32,6 +32,7 @@ from thaw.wire import (
     WorkerStatus,
 )
 from warm_pool.actuator import assign_request
+from warm_pool.assembly import build_pool
 from warm_pool.classes import ModelClasses
 from warm_pool.control import ControlError
 from warm_pool.facts import UnknownInstance
@@ -160,18 +161,18 @@ def beat(m: PoolManager, wid: str, state: WorkerState, clock: Clock, **kw: Any) 
 
 async def manager(cfg: ThawConfig, provider: FakeProvider, control: FakeControl, clock: Clock,
                   classes: ModelClasses | None = None) -> PoolManager:
-    m = PoolManager(cfg, {"gpu": provider}, control, clock=clock, refresh_interval_s=0.0, model_classes=classes)
+    m = build_pool(cfg, {"gpu": provider}, control, clock=clock, refresh_interval_s=0.0, model_classes=classes)
     await m.start(loop=False)
     return m
 
 
 async def step(m: PoolManager) -> None:
     await m.step()
-    await m.settle()
+    await m.actuator.settle()
 
 
 def views(m: PoolManager) -> dict[str, str]:
-    return {w: v.state.value for w, v in m.views(m.clock()).items()}
+    return {w: v.state.value for w, v in m.fleet.views(m.clock()).items()}
 
 
 async def test_a_restarted_controller_adopts_the_fleet_and_launches_nothing() -> None:
@@ -184,7 +185,7 @@ async def test_a_restarted_controller_adopts_the_fleet_and_launches_nothing() ->
     # Within the adoption grace: nothing is decided and no route table is published.
     await step(m)
     assert provider.launches == [] and control.calls == [] and not m.adopted
-    assert await m.wait_routes(-1, None, 0.0) is None
+    assert await m.feed.wait(-1, None, 0.0) is None
     beat(m, "w-ready", S.READY, clock, model="demo", assignment_id="demo-old-1", engine_url="http://w-ready:9000",
          served_model_name="thaw-demo")
     beat(m, "w-standby", S.STANDBY, clock)
@@ -194,12 +195,12 @@ async def test_a_restarted_controller_adopts_the_fleet_and_launches_nothing() ->
     # No activator has reported yet: the serving replica is kept (its idle grace starts
     # now), nothing is launched (the standby target is met), nothing is released.
     assert provider.launches == [] and control.calls == [] and provider.terminated == []
-    routes = await m.wait_routes(-1, "another-epoch", 0.0)
+    routes = await m.feed.wait(-1, "another-epoch", 0.0)
     assert routes is not None and routes.epoch == m.epoch
     assert [r.worker_id for r in routes.models["demo"].replicas] == ["w-ready"]
     # An activator reports for the first time, with a large counter from before the
     # restart: that is no burst of arrivals, and the replica stays.
-    m.report("act-1", {"demo": ModelActivity(last_request_at=clock() - 100)}, arrivals={"demo": 5000})
+    m.traffic.report("act-1", {"demo": ModelActivity(last_request_at=clock() - 100)}, arrivals={"demo": 5000})
     await step(m)
     assert control.calls == []
     # 61 s later with no traffic at all (idle_grace_s 60): now it goes.
@@ -259,7 +260,7 @@ async def test_standby_time_lent_to_batch_is_counted_and_shown() -> None:
     row = m.status().shapes[0]
     assert row.standby_lent_to_batch == 1 and row.standby_batch_share == pytest.approx(0.5)
     assert [d.batch for d in m.status().worker_details] == [False, True]
-    text = generate_latest(m.registry).decode()
+    text = generate_latest(m.parts.registry).decode()
     assert 'thaw_pool_standby_seconds_total{shape="gpu",use="batch"} 30.0' in text
 
 
@@ -279,7 +280,7 @@ async def test_an_instance_that_never_registers_is_terminated_and_replaced() -> 
     await step(m)
     assert provider.terminated == [f"i-{wid}"]
     await step(m)
-    assert len(provider.launches) == 2 and wid not in m.facts
+    assert len(provider.launches) == 2 and wid not in m.fleet.facts
 
 
 async def test_heartbeats_from_unknown_instances_are_refused_on_cloud_pools() -> None:
@@ -288,7 +289,7 @@ async def test_heartbeats_from_unknown_instances_are_refused_on_cloud_pools() ->
     m = await manager(config("ec2", standby=0), provider, control, clock)
     with pytest.raises(UnknownInstance, match="not launched by this cluster"):
         beat(m, "w-stranger", S.STANDBY, clock)
-    assert "w-stranger" not in m.facts
+    assert "w-stranger" not in m.fleet.facts
     # On a local pool, a worker started by hand may register itself.
     local = await manager(config("local", standby=0), FakeProvider(clock, kind="local"), control, clock)
     beat(local, "w-by-hand", S.STANDBY, clock)
@@ -314,7 +315,7 @@ async def test_capacity_errors_back_the_shape_off_exponentially() -> None:
     clock.t += 61
     await step(m)
     assert len(provider.running) == 1 and m.status().shapes[0].backoff_until is None
-    events = [(e.kind, e.outcome) for e in m.events]
+    events = [(e.kind, e.outcome) for e in m.parts.event_log.events]
     assert events.count(("launch", "failed")) == 2 and ("launched", "done") in events
 
 
@@ -326,7 +327,7 @@ async def test_demand_assigns_a_standby_and_the_intent_holds_until_the_worker_re
     beat(m, "w1", S.STANDBY, clock)
     clock.t += m.adopt_grace_s
     await step(m)
-    m.report("act-1", {"demo": ModelActivity(queued=1, last_request_at=clock())})
+    m.traffic.report("act-1", {"demo": ModelActivity(queued=1, last_request_at=clock())})
     # A stale heartbeat (sent before the assign arrived) must not undo the assignment:
     # the next tick would otherwise assign the worker twice.
     await m.step()
@@ -336,7 +337,7 @@ async def test_demand_assigns_a_standby_and_the_intent_holds_until_the_worker_re
     assert len(assigns) == 1 and views(m)["w1"] == "loading"
     req = assigns[0][2]
     assert req.assignment_id.startswith(f"demo-{m.epoch}-")
-    ev = next(e for e in m.events if e.kind == "assign")
+    ev = next(e for e in m.parts.event_log.events if e.kind == "assign")
     assert ev.inputs["activity"]["queued"] == 1 and ev.model == "demo"
 
 
@@ -347,7 +348,7 @@ async def test_the_keep_alive_histogram_survives_a_restart(tmp_path: Path) -> No
     data["models"][0]["autoscaling"]["keep_alive"] = "histogram"
     data["cluster"]["token"] = None
     cfg = parse_config(data)
-    m = PoolManager(cfg, {"gpu": provider}, control, clock=clock, refresh_interval_s=0.0, state_dir=tmp_path)
+    m = build_pool(cfg, {"gpu": provider}, control, clock=clock, refresh_interval_s=0.0, state_dir=tmp_path)
     await m.start(loop=False)
     clock.t += m.adopt_grace_s
     # The controller sees the model unused for 300 s: the wait for its first request is
@@ -356,23 +357,23 @@ async def test_the_keep_alive_histogram_survives_a_restart(tmp_path: Path) -> No
     clock.t += 300
     # Three idle gaps of 600 s: a request, then nothing, then the next one.
     for _ in range(3):
-        m.report("a", {"demo": ModelActivity(in_flight=1, last_request_at=clock())})
+        m.traffic.report("a", {"demo": ModelActivity(in_flight=1, last_request_at=clock())})
         await step(m)
-        m.report("a", {"demo": ModelActivity(last_request_at=clock())})
+        m.traffic.report("a", {"demo": ModelActivity(last_request_at=clock())})
         await step(m)
         clock.t += 600
-    m.report("a", {"demo": ModelActivity(in_flight=1, last_request_at=clock())})
+    m.traffic.report("a", {"demo": ModelActivity(in_flight=1, last_request_at=clock())})
     await step(m)
     learnt = m.state.models["demo"].idle_histogram
     assert learnt.total() == 4 and learnt.counts[10] == 3 and learnt.counts[5] == 1
     # A new controller reads it back; with another bin width it starts afresh.
-    again = PoolManager(cfg, {"gpu": provider}, control, clock=clock, state_dir=tmp_path,
-                        store_reader=FakeStoreReader())
+    again = build_pool(cfg, {"gpu": provider}, control, clock=clock, state_dir=tmp_path,
+                       store_reader=FakeStoreReader())
     assert again.state.models["demo"].idle_histogram == learnt
     # The model's settings change (in the registry: the file's models were its seed).
-    await again.model_admin.update("demo", ModelUpdate(revision=1, spec=ModelSpec.model_validate(
+    await again.parts.model_admin.update("demo", ModelUpdate(revision=1, spec=ModelSpec.model_validate(
         {"autoscaling": {"keep_alive": "histogram", "keep_alive_histogram": {"bin_s": 30}}})), "test")
-    other = PoolManager(cfg, {"gpu": provider}, control, clock=clock, state_dir=tmp_path)
+    other = build_pool(cfg, {"gpu": provider}, control, clock=clock, state_dir=tmp_path)
     assert other.cfg.models[0].autoscaling.keep_alive_histogram.bin_s == 30
     assert "demo" not in other.state.models
 
@@ -411,11 +412,11 @@ async def test_prebuild_asks_a_standby_for_an_engine_and_assignments_carry_the_c
     assert len(control.calls) == 1 and reads == [demo.uri]
     # Built: a request at zero is a swap into it, and the assignment names the class.
     beat(m, "w-1", S.STANDBY, clock, prebuilt=PrebuiltView(engine_class=expected, model="demo", state="ready"))
-    m.report("act-1", {"demo": ModelActivity(queued=1, last_request_at=clock())})
+    m.traffic.report("act-1", {"demo": ModelActivity(queued=1, last_request_at=clock())})
     await step(m)
     [(kind, _, areq)] = [c for c in control.calls if c[0] == "assign"]
     assert areq.engine_class == expected
-    assert any(e.kind == "assign" and e.worker_id == "w-1" for e in m.events)
+    assert any(e.kind == "assign" and e.worker_id == "w-1" for e in m.parts.event_log.events)
 
 
 
@@ -441,8 +442,8 @@ async def test_a_packed_engine_is_asked_of_a_serving_worker_and_tracked_as_a_rep
     beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://w-1:9001",
          memory_bytes=share, capacity_bytes=48 * GiB)
     clock.t += m.adopt_grace_s
-    m.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
-                       "tuned": ModelActivity(queued=1, last_request_at=clock())})
+    m.traffic.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
+                               "tuned": ModelActivity(queued=1, last_request_at=clock())})
     await step(m)
     [(kind, url, req)] = [c for c in control.calls if c[0] == "pack"]
     assert (kind, url, req.model, req.memory_bytes) == ("pack", "http://w-1", "tuned", share)
@@ -466,8 +467,8 @@ async def test_a_packed_engine_is_asked_of_a_serving_worker_and_tracked_as_a_rep
     assert not m.route_table(clock())["demo"].replicas[0].packed
     # Idle: released through its own control API.
     clock.t += 120
-    m.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
-                       "tuned": ModelActivity(last_request_at=clock() - 100)})
+    m.traffic.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
+                               "tuned": ModelActivity(last_request_at=clock() - 100)})
     await step(m)
     [(_, url, _)] = [c for c in control.calls if c[0] == "release"]
     assert url == f"http://w-1/engines/{engine_id}"
@@ -475,7 +476,7 @@ async def test_a_packed_engine_is_asked_of_a_serving_worker_and_tracked_as_a_rep
     clock.t += 20
     beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://w-1:9001",
          memory_bytes=share, capacity_bytes=48 * GiB, engines=[])
-    assert engine_id not in m.facts
+    assert engine_id not in m.fleet.facts
     with pytest.raises(UnknownInstance):
         m.heartbeat(WorkerStatus(worker_id=engine_id, instance_id="i-w-1", shape="gpu", state=S.DRAINING,
                                  control_url=f"http://w-1/engines/{engine_id}", started_at=0.0,
@@ -495,12 +496,12 @@ async def test_a_packed_engine_of_an_unknown_worker_is_refused_and_a_refused_pac
     beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://w-1:9001",
          memory_bytes=int(48 * GiB * 0.4), capacity_bytes=48 * GiB)
     clock.t += m.adopt_grace_s
-    m.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
-                       "tuned": ModelActivity(queued=1, last_request_at=clock())})
+    m.traffic.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
+                               "tuned": ModelActivity(queued=1, last_request_at=clock())})
     await step(m)
     await step(m)
     assert len([c for c in control.calls if c[0] == "pack"]) == 1
-    assert [e for e in m.events if e.kind == "pack" and e.outcome == "failed"]
+    assert [e for e in m.parts.event_log.events if e.kind == "pack" and e.outcome == "failed"]
     # The model waits for a launch instead.
     assert provider.launches
 
@@ -517,7 +518,7 @@ async def test_an_adapter_is_loaded_into_a_serving_base_and_routed_under_its_own
     beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://e:1",
          phases=Phases(engine_ready=clock()))
     clock.t += m.adopt_grace_s
-    m.report("act-1", {"a1": ModelActivity(queued=1, last_request_at=clock())})
+    m.traffic.report("act-1", {"a1": ModelActivity(queued=1, last_request_at=clock())})
     await step(m)
     [(_, url, req)] = [c for c in control.calls if c[0] == "load_adapter"]
     assert (url, req.model, req.uri, req.served_model_name) == ("http://w-1", "a1", "s3://thaw/adapters/a1", "a1-chat")
@@ -539,7 +540,7 @@ async def test_an_adapter_is_loaded_into_a_serving_base_and_routed_under_its_own
     row = next(x for x in m.status().models if x.name == "a1")
     assert row.replicas == {"ready": 1}
     # The base's engine starts with LoRA: an assignment of demo carries the flags.
-    req2 = assign_request(cfg, m.model_classes, cfg.models[0], "demo-2", None)
+    req2 = assign_request(cfg, m.parts.model_classes, cfg.models[0], "demo-2", None)
     assert req2.engine.extra["enable_lora"] is True and req2.engine.extra["max_loras"] == 4
 
 
@@ -566,7 +567,7 @@ async def test_a_worker_terminated_takes_its_packed_engines_with_it() -> None:
     clock.t += 20
     engine_beat()
     await step(m)
-    assert provider.terminated == ["i-w-1"] and "w-1.e" not in m.facts
+    assert provider.terminated == ["i-w-1"] and "w-1.e" not in m.fleet.facts
     assert not m.route_table(clock())["tuned"].replicas
     with pytest.raises(UnknownInstance):
         engine_beat()
@@ -589,7 +590,7 @@ def test_ids_of_packed_engines_gone_are_remembered_within_a_bound() -> None:
     from warm_pool.facts import RELEASED_ENGINES_KEPT
 
     clock = Clock()
-    m = PoolManager(config(), {"gpu": FakeProvider(clock)}, FakeControl(clock), clock=clock)
+    m = build_pool(config(), {"gpu": FakeProvider(clock)}, FakeControl(clock), clock=clock)
     for n in range(RELEASED_ENGINES_KEPT + 5):
         m.fleet.engine_gone(f"w-1.e{n}")
     assert len(m.fleet.released_engines) == RELEASED_ENGINES_KEPT
@@ -601,12 +602,12 @@ async def test_stored_responses_past_their_retention_are_deleted() -> None:
     provider, control = FakeProvider(clock), FakeControl(clock)
     m = await manager(config(standby=0), provider, control, clock)
     clock.t += m.adopt_grace_s
-    m.responses.save("acme", {"id": "resp_old00001", "output": []}, [], replica=None, at=clock())
+    m.parts.responses.save("acme", {"id": "resp_old00001", "output": []}, [], replica=None, at=clock())
     await step(m)
     clock.t += 29 * 86400
-    m.responses.save("acme", {"id": "resp_new00001", "output": []}, [], replica=None, at=clock())
+    m.parts.responses.save("acme", {"id": "resp_new00001", "output": []}, [], replica=None, at=clock())
     await step(m)
-    assert m.responses.get("acme", "resp_old00001") is not None  # 29 days: kept
+    assert m.parts.responses.get("acme", "resp_old00001") is not None  # 29 days: kept
     clock.t += 2 * 86400  # 31 days after the first: past responses.retention_days (30)
     await step(m)
-    assert m.responses.get("acme", "resp_old00001") is None and m.responses.get("acme", "resp_new00001") is not None
+    assert m.parts.responses.get("acme", "resp_old00001") is None and m.parts.responses.get("acme", "resp_new00001") is not None

@@ -36,7 +36,7 @@ async def fleet(tmp_path: Path) -> AsyncIterator[tuple[Controller, InProcessProv
 
 
 def replicas(m: PoolManager) -> list[str]:
-    return [r.worker_id for r in m.routes.models["demo"].replicas] if "demo" in m.routes.models else []
+    return [r.worker_id for r in m.feed.table.models["demo"].replicas] if "demo" in m.feed.table.models else []
 
 
 async def test_idle_replica_sleeps_and_the_next_request_wakes_it(
@@ -45,7 +45,7 @@ async def test_idle_replica_sleeps_and_the_next_request_wakes_it(
     c, provider = fleet
     m = c.manager
     await until("a standby", lambda: "standby" in states(m).values(), m)
-    m.demand("demo")
+    m.traffic.demand("demo")
     await until("a ready replica", lambda: replicas(m), m)
     home = replicas(m)[0]
     # No traffic for idle_grace_s (0.3 s): asleep, not released; out of the route table.
@@ -55,10 +55,10 @@ async def test_idle_replica_sleeps_and_the_next_request_wakes_it(
     assert world.sleeps == [1] and not replicas(m)
     launched = provider.launched
     # A request: the asleep replica wakes (no load, no new instance).
-    m.report("act-1", {"demo": ModelActivity(queued=1, last_request_at=time.time())})
-    m.demand("demo")
+    m.traffic.report("act-1", {"demo": ModelActivity(queued=1, last_request_at=time.time())})
+    m.traffic.demand("demo")
     await until("woken", lambda: replicas(m), m)
-    replica = m.routes.models["demo"].replicas[0]
+    replica = m.feed.table.models["demo"].replicas[0]
     assert replica.worker_id == home and world.wakes == 1 and not world.asleep
     assert replica.phases.woken is not None
     assert len(world.hosts[0].launches) == 1  # loaded once, woken once
@@ -70,15 +70,15 @@ async def test_a_replica_that_cannot_sleep_is_released_instead(
 ) -> None:
     c, provider = fleet
     m = c.manager
-    assign = m.control.assign
+    assign = m.parts.control.assign
 
     async def without_sleep_mode(url: str, req: AssignRequest) -> WorkerStatus:
         # An engine started without sleep mode (as by a config that changed under it).
         return await assign(url, req.model_copy(update={"sleep_mode": False}))
 
-    monkeypatch.setattr(m.control, "assign", without_sleep_mode)
+    monkeypatch.setattr(m.parts.control, "assign", without_sleep_mode)
     await until("a standby", lambda: "standby" in states(m).values(), m)
-    m.demand("demo")
+    m.traffic.demand("demo")
     await until("a ready replica", lambda: replicas(m), m)
     home = replicas(m)[0]
     # Idle: the sleep is refused (409), so the replica is released to standby (or, as an

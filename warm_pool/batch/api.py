@@ -25,7 +25,7 @@ from thaw.wire import (
     NewBatch,
     ReleaseLine,
 )
-from warm_pool.api_errors import BadRequest, NotFound, Unprocessable
+from warm_pool.api.errors import BadRequest, NotFound, Unprocessable
 from warm_pool.batch.files import FileIndex
 from warm_pool.batch.runner import BatchRunner
 from warm_pool.batch.store import MAX_PAGE, BatchStore, new_batch_id

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from thaw.config import Name
 from thaw.wire import ErrorReply, FileList, FileRecord, NewFile
-from warm_pool.api_errors import NotFound
+from warm_pool.api.errors import NotFound
 from warm_pool.batch.files import MAX_PAGE, FileIndex
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "description": "The tenant has no such file"}}

@@ -21,7 +21,7 @@ from thaw.wire import (
     NewItems,
     StoredResponse,
 )
-from warm_pool.api_errors import NotFound
+from warm_pool.api.errors import NotFound
 from warm_pool.conversations.store import ResponseStore
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
@@ -35,9 +35,15 @@ def _page(page: ItemPage) -> Response:
 
 
 def responses_router(store: ResponseStore, clock: Callable[[], float]) -> APIRouter:
+    """The routes of both APIs over ``store`` (``clock``: when a change is made)."""
     router = APIRouter()
+    _response_routes(router, store, clock)
+    _conversation_routes(router, store, clock)
+    return router
 
-    # -- responses --------------------------------------------------------------------------
+
+def _response_routes(router: APIRouter, store: ResponseStore, clock: Callable[[], float]) -> None:
+    """Stored responses: what a ``previous_response_id`` continues, and its input items."""
 
     @router.post("/v1/stored-responses", status_code=201, responses={**NOT_FOUND, **FULL})
     async def save(body: StoredResponse) -> Response:
@@ -77,7 +83,9 @@ def responses_router(store: ResponseStore, clock: Callable[[], float]) -> APIRou
             raise NotFound(f"no response {response_id!r}")
         return Response(status_code=204)
 
-    # -- conversations ----------------------------------------------------------------------
+
+def _conversation_routes(router: APIRouter, store: ResponseStore, clock: Callable[[], float]) -> None:
+    """Stored conversations, their items in order."""
 
     def no_conversation(conversation_id: str) -> NotFound:
         return NotFound(f"no conversation {conversation_id!r}")
@@ -144,5 +152,3 @@ def responses_router(store: ResponseStore, clock: Callable[[], float]) -> APIRou
         if not gone:
             raise NotFound(f"no item {item_id!r}")
         return Response(status_code=204)
-
-    return router

@@ -48,7 +48,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from thaw.config import Autoscaling, Model, ThawConfig
+from thaw.config import Autoscaling, InstanceShape, Model, Pool, ThawConfig
 from thaw.wire import CachedWeights, FailureKind, WorkerState
 from warm_pool.policy.autoscaler import ScaleResult, ScaleState, autoscale, evolve, observe
 from warm_pool.policy.batch import batch_launches, lent_to_batch, to_preempt, wanting_batch
@@ -891,104 +891,113 @@ def _pools(t: _Tick, state: PolicyState) -> dict[str, PoolState]:
     """3. Per pool: the standby target follows recent cold starts (with hysteresis),
     within the pool's budget and the global one, carried out through the stopped tier.
     A standby lent to batch is one of them. The pools' state for the next tick."""
-    snap, cfg, now, decisions = t.snap, t.cfg, t.now, t.decisions
-    launches_for_demand, hosting, gone = t.launches_for_demand, t.hosting, t.gone
+    snap, cfg = t.snap, t.cfg
     shapes = {s.name: s for s in cfg.shapes}
-    assigned_now = {d.worker_id for d in decisions if isinstance(d, Assign) and not d.batch}
+    assigned_now = {d.worker_id for d in t.decisions if isinstance(d, Assign) and not d.batch}
     lent = {w.id for w in snap.on_batch if lent_to_batch(w, t.activity) and w.id not in assigned_now}
-    lent |= {d.worker_id for d in decisions if isinstance(d, Assign) and d.batch}
+    lent |= {d.worker_id for d in t.decisions if isinstance(d, Assign) and d.batch}
     pool_states = dict(state.pools)
     asks: list[PoolAsk] = []
     for pool in cfg.pools:
-        shape = shapes[pool.shape]
-        ps = pool_states.get(pool.shape, PoolState())
-        colds = tuple(t for t in ps.cold_starts if now - t < COLD_START_WINDOW_S) + (now,) * t.cold_now.get(pool.shape, 0)
-        target, sizer = size_standby(ps.sizer, cold_starts_per_min=cold_start_rate(colds, now, COLD_START_WINDOW_S),
-                                     boot_s=shape.boot_s, pool=pool, now=now)
-        class_colds = ps.class_cold_starts
-        if pool.prebuild:
-            classes_here = {snap.model_classes.get(m.name, "") for m in cfg.models if m.shape == pool.shape}
-            class_colds = {cls: tuple(t for t in ps.class_cold_starts.get(cls, ()) if now - t < COLD_START_WINDOW_S)
-                           + (now,) * t.cold_class_now.get(cls, 0) for cls in classes_here}
-        pool_states[pool.shape] = evolve(ps, sizer=sizer, cold_starts=colds, target=target,
-                                         class_cold_starts=class_colds)
-        # Instances only: a packed engine is part of its worker's.
-        mine = [w for w in snap.by_shape.get(pool.shape, ()) if w.host is None]
-        serving = [w for w in mine if (w.state in ("loading", "ready") and w.id not in lent) or w.id in hosting]
-        asleep_here = [w for w in mine if w.state == "asleep" and w.id not in gone]
-        asks.append(PoolAsk(shape=pool.shape, price_per_hour_usd=shape.price_per_hour_usd,
-                            serving=len(serving) + launches_for_demand.get(pool.shape, 0), asleep=len(asleep_here),
-                            standby_wanted=target.target, budget_usd_per_hour=pool.budget_usd_per_hour,
-                            max_instances=pool.max_instances, standby_min=pool.standby_min))
-    grants = grant(asks, cfg.budget_usd_per_hour)
-
-    for pool, g in zip(cfg.pools, grants, strict=True):
-        shape = shapes[pool.shape]
+        pool_states[pool.shape], ask = _size_pool(t, pool, shapes[pool.shape],
+                                                  pool_states.get(pool.shape, PoolState()), lent)
+        asks.append(ask)
+    for pool, g in zip(cfg.pools, grant(asks, cfg.budget_usd_per_hour), strict=True):
         pool_states[pool.shape] = evolve(pool_states[pool.shape], grant=g)
-        here = snap.by_shape.get(pool.shape, ())
-        mine = [w for w in here if w.host is None and w.state not in ("unreachable", "stopped")]
-        stopped = sorted((w for w in here if w.state == "stopped"), key=lambda w: w.id)
-        standby = [w for w in mine if (w.state in STANDBY_LIKE or w.id in lent) and w.id not in assigned_now
-                   and w.id not in hosting]
-        total = len(mine)
-        # Over the budget with asleep replicas: the longest asleep go first.
-        over = [w for w in mine if w.state == "asleep" and w.id not in gone]
-        for w in sorted(over, key=lambda w: (w.since or 0.0, w.id))[: max(len(over) - g.asleep_allowed, 0)]:
-            decisions.append(Release(w.id, w.model, "budget"))
-            gone.add(w.id)
-
-        # No capacity lately: the shape is backed off, nothing launches.
-        blocked = now < snap.launch_blocked_until.get(pool.shape, 0.0)
-        # Demand that found no standby: launch (serving is never held back by a budget,
-        # only by max_instances), counting standbys already on their way.
-        need = launches_for_demand.get(pool.shape, 0) - len(
-            [w for w in standby if w.state in ("launching", "starting", "draining")]
-        )
-        for _ in range(0 if blocked else max(need, 0)):
-            if total >= pool.max_instances:
-                break
-            decisions.append(Launch(pool.shape, "demand"))
-            total += 1
-        # The standby: a draining worker ends in standby, so it counts toward the target,
-        # but no idle standby is terminated because of one (a standby ready now beats one
-        # that still has to start its engine host).
-        running = len(standby)
-        if running > g.standby:
-            running = max(len([w for w in standby if w.state != "draining"]), g.standby)
-        # Batch's own spend buys instances beyond the band while its lines wait.
-        extra = t.batch_extra.get(pool.shape, 0)
-        plan = plan_tiers(g.standby + extra, running, len(stopped), pool)
-        for w in stopped[: plan.start_stopped]:
-            decisions.append(Start(w.id, "standby"))
-        for i in range(0 if blocked else plan.launch + plan.launch_to_stop):
-            if total >= pool.max_instances:
-                break
-            for_batch = i < plan.launch and running + plan.start_stopped + i >= g.standby
-            decisions.append(Launch(pool.shape, "batch" if for_batch else "standby"))
-            total += 1
-        # Excess goes newest first, and only ones standing by: one still booting may be a
-        # launch for demand that a model takes the moment it stands by (removed then, if
-        # still in excess). Ones holding weights go last, those in memory the very last:
-        # they are the fast cold starts of the models they hold.
-        idle_standby = sorted((w for w in standby if w.state == "standby" and w.id not in lent),
-                              key=lambda w: w.id, reverse=True)
-        wanted = {snap.model_classes[n] for n in pool.prebuild if n in snap.model_classes}
-        idle_standby.sort(key=lambda w: _held(w, wanted))
-        if any(w.state in ("launching", "starting") for w in standby):
-            # Not for one still booting: it becomes the excess once it stands by.
-            idle_standby = [w for w in idle_standby if not w.cached and w.prebuilt_class is None]
-        for w in idle_standby[: plan.stop_running]:
-            decisions.append(Stop(w.id, "excess_standby"))
-        for w in idle_standby[plan.stop_running: plan.stop_running + plan.terminate_running]:
-            decisions.append(Terminate(w.id, "excess_standby"))
-        for w in stopped[plan.start_stopped: plan.start_stopped + plan.terminate_stopped]:
-            decisions.append(Terminate(w.id, "excess_stopped"))
-        if pool.prebuild:
-            removed = {d.worker_id for d in decisions if isinstance(d, Stop | Terminate)}
-            named = [(n, snap.model_classes[n]) for n in pool.prebuild if n in snap.model_classes]
-            waiting = [w for w in standby if w.state == "standby" and w.id not in removed and w.id not in lent]
-            colds_by_class = pool_states[pool.shape].class_cold_starts
-            decisions.extend(plan_prebuilds(named, waiting, target=g.standby,
-                                            class_cold_starts={c: len(ts) for c, ts in colds_by_class.items()}))
-
+        _meet_grant(t, pool, g, lent, assigned_now, pool_states[pool.shape])
     return pool_states
+
+
+def _size_pool(t: _Tick, pool: Pool, shape: InstanceShape, ps: PoolState,
+               lent: set[str]) -> tuple[PoolState, PoolAsk]:
+    """A pool's standby target from its recent cold starts, and what it asks of the
+    budgets: its serving and asleep instances and the standbys it wants."""
+    snap, now = t.snap, t.now
+    colds = tuple(at for at in ps.cold_starts if now - at < COLD_START_WINDOW_S) + (now,) * t.cold_now.get(pool.shape, 0)
+    target, sizer = size_standby(ps.sizer, cold_starts_per_min=cold_start_rate(colds, now, COLD_START_WINDOW_S),
+                                 boot_s=shape.boot_s, pool=pool, now=now)
+    class_colds = ps.class_cold_starts
+    if pool.prebuild:
+        classes_here = {snap.model_classes.get(m.name, "") for m in t.cfg.models if m.shape == pool.shape}
+        class_colds = {cls: tuple(at for at in ps.class_cold_starts.get(cls, ()) if now - at < COLD_START_WINDOW_S)
+                       + (now,) * t.cold_class_now.get(cls, 0) for cls in classes_here}
+    # Instances only: a packed engine is part of its worker's.
+    mine = [w for w in snap.by_shape.get(pool.shape, ()) if w.host is None]
+    serving = [w for w in mine if (w.state in ("loading", "ready") and w.id not in lent) or w.id in t.hosting]
+    asleep_here = [w for w in mine if w.state == "asleep" and w.id not in t.gone]
+    ask = PoolAsk(shape=pool.shape, price_per_hour_usd=shape.price_per_hour_usd,
+                  serving=len(serving) + t.launches_for_demand.get(pool.shape, 0), asleep=len(asleep_here),
+                  standby_wanted=target.target, budget_usd_per_hour=pool.budget_usd_per_hour,
+                  max_instances=pool.max_instances, standby_min=pool.standby_min)
+    return evolve(ps, sizer=sizer, cold_starts=colds, target=target, class_cold_starts=class_colds), ask
+
+
+def _meet_grant(t: _Tick, pool: Pool, g: PoolGrant, lent: set[str], assigned_now: set[str], ps: PoolState) -> None:
+    """A pool's decisions for its grant: asleep replicas over the budget released,
+    launches for demand, the standby tiers brought to the grant, engines pre-built."""
+    snap, now, decisions, gone, hosting = t.snap, t.now, t.decisions, t.gone, t.hosting
+    here = snap.by_shape.get(pool.shape, ())
+    mine = [w for w in here if w.host is None and w.state not in ("unreachable", "stopped")]
+    stopped = sorted((w for w in here if w.state == "stopped"), key=lambda w: w.id)
+    standby = [w for w in mine if (w.state in STANDBY_LIKE or w.id in lent) and w.id not in assigned_now
+               and w.id not in hosting]
+    total = len(mine)
+    # Over the budget with asleep replicas: the longest asleep go first.
+    over = [w for w in mine if w.state == "asleep" and w.id not in gone]
+    for w in sorted(over, key=lambda w: (w.since or 0.0, w.id))[: max(len(over) - g.asleep_allowed, 0)]:
+        decisions.append(Release(w.id, w.model, "budget"))
+        gone.add(w.id)
+
+    # No capacity lately: the shape is backed off, nothing launches.
+    blocked = now < snap.launch_blocked_until.get(pool.shape, 0.0)
+    # Demand that found no standby: launch (serving is never held back by a budget,
+    # only by max_instances), counting standbys already on their way.
+    need = t.launches_for_demand.get(pool.shape, 0) - len(
+        [w for w in standby if w.state in ("launching", "starting", "draining")]
+    )
+    for _ in range(0 if blocked else max(need, 0)):
+        if total >= pool.max_instances:
+            break
+        decisions.append(Launch(pool.shape, "demand"))
+        total += 1
+    # The standby: a draining worker ends in standby, so it counts toward the target,
+    # but no idle standby is terminated because of one (a standby ready now beats one
+    # that still has to start its engine host).
+    running = len(standby)
+    if running > g.standby:
+        running = max(len([w for w in standby if w.state != "draining"]), g.standby)
+    # Batch's own spend buys instances beyond the band while its lines wait.
+    extra = t.batch_extra.get(pool.shape, 0)
+    plan = plan_tiers(g.standby + extra, running, len(stopped), pool)
+    for w in stopped[: plan.start_stopped]:
+        decisions.append(Start(w.id, "standby"))
+    for i in range(0 if blocked else plan.launch + plan.launch_to_stop):
+        if total >= pool.max_instances:
+            break
+        for_batch = i < plan.launch and running + plan.start_stopped + i >= g.standby
+        decisions.append(Launch(pool.shape, "batch" if for_batch else "standby"))
+        total += 1
+    # Excess goes newest first, and only ones standing by: one still booting may be a
+    # launch for demand that a model takes the moment it stands by (removed then, if
+    # still in excess). Ones holding weights go last, those in memory the very last:
+    # they are the fast cold starts of the models they hold.
+    idle_standby = sorted((w for w in standby if w.state == "standby" and w.id not in lent),
+                          key=lambda w: w.id, reverse=True)
+    wanted = {snap.model_classes[n] for n in pool.prebuild if n in snap.model_classes}
+    idle_standby.sort(key=lambda w: _held(w, wanted))
+    if any(w.state in ("launching", "starting") for w in standby):
+        # Not for one still booting: it becomes the excess once it stands by.
+        idle_standby = [w for w in idle_standby if not w.cached and w.prebuilt_class is None]
+    for w in idle_standby[: plan.stop_running]:
+        decisions.append(Stop(w.id, "excess_standby"))
+    for w in idle_standby[plan.stop_running: plan.stop_running + plan.terminate_running]:
+        decisions.append(Terminate(w.id, "excess_standby"))
+    for w in stopped[plan.start_stopped: plan.start_stopped + plan.terminate_stopped]:
+        decisions.append(Terminate(w.id, "excess_stopped"))
+    if pool.prebuild:
+        removed = {d.worker_id for d in decisions if isinstance(d, Stop | Terminate)}
+        named = [(n, snap.model_classes[n]) for n in pool.prebuild if n in snap.model_classes]
+        waiting = [w for w in standby if w.state == "standby" and w.id not in removed and w.id not in lent]
+        colds_by_class = ps.class_cold_starts
+        decisions.extend(plan_prebuilds(named, waiting, target=g.standby,
+                                        class_cold_starts={c: len(ts) for c, ts in colds_by_class.items()}))

@@ -29,6 +29,7 @@ from thaw.fit import ModelSize, fit_problem
 from thaw.log import get_logger
 from thaw.objstore import WeightsCheck, WeightsProblem
 from thaw.wire import (
+    Catalog,
     ModelDeploy,
     ModelRecord,
     ModelRecords,
@@ -219,6 +220,10 @@ class ModelRegistry:
     # -- reading ----------------------------------------------------------------------
     def list(self) -> ModelRecords:
         return ModelRecords(version=self.version, models=sorted(self.records.values(), key=lambda r: r.name))
+
+    def catalog(self) -> Catalog:
+        """The models and tenants activators serve (``GET /v1/catalog``)."""
+        return Catalog(version=self.version, models=self.cfg.models, tenants=self.cfg.tenants)
 
     def revision(self, name: str) -> int | None:
         """The current revision of model ``name`` (None: not deployed)."""

@@ -40,8 +40,8 @@ async def test_batches_over_the_controllers_api(provider: InProcessProvider, s3:
             httpx.AsyncClient(base_url=c.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5) as http:
         m = c.manager
         tenant = cfg.tenants[0].name
-        m.files.add(NewFile(id="file-input0001", tenant=tenant, filename="in.jsonl", purpose="batch", bytes=10,
-                            lines=2, key=key), 1.0)
+        m.parts.files.add(NewFile(id="file-input0001", tenant=tenant, filename="in.jsonl", purpose="batch", bytes=10,
+                                  lines=2, key=key), 1.0)
         new = {"tenant": tenant, "input_file_id": "file-input0001", "endpoint": CHAT, "metadata": {"job": "x"}}
         missing = await http.post("/v1/batches", json={**new, "input_file_id": "file-nothere0"})
         assert missing.status_code == 400 and "No such File object" in missing.json()["error"]
@@ -57,7 +57,7 @@ async def test_batches_over_the_controllers_api(provider: InProcessProvider, s3:
             r = await http.get(f"/v1/batches/{batch_id}", params={"tenant": tenant})
             return str(r.json()["status"])
 
-        await until("validated", lambda: m.batches.get(tenant, batch_id).status == "in_progress", m)  # type: ignore[union-attr]
+        await until("validated", lambda: m.parts.batches.get(tenant, batch_id).status == "in_progress", m)  # type: ignore[union-attr]
         assert (await http.get(f"/v1/batches/{batch_id}", params={"tenant": "someone-else"})).status_code == 404
         listed = (await http.get("/v1/batches", params={"tenant": tenant})).json()
         assert [b["id"] for b in listed["data"]] == [batch_id] and not listed["has_more"]
@@ -99,11 +99,11 @@ async def test_batches_over_the_controllers_api(provider: InProcessProvider, s3:
 
         cancelled = await http.post(f"/v1/batches/{batch_id}/cancel", params={"tenant": tenant})
         assert cancelled.json()["status"] == "cancelling"
-        await until("cancelled", lambda: m.batches.get(tenant, batch_id).status == "cancelled", m)  # type: ignore[union-attr]
+        await until("cancelled", lambda: m.parts.batches.get(tenant, batch_id).status == "cancelled", m)  # type: ignore[union-attr]
         assert await status() == "cancelled"
         assert (await http.post("/v1/batches/batch_nope/cancel", params={"tenant": tenant})).status_code == 404
         second = (await http.post("/v1/batches", json=new)).json()["id"]
         by_operator = await asyncio.to_thread(thaw, "cancel", second)
         assert by_operator.returncode == 0 and by_operator.stdout.strip() == f"{second}: cancelling"
         await until("cancelled by the operator",
-                    lambda: m.batches.get(tenant, second).status == "cancelled", m)  # type: ignore[union-attr]
+                    lambda: m.parts.batches.get(tenant, second).status == "cancelled", m)  # type: ignore[union-attr]

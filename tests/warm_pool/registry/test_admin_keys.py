@@ -48,4 +48,4 @@ async def test_an_admin_key_opens_the_admin_api_only_until_revoked(provider: InP
         assert r.status_code == 200 and r.json()["revoked"] == 1
         assert (await http.get("/v1/admin/models", headers=admin)).status_code == 401
         assert (await http.post("/v1/keys/admin/revoke", json={"key": prefix}, headers=cluster)).status_code == 404
-        assert [e.outcome for e in m.events if e.kind == "admin_key"] == ["added", "revoked"]
+        assert [e.outcome for e in m.parts.event_log.events if e.kind == "admin_key"] == ["added", "revoked"]

@@ -10,6 +10,7 @@ import pytest
 from tests.warm_pool.conftest import StateDb
 from tests.warm_pool.fleet import FakeStoreReader, registry_config
 from thaw.wire import ApplyRequest
+from warm_pool.assembly import build_pool
 from warm_pool.control import HttpWorkerControl
 from warm_pool.db import Db
 from warm_pool.manager import PoolManager
@@ -20,8 +21,8 @@ DEMO = {"name": "demo", "uri": "s3://thaw/models/demo", "served_name": "thaw-dem
 
 
 def manager(db: Db, reader: FakeStoreReader | None = None) -> PoolManager:
-    return PoolManager(registry_config(), {}, HttpWorkerControl(None), store_reader=reader or FakeStoreReader(),
-                       state_db=db)
+    return build_pool(registry_config(), {}, HttpWorkerControl(None), store_reader=reader or FakeStoreReader(),
+                      state_db=db)
 
 
 def request(models: list[dict[str, Any]] | None = None, tenants: list[dict[str, Any]] | None = None,
@@ -40,34 +41,34 @@ async def test_apply_plans_deploys_updates_and_removals_and_writes_them_at_once(
     same = {**DEMO, "engine": demo.engine.model_dump(mode="json"),
             "autoscaling": demo.autoscaling.model_dump(mode="json")}
     # What is in force already: nothing to do.
-    assert (await m.applier.apply(request([same]), "ops")).changes == []
+    assert (await m.parts.applier.apply(request([same]), "ops")).changes == []
     file = [{**same, "autoscaling": {**same["autoscaling"], "max_replicas": 3}},
             {"name": "chat", "uri": "s3://thaw/models/chat", "shape": "cpu-local", "tenant": "acme"},
             {"name": "tuned", "base": "chat", "adapter_uri": "s3://thaw/models/tuned"}]
     tenants = [{"name": "acme", "allowed_models": ["chat", "tuned"], "limits": {"requests_per_minute": 10}},
                {"name": "fresh"}]
-    before = m.catalog()
-    dry = await m.applier.apply(request(file, tenants, dry_run=True), "ops")
-    assert not dry.applied and m.catalog() == before
+    before = m.parts.model_admin.catalog()
+    dry = await m.parts.applier.apply(request(file, tenants, dry_run=True), "ops")
+    assert not dry.applied and m.parts.model_admin.catalog() == before
     assert plan(dry) == [("model", "demo", "update"), ("model", "chat", "deploy"), ("model", "tuned", "deploy"),
                          ("tenant", "acme", "change"), ("tenant", "fresh", "create"), ("tenant", "demo", "remove")]
     assert dry.changes[0].fields == {"autoscaling": [same["autoscaling"], file[0]["autoscaling"]]}
-    done = await m.applier.apply(request(file, tenants), "ops")
+    done = await m.parts.applier.apply(request(file, tenants), "ops")
     assert done.applied and plan(done) == plan(dry) and done.version == before.version + 1
     assert [c.revision for c in done.changes if c.kind == "model"] == [2, 1, 1]
-    catalog = m.catalog()
+    catalog = m.parts.model_admin.catalog()
     assert sorted(x.name for x in catalog.models) == ["chat", "demo", "tuned"]
     assert sorted(t.name for t in catalog.tenants) == ["acme", "fresh"]
     assert m.cfg.model("demo").autoscaling.max_replicas == 3  # type: ignore[union-attr]
     # Applied again: nothing; a file without models leaves them alone; removing the rest.
-    assert (await m.applier.apply(request(file, tenants), "ops")).changes == []
-    assert (await m.applier.apply(request(tenants=tenants), "ops")).changes == []
-    gone = await m.applier.apply(request([file[0]], [{"name": "fresh"}]), "ops")
+    assert (await m.parts.applier.apply(request(file, tenants), "ops")).changes == []
+    assert (await m.parts.applier.apply(request(tenants=tenants), "ops")).changes == []
+    gone = await m.parts.applier.apply(request([file[0]], [{"name": "fresh"}]), "ops")
     assert plan(gone) == [("model", "chat", "remove"), ("model", "tuned", "remove"), ("tenant", "acme", "remove")]
-    assert [x.name for x in m.catalog().models] == ["demo"]
+    assert [x.name for x in m.parts.model_admin.catalog().models] == ["demo"]
     # Kept: a new controller on the same state serves what was applied.
-    m.model_admin.store.close()
-    assert [x.name for x in manager(state_db()).catalog().models] == ["demo"]
+    m.parts.model_admin.store.close()
+    assert [x.name for x in manager(state_db()).parts.model_admin.catalog().models] == ["demo"]
 
 
 async def test_weights_pushed_again_to_the_same_uri_are_a_change(state_db: StateDb) -> None:
@@ -79,17 +80,17 @@ async def test_weights_pushed_again_to_the_same_uri_are_a_change(state_db: State
             "autoscaling": demo.autoscaling.model_dump(mode="json")}
     # Seeded from the config file, its weights were never hashed: a first update does.
     same["autoscaling"]["max_replicas"] = 3
-    assert plan(await m.applier.apply(request([same]), "ops")) == [("model", "demo", "update")]
-    assert (await m.applier.apply(request([same]), "ops")).changes == []
-    held = m.model_admin.records["demo"].revisions[-1].weights_sha256
+    assert plan(await m.parts.applier.apply(request([same]), "ops")) == [("model", "demo", "update")]
+    assert (await m.parts.applier.apply(request([same]), "ops")).changes == []
+    held = m.parts.model_admin.records["demo"].revisions[-1].weights_sha256
     assert held is not None
     reader.sizes["s3://thaw/models/demo"] = 65 * 2**20  # new weights, same URI: another manifest
-    done = await m.applier.apply(request([same]), "ops")
+    done = await m.parts.applier.apply(request([same]), "ops")
     assert plan(done) == [("model", "demo", "update")] and done.changes[0].revision == 3
-    now = m.model_admin.records["demo"].revisions[-1].weights_sha256
+    now = m.parts.model_admin.records["demo"].revisions[-1].weights_sha256
     assert done.changes[0].fields == {"weights_sha256": [held, now]} and now != held
-    assert m.model_admin.outdated() == {"demo": frozenset({1, 2})}  # replicas of earlier revisions roll
-    assert (await m.applier.apply(request([same]), "ops")).changes == []
+    assert m.parts.model_admin.outdated() == {"demo": frozenset({1, 2})}  # replicas of earlier revisions roll
+    assert (await m.parts.applier.apply(request([same]), "ops")).changes == []
 
 
 @pytest.mark.parametrize(("models", "tenants", "says"), [
@@ -106,8 +107,8 @@ async def test_a_refused_apply_changes_nothing(models: list[dict[str, Any]] | No
                                                state_db: StateDb) -> None:
     reader = FakeStoreReader(sizes={"s3://thaw/models/missing": None, "s3://thaw/models/huge": 40 * 2**30})  # type: ignore[dict-item]
     m = manager(state_db(), reader)
-    before = (m.catalog(), m.model_admin.list())
+    before = (m.parts.model_admin.catalog(), m.parts.model_admin.list())
     with pytest.raises(RegistryRefused) as info:
-        await m.applier.apply(request(models, tenants), "ops")
+        await m.parts.applier.apply(request(models, tenants), "ops")
     assert says in str(info.value), str(info.value)
-    assert (m.catalog(), m.model_admin.list()) == before
+    assert (m.parts.model_admin.catalog(), m.parts.model_admin.list()) == before

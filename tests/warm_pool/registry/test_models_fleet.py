@@ -61,14 +61,14 @@ async def test_deploy_reaches_every_activator_serves_on_demand_and_rm_releases(
             assert bad.status_code == 422 and "shape 'nope' is not declared" in bad.json()["error"]
             await until("both activators serve it", lambda: all(served(n, "second") for n in seen), m)
             catalog = Catalog.model_validate_json((await http.get("/v1/catalog")).content)
-            assert catalog.version == m.routes.catalog_version and "second" in {x.name for x in catalog.models}
+            assert catalog.version == m.feed.table.catalog_version and "second" in {x.name for x in catalog.models}
             # On demand it is placed like any model, from its own weights.
             for w in watchers:
                 assert "second" in w.model_names()
-            m.demand("second")
-            await until("a replica of second", lambda: bool(m.routes.models.get("second")
-                                                            and m.routes.models["second"].replicas), m)
-            replica = m.routes.models["second"].replicas[0]
+            m.traffic.demand("second")
+            await until("a replica of second", lambda: bool(m.feed.table.models.get("second")
+                                                            and m.feed.table.models["second"].replicas), m)
+            replica = m.feed.table.models["second"].replicas[0]
             assert replica.served_model_name == "second-chat"
             # Removed: gone from the catalogs, its replica drained and released, its history kept.
             r = await http.delete("/v1/admin/models/second", params={"revision": 1})
@@ -76,12 +76,12 @@ async def test_deploy_reaches_every_activator_serves_on_demand_and_rm_releases(
             await until("no activator serves it", lambda: not any(served(n, "second") for n in seen), m)
             await until("its worker is a standby again",
                         lambda: states(m).get(replica.worker_id) == "standby", m)
-            assert "second" not in m.routes.models
+            assert "second" not in m.feed.table.models
             described = await http.get("/v1/admin/models/second")
             assert described.status_code == 200 and [x["change"] for x in described.json()["revisions"]] == ["deploy"]
             assert (await http.get("/v1/admin/models/never")).status_code == 404
             assert (await http.delete("/v1/admin/models/second")).status_code == 404
-            assert [e.outcome for e in m.events if e.kind == "model"] == ["deploy", "removed"]
+            assert [e.outcome for e in m.parts.event_log.events if e.kind == "model"] == ["deploy", "removed"]
     finally:
         for w in watchers:
             await w.close()

@@ -10,9 +10,9 @@ import httpx
 
 from tests.warm_pool.fleet import TOKEN, fleet_config
 from thaw.config import parse_config
-from warm_pool.api import create_pool_app
+from warm_pool.app import create_pool_app
+from warm_pool.assembly import build_pool
 from warm_pool.control import HttpWorkerControl
-from warm_pool.manager import PoolManager
 
 
 async def test_a_body_that_is_not_utf8_is_a_documented_400_in_the_error_shape() -> None:
@@ -21,8 +21,8 @@ async def test_a_body_that_is_not_utf8_is_a_documented_400_in_the_error_shape() 
     with tempfile.TemporaryDirectory() as root:
         data = fleet_config().model_dump(mode="json")
         data["data_dir"] = root
-        app = create_pool_app(PoolManager(parse_config(data), {}, HttpWorkerControl(TOKEN),
-                                          state_dir=Path(root)), TOKEN, manage_lifecycle=False)
+        app = create_pool_app(build_pool(parse_config(data), {}, HttpWorkerControl(TOKEN),
+                                         state_dir=Path(root)), TOKEN, manage_lifecycle=False)
         h = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c") as c:
             r = await c.post("/v1/workers/heartbeat", content=b"\x80\x81", headers=h)

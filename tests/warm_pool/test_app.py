@@ -1,0 +1,33 @@
+"""The controller's app (warm_pool.app): a malformed request's 422 in the error shape,
+and an admin key admitted on the model and tenant API only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from tests.warm_pool.fleet import TOKEN, registry_config
+from warm_pool.app import create_pool_app
+from warm_pool.assembly import build_pool
+from warm_pool.control import HttpWorkerControl
+
+
+async def test_a_malformed_request_names_each_fields_problem(tmp_path: Path) -> None:
+    m = build_pool(registry_config(), {}, HttpWorkerControl(TOKEN), state_dir=tmp_path)
+    app = create_pool_app(m, TOKEN, manage_lifecycle=False)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c",
+                                 headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        r = await c.post("/v1/demand", json={})
+        assert r.status_code == 422 and r.json() == {"error": "invalid request: model: Field required"}
+
+
+async def test_an_admin_key_opens_the_registry_and_nothing_else(tmp_path: Path) -> None:
+    m = build_pool(registry_config(), {}, HttpWorkerControl(TOKEN), state_dir=tmp_path)
+    admin = await m.parts.key_admin.add_admin("ops", "test")
+    app = create_pool_app(m, TOKEN, manage_lifecycle=False)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c",
+                                 headers={"Authorization": f"Bearer {admin.key}"}) as c:
+        assert (await c.get("/v1/admin/models")).status_code == 200
+        assert (await c.get("/v1/keys")).status_code == 401
+        assert (await c.get("/v1/state")).status_code == 401

@@ -1,0 +1,53 @@
+"""The activators' calls: their traffic (``warm_pool.traffic``: reports, demand at zero,
+cold starts) and the route table they long-poll (``warm_pool.routes``)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response
+
+from thaw.wire import ActivityReport, ColdStartRecord, DemandSignal, RouteTable
+from warm_pool.api.errors import NotFound, refusal_doc
+from warm_pool.api.parts import Manager
+from warm_pool.policy.decide import ModelActivity
+
+router = APIRouter()
+
+
+@router.post("/v1/reports", status_code=204)
+async def report(body: ActivityReport, manager: Manager) -> Response:
+    manager.traffic.report(
+        body.activator_id,
+        {name: ModelActivity(r.queued, r.in_flight, r.last_request_at) for name, r in body.models.items()},
+        arrivals={name: r.arrivals for name, r in body.models.items()},
+        ttfts={name: r.ttft_s for name, r in body.models.items() if r.ttft_s},
+    )
+    return Response(status_code=204)
+
+
+@router.post("/v1/demand", status_code=202, responses={404: refusal_doc("No such model in the config")})
+async def demand(body: DemandSignal, manager: Manager) -> JSONResponse:
+    model = manager.cfg.model(body.model)
+    if model is None:
+        raise NotFound(f"unknown model {body.model!r}")
+    manager.traffic.demand(model.name)
+    return JSONResponse({"accepted": True}, status_code=202)
+
+
+@router.post("/v1/cold_starts", status_code=204)
+async def cold_start(body: ColdStartRecord, manager: Manager) -> Response:
+    manager.traffic.record_cold_start(body)
+    return Response(status_code=204)
+
+
+@router.get("/v1/routes", response_model=RouteTable,
+            responses={503: refusal_doc("The controller is still adopting the fleet (see Retry-After)")})
+async def routes(manager: Manager, since: int = Query(-1), epoch: str | None = Query(None),
+                 wait_s: float = Query(0.0, ge=0.0, le=60.0)) -> Response:
+    # Long poll: answer as soon as the table's version passes `since` (at once for a
+    # watcher that knew another epoch), or after wait_s; None before the fleet is adopted.
+    table = await manager.feed.wait(since, epoch, wait_s)
+    if table is None:
+        return JSONResponse({"error": "the controller is adopting the fleet after its start; retry shortly"},
+                            status_code=503, headers={"Retry-After": "1"})
+    return Response(table.model_dump_json(), media_type="application/json")

@@ -1,0 +1,50 @@
+"""The operators' liveness (``/healthz``) and where the leader is (``/v1/leader``), and
+what a follower answers to everything else (``follow_the_leader``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from thaw.controllers import LEADER_HEADER
+from thaw.wire import ErrorReply, LeaderView
+from warm_pool.api.parts import Manager, manager_of
+
+router = APIRouter()
+
+# What a follower answers itself: liveness, metrics, and where the leader is.
+FOLLOWER_PATHS = frozenset({"/healthz", "/metrics", "/v1/leader"})
+
+
+@router.get("/healthz")
+async def healthz(manager: Manager) -> dict[str, object]:
+    return {"ok": True, "epoch": manager.epoch, "adopted": manager.adopted,
+            "role": "leader" if manager.leading else "follower", "leader": manager.leader_url}
+
+
+@router.get("/v1/leader", response_model=LeaderView)
+async def leader(manager: Manager) -> LeaderView:
+    leadership, parts = manager.parts.leadership, manager.parts
+    lead = leadership.leader if leadership is not None else None
+    return LeaderView(controller=parts.controller_id, url=parts.url, leading=manager.leading,
+                      leader_url=parts.url if manager.leading else manager.leader_url,
+                      term=lead.term if lead is not None else manager.term)
+
+
+async def follow_the_leader(request: Request, call_next: Any) -> Response:
+    """A follower decides nothing and holds nothing a caller needs: it says where the
+    leader is (thaw.controllers follows it), before any credential is checked (its own
+    copy of the admin keys may be behind the leader's)."""
+    manager = manager_of(request)
+    if manager.leading or request.url.path in FOLLOWER_PATHS:
+        return await call_next(request)  # type: ignore[no-any-return]
+    leader = manager.leader_url
+    headers = {"Retry-After": "1", "X-Thaw-Role": "follower"}
+    if leader:
+        headers[LEADER_HEADER] = leader
+    message = (f"this controller follows; the leader is at {leader}" if leader
+               else "this controller follows and no controller leads now (a takeover is under way); retry")
+    return JSONResponse(ErrorReply(error=message, leader=leader).model_dump(exclude_none=True),
+                        status_code=503, headers=headers)
