@@ -13,7 +13,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from thaw.process import group_alive, leader_gone, spawn_group, spawn_group_async, stop_group, stop_group_async
+from thaw.process import (
+    group_alive,
+    leader_gone,
+    spawn_group,
+    spawn_group_async,
+    stop_group,
+    stop_group_async,
+)
 
 # A leader that starts a grandchild in its own group, says so, then waits; with IGNORE
 # set it ignores SIGTERM.
