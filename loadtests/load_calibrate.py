@@ -729,7 +729,7 @@ def run_simulation(cfg_dict: Mapping[str, Any], trace_file: Path, costs_file: Pa
                    out_dir: Path) -> tuple[SimOutcome, Trace]:
     """The simulator on the stack's config, the trace file and the measured costs;
     writes ``out_dir`` as `thaw simulate --out` does. Each request's TTFT is taken as the
-    simulator admits it (a subclass that records it; the simulation is unchanged)."""
+    simulator admits it (``on_admit``; the simulation is unchanged)."""
     from simulator.run import prepare, write
     from simulator.sim import Simulator
     from simulator.traces import read_trace
@@ -738,19 +738,13 @@ def run_simulation(cfg_dict: Mapping[str, Any], trace_file: Path, costs_file: Pa
     trace = read_trace(trace_file, "generic")
     inputs = prepare(parse_config(cfg_dict), trace, costs_file=costs_file, tick_s=tick_s)
     ttft: dict[int, float] = {}
-
-    class Recording(Simulator):
-        def _admit(self, m: Any, w: Any, i: int, t: float) -> None:
-            super()._admit(m, w, i, t)
-            ttft[i] = m.stats.ttfts[-1]
-
     t0 = time.perf_counter()
-    sim = Recording(inputs.cfg, inputs.costs, inputs.trace, tick_s=tick_s, ttft_slo_s=inputs.ttft_slo_s,
-                    record_decisions=True)
+    sim = Simulator(inputs.cfg, inputs.costs, inputs.trace, tick_s=tick_s, ttft_slo_s=inputs.ttft_slo_s,
+                    record_decisions=True, on_admit=ttft.__setitem__)
     result = sim.run()
     write(out_dir, result, inputs, time.perf_counter() - t0,
           {"command": "thaw load calibrate", "trace_file": str(trace_file), "costs_file": str(costs_file)})
-    cold = [i for i in range(len(trace)) if sim.req_cold[i]]
+    cold = [i for i in range(len(trace)) if sim.traffic.req_cold[i]]
     return sim_outcome(result, trace, ttft, cold), trace
 
 

@@ -160,20 +160,20 @@ def test_each_decision_is_what_decide_returns_for_the_same_inputs(variant: int, 
     tr = trace([(t * step_s % span_s, f"m{t % 4}", 500, 100) for t in range(80)])
     calls: list[tuple[Any, ...]] = []
 
-    import simulator.sim as sim_module
+    import simulator.controller as controller_module
 
-    real = sim_module.decide
+    real = controller_module.decide
 
     def recording(snap, state, c, now, **kw):  # type: ignore[no-untyped-def]
         out = real(snap, state, c, now, **kw)
         calls.append((snap, state, now, kw, out))
         return out
 
-    sim_module.decide = recording  # type: ignore[assignment]
+    controller_module.decide = recording  # type: ignore[assignment]
     try:
         r = Simulator(cfg, costs(cfg), tr, record_decisions=True).run()
     finally:
-        sim_module.decide = real  # type: ignore[assignment]
+        controller_module.decide = real  # type: ignore[assignment]
     replayed = []
     for snap, state, now, kw, out in calls:
         again = decide(snap, state, cfg, now, **kw)
