@@ -79,9 +79,7 @@ from simulator.fleet import Fleet, LoadedAdapter, SimWorker, engine_classes, eng
 from simulator.report import (
     SUMMARY_KEYS,
     TIERS,
-    ColdStart,
     SimResult,
-    percentiles,
     summary,
     tier_order,
 )
@@ -91,8 +89,8 @@ from thaw.config import ThawConfig
 from warm_pool.policy.decide import kept_classes
 from warm_pool.policy.keepalive import IdleHistogram
 
-__all__ = ["SUMMARY_KEYS", "TIERS", "ColdStart", "SimResult", "Simulator", "engine_classes", "engine_sizes",
-           "percentiles", "tier_order"]
+# What callers import from here (defined beside the part they belong to).
+__all__ = ["SUMMARY_KEYS", "TIERS", "SimResult", "Simulator", "engine_classes", "engine_sizes", "tier_order"]
 
 
 class Simulator:

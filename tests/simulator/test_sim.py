@@ -188,6 +188,16 @@ def test_each_decision_is_what_decide_returns_for_the_same_inputs(variant: int, 
         assert any(isinstance(d, UnloadAdapter) for _, d in r.decisions) and r.summary["cold_starts_by_tier"]["adapter"]
 
 
+def test_on_admit_hears_each_admitted_requests_ttft() -> None:
+    # Two requests at once on a one-slot replica: the second waits for the first's answer.
+    cfg = config(1, max_concurrency_per_replica=1)
+    tr = trace([(0.0, "m0", 1000, 100), (0.0, "m0", 1000, 100), (50.0, "m0", 1000, 100)])
+    heard: dict[int, float] = {}
+    s = Simulator(cfg, costs(cfg), tr, on_admit=heard.__setitem__).run().summary
+    assert sorted(heard) == [0, 1, 2]
+    assert s["ttft_s"]["p99"] == max(heard.values()) and heard[1] > heard[0]
+
+
 def test_same_inputs_same_output() -> None:
     cfg = equivalence_cfg(2)
     tr = trace([((t * 37) % 1000 + 0.25, f"m{t % 3}", 100 + t, 50) for t in range(150)])
