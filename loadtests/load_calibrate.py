@@ -729,7 +729,7 @@ def run_simulation(cfg_dict: Mapping[str, Any], trace_file: Path, costs_file: Pa
                    out_dir: Path) -> tuple[SimOutcome, Trace]:
     """The simulator on the stack's config, the trace file and the measured costs;
     writes ``out_dir`` as `thaw simulate --out` does. Each request's TTFT is taken as the
-    simulator admits it (a subclass that records it; the simulation is unchanged)."""
+    simulator admits it (``on_admit``; the simulation is unchanged)."""
     from simulator.run import prepare, write
     from simulator.sim import Simulator
     from simulator.traces import read_trace
@@ -738,19 +738,13 @@ def run_simulation(cfg_dict: Mapping[str, Any], trace_file: Path, costs_file: Pa
     trace = read_trace(trace_file, "generic")
     inputs = prepare(parse_config(cfg_dict), trace, costs_file=costs_file, tick_s=tick_s)
     ttft: dict[int, float] = {}
-
-    class Recording(Simulator):
-        def _admit(self, m: Any, w: Any, i: int, t: float) -> None:
-            super()._admit(m, w, i, t)
-            ttft[i] = m.stats.ttfts[-1]
-
     t0 = time.perf_counter()
-    sim = Recording(inputs.cfg, inputs.costs, inputs.trace, tick_s=tick_s, ttft_slo_s=inputs.ttft_slo_s,
-                    record_decisions=True)
+    sim = Simulator(inputs.cfg, inputs.costs, inputs.trace, tick_s=tick_s, ttft_slo_s=inputs.ttft_slo_s,
+                    record_decisions=True, on_admit=ttft.__setitem__)
     result = sim.run()
     write(out_dir, result, inputs, time.perf_counter() - t0,
           {"command": "thaw load calibrate", "trace_file": str(trace_file), "costs_file": str(costs_file)})
-    cold = [i for i in range(len(trace)) if sim.req_cold[i]]
+    cold = [i for i in range(len(trace)) if sim.traffic.req_cold[i]]
     return sim_outcome(result, trace, ttft, cold), trace
 
 
@@ -1247,7 +1241,6 @@ def _terminated(signum: int, frame: object) -> None:
 
 def _calibrate(args: argparse.Namespace, out: Path, trace: Trace, trace_file: Path, info: TraceInfo,
                names: list[str]) -> int:
-    from loadtests.load_run import plan_requests, replay
     from thaw.embedded_store import free_port
     from thaw.units import parse_size_bytes
 
@@ -1265,8 +1258,6 @@ def _calibrate(args: argparse.Namespace, out: Path, trace: Trace, trace_file: Pa
     notes: list[str] = []
     live_dir = out / "live"
     live_dir.mkdir(exist_ok=True)
-    records: list[RequestRecord] = []
-    samples: list[ReplicaSample] = []
     try:
         _log(f"starting thaw up ({len(names)} models, pool standby {settings.standby_min}..{settings.standby_max}, "
              f"at most {settings.max_instances} instances, idle_grace_s {settings.idle_grace_s:g}); log {stack.log_path}")
@@ -1276,51 +1267,8 @@ def _calibrate(args: argparse.Namespace, out: Path, trace: Trace, trace_file: Pa
         with Watch(stack) as watch:
             phase = CostPhase(stack, watch, names[0], model_uri(names[0]), seed=args.seed, timeout_s=args.timeout_s,
                               standby=settings.standby_min)
-            measured = phase.run(hot_sizes(trace, args.hot_requests), args.reps, weights)
-            (out / COST_SAMPLES_FILE).write_text(measured.model_dump_json(indent=2) + "\n")
-            costs = costs_from_measurements(measured)
-            (out / COSTS_FILE).write_text(json.dumps(costs.costs_file, indent=2) + "\n")
-            _log("cost model: " + ", ".join(f"{k} {f.value:g} (n {f.n})" for k, f in costs.figures.items())
-                 + f", boot_s {costs.boot_s.value:g} (n {costs.boot_s.n})")
-            # Start the replay as the simulator starts: every model at zero, the pool at its
-            # floor, empty caches (a simulated worker holds nothing at first).
-            worker = phase.wait_settled()
-            for t in ("host", "disk"):
-                stack.clear_tier(worker["id"], t)
-            phase.wait("the standby's caches empty", lambda st: settled(st, settings.standby_min) and not any(
-                c.get("bytes") for c in workers_of(st)[0].get("cached", [])))
-            plan = plan_requests(trace, speedup=1.0, max_requests=None, duration_s=None, model_map={},
-                                 max_tokens_cap=None, max_input_tokens=None)
-            config = _run_config(stack.base_url, str(trace_file), args.seed, args.timeout_s, stack.control_url,
-                                 grace_s=args.timeout_s)
-            _log(f"live run: {len(plan)} requests over {trace.duration_s:.0f} s into {live_dir}")
-            metrics_before = cold_start_counts(stack.metrics_text())
-            replay_since = time.time()
-            with open(live_dir / REQUESTS_FILE, "w", encoding="utf-8") as rf, \
-                    open(live_dir / REPLICAS_FILE, "w", encoding="utf-8") as pf:
-                # Written as they come, as `thaw load run` writes them.
-                def on_record(r: RequestRecord) -> None:
-                    records.append(r)
-                    rf.write(r.model_dump_json() + "\n")
-                    rf.flush()
-
-                def on_sample(s: ReplicaSample) -> None:
-                    samples.append(s)
-                    pf.write(s.model_dump_json() + "\n")
-
-                run_info: RunInfo = asyncio.run(replay(plan, config, api_key=API_KEY, cluster_token=stack.token(),
-                                                       trace_requests=len(trace), on_record=on_record,
-                                                       on_sample=on_sample))
-            replay_until = time.time()
-            (live_dir / RUN_FILE).write_text(run_info.model_dump_json(indent=2) + "\n", encoding="utf-8")
-            events = stack.events(replay_since)
-            seen = watch.transitions()
-            live_releases = releases(events, seen, replay_since, replay_until)
-            live_boots = boots(events, seen, replay_since, replay_until)
-            metrics_after = stack.metrics_text()
-            (live_dir / "events.json").write_text(json.dumps(events, indent=1) + "\n")
-            (live_dir / "metrics.txt").write_text(metrics_after)
-            activator_colds = counts_since(metrics_before, cold_start_counts(metrics_after))
+            measured, costs = _measure_costs(phase, trace, args, weights, out)
+            live = _replay_live(stack, watch, phase, settings, trace, trace_file, args, live_dir)
     finally:
         _log("stopping thaw up")
         killed = stack.stop()
@@ -1332,16 +1280,101 @@ def _calibrate(args: argparse.Namespace, out: Path, trace: Trace, trace_file: Pa
             shutil.rmtree(work, ignore_errors=True)
     sim_cfg = simulated_config(cfg, costs.boot_s.value)
     sim, _ = run_simulation(sim_cfg, trace_file, out / COSTS_FILE, args.tick_s, out / "sim")
+    _report(args, out, trace, info, names, settings, measured, costs, live, sim, notes, started)
+    return 0
+
+
+@dataclass
+class _LiveRun:
+    """What the live replay left: its requests and replica samples as they came, its run
+    info, the releases and boots the controller carried out, and how far the activator's
+    cold-start counters moved."""
+
+    records: list[RequestRecord]
+    samples: list[ReplicaSample]
+    run_info: RunInfo
+    releases: list[Interval]
+    boots: list[Interval]
+    activator_colds: dict[str, int]
+
+
+def _measure_costs(phase: CostPhase, trace: Trace, args: argparse.Namespace, weights: int,
+                   out: Path) -> tuple[CostMeasurements, CostModelReport]:
+    """The cost phase on the stack: its samples and the cost model from them, both written to ``out``."""
+    measured = phase.run(hot_sizes(trace, args.hot_requests), args.reps, weights)
+    (out / COST_SAMPLES_FILE).write_text(measured.model_dump_json(indent=2) + "\n")
+    costs = costs_from_measurements(measured)
+    (out / COSTS_FILE).write_text(json.dumps(costs.costs_file, indent=2) + "\n")
+    _log("cost model: " + ", ".join(f"{k} {f.value:g} (n {f.n})" for k, f in costs.figures.items())
+         + f", boot_s {costs.boot_s.value:g} (n {costs.boot_s.n})")
+    return measured, costs
+
+
+def _replay_live(stack: Stack, watch: Watch, phase: CostPhase, settings: StackSettings, trace: Trace,
+                 trace_file: Path, args: argparse.Namespace, live_dir: Path) -> _LiveRun:
+    """The trace replayed against the stack from the simulator's starting point, written
+    into ``live_dir`` as `thaw load run` writes it."""
+    from loadtests.load_run import plan_requests, replay
+
+    records: list[RequestRecord] = []
+    samples: list[ReplicaSample] = []
+    # Start the replay as the simulator starts: every model at zero, the pool at its
+    # floor, empty caches (a simulated worker holds nothing at first).
+    worker = phase.wait_settled()
+    for t in ("host", "disk"):
+        stack.clear_tier(worker["id"], t)
+    phase.wait("the standby's caches empty", lambda st: settled(st, settings.standby_min) and not any(
+        c.get("bytes") for c in workers_of(st)[0].get("cached", [])))
+    plan = plan_requests(trace, speedup=1.0, max_requests=None, duration_s=None, model_map={},
+                         max_tokens_cap=None, max_input_tokens=None)
+    config = _run_config(stack.base_url, str(trace_file), args.seed, args.timeout_s, stack.control_url,
+                         grace_s=args.timeout_s)
+    _log(f"live run: {len(plan)} requests over {trace.duration_s:.0f} s into {live_dir}")
+    metrics_before = cold_start_counts(stack.metrics_text())
+    replay_since = time.time()
+    with open(live_dir / REQUESTS_FILE, "w", encoding="utf-8") as rf, \
+            open(live_dir / REPLICAS_FILE, "w", encoding="utf-8") as pf:
+        # Written as they come, as `thaw load run` writes them.
+        def on_record(r: RequestRecord) -> None:
+            records.append(r)
+            rf.write(r.model_dump_json() + "\n")
+            rf.flush()
+
+        def on_sample(s: ReplicaSample) -> None:
+            samples.append(s)
+            pf.write(s.model_dump_json() + "\n")
+
+        run_info: RunInfo = asyncio.run(replay(plan, config, api_key=API_KEY, cluster_token=stack.token(),
+                                               trace_requests=len(trace), on_record=on_record,
+                                               on_sample=on_sample))
+    replay_until = time.time()
+    (live_dir / RUN_FILE).write_text(run_info.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    events = stack.events(replay_since)
+    seen = watch.transitions()
+    live_releases = releases(events, seen, replay_since, replay_until)
+    live_boots = boots(events, seen, replay_since, replay_until)
+    metrics_after = stack.metrics_text()
+    (live_dir / "events.json").write_text(json.dumps(events, indent=1) + "\n")
+    (live_dir / "metrics.txt").write_text(metrics_after)
+    activator_colds = counts_since(metrics_before, cold_start_counts(metrics_after))
+    return _LiveRun(records, samples, run_info, live_releases, live_boots, activator_colds)
+
+
+def _report(args: argparse.Namespace, out: Path, trace: Trace, info: TraceInfo, names: list[str],
+            settings: StackSettings, measured: CostMeasurements, costs: CostModelReport, live: _LiveRun,
+            sim: SimOutcome, notes: list[str], started: float) -> None:
+    """The live run and the simulation side by side: written as the calibration, plotted, printed."""
+    records, samples, run_info = live.records, live.samples, live.run_info
     rows = compare(records, samples, run_info.duration_s, sim, names)
-    diag = diagnostics(records, sim, live_releases, live_boots, costs)
+    diag = diagnostics(records, sim, live.releases, live.boots, costs)
     v = verdict(rows)
     share = serving_share(trace, costs)
     notes.append(f"serving the trace at the measured speeds keeps one engine busy {share:.0%} of its length (prefill "
                  f"and decode, before loads and boots); the pool's instances share this machine's {os.cpu_count()} "
                  "cores, which the simulator does not model (each replica has a machine of its own)")
     from_records = {t: n for t in COLD_TIERS if (n := sum(1 for c in live_cold_starts(records) if c.tier == t))}
-    if activator_colds != from_records:
-        notes.append(f"the activator's thaw_cold_starts_total moved by {activator_colds} during the replay, the "
+    if live.activator_colds != from_records:
+        notes.append(f"the activator's thaw_cold_starts_total moved by {live.activator_colds} during the replay, the "
                      f"records say {from_records}")
     if run_info.generator_fell_behind:
         notes.append("the load generator fell behind its schedule (p99 send lag over the threshold): the stack saw "
@@ -1368,7 +1401,6 @@ def _calibrate(args: argparse.Namespace, out: Path, trace: Trace, trace_file: Pa
     for note in notes:
         print(f"note: {note}")
     print(f"wrote {out / CALIBRATION_FILE}, {out / COSTS_FILE}, calibration_ttft_cdf.png, calibration_timeline.png")
-    return 0
 
 
 def _keep_logs(work: Path, out: Path) -> None:

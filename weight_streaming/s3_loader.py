@@ -55,7 +55,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -366,6 +366,23 @@ class _Options:
     unhashed_tiers: frozenset[str]
 
 
+@dataclass
+class _Attempt:
+    """What one attempt builds as it goes: each file's source and how it is served, the
+    checks and cache fills still to run, and what it opened and began (closed, and
+    committed or aborted, whatever happens)."""
+
+    sources: list[RangeSource] = field(default_factory=list)
+    files: list[FileLoad] = field(default_factory=list)
+    hashers: list[_Sha256Source] = field(default_factory=list)
+    to_fill: list[tuple[RangeSource, CacheWriter, int, S3Object]] = field(default_factory=list)
+    writers: list[CacheWriter] = field(default_factory=list)
+    opened: list[FileRangeSource] = field(default_factory=list)
+
+
+_Hit = tuple[CacheTier, FileRangeSource, SafetensorsHeader]
+
+
 def _load_once(
     client: Any,
     objs: Sequence[S3Object],
@@ -374,95 +391,22 @@ def _load_once(
     verify: Mapping[str, str] | None,
     rejected: list[tuple[str, str, str]],
 ) -> S3LoadResult:
-    hits: dict[int, tuple[CacheTier, FileRangeSource, SafetensorsHeader]] = {}
-    all_writers: list[CacheWriter] = []
-    opened: list[FileRangeSource] = []
+    a = _Attempt()
     try:
-        for i, obj in enumerate(objs):
-            if not obj.etag:  # without a version to key on, a cached copy could be stale
-                continue
-            for tier in tiers:
-                hit = _open_hit(tier, obj, rejected)
-                if hit is not None:
-                    hits[i] = (tier, *hit)
-                    opened.append(hit[0])
-                    break
+        hits = _open_hits(objs, tiers, rejected, a.opened)
         misses = [i for i in range(len(objs)) if i not in hits]
         probes = _parallel(lambda i: _probe(client, objs[i]), misses, opts.concurrency)
         # On the host, chunks land in the final buffer, which outlives the load: the
         # cache files are written from it by background threads. On CUDA they land in
         # staging slots that are reused, so each chunk is written before the slot is.
         to_host = torch.device(opts.device).type == "cpu"
-        whole_file = opts.tp_size == 1
-        sources: list[RangeSource] = []
-        files: list[FileLoad] = []
-        hashers: list[_Sha256Source] = []
-        to_fill: list[tuple[RangeSource, CacheWriter, int, S3Object]] = []
         for i, obj in enumerate(objs):
-            src: RangeSource
-            head: bytes | None
-            if i in hits:
-                source_tier, fs, header = hits[i]
-                src, head, kind = fs, None, source_tier.name
-            else:
-                source_tier = None
-                head, header = probes[i]
-                src = S3RangeSource(client, obj.bucket, obj.key, size=obj.size, etag=obj.etag, prefix=head)
-                kind = "s3"
-            # Every other tier that has room gets a copy, from whichever source serves the
-            # file; none from a copy whose sha256 this load does not check.
-            unhashed = source_tier is not None and source_tier.name in opts.unhashed_tiers
-            writers: list[CacheWriter] = []
-            if obj.etag and not unhashed:
-                for tier in tiers:
-                    if tier is source_tier or (not whole_file and writers):
-                        continue  # a rank's fill (tp_size > 1) goes to one tier only
-                    if source_tier is not None and tier.cache.lookup(obj.bucket, obj.key, obj.etag,
-                                                                     obj.size) is not None:
-                        continue  # this tier has it too
-                    w = tier.cache.begin(obj.bucket, obj.key, obj.etag, obj.size)
-                    if w is not None:
-                        writers.append(w)
-                        all_writers.append(w)
-            if writers:
-                if head is None:
-                    buf = bytearray(header.data_offset)
-                    src.read_into(0, memoryview(buf))
-                    head = bytes(buf)
-                for w in writers:
-                    # The header goes in now; the data as it streams (or in the fill below).
-                    w.write(0, head[: header.data_offset])
-            expected = verify[obj.key] if verify is not None and not unhashed else None
-            if writers and whole_file:
-                src = _TeeSource(src, writers, header.data_offset, later=to_host)
-            elif writers:
-                # A rank reads only its part: fetch the whole object into the cache, then read from disk.
-                fill_src: RangeSource = src
-                if expected is not None:
-                    fill_src = _hashing(src, obj, expected, header, head, tier=kind if source_tier else None)
-                to_fill.append((fill_src, writers[0], header.data_offset, obj))
-                fs = FileRangeSource(writers[0].tmp)
-                opened.append(fs)
-                src, expected = fs, None  # hashed during the fill
-            if expected is not None:
-                if whole_file:
-                    hs = _hashing(src, obj, expected, header, head, tier=kind if source_tier else None)
-                    hashers.append(hs)
-                    src = hs
-                elif source_tier is not None:
-                    _hash_file(src, obj, expected, source_tier.name)
-                else:
-                    raise StreamError(
-                        f"{obj.uri}: cannot verify sha256 with tp_size={opts.tp_size}: "
-                        "the file does not fit in the cache"
-                    )
-            sources.append(src)
-            files.append(FileLoad(obj.uri, obj.size, obj.etag, kind, bool(writers)))
+            _add_file(a, client, obj, hits.get(i), probes.get(i), opts, tiers, verify, to_host)
 
-        if to_fill:
-            _fill(to_fill, opts.chunk_bytes, opts.concurrency)
+        if a.to_fill:
+            _fill(a.to_fill, opts.chunk_bytes, opts.concurrency)
         result = load_many(
-            sources,
+            a.sources,
             device=opts.device,
             chunk_bytes=opts.chunk_bytes,
             concurrency=opts.concurrency,
@@ -472,20 +416,128 @@ def _load_once(
             shard_dims=opts.shard_dims,
             host_pool=opts.host_pool,
         )
-        for hs in hashers:
+        for hs in a.hashers:
             hs.check_complete()
     except BaseException:
-        for w in all_writers:
+        for w in a.writers:
             w.abort()
         raise
     finally:
-        for fs in opened:
+        for fs in a.opened:
             fs.close()
     # The load is whole: make its cache entries visible (in the background). A commit
     # that fails is logged by the cache and only costs a future download.
-    for w in all_writers:
+    for w in a.writers:
         w.commit()
-    return S3LoadResult(tensors=result.tensors, stats=result.stats, files=tuple(files))
+    return S3LoadResult(tensors=result.tensors, stats=result.stats, files=tuple(a.files))
+
+
+def _open_hits(
+    objs: Sequence[S3Object], tiers: Sequence[CacheTier], rejected: list[tuple[str, str, str]],
+    opened: list[FileRangeSource],
+) -> dict[int, _Hit]:
+    """Each object's copy in the first tier that has a sound one, opened (into ``opened``)."""
+    hits: dict[int, _Hit] = {}
+    for i, obj in enumerate(objs):
+        if not obj.etag:  # without a version to key on, a cached copy could be stale
+            continue
+        for tier in tiers:
+            hit = _open_hit(tier, obj, rejected)
+            if hit is not None:
+                hits[i] = (tier, *hit)
+                opened.append(hit[0])
+                break
+    return hits
+
+
+def _add_file(
+    a: _Attempt,
+    client: Any,
+    obj: S3Object,
+    hit: _Hit | None,
+    probe: tuple[bytes, SafetensorsHeader] | None,
+    opts: _Options,
+    tiers: Sequence[CacheTier],
+    verify: Mapping[str, str] | None,
+    to_host: bool,
+) -> None:
+    """Add ``obj``'s source to the attempt: its cached copy (``hit``) or S3 (``probe``:
+    its first bytes and header), teed into the tiers that get a copy, hashed where the
+    load checks it."""
+    whole_file = opts.tp_size == 1
+    src: RangeSource
+    head: bytes | None
+    if hit is not None:
+        source_tier, fs, header = hit
+        src, head, kind = fs, None, source_tier.name
+    else:
+        assert probe is not None
+        source_tier = None
+        head, header = probe
+        src = S3RangeSource(client, obj.bucket, obj.key, size=obj.size, etag=obj.etag, prefix=head)
+        kind = "s3"
+    # Every other tier that has room gets a copy, from whichever source serves the
+    # file; none from a copy whose sha256 this load does not check.
+    unhashed = source_tier is not None and source_tier.name in opts.unhashed_tiers
+    writers = _begin_copies(obj, tiers, source_tier, whole_file, a.writers) if obj.etag and not unhashed else []
+    if writers:
+        if head is None:
+            buf = bytearray(header.data_offset)
+            src.read_into(0, memoryview(buf))
+            head = bytes(buf)
+        for w in writers:
+            # The header goes in now; the data as it streams (or in the fill below).
+            w.write(0, head[: header.data_offset])
+    expected = verify[obj.key] if verify is not None and not unhashed else None
+    if writers and whole_file:
+        src = _TeeSource(src, writers, header.data_offset, later=to_host)
+    elif writers:
+        # A rank reads only its part: fetch the whole object into the cache, then read from disk.
+        fill_src: RangeSource = src
+        if expected is not None:
+            fill_src = _hashing(src, obj, expected, header, head, tier=kind if source_tier else None)
+        a.to_fill.append((fill_src, writers[0], header.data_offset, obj))
+        fs = FileRangeSource(writers[0].tmp)
+        a.opened.append(fs)
+        src, expected = fs, None  # hashed during the fill
+    if expected is not None:
+        if whole_file:
+            hs = _hashing(src, obj, expected, header, head, tier=kind if source_tier else None)
+            a.hashers.append(hs)
+            src = hs
+        elif source_tier is not None:
+            _hash_file(src, obj, expected, source_tier.name)
+        else:
+            raise StreamError(
+                f"{obj.uri}: cannot verify sha256 with tp_size={opts.tp_size}: "
+                "the file does not fit in the cache"
+            )
+    a.sources.append(src)
+    a.files.append(FileLoad(obj.uri, obj.size, obj.etag, kind, bool(writers)))
+
+
+def _begin_copies(
+    obj: S3Object,
+    tiers: Sequence[CacheTier],
+    source_tier: CacheTier | None,
+    whole_file: bool,
+    begun: list[CacheWriter],
+) -> list[CacheWriter]:
+    """Cache writers for ``obj`` in every tier but its source that lacks it and has room;
+    one tier at most when a rank reads only its part. Each is added to ``begun`` as it
+    begins (aborted there if the attempt fails)."""
+    writers: list[CacheWriter] = []
+    for tier in tiers:
+        if tier is source_tier or (not whole_file and writers):
+            continue  # a rank's fill (tp_size > 1) goes to one tier only
+        if source_tier is not None and tier.cache.lookup(obj.bucket, obj.key, obj.etag,
+                                                         obj.size) is not None:
+            continue  # this tier has it too
+        w = tier.cache.begin(obj.bucket, obj.key, obj.etag, obj.size)
+        if w is not None:
+            writers.append(w)
+            begun.append(w)
+    return writers
 
 
 def _open_hit(

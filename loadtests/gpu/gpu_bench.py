@@ -1018,13 +1018,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with report.section("generate_model") as e:
         assert e is not None
-        paths = generate_model(cfg, args.dir, device, e)
-        e["files"] = [str(p) for p in paths]
-        e["bytes"] = sum(p.stat().st_size for p in paths)
-        e["source_note"] = (
-            "files were just written: warm runs read them from the page cache, not the disk"
-        )
-        log(f"{len(paths)} shards, {e['bytes'] / GB:.2f} GB")
+        paths = _generated(cfg, args, device, e)
 
     if device.type == "cuda":
         with report.section("copy_ceiling", min_remaining_s=30) as e:
@@ -1040,103 +1034,21 @@ def main(argv: list[str] | None = None) -> int:
         assert e is not None
         if streamer is None or not paths:
             raise RuntimeError("needs the streamer and the model files")
-        runs = [
-            thaw_load(streamer, paths, device, chunk, args.concurrency) for _ in range(args.reps)
-        ]
-        e.update(
-            source="page cache",
-            chunk_mib=args.chunk_mib,
-            concurrency=args.concurrency,
-            bytes=runs[0][2],
-            seconds=[round(r[0], 3) for r in runs],
-            gbps=[round(r[1], 2) for r in runs],
-            median_gbps=round(med([r[1] for r in runs]), 2),
-            median_s=round(med([r[0] for r in runs]), 3),
-        )
-        log(f"thaw {e['gbps']} GB/s")
+        _thaw_load_section(streamer, paths, device, chunk, args, e)
 
     with report.section("thaw_sweep", min_remaining_s=150) as e:
         if e is not None and streamer is not None and paths:
-            results = []
-            for chunk_mib, conc in [(8, 16), (16, 16), (64, 16), (32, 8), (32, 32)]:
-                if report.remaining() < 130:
-                    break
-                dt, gbps, _ = thaw_load(streamer, paths, device, chunk_mib * MiB, conc)
-                results.append(
-                    {
-                        "chunk_mib": chunk_mib,
-                        "concurrency": conc,
-                        "seconds": round(dt, 3),
-                        "gbps": round(gbps, 2),
-                    }
-                )
-                log(f"  chunk={chunk_mib}MiB conc={conc}: {gbps:.2f} GB/s")
-            e["runs"] = results
-            if device.type == "cuda":
-                dt, gbps, _ = thaw_load(
-                    streamer, paths, torch.device("cpu"), chunk, args.concurrency
-                )
-                e["host_only"] = {
-                    "seconds": round(dt, 3),
-                    "gbps": round(gbps, 2),
-                    "note": "read into host RAM, no H2D",
-                }
-                log(f"  host-only read: {gbps:.2f} GB/s")
+            _thaw_sweep_section(report, streamer, paths, device, chunk, args, e)
 
     with report.section("safetensors_baselines", min_remaining_s=60) as e:
         if e is not None and paths:
-            if device.type == "cuda":
-                base_runs = [st_load_then_to(paths, device) for _ in range(args.baseline_reps)]
-                e["load_file_then_to_cuda"] = {
-                    "seconds": [round(r[0], 3) for r in base_runs],
-                    "median_gbps": round(med([r[1] / r[0] / GB for r in base_runs]), 2),
-                }
-                log(f"load_file + .to(cuda): {e['load_file_then_to_cuda']}")
-            dev_runs = [st_load_device(paths, device) for _ in range(args.baseline_reps)]
-            key = "load_file_device_cuda" if device.type == "cuda" else "load_file_cpu"
-            e[key] = {
-                "seconds": [round(r[0], 3) for r in dev_runs],
-                "median_gbps": round(med([r[1] / r[0] / GB for r in dev_runs]), 2),
-            }
-            if device.type == "cpu":
-                e[key]["note"] = "CPU load_file is an mmap: bytes are not read until touched"
-            log(f"{key}: {e[key]}")
+            _baselines_section(paths, device, args, e)
 
     with report.section("correctness") as e:
         assert e is not None
         if streamer is None or not paths:
             raise RuntimeError("needs the streamer and the model files")
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-
-        def has_layer(p: Path) -> bool:
-            with safe_open(str(p), framework="pt") as f:
-                return any(k.endswith("q_proj.weight") for k in f.keys())
-
-        # The first shard holding a decoder layer, so the TP check below has its tensors.
-        shard = next((p for p in paths if has_layer(p)), paths[0])
-        mine = streamer.load(
-            shard, device=device, chunk_bytes=chunk, concurrency=args.concurrency
-        ).tensors
-        ref = load_file(str(shard), device=str(device))
-        bad = [k for k in ref if k not in mine or not torch.equal(mine[k], ref[k])]
-        e["file"] = str(shard)
-        e["tensors"] = len(ref)
-        e["names_match"] = sorted(mine) == sorted(ref)
-        e["mismatched"] = bad[:20]
-        e["equal"] = e["names_match"] and not bad
-        # Tensor-parallel slices: rank 1 of 2 along rows and along columns.
-        q = next(k for k in ref if k.endswith("q_proj.weight"))
-        o = next(k for k in ref if k.endswith("o_proj.weight"))
-        tp = streamer.load(
-            shard, device=device, tp_rank=1, tp_size=2, shard_dims={q: 0, o: 1}.get
-        ).tensors
-        e["tp_equal"] = bool(
-            torch.equal(tp[q], ref[q].chunk(2, 0)[1]) and torch.equal(tp[o], ref[o].chunk(2, 1)[1])
-        )
-        log(f"equal={e['equal']} tp_equal={e['tp_equal']} ({len(ref)} tensors)")
-        del mine, ref, tp
-        free_device(device)
+        _correctness_section(streamer, paths, device, chunk, args, e)
 
     with report.section("cuda_graphs", min_remaining_s=60) as e:
         if e is not None:
@@ -1154,29 +1066,150 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_cold:
         with report.section("cold_page_cache", min_remaining_s=90) as e:
             if e is not None and streamer is not None and paths:
-                # One shard: enough to see the disk's rate, and a slow disk cannot eat the run.
-                cold_paths = paths[:1]
-                e["files"] = [str(p) for p in cold_paths]
-                e["evict_thaw"] = evict_page_cache(cold_paths)
-                dt, gbps, _ = thaw_load(streamer, cold_paths, device, chunk, args.concurrency)
-                e["thaw"] = {"seconds": round(dt, 3), "gbps": round(gbps, 2)}
-                log(f"cold thaw: {gbps:.2f} GB/s ({e['evict_thaw']})")
-                if report.remaining() > 60:
-                    e["evict_safetensors"] = evict_page_cache(cold_paths)
-                    fn = st_load_then_to if device.type == "cuda" else st_load_device
-                    dt2, nb = fn(cold_paths, device)
-                    e["safetensors"] = {
-                        "seconds": round(dt2, 3),
-                        "gbps": round(nb / dt2 / GB, 2),
-                        "method": fn.__name__,
-                    }
-                    log(f"cold safetensors: {nb / dt2 / GB:.2f} GB/s")
+                _cold_section(report, streamer, paths, device, chunk, args, e)
 
     report.data["ratios"] = ratios(S)
     report.write()
     log(f"ratios: {json.dumps(report.data['ratios'])}")
     log(f"wrote {args.out}")
     return 0
+
+
+def _generated(cfg: ModelConfig, args: argparse.Namespace, device: torch.device, e: dict[str, Any]) -> list[Path]:
+    """The model's shards, written now (so warm runs read them from the page cache)."""
+    paths = generate_model(cfg, args.dir, device, e)
+    e["files"] = [str(p) for p in paths]
+    e["bytes"] = sum(p.stat().st_size for p in paths)
+    e["source_note"] = (
+        "files were just written: warm runs read them from the page cache, not the disk"
+    )
+    log(f"{len(paths)} shards, {e['bytes'] / GB:.2f} GB")
+    return paths
+
+
+def _thaw_load_section(streamer: types.ModuleType, paths: list[Path], device: torch.device, chunk: int,
+                       args: argparse.Namespace, e: dict[str, Any]) -> None:
+    """Thaw's load from the page cache, ``args.reps`` times."""
+    runs = [thaw_load(streamer, paths, device, chunk, args.concurrency) for _ in range(args.reps)]
+    e.update(
+        source="page cache",
+        chunk_mib=args.chunk_mib,
+        concurrency=args.concurrency,
+        bytes=runs[0][2],
+        seconds=[round(r[0], 3) for r in runs],
+        gbps=[round(r[1], 2) for r in runs],
+        median_gbps=round(med([r[1] for r in runs]), 2),
+        median_s=round(med([r[0] for r in runs]), 3),
+    )
+    log(f"thaw {e['gbps']} GB/s")
+
+
+def _thaw_sweep_section(report: Report, streamer: types.ModuleType, paths: list[Path], device: torch.device,
+                        chunk: int, args: argparse.Namespace, e: dict[str, Any]) -> None:
+    """Thaw's load at other chunk sizes and concurrencies, and into host memory only."""
+    results = []
+    for chunk_mib, conc in [(8, 16), (16, 16), (64, 16), (32, 8), (32, 32)]:
+        if report.remaining() < 130:
+            break
+        dt, gbps, _ = thaw_load(streamer, paths, device, chunk_mib * MiB, conc)
+        results.append(
+            {
+                "chunk_mib": chunk_mib,
+                "concurrency": conc,
+                "seconds": round(dt, 3),
+                "gbps": round(gbps, 2),
+            }
+        )
+        log(f"  chunk={chunk_mib}MiB conc={conc}: {gbps:.2f} GB/s")
+    e["runs"] = results
+    if device.type == "cuda":
+        dt, gbps, _ = thaw_load(
+            streamer, paths, torch.device("cpu"), chunk, args.concurrency
+        )
+        e["host_only"] = {
+            "seconds": round(dt, 3),
+            "gbps": round(gbps, 2),
+            "note": "read into host RAM, no H2D",
+        }
+        log(f"  host-only read: {gbps:.2f} GB/s")
+
+
+def _baselines_section(paths: list[Path], device: torch.device, args: argparse.Namespace, e: dict[str, Any]) -> None:
+    """safetensors' own loads of the same files: the baselines Thaw is compared with."""
+    if device.type == "cuda":
+        base_runs = [st_load_then_to(paths, device) for _ in range(args.baseline_reps)]
+        e["load_file_then_to_cuda"] = {
+            "seconds": [round(r[0], 3) for r in base_runs],
+            "median_gbps": round(med([r[1] / r[0] / GB for r in base_runs]), 2),
+        }
+        log(f"load_file + .to(cuda): {e['load_file_then_to_cuda']}")
+    dev_runs = [st_load_device(paths, device) for _ in range(args.baseline_reps)]
+    key = "load_file_device_cuda" if device.type == "cuda" else "load_file_cpu"
+    e[key] = {
+        "seconds": [round(r[0], 3) for r in dev_runs],
+        "median_gbps": round(med([r[1] / r[0] / GB for r in dev_runs]), 2),
+    }
+    if device.type == "cpu":
+        e[key]["note"] = "CPU load_file is an mmap: bytes are not read until touched"
+    log(f"{key}: {e[key]}")
+
+
+def _correctness_section(streamer: types.ModuleType, paths: list[Path], device: torch.device, chunk: int,
+                         args: argparse.Namespace, e: dict[str, Any]) -> None:
+    """Thaw's tensors equal safetensors' for one shard, whole and as tensor-parallel slices."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    def has_layer(p: Path) -> bool:
+        with safe_open(str(p), framework="pt") as f:
+            return any(k.endswith("q_proj.weight") for k in f.keys())
+
+    # The first shard holding a decoder layer, so the TP check below has its tensors.
+    shard = next((p for p in paths if has_layer(p)), paths[0])
+    mine = streamer.load(
+        shard, device=device, chunk_bytes=chunk, concurrency=args.concurrency
+    ).tensors
+    ref = load_file(str(shard), device=str(device))
+    bad = [k for k in ref if k not in mine or not torch.equal(mine[k], ref[k])]
+    e["file"] = str(shard)
+    e["tensors"] = len(ref)
+    e["names_match"] = sorted(mine) == sorted(ref)
+    e["mismatched"] = bad[:20]
+    e["equal"] = e["names_match"] and not bad
+    # Tensor-parallel slices: rank 1 of 2 along rows and along columns.
+    q = next(k for k in ref if k.endswith("q_proj.weight"))
+    o = next(k for k in ref if k.endswith("o_proj.weight"))
+    tp = streamer.load(
+        shard, device=device, tp_rank=1, tp_size=2, shard_dims={q: 0, o: 1}.get
+    ).tensors
+    e["tp_equal"] = bool(
+        torch.equal(tp[q], ref[q].chunk(2, 0)[1]) and torch.equal(tp[o], ref[o].chunk(2, 1)[1])
+    )
+    log(f"equal={e['equal']} tp_equal={e['tp_equal']} ({len(ref)} tensors)")
+    del mine, ref, tp
+    free_device(device)
+
+
+def _cold_section(report: Report, streamer: types.ModuleType, paths: list[Path], device: torch.device, chunk: int,
+                  args: argparse.Namespace, e: dict[str, Any]) -> None:
+    """Thaw and safetensors with the page cache evicted: the disk's rate."""
+    # One shard: enough to see the disk's rate, and a slow disk cannot eat the run.
+    cold_paths = paths[:1]
+    e["files"] = [str(p) for p in cold_paths]
+    e["evict_thaw"] = evict_page_cache(cold_paths)
+    dt, gbps, _ = thaw_load(streamer, cold_paths, device, chunk, args.concurrency)
+    e["thaw"] = {"seconds": round(dt, 3), "gbps": round(gbps, 2)}
+    log(f"cold thaw: {gbps:.2f} GB/s ({e['evict_thaw']})")
+    if report.remaining() > 60:
+        e["evict_safetensors"] = evict_page_cache(cold_paths)
+        fn = st_load_then_to if device.type == "cuda" else st_load_device
+        dt2, nb = fn(cold_paths, device)
+        e["safetensors"] = {
+            "seconds": round(dt2, 3),
+            "gbps": round(nb / dt2 / GB, 2),
+            "method": fn.__name__,
+        }
+        log(f"cold safetensors: {nb / dt2 / GB:.2f} GB/s")
 
 
 def ratios(S: dict[str, Any]) -> dict[str, Any]:

@@ -98,7 +98,7 @@ def test_a_model_that_does_not_fit_takes_a_standby() -> None:
 def test_workers_report_capacity_only_where_their_pool_packs() -> None:
     for pack, cap in ((True, engine_capacity(pack_config().shapes[0])), (False, 0)):
         sim = Simulator(pack_config(pack=pack), costs(pack_config()), trace(THREE))
-        [w] = sim.workers.values()
+        [w] = sim.fleet.workers.values()
         assert w.view.capacity_bytes == cap and w.view.memory_bytes == 0
     assert engine_capacity(pack_config().shapes[0]) == int(44.4 * GiB)
 

@@ -160,20 +160,20 @@ def test_each_decision_is_what_decide_returns_for_the_same_inputs(variant: int, 
     tr = trace([(t * step_s % span_s, f"m{t % 4}", 500, 100) for t in range(80)])
     calls: list[tuple[Any, ...]] = []
 
-    import simulator.sim as sim_module
+    import simulator.controller as controller_module
 
-    real = sim_module.decide
+    real = controller_module.decide
 
     def recording(snap, state, c, now, **kw):  # type: ignore[no-untyped-def]
         out = real(snap, state, c, now, **kw)
         calls.append((snap, state, now, kw, out))
         return out
 
-    sim_module.decide = recording  # type: ignore[assignment]
+    controller_module.decide = recording  # type: ignore[assignment]
     try:
         r = Simulator(cfg, costs(cfg), tr, record_decisions=True).run()
     finally:
-        sim_module.decide = real  # type: ignore[assignment]
+        controller_module.decide = real  # type: ignore[assignment]
     replayed = []
     for snap, state, now, kw, out in calls:
         again = decide(snap, state, cfg, now, **kw)
@@ -186,6 +186,16 @@ def test_each_decision_is_what_decide_returns_for_the_same_inputs(variant: int, 
         assert any(isinstance(d, Pack) for _, d in r.decisions) and r.summary["cold_starts_by_tier"]["packed"]
     if variant == 8:
         assert any(isinstance(d, UnloadAdapter) for _, d in r.decisions) and r.summary["cold_starts_by_tier"]["adapter"]
+
+
+def test_on_admit_hears_each_admitted_requests_ttft() -> None:
+    # Two requests at once on a one-slot replica: the second waits for the first's answer.
+    cfg = config(1, max_concurrency_per_replica=1)
+    tr = trace([(0.0, "m0", 1000, 100), (0.0, "m0", 1000, 100), (50.0, "m0", 1000, 100)])
+    heard: dict[int, float] = {}
+    s = Simulator(cfg, costs(cfg), tr, on_admit=heard.__setitem__).run().summary
+    assert sorted(heard) == [0, 1, 2]
+    assert s["ttft_s"]["p99"] == max(heard.values()) and heard[1] > heard[0]
 
 
 def test_same_inputs_same_output() -> None:

@@ -46,6 +46,10 @@ def _version() -> str:
 # -- parser -----------------------------------------------------------------------------
 
 Handler = Callable[[argparse.Namespace], int]
+Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
+# add(parent, name, help, handler, with_common=True): a command with its handler and,
+# by default, the common options (--config, --log-level).
+Add = Callable[..., argparse.ArgumentParser]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,13 +64,49 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"config file (default: $THAW_CONFIG or {DEFAULT_CONFIG_PATH})")
     common.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add = _adder(common)
+    # In the order `thaw --help` lists them.
+    _add_service_commands(sub, add)
+    _add_pool_commands(sub, add)
+    _add_config_commands(sub, add)
+    _add_store_commands(sub, add)
+    _add_tool_commands(sub, add)
+    _add_bench_commands(sub, add)
+    _add_load_commands(sub, add)
+    _add_snapshot_commands(sub, add)
+    _add_usage_command(sub, add)
+    from thaw.cli import tenants as tenants_cli
 
-    def add(parent: argparse._SubParsersAction, name: str, help_: str, fn: Handler,  # type: ignore[type-arg]
+    tenants_cli.add_parsers(sub, add)
+
+    from thaw.cli import batches as batches_cli
+
+    batches_cli.add_parsers(sub, add)
+
+    from thaw.cli import admin_keys as admin_keys_cli
+
+    admin_keys_cli.add_parsers(sub, add)
+
+    from thaw.cli import aws as aws_cli
+
+    aws_cli.add_parsers(sub, add)
+
+    _add_model_commands(sub, add)
+    return parser
+
+
+def _adder(common: argparse.ArgumentParser) -> Add:
+    def add(parent: Subparsers, name: str, help_: str, fn: Handler,
             with_common: bool = True) -> argparse.ArgumentParser:
         p = parent.add_parser(name, help=help_, description=help_, parents=[common] if with_common else [])
         p.set_defaults(fn=fn)
         return p
 
+    return add
+
+
+def _add_service_commands(sub: Subparsers, add: Add) -> None:
+    """The services: `thaw up`, its status, and each part run on its own."""
     p = add(sub, "up", "Run the embedded platform: store, control plane, activator, standby workers.", cmd_up)
     p.add_argument("--port", type=int, default=None, help="activator port (default: server.port)")
     p = add(sub, "status", "Show models (replicas, queue, last cold start) and workers of a running `thaw up`.",
@@ -100,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(sub, "worker", "Run the worker agent of one instance (started by a provider).", cmd_worker)
     worker_arguments(p)
 
+
+def _add_pool_commands(sub: Subparsers, add: Add) -> None:
+    """`thaw pool`: the warm pool at a running controller, and recommendations offline."""
     pool = sub.add_parser("pool", help="The warm pool: workers, shapes, models, and the controller's decisions.")
     pl_sub = pool.add_subparsers(dest="pool_command", metavar="SUBCOMMAND", required=True)
     p = add(pl_sub, "status", "Per shape, model and worker: states, targets, budget and spend.", cmd_pool_status)
@@ -140,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--controller", metavar="URL", default=None)
     p.add_argument("--json", action="store_true")
 
+
+def _add_config_commands(sub: Subparsers, add: Add) -> None:
+    """`thaw config`: check a config file, hash an API key."""
     cfg = sub.add_parser("config", help="Check a config file or hash an API key.")
     cfg_sub = cfg.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
     p = add(cfg_sub, "check", "Validate a config file and print its problems, one per line.",
@@ -151,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
             cmd_config_hash_key, with_common=False)
     p.add_argument("key", metavar="KEY")
 
+
+def _add_store_commands(sub: Subparsers, add: Add) -> None:
+    """`thaw store` (the embedded store) and `thaw demo-model`."""
     store = sub.add_parser("store", help="Start, stop or inspect the embedded S3 store (SeaweedFS).")
     st_sub = store.add_subparsers(dest="store_command", metavar="SUBCOMMAND", required=True)
     add(st_sub, "up", "Start the embedded store on loopback and create the bucket.", cmd_store_up)
@@ -169,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=None, help="the adapter's LoRA rank (default 8)")
     p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier build in OUT_DIR")
 
+
+def _add_tool_commands(sub: Subparsers, add: Add) -> None:
+    """`thaw plan`, `thaw push` and `thaw simulate`."""
     from thaw.cli import plan as plan_cli
 
     p = add(sub, "plan", "Size a deployment: traffic and SLOs in, GPUs, instances, dollars and watts out.",
@@ -187,7 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
             simulate_cli.run, with_common=False)
     simulate_cli.add_arguments(p)
 
-    # Commands whose arguments live with their code (light imports only at parser time).
+
+def _add_bench_commands(sub: Subparsers, add: Add) -> None:
+    """`thaw bench`: the benchmarks, each with its arguments beside its code."""
+    # Their arguments live with their code (light imports only at parser time).
     from loadtests import (
         bench_activator,
         bench_batch,
@@ -197,7 +252,6 @@ def build_parser() -> argparse.ArgumentParser:
         bench_simulate,
         bench_stream,
     )
-    from thaw.cli import snapshot as snapshot_cli
 
     bench = sub.add_parser("bench", help="Run a benchmark (baseline and Thaw in one run) and write JSON.")
     b_sub = bench.add_subparsers(dest="bench_command", metavar="SUBCOMMAND", required=True)
@@ -216,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = add(b_sub, name, help_, mod.run)
         mod.add_arguments(p)
 
+
+def _add_load_commands(sub: Subparsers, add: Add) -> None:
+    """`thaw load`: replay a trace against a running Thaw, report, calibrate."""
     from loadtests import load_calibrate, load_report, load_run
 
     load = sub.add_parser("load", help="Replay a request trace against a running Thaw and report on it.")
@@ -229,12 +286,20 @@ def build_parser() -> argparse.ArgumentParser:
         p = add(l_sub, name, help_, mod.run, with_common=False)
         mod.add_arguments(p)
 
+
+def _add_snapshot_commands(sub: Subparsers, add: Add) -> None:
+    """`thaw snapshot`: engine snapshots in the store."""
+    from thaw.cli import snapshot as snapshot_cli
+
     snap = sub.add_parser("snapshot", help="Build, list or remove engine snapshots (compile caches) in the store.")
     s_sub = snap.add_subparsers(dest="snapshot_command", metavar="SUBCOMMAND", required=True)
     for name, help_ in snapshot_cli.COMMANDS.items():
         p = add(s_sub, name, help_, getattr(snapshot_cli, f"cmd_{name}"))
         snapshot_cli.add_arguments(name, p)
 
+
+def _add_usage_command(sub: Subparsers, add: Add) -> None:
+    """`thaw usage`: usage per tenant and model across every activator."""
     p = add(sub, "usage", "Usage per tenant and model across every activator: tokens, errors, cold starts, "
             "GPU-seconds, cost.", cmd_usage)
     p.add_argument("--tenant", default=None)
@@ -243,22 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", default=None)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
 
-    from thaw.cli import tenants as tenants_cli
 
-    tenants_cli.add_parsers(sub, add)
-
-    from thaw.cli import batches as batches_cli
-
-    batches_cli.add_parsers(sub, add)
-
-    from thaw.cli import admin_keys as admin_keys_cli
-
-    admin_keys_cli.add_parsers(sub, add)
-
-    from thaw.cli import aws as aws_cli
-
-    aws_cli.add_parsers(sub, add)
-
+def _add_model_commands(sub: Subparsers, add: Add) -> None:
+    """`thaw apply` and `thaw models`: the models served, at the controller."""
     from thaw.cli import models as models_cli
 
     p = add(sub, "apply", "Make the models and tenants served match a file (prints the plan first; "
@@ -271,7 +323,6 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_ in models_cli.COMMANDS.items():
         p = add(m_sub, name, help_, models_cli.run)
         models_cli.add_arguments(name, p)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

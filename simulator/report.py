@@ -1,0 +1,130 @@
+"""What a simulation answers: each model's counters as the run goes, and the summary,
+cold starts and decisions it hands back (``simulator.sim``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from thaw.wire import TIERS as WIRE_TIERS
+from warm_pool.policy.decisions import Decision
+from warm_pool.policy.keepalive import IdleHistogram
+
+if TYPE_CHECKING:
+    from simulator.traffic import SimModel
+
+# Where a cold start's replica got its model (thaw.wire's tiers but "hot"), in the
+# wire's order, about the fastest start first.
+TIERS = tuple(t for t in WIRE_TIERS if t != "hot")
+
+SUMMARY_KEYS = ("requests", "cold_starts", "cold_start_share", "cold_starts_by_tier", "replica_seconds",
+                "standby_seconds", "asleep_seconds", "instance_seconds", "usd", "ttft_s", "slo_met_share",
+                "activation_timeouts", "per_model")
+
+
+@dataclass
+class ModelStats:
+    requests: int = 0
+    cold_starts: int = 0
+    cold_waiters: int = 0
+    ttfts: list[float] = field(default_factory=list)
+    slo_met: int = 0
+    activation_timeouts: int = 0
+    queue_full: int = 0
+    replica_s: float = 0.0
+    asleep_s: float = 0.0
+    usd: float = 0.0
+    adapter_s: float = 0.0  # an adapter: seconds held in engines (loading, ready, unloading)
+    cold_start_s: list[float] = field(default_factory=list)
+    tiers: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    model: str
+    at: float
+    ready_after_s: float
+    tier: str  # asleep | adapter | swap | host | disk | s3 | packed | launch
+
+
+@dataclass
+class SimResult:
+    summary: dict[str, Any]
+    decisions: list[tuple[float, Decision]]
+    cold_starts: list[ColdStart]
+    ticks: int
+    judged: int  # models judged by decide(), summed over ticks
+    end_s: float
+    # Each model's keep-alive histogram at the end (what a controller would keep).
+    histograms: dict[str, IdleHistogram] = field(default_factory=dict)
+
+
+def tier_order(tier: str) -> tuple[int, str]:
+    """Sort key: the tiers in the order of :data:`TIERS` (unknown ones last)."""
+    return (TIERS.index(tier) if tier in TIERS else len(TIERS), tier)
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50, p90, p99 by nearest rank (None when there are none)."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None}
+    s = sorted(values)
+    n = len(s)
+    return {f"p{q}": s[min(n - 1, max(0, math.ceil(q / 100 * n) - 1))] for q in (50, 90, 99)}
+
+
+def summary(models: Iterable[SimModel], standby_s: Mapping[str, float], standby_usd: Mapping[str, float],
+            instance_s: float) -> dict[str, Any]:
+    """The run's summary (keys :data:`SUMMARY_KEYS`): the totals, then a row per model
+    that had requests or time; the standbys' time and cost are the fleet's."""
+    per_model: dict[str, Any] = {}
+    tot = ModelStats()
+    tiers: dict[str, int] = {}
+    for m in models:
+        st = m.stats
+        if not st.requests and not st.replica_s and not st.asleep_s and not st.adapter_s:
+            continue
+        per_model[m.name] = _row(st) | {
+            "queue_full": st.queue_full,
+            "cold_start_s": percentiles(st.cold_start_s),
+            "cold_starts_by_tier": dict(sorted(st.tiers.items())),
+        }
+        if m.base is not None:
+            # No engine of its own: its base's engines served it (and their time and
+            # cost are the base's); how long it was held in them.
+            per_model[m.name] |= {"base": m.base.name, "adapter_seconds": round(st.adapter_s, 3)}
+        tot.ttfts.extend(st.ttfts)
+        for tier, n in st.tiers.items():
+            tiers[tier] = tiers.get(tier, 0) + n
+        for k in ("requests", "cold_starts", "cold_waiters", "slo_met", "activation_timeouts",
+                  "queue_full", "replica_s", "asleep_s", "usd"):
+            setattr(tot, k, getattr(tot, k) + getattr(st, k))
+    row = _row(tot)
+    out = {k: row[k] for k in ("requests", "cold_starts", "cold_start_share")}
+    out["cold_starts_by_tier"] = dict(sorted(tiers.items()))
+    out["replica_seconds"] = row["replica_seconds"]
+    out["standby_seconds"] = round(sum(standby_s.values()), 3)
+    out["asleep_seconds"] = row["asleep_seconds"]
+    out["instance_seconds"] = round(instance_s, 3)
+    out["usd"] = round(tot.usd + sum(standby_usd.values()), 6)
+    for k in ("ttft_s", "slo_met_share", "activation_timeouts"):
+        out[k] = row[k]
+    out["per_model"] = per_model
+    return out
+
+
+def _row(st: ModelStats) -> dict[str, Any]:
+    n = st.requests
+    return {
+        "requests": n,
+        "cold_starts": st.cold_starts,
+        "cold_start_share": st.cold_waiters / n if n else 0.0,
+        "replica_seconds": round(st.replica_s, 3),
+        "asleep_seconds": round(st.asleep_s, 3),
+        "usd": round(st.usd, 6),
+        "ttft_s": percentiles(st.ttfts),
+        "slo_met_share": st.slo_met / n if n else 0.0,
+        "activation_timeouts": st.activation_timeouts,
+    }
