@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 import pytest
 
-from tests.postgres_server import PostgresServer
 from tests.warm_pool.conftest import StateDb
 from warm_pool.db import Db
 from warm_pool.leader import Leadership, Lease, LeaseStore, claim
@@ -60,9 +58,9 @@ def test_the_lease_row_on_both_backends(state_db: StateDb) -> None:
     assert a.current() == taken
 
 
-def test_the_lease_uses_the_database_clock(postgres: PostgresServer) -> None:
+def test_the_lease_uses_the_database_clock(postgres_url: str) -> None:
     # (PostgreSQL only: SQLite is one machine, whose clock is the process's.)
-    db = Db.postgres(postgres.database(f"t_{uuid.uuid4().hex[:12]}"))
+    db = Db.postgres(postgres_url)
     ControllerStore(db)
     lease, _ = LeaseStore(db).claim("a", "http://a", 10.0)
     with db.read() as tx:
