@@ -43,8 +43,7 @@ async def controller() -> AsyncIterator[tuple[str, list[str]]]:
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
     task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
-        await asyncio.sleep(0.01)
+    await until("the controller started", lambda: server.started)
     try:
         yield f"http://127.0.0.1:{port}", seen
     finally:
@@ -159,10 +158,7 @@ async def test_an_ejected_replica_comes_back_after_its_ejection_and_wakes_the_wa
         w.eject("demo", route.url)
         await asyncio.sleep(0.6)  # quiet: past the first timer, 0.4 s before the second
         assert w.routes["demo"].replicas == []
-        for _ in range(50):
-            if w.routes["demo"].replicas:
-                break
-            await asyncio.sleep(0.1)
+        await until("the replica readmitted when the second ejection ends", lambda: w.routes["demo"].replicas, 5)
         assert [r.url for r in w.routes["demo"].replicas] == [route.url]
     finally:
         await w.close()

@@ -9,10 +9,9 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
+from tests.waiting import wait_until
 from thaw.process import group_alive, spawn_group, spawn_group_async, stop_group, stop_group_async
 
 # A leader that starts a grandchild in its own group, says so, then waits; with IGNORE
@@ -27,18 +26,12 @@ time.sleep(600)
 """
 
 
-def wait_for(pred: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
 def grandchild(log: Path) -> int:
     # Unbuffered (PYTHONUNBUFFERED), print writes "child", the pid and the newline
     # separately: wait for the whole line.
     line = re.compile(r"^child (\d+)$", re.M)
-    wait_for(lambda: line.search(log.read_text()) is not None)
+    wait_until("the leader's line naming its child", lambda: line.search(log.read_text()) is not None, 30,
+               detail=log.read_text)
     match = line.search(log.read_text())
     assert match is not None
     return int(match.group(1))
@@ -59,7 +52,7 @@ def test_a_stopped_group_takes_its_grandchildren(tmp_path: Path) -> None:
     assert os.getpgid(kid) == proc.pid and group_alive(proc.pid)
     stop_group(proc, 5)
     assert proc.returncode is not None
-    wait_for(lambda: gone(kid) and not group_alive(proc.pid))
+    wait_until("the grandchild and the group gone", lambda: gone(kid) and not group_alive(proc.pid), 30)
 
 
 def test_a_leader_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
@@ -68,7 +61,7 @@ def test_a_leader_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> 
     kid = grandchild(log)
     stop_group(proc, 0.5, term_leader_only=True)
     assert proc.returncode == -signal.SIGKILL
-    wait_for(lambda: gone(kid))
+    wait_until("the grandchild gone", lambda: gone(kid), 30)
 
 
 def test_a_tied_child_dies_with_its_parent(tmp_path: Path) -> None:
@@ -79,7 +72,7 @@ def test_a_tied_child_dies_with_its_parent(tmp_path: Path) -> None:
               f"print(p.pid, flush=True)")
     out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60, check=True)
     pid = int(out.stdout.split()[0])
-    wait_for(lambda: gone(pid))
+    wait_until("the tied child gone", lambda: gone(pid), 30)
 
 
 async def test_the_async_forms_stop_a_group_and_say_whether_they_killed(tmp_path: Path) -> None:
@@ -87,13 +80,13 @@ async def test_the_async_forms_stop_a_group_and_say_whether_they_killed(tmp_path
     proc = await spawn_group_async([sys.executable, "-c", LEADER], log)
     kid = grandchild(log)
     assert not await stop_group_async(proc, 10)
-    wait_for(lambda: gone(kid))
+    wait_until("the grandchild gone", lambda: gone(kid), 30)
     stubborn_log = tmp_path / "stubborn.log"
     stubborn = await spawn_group_async([sys.executable, "-c", LEADER], stubborn_log,
                                        env={**os.environ, "IGNORE": "1"})
     kid = grandchild(stubborn_log)
     assert await stop_group_async(stubborn, 0.5, term_leader_only=True)
-    wait_for(lambda: gone(kid))
+    wait_until("the grandchild gone", lambda: gone(kid), 30)
     piped = await spawn_group_async([sys.executable, "-c", "print(input().upper())"], None)
     out, _ = await piped.communicate(b"hello\n")
     assert out == b"HELLO\n"
