@@ -19,6 +19,7 @@ import openai
 import psutil
 
 from tests.redis_server import RedisServer
+from tests.waiting import wait_until
 from thaw.controllers import Controllers
 from thaw.process import signal_group, spawn_group
 
@@ -59,19 +60,21 @@ class Fleet:
         return r.json()  # type: ignore[no-any-return]
 
     def wait(self, what: str, pred: Any, timeout_s: float = 180) -> dict[str, Any]:
-        deadline = time.time() + timeout_s
-        last: Any = None
-        while time.time() < deadline:
+        last: list[Any] = [None]
+
+        def holds() -> dict[str, Any] | None:
             for name, p in self.procs.items():
                 assert p.poll() is None, f"{name} exited ({p.returncode}):\n{self.log_tail(name)}"
             try:
-                last = self.state()
-                if pred(last):
-                    return last  # type: ignore[no-any-return]
+                last[0] = self.state()
+                return last[0] if pred(last[0]) else None
             except (httpx.HTTPError, OSError) as exc:  # not up yet (no token file yet)
-                last = repr(exc)
-            time.sleep(0.3)
-        raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last, indent=1)[:4000]}")
+                last[0] = repr(exc)
+                return None
+
+        got: dict[str, Any] = wait_until(what, holds, timeout_s, 0.3,
+                                         detail=lambda: f"last: {json.dumps(last[0], indent=1)[:4000]}")
+        return got
 
     def log_tail(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
@@ -85,13 +88,12 @@ class Fleet:
                    "--id", name)
 
     def wait_healthy(self, base: str, timeout_s: float = 60) -> None:
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
+        def connected() -> bool:
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(base.removesuffix("/v1") + "/healthz", timeout=2).json()["pool_connected"]:
-                    return
-            time.sleep(0.2)
-        raise AssertionError(f"{base} did not come up")
+                return bool(httpx.get(base.removesuffix("/v1") + "/healthz", timeout=2).json()["pool_connected"])
+            return False
+
+        wait_until(f"{base} to come up", connected, timeout_s, 0.2)
 
     def thaw(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "thaw.cli.main", *args, "--config", str(self.config)],
@@ -103,12 +105,17 @@ def kill_local_workers(data_dir: Path) -> None:
     for rec in (data_dir / "local-workers").glob("*.json"):
         info = json.loads(rec.read_text())
         signal_group(int(info["pid"]), signal.SIGTERM)
-    deadline = time.time() + 40
-    for rec in (data_dir / "local-workers").glob("*.json"):
-        pid = int(json.loads(rec.read_text())["pid"])
-        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE \
-                and time.time() < deadline:
-            time.sleep(0.2)
+    pids = [int(json.loads(rec.read_text())["pid"]) for rec in (data_dir / "local-workers").glob("*.json")]
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    with contextlib.suppress(AssertionError):  # what is left after the grace is killed
+        wait_until("the local workers gone on SIGTERM", lambda: all(gone(pid) for pid in pids), 40, 0.2)
+    for pid in pids:
         signal_group(pid, signal.SIGKILL)
 
 

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import BUCKET
+from tests.waiting import wait_until
 from thaw.auth import bearer, local_token
 from thaw.embedded_store import EmbeddedStore, free_port
 from thaw.objstore import S3Endpoint
@@ -66,17 +66,18 @@ class Stack:
             pass
 
     def wait_for(self, what: str, pred: Any, timeout_s: float = 180) -> dict[str, Any]:
-        deadline = time.time() + timeout_s
         state: dict[str, Any] = {}
-        while time.time() < deadline:
+
+        def holds() -> bool:
+            nonlocal state
             self.remember_children()
             if self.proc.poll() is not None:
                 raise AssertionError(f"thaw up exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
             state = self.state()
-            if pred(state):
-                return state
-            time.sleep(0.3)
-        raise AssertionError(f"timed out waiting for {what}; last state: {json.dumps(state, indent=1)}")
+            return bool(pred(state))
+
+        wait_until(what, holds, timeout_s, 0.3, detail=lambda: f"last state: {json.dumps(state, indent=1)}")
+        return state
 
 
 def push_demo(s3: S3Endpoint, tmp: Path, name: str, seed: int) -> str:
@@ -118,12 +119,13 @@ def running_stack(
     endpoint = tmp / "data" / "endpoint.json"
     # The store, then the controller and the activator, each importing its stack: on a
     # busy 2-core machine this takes a while.
-    deadline = time.time() + 240
-    while not endpoint.exists():
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise AssertionError(f"thaw up did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
+    try:
+        wait_until("thaw up to start (its endpoint file)", lambda: endpoint.exists() or proc.poll() is not None,
+                   240, 0.2)
+        assert endpoint.exists()
+    except AssertionError:
+        proc.kill()
+        raise AssertionError(f"thaw up did not start:\n{log.read_text()[-3000:]}") from None
     info = json.loads(endpoint.read_text())
     s = Stack(proc, info["base_url"], info["control_url"], path, log, tmp / "data")
     assert info["api_key"] == KEY and info["model"] == "thaw-demo"

@@ -11,12 +11,12 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from tests.waiting import wait_until
 from thaw.embedded_store import free_port
 
 MISSING = ("PostgreSQL is not installed, and these tests need a real one: install it with "
@@ -60,15 +60,17 @@ class PostgresServer:
     def start(self) -> None:
         self._run(self.pg_ctl, "-D", str(self.dir / "data"), "-l", str(self.dir / "server.log"), "-w", "-t", "60",
                   "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
-        deadline = time.monotonic() + 30
-        while True:
+        refused: list[str] = [""]
+
+        def accepts() -> bool:
             try:
                 psycopg.connect(self.url, connect_timeout=2).close()
-                return
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+                return True
+            except psycopg.OperationalError as exc:
+                refused[0] = str(exc)
+                return False
+
+        wait_until("PostgreSQL to accept a connection", accepts, 30, 0.1, detail=lambda: refused[0])
 
     def stop(self) -> None:
         self._run(self.pg_ctl, "-D", str(self.dir / "data"), "-m", "fast", "-w", "-t", "60", "stop")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import redis
 
+from tests.waiting import wait_until
 from thaw.embedded_store import free_port
 
 MISSING = ("redis-server is not installed, and these tests need a real one: install it with "
@@ -37,27 +37,27 @@ class RedisServer:
 
     def start(self) -> None:
         log = (self.dir / "redis.log").open("ab")
-        self.proc = subprocess.Popen(
+        self.proc = proc = subprocess.Popen(
             [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(self.dir)],
             stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
         )
         log.close()
         client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
-        deadline = time.monotonic() + 10
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                pytest.fail(f"redis-server exited ({proc.returncode}): {self.log_tail()}", pytrace=False)
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
+
         try:
-            while True:
-                if self.proc.poll() is not None:
-                    pytest.fail(f"redis-server exited ({self.proc.returncode}): {self.log_tail()}", pytrace=False)
-                try:
-                    if client.ping():
-                        return
-                except redis.RedisError:
-                    pass
-                if time.monotonic() > deadline:
-                    self.stop()
-                    pytest.fail(f"redis-server did not answer PING within 10 s: {self.log_tail()}", pytrace=False)
-                time.sleep(0.02)
+            wait_until("redis-server to answer PING", answers, 10, 0.02)
+        except AssertionError:
+            self.stop()
+            pytest.fail(f"redis-server did not answer PING within 10 s: {self.log_tail()}", pytrace=False)
         finally:
             client.close()
 

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 from tests.conftest import BUCKET
 from tests.e2e_stack import KEY, Stack, running_stack
 from tests.faults.support import ledger_rows
+from tests.waiting import wait_until
 from thaw.demo_adapter import build_demo_adapter
 from thaw.embedded_store import EmbeddedStore, free_port
 from thaw.objstore import S3Endpoint
@@ -64,14 +64,14 @@ def plain_vllm(base: Path, adapter: Path, tmp: Path) -> Iterator[str]:
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 300
-        while True:
-            if proc.poll() is not None or time.time() > deadline:
-                raise AssertionError(f"plain vLLM did not start:\n{(tmp / 'plain-vllm.log').read_text()[-3000:]}")
+        def healthy() -> bool:
+            assert proc.poll() is None, f"plain vLLM exited:\n{(tmp / 'plain-vllm.log').read_text()[-3000:]}"
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.5)
+                return httpx.get(f"{url}/health", timeout=2).status_code == 200
+            return False
+
+        wait_until("plain vLLM to start", healthy, 300, 0.5,
+                   detail=lambda: (tmp / "plain-vllm.log").read_text()[-3000:])
         yield f"{url}/v1"
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -131,10 +131,8 @@ def test_an_adapter_answers_as_vllm_serving_it_and_not_as_its_base(
         assert [complete(plain, "a1", p) for p in PROMPTS] == thaw
         assert [complete(plain, "base", p) for p in PROMPTS] == base
     # Metered under the adapter's name, for its tenant.
-    deadline = time.time() + 30
-    while not (rows := ledger_rows(stack.data_dir).get(rid)) and time.time() < deadline:
-        time.sleep(0.3)
-    assert rows and rows[0]["model"] == "a1" and rows[0]["tenant"] == "demo", rows
+    rows = wait_until("the adapter's request metered", lambda: ledger_rows(stack.data_dir).get(rid), 30, 0.3)
+    assert rows[0]["model"] == "a1" and rows[0]["tenant"] == "demo", rows
 
 
 def test_another_tenants_adapter_is_not_reachable(stack: Stack) -> None:
@@ -158,10 +156,14 @@ def test_an_adapter_scales_to_zero_while_its_base_serves_another(stack: Stack) -
 
     stack.wait_for("both adapters ready", lambda s: adapters_held(s) == {"a1": "ready", "a2": "ready"})
     # a1 idles out (4 s); a2 is used meanwhile and stays, and so does the base.
-    deadline = time.time() + 90
-    while "a1" in adapters_held(stack.state()) and time.time() < deadline:
+    def a1_idled_out() -> bool:
+        if "a1" not in adapters_held(stack.state()):
+            return True
         assert complete(other, "a2", "Hi")
-        time.sleep(1)
+        return False
+
+    wait_until("a1 to idle out while a2 is used", a1_idled_out, 90, 1,
+               detail=lambda: str(stack.state()["worker_details"]))
     st = stack.state()
     assert adapters_held(st) == {"a2": "ready"}, st["worker_details"]
     assert model(st, "a1")["replicas"] == {} and model(st, "demo")["replicas"] == {"ready": 1}

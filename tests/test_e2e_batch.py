@@ -26,6 +26,7 @@ import httpx
 import openai
 import pytest
 
+from tests import waiting
 from tests.e2e_stack import KEY, Stack, running_stack
 from thaw.config import hash_api_key
 from thaw.embedded_store import EmbeddedStore
@@ -91,13 +92,21 @@ def input_file(n: int, bad: dict[int, str], max_tokens: int = 6, **kw: Any) -> t
 
 
 def wait_until(client: openai.OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 600) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        b = client.batches.retrieve(batch_id)
-        if b.status in statuses:
-            return b
-        assert time.monotonic() < deadline, f"batch still {b.status}: {b}"
-        time.sleep(0.5)
+    last: list[Any] = [None]
+
+    def reached() -> Any:
+        last[0] = b = client.batches.retrieve(batch_id)
+        return b if b.status in statuses else None
+
+    return waiting.wait_until(f"the batch {sorted(statuses)}", reached, timeout_s, 0.5,
+                              detail=lambda: f"batch still {last[0].status}: {last[0]}")
+
+
+def completed(client: openai.OpenAI, batch_id: str, n: int, timeout_s: float = 300) -> None:
+    """Once ``n`` of the batch's lines are done."""
+    waiting.wait_until(f"{n} lines of the batch completed",
+                       lambda: client.batches.retrieve(batch_id).request_counts.completed >= n,  # type: ignore[union-attr]
+                       timeout_s, 0.2, detail=lambda: str(client.batches.retrieve(batch_id)))
 
 
 def jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -222,10 +231,7 @@ def test_an_online_cold_start_takes_back_a_standby_lent_to_batch(stack: Stack) -
         d["batch"] and d["id"] in serving(s, "bulk") for d in s["worker_details"]), timeout_s=300)
     lent = serving(state, "bulk")[0]
     assert not [d for d in state["worker_details"] if d["id"] == lent][0]["assignment_id"].startswith("solo")
-    deadline = time.monotonic() + 300
-    while (b := client.batches.retrieve(created.id)).request_counts.completed < 1:  # type: ignore[union-attr]
-        assert time.monotonic() < deadline, b
-        time.sleep(0.2)
+    completed(client, created.id, 1)
     # Nothing was launched for it: the lent standby is one of the pool's.
     assert stack.state()["shapes"][0]["standby_lent_to_batch"] == 1
 
@@ -264,10 +270,7 @@ def test_a_batch_past_its_window_expires_with_what_it_answered(stack: Stack) -> 
     data, good = input_file(200, {}, max_tokens=64, ignore_eos=True)
     uploaded = client.files.create(file=("expiring.jsonl", data), purpose="batch")
     created = client.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
-    deadline = time.monotonic() + 300
-    while (b := client.batches.retrieve(created.id)).request_counts.completed < 5:  # type: ignore[union-attr]
-        assert time.monotonic() < deadline, b
-        time.sleep(0.2)
+    completed(client, created.id, 5)
     # 24 hours pass: the controller's record says the window ended a second ago.
     db = sqlite3.connect(stack.data_dir / "controller" / "registry.db", timeout=30)
     try:

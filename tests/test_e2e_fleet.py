@@ -35,6 +35,7 @@ from activator.ledger import query_usage
 from tests.conftest import BUCKET
 from tests.e2e_fleet import KEY, Fleet, chat, kill_local_workers
 from tests.redis_server import RedisServer
+from tests.waiting import wait_until
 from thaw.config import hash_api_key
 from thaw.embedded_store import EmbeddedStore, free_port
 from thaw.objstore import S3Endpoint
@@ -116,14 +117,12 @@ def test_a_cold_request_through_a_starts_one_replica_and_b_is_hot(fleet: Fleet) 
     assert raw.headers["x-thaw-cold-start"] == "true"
     assert any(c.choices and c.choices[0].delta.content for c in raw.parse())
     # B learns the route from the controller's feed: hot at once.
-    deadline = time.time() + 10
-    while True:
+    def hot() -> bool:
         raw_b = fleet.client("b").chat.completions.with_raw_response.create(
             model="thaw-demo", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
-        if raw_b.headers["x-thaw-cold-start"] == "false" or time.time() > deadline:
-            break
-        time.sleep(0.2)
-    assert raw_b.headers["x-thaw-cold-start"] == "false"
+        return bool(raw_b.headers["x-thaw-cold-start"] == "false")
+
+    wait_until("a hot answer from b", hot, 10, 0.2)
     state = fleet.state()
     assert len(ready_workers(state)) == 1
     events = httpx.get(f"{fleet.controller_url}/v1/events", headers=fleet.auth(), timeout=5).json()["events"]
@@ -174,7 +173,7 @@ def test_controller_sigkill_and_restart_under_streamed_load(fleet: Fleet) -> Non
                     done.append(name)
             except Exception as exc:
                 failures.append(f"{name} {i}: {type(exc).__name__}: {exc}")
-            time.sleep(0.1)
+            time.sleep(0.1)  # not a poll: the load's pace
 
     threads = [threading.Thread(target=load, args=(n,), daemon=True) for n in ("a", "b")]
     for t in threads:
@@ -191,14 +190,14 @@ def test_controller_sigkill_and_restart_under_streamed_load(fleet: Fleet) -> Non
         after = fleet.wait("the restarted controller to adopt the fleet", lambda s: s["adopted"], timeout_s=60)
         assert after["controller_epoch"] != before["controller_epoch"]
         # Both activators are back on the controller's feed within a few seconds.
-        deadline = time.time() + 15
-        while time.time() < deadline:
-            health = [httpx.get(u.removesuffix("/v1") + "/healthz", timeout=5).json()
-                      for u in fleet.activators.values()]
-            if all(h["pool_connected"] for h in health):
-                break
-            time.sleep(0.2)
-        assert all(h["pool_connected"] for h in health), health
+        health: list[dict[str, Any]] = []
+
+        def connected() -> bool:
+            health[:] = [httpx.get(u.removesuffix("/v1") + "/healthz", timeout=5).json()
+                         for u in fleet.activators.values()]
+            return all(h["pool_connected"] for h in health)
+
+        wait_until("both activators back on the controller's feed", connected, 15, 0.2, detail=lambda: str(health))
         back_s = time.time() - down_at
         time.sleep(3)
     finally:
@@ -311,16 +310,17 @@ def test_a_key_revoked_at_the_controller_is_refused_by_both_activators(fleet: Fl
         return [httpx.get(base + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=5).status_code
                 for base in fleet.activators.values()]
 
-    deadline = time.time() + 60
-    while (seen := codes()) != [200, 200]:
-        assert time.time() < deadline, f"the new key did not reach both activators: {seen}"
-        time.sleep(0.05)
+    seen: list[list[int]] = [[]]
+
+    def answer(want: list[int]) -> bool:
+        seen[0] = codes()
+        return seen[0] == want
+
+    wait_until("the new key at both activators", lambda: answer([200, 200]), 60, 0.05, detail=lambda: str(seen[0]))
     out = fleet.thaw("tenants", "revoke", key, "--controller", fleet.controller_url)
     assert out.returncode == 0, out.stderr
     revoked_at = time.time()
-    while (seen := codes()) != [401, 401]:
-        assert time.time() - revoked_at < 60, f"the revocation did not reach both activators: {seen}"
-        time.sleep(0.02)
+    wait_until("the revocation at both activators", lambda: answer([401, 401]), 60, 0.02, detail=lambda: str(seen[0]))
     print(f"\nkey revoked → refused by both activators after {(time.time() - revoked_at) * 1000:.0f} ms")
 
 
@@ -385,7 +385,7 @@ def test_usage_counts_every_request_once_across_both_and_a_sigkilled_activator(f
                 completed.append(rid)
             except Exception:
                 failed.append(rid)  # b's requests while it is down
-                time.sleep(0.2)
+                time.sleep(0.2)  # not a poll: the load's pace while b is down
 
     threads = [threading.Thread(target=load, args=(n,), daemon=True) for n in fleet.activators]
     for t in threads:
@@ -481,20 +481,15 @@ def test_a_batch_survives_a_controller_sigkill_with_every_line_answered_once(fle
         b = client.batches.retrieve(created.id)
         return b.status, b.request_counts.completed if b.request_counts else 0
 
-    deadline = time.time() + 300
-    while counts()[1] < 3:
-        assert time.time() < deadline, counts()
-        time.sleep(0.2)
+    wait_until("three lines completed", lambda: counts()[1] >= 3, 300, 0.2, detail=lambda: str(counts()))
     os.killpg(fleet.procs["controller"].pid, signal.SIGKILL)
     fleet.procs["controller"].wait(10)
     answered_before = _batch_runs(fleet)
     time.sleep(4)  # the outage, with lines in flight on both sides of it
     fleet.start_controller()
     fleet.wait("the restarted controller to adopt the fleet", lambda s: s["adopted"], timeout_s=60)
-    deadline = time.time() + 600
-    while (now := counts())[0] not in ("completed", "failed", "expired", "cancelled"):
-        assert time.time() < deadline, now
-        time.sleep(0.5)
+    wait_until("the batch finished", lambda: counts()[0] in ("completed", "failed", "expired", "cancelled"), 600, 0.5,
+               detail=lambda: str(counts()))
     done = client.batches.retrieve(created.id)
     assert done.status == "completed", done
     assert done.request_counts is not None

@@ -6,10 +6,10 @@ otherwise."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +23,7 @@ from loadtests.load_stats import completed
 from simulator.traces import from_columns, write_generic
 from tests.activator.fake_engine import FakeEngine, serve
 from tests.e2e_stack import KEY, Stack, running_stack
+from tests.waiting import wait_until
 from thaw.cli.main import main as thaw
 from thaw.embedded_store import EmbeddedStore
 from thaw.objstore import S3Endpoint
@@ -97,11 +98,9 @@ def test_replayed_trace_matches_what_the_activator_recorded(stack: Stack, tmp_pa
     # What the client saw, per model and status; the same from the activator's ledger
     # (written as each request ends: give the last ones a moment) and its counters.
     seen = Counter((name_of[r.model], r.status) for r in records)
-    deadline = time.time() + 15
-    while Counter((r["model"], r["status"]) for r in ledger_records(stack, info.started_at - 1)) != seen:
-        if time.time() > deadline:
-            break
-        time.sleep(0.3)
+    with contextlib.suppress(AssertionError):  # the assert below shows the difference
+        wait_until("the ledger to hold what the client saw", lambda: Counter(
+            (r["model"], r["status"]) for r in ledger_records(stack, info.started_at - 1)) == seen, 15, 0.3)
     ledger = ledger_records(stack, info.started_at - 1)
     assert Counter((r["model"], r["status"]) for r in ledger) == seen
     metrics = stack.metrics()

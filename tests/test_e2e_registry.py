@@ -40,6 +40,7 @@ from tests.conftest import BUCKET
 from tests.e2e_fleet import KEY, Fleet, Load, chat, kill_local_workers
 from tests.e2e_stack import push_demo
 from tests.postgres_server import PostgresServer
+from tests.waiting import wait_until
 from thaw.config import hash_api_key
 from thaw.controllers import Controllers
 from thaw.embedded_store import EmbeddedStore, free_port
@@ -111,16 +112,21 @@ def health(url: str) -> dict[str, Any] | None:
 def wait_role(f: Fleet, url: str, role: str, timeout_s: float = 60) -> float:
     """Wait until the controller at ``url`` has ``role`` (a leader: and has adopted the
     fleet); when it took the role (a leader: the lease, before its adoption grace)."""
-    deadline = time.time() + timeout_s
-    took: float | None = None
-    while (h := health(url)) is None or h["role"] != role or (role == "leader" and not h["adopted"]):
-        if took is None and h is not None and h["role"] == role:
-            took = time.time()
-        assert time.time() < deadline, f"{url} is not {role}: {h}"
+    took: list[float] = []
+    last: list[Any] = [None]
+
+    def has_role() -> bool:
+        last[0] = h = health(url)
+        if h is not None and h["role"] == role and (role != "leader" or h["adopted"]):
+            return True
+        if not took and h is not None and h["role"] == role:
+            took.append(time.time())
         for name, p in f.procs.items():
             assert p.poll() is None or name == "controller-a", f"{name} exited:\n{f.log_tail(name)}"
-        time.sleep(0.05)
-    return took or time.time()
+        return False
+
+    wait_until(f"{url} to be {role}", has_role, timeout_s, 0.05, detail=lambda: str(last[0]))
+    return took[0] if took else time.time()
 
 
 def models(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
@@ -170,9 +176,8 @@ def test_deploy_roll_rollback_and_rm_under_load(fleet: Fleet, s3: S3Endpoint, tm
                  "--price-prompt", "100", "--price-completion", "400")
     assert out.returncode == 0, out.stderr
     returned = time.monotonic()
-    while not all("chat" in listed(fleet, n) for n in fleet.activators):
-        assert time.monotonic() - returned < 30, "the deployed model did not reach both activators"
-        time.sleep(0.02)
+    wait_until("the deployed model listed by both activators",
+               lambda: all("chat" in listed(fleet, n) for n in fleet.activators), 30, 0.02)
     print(f"deployed model listed by both activators {time.monotonic() - returned:.3f} s after the command")
     assert chat(fleet.client("b"), "chat")
 
@@ -213,10 +218,8 @@ def test_deploy_roll_rollback_and_rm_under_load(fleet: Fleet, s3: S3Endpoint, tm
     first = next(iter(stream))
     out = models(fleet, "rm", "chat")
     assert out.returncode == 0, out.stderr
-    deadline = time.monotonic() + 30
-    while any("chat" in listed(fleet, n) for n in fleet.activators):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until("the removed model gone from both activators",
+               lambda: not any("chat" in listed(fleet, n) for n in fleet.activators), 30, 0.05)
     with pytest.raises(openai.NotFoundError) as info:
         chat(fleet.client("b"), "chat")
     assert info.value.body["code"] == "model_not_found"  # type: ignore[index]
@@ -233,10 +236,7 @@ def test_a_private_model_and_every_refusal(fleet: Fleet, s3: S3Endpoint, tmp_pat
     uri = push_demo(s3, tmp_path, "private", seed=5)
     out = models(fleet, "deploy", "mine", "--uri", uri, "--shape", "cpu-local", "--tenant", "other")
     assert out.returncode == 0, out.stderr
-    deadline = time.monotonic() + 30
-    while "mine" not in listed(fleet, "a", OTHER_KEY):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until("the private model listed for its tenant", lambda: "mine" in listed(fleet, "a", OTHER_KEY), 30, 0.05)
     assert "mine" not in listed(fleet, "a") and "mine" not in listed(fleet, "b")
     r = httpx.post(f"{fleet.activators['b']}/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                    json={"model": "mine", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
@@ -282,9 +282,11 @@ def test_sigkill_of_the_leader_under_load(fleet: Fleet, s3: S3Endpoint, tmp_path
     assert chat(client, "demo")  # the hot model: served before, during and after
 
     with Load(fleet, "demo") as load:
-        while load.ok < 3:
+        def served(n: int) -> bool:
             assert not load.failures, load.failures
-            time.sleep(0.1)
+            return load.ok >= n
+
+        wait_until("three answers under load", lambda: served(3), 300, 0.1)
         os.kill(fleet.procs["controller-a"].pid, signal.SIGKILL)
         killed_at = time.time()
         # A cold request during the takeover: it waits for the new leader, then is served.
@@ -295,9 +297,7 @@ def test_sigkill_of_the_leader_under_load(fleet: Fleet, s3: S3Endpoint, tmp_path
         adopted_at = time.time()
         cold.join(300)
         before = load.ok
-        while load.ok < before + 3:
-            assert not load.failures, load.failures
-            time.sleep(0.1)
+        wait_until("three more answers after the takeover", lambda: served(before + 3), 300, 0.1)
     print(f"follower led {led_at - killed_at:.2f} s and had adopted the fleet {adopted_at - killed_at:.2f} s "
           f"after SIGKILL of the leader (heartbeat interval {HEARTBEAT_S} s, lease {HEARTBEAT_S * 1.5} s)")
     assert answer.get("text"), "the cold request issued during the takeover was not served"

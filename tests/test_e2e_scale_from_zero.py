@@ -4,6 +4,7 @@ the official openai client. The tests run in order against one running stack."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import math
@@ -251,10 +252,21 @@ def test_stopping_thaw_up_leaves_no_process(stack: Stack) -> None:
     assert stack.seen_pids, "thaw up had no children to check"
     stack.proc.send_signal(signal.SIGTERM)
     stack.proc.wait(timeout=90)
-    deadline = time.time() + 10
-    alive = [p for p in stack.seen_pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    while alive and time.time() < deadline:
-        time.sleep(0.2)
-        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert alive == [], f"left running: {[psutil.Process(p).cmdline() for p in alive]}"
+
+    def running() -> list[int]:
+        out = []
+        for p in stack.seen_pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if psutil.Process(p).status() != "zombie":
+                    out.append(p)
+        return out
+
+    def named() -> str:
+        out = []
+        for p in running():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                out.append(psutil.Process(p).cmdline())
+        return f"left running: {out}"
+
+    wait_until("everything thaw up started gone", lambda: not running(), 10, 0.2, detail=named)
     assert "thaw up: stopping" in stack.log.read_text()

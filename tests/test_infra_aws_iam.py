@@ -54,6 +54,7 @@ from snapshotter.store import SnapshotLocation, read_snapshot_manifest, upload_s
 from tests.moto_stack import STACK_NAME, as_list, client, deploy, role_policies
 from tests.postgres_server import PostgresServer
 from tests.redis_server import RedisServer
+from tests.waiting import wait_until
 from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
 from thaw.aws_stack import token_secret_name
 from thaw.config import BatchConfig, parse_config
@@ -322,18 +323,14 @@ def thaw_process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[su
 
 
 def wait_for(what: str, pred: Any, procs: list[tuple[subprocess.Popen[bytes], Path]], timeout_s: float = 90) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def found() -> Any:
         for proc, log in procs:
             if proc.poll() is not None:
                 raise AssertionError(f"{log.stem} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        found = pred()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            logs = "\n".join(log.read_text()[-2000:] for _, log in procs)
-            raise AssertionError(f"timed out waiting for {what}:\n{logs}")
-        time.sleep(0.2)
+        return pred()
+
+    return wait_until(what, found, timeout_s, 0.2,
+                      detail=lambda: "\n" + "\n".join(log.read_text()[-2000:] for _, log in procs))
 
 
 def test_the_fleet_runs_with_the_generated_config(aws: dict[str, Any], postgres: PostgresServer,

@@ -29,7 +29,8 @@ async def until(what: str, pred: Callable[[], Any], timeout_s: float = 10.0, *, 
         await asyncio.sleep(interval_s)
 
 
-def wait_until(what: str, pred: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.05) -> Any:
+def wait_until(what: str, pred: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.05, *,
+               detail: Callable[[], str] | None = None) -> Any:
     """:func:`until` for a thread that may block."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -37,5 +38,6 @@ def wait_until(what: str, pred: Callable[[], Any], timeout_s: float = 10.0, inte
         if got:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}"
+                                 + (f": {detail()}" if detail is not None else ""))
         time.sleep(interval_s)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -14,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from tests.waiting import wait_until
 from thaw.embedded_store import free_port
 from thaw.serve import ConnectionLimits, server_config
 
@@ -43,7 +43,7 @@ class FakeEngine:
             body = await request.json()
             self.requests.append({"kind": kind, "body": body, "request_id": request.headers.get("x-request-id")})
             while self.stall_before_headers:  # noqa: ASYNC110 - let go from the test's thread
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # not a poll: the engine stalls until the test lets go
             if body.get("model") != "served-demo":
                 return JSONResponse({"error": {"message": "wrong model", "type": "NotFoundError", "param": None,
                                                "code": 404}}, status_code=404)
@@ -67,11 +67,11 @@ class FakeEngine:
                         if self.die_after_chunks is not None and i >= self.die_after_chunks:
                             raise RuntimeError("engine died")
                         while self.stall_after_chunks is not None and i >= self.stall_after_chunks:  # noqa: ASYNC110
-                            await asyncio.sleep(0.05)
+                            await asyncio.sleep(0.05)  # not a poll: the engine stalls until the test lets go
                         chunk = {"id": "x", "object": "chat.completion.chunk", "model": body["model"],
                                  "choices": [{"index": 0, "delta": {"content": self.reply or f"tok{i} "}, "finish_reason": None}]}
                         yield f"data: {json.dumps(chunk)}\n\n".encode()
-                        await asyncio.sleep(self.token_delay_s)
+                        await asyncio.sleep(self.token_delay_s)  # not a poll: the engine's pace between tokens
                     if (body.get("stream_options") or {}).get("include_usage"):
                         usage = {"prompt_tokens": 3, "completion_tokens": self.tokens,
                                  "total_tokens": 3 + self.tokens}
@@ -107,12 +107,14 @@ def serve_app(app: Any, *, lifespan: Literal["auto", "on", "off"] = "auto", time
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.time() + timeout_s
-    while not server.started:
-        if time.time() > deadline or not thread.is_alive():
-            server.should_exit = True
+    try:
+        wait_until("the server started (or its thread ended)", lambda: server.started or not thread.is_alive(),
+                   timeout_s)
+        if not server.started:
             raise RuntimeError("the server did not start")
-        time.sleep(0.02)
+    except (AssertionError, RuntimeError):
+        server.should_exit = True
+        raise
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

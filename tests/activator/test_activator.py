@@ -28,6 +28,7 @@ from tests.activator.support import (
     replica,
     table,
 )
+from tests.waiting import until, wait_until
 from thaw.config import parse_config
 from thaw.embedded_store import free_port
 
@@ -157,10 +158,7 @@ async def test_cold_request_waits_for_the_route_then_streams(
     app.state.routes.apply(table(1, [], loading=1))
     task = asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "stream": True},
                                            headers={"Authorization": f"Bearer {KEY}"}))
-    for _ in range(100):
-        if routes.status("demo").cold_queue:
-            break
-        await asyncio.sleep(0.01)
+    await until("the request queued", lambda: routes.status("demo").cold_queue, 2)
     assert routes.status("demo").cold_queue == 1
     await asyncio.sleep(0.2)
     routes.apply(table(2, [replica(url, assignment="demo-7")]))
@@ -182,10 +180,7 @@ async def test_full_queue_is_429_and_deadline_is_503(activator: tuple[Any, httpx
     app.state.routes.apply(table(1, [], loading=1))
     h = {"Authorization": f"Bearer {KEY}"}
     waiting = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT, headers=h)) for _ in range(3)]
-    for _ in range(100):
-        if app.state.routes.status("demo").cold_queue == 3:
-            break
-        await asyncio.sleep(0.01)
+    await until("three requests queued", lambda: app.state.routes.status("demo").cold_queue == 3, 2)
     r = await client.post("/v1/chat/completions", json=CHAT, headers=h)
     assert_openai_error(r, 429, "queue_full")
     assert int(r.headers["retry-after"]) >= 1
@@ -203,10 +198,7 @@ async def test_load_failure_fails_waiters_with_the_reason(activator: tuple[Any, 
     routes.apply(table(1, [], loading=1))
     h = {"Authorization": f"Bearer {KEY}"}
     waiting = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT, headers=h)) for _ in range(2)]
-    for _ in range(100):
-        if routes.status("demo").cold_queue == 2:
-            break
-        await asyncio.sleep(0.01)
+    await until("two requests queued", lambda: routes.status("demo").cold_queue == 2, 2)
     backoff_until = routes.clock() + 4
     # The operator's detail (the store's address, the bucket's paths) stays with the
     # operator: a tenant is told what kind of failure it was.
@@ -300,10 +292,8 @@ async def test_a_stream_whose_replica_stays_silent_goes_to_another(engine: tuple
                 # The same table again (the controller still lists it): still ejected.
                 app.state.routes.apply(table(2, [replica(silent_url, "w0", "demo-0"), replica(url, "w1", "demo-1")]))
                 assert [x.url for x in app.state.routes.replicas("demo").usable] == [url]
-                for _ in range(300):  # readmitted once its ejection ends
-                    if len(app.state.routes.replicas("demo").usable) == 2:
-                        break
-                    await asyncio.sleep(0.1)
+                await until("the ejected replica readmitted once its ejection ends",
+                            lambda: len(app.state.routes.replicas("demo").usable) == 2, 30)
                 assert {x.url for x in app.state.routes.replicas("demo").usable} == {url, silent_url}
                 silent.stall_before_headers = False
     finally:
@@ -353,7 +343,6 @@ def test_client_disconnect_aborts_the_upstream_stream(engine: tuple[FakeEngine, 
     """A real server (not ASGI-in-process): closing the client connection mid-stream must
     close the upstream request, which is what makes vLLM abort the generation."""
     import threading
-    import time
 
     import uvicorn
 
@@ -365,27 +354,19 @@ def test_client_disconnect_aborts_the_upstream_stream(engine: tuple[FakeEngine, 
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     with serve(slow) as url:
-        deadline = time.time() + 10
-        while not server.started and time.time() < deadline:
-            time.sleep(0.02)
+        wait_until("the activator started", lambda: server.started, 10)
         app.state.routes.apply(table(1, [replica(url)]))
         with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json={**CHAT, "stream": True},
                           headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     break  # got the first token: hang up
-        deadline = time.time() + 10
-        while slow.cancelled == 0 and time.time() < deadline:
-            time.sleep(0.05)
+        wait_until("the engine's stream cancelled", lambda: slow.cancelled, 10)
         assert slow.cancelled == 1
         # The activator no longer counts it as in flight, and metered it as cancelled.
         from activator.ledger import query_usage
 
-        deadline = time.time() + 10
-        rows: list[dict[str, Any]] = []
-        while not rows and time.time() < deadline:
-            rows = query_usage(app.state.ledger.path)
-            time.sleep(0.05)
+        rows: list[dict[str, Any]] = wait_until("the usage row", lambda: query_usage(app.state.ledger.path), 10)
         assert app.state.routes.report_body().models["demo"].in_flight == 0
         assert [(r["cancelled"], r["usage_source"]) for r in rows] == [(1, "estimated")]
         assert rows[0]["completion_tokens"] >= 1
@@ -578,11 +559,7 @@ async def test_fair_queue_round_robins_tenants_when_saturated(tmp_path: Path) ->
                                                        headers={"Authorization": f"Bearer {key}"}))
 
             burst = [send(KEY, f"A{i}") for i in range(5)]
-            for _ in range(100):  # A0 is on the replica, A1..A4 wait
-                if app.state.routes.status("demo").fair_queue == 4:
-                    break
-                await asyncio.sleep(0.01)
-            assert app.state.routes.status("demo").fair_queue == 4
+            await until("A0 on the replica, A1..A4 waiting", lambda: app.state.routes.status("demo").fair_queue == 4, 2)
             b = send(LIMITED_KEY, "B0")
             results = await asyncio.gather(*burst, b)
         assert all(r.status_code == 200 for r in results)
@@ -612,10 +589,8 @@ async def test_a_request_that_waits_for_a_busy_replica_is_not_a_cold_start(tmp_p
                 body = {"model": "thaw-demo", "stream": True, "messages": [{"role": "user", "content": "x"}]}
                 h = {"Authorization": f"Bearer {KEY}"}
                 first = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=h))
-                for _ in range(100):
-                    if app.state.routes.replicas("demo").usable[0].outstanding:
-                        break
-                    await asyncio.sleep(0.01)
+                await until("the first request on the replica",
+                            lambda: app.state.routes.replicas("demo").usable[0].outstanding, 2)
                 # The one slot is taken: this one waits 0.3 s for it, then gets 503.
                 second = await client.post("/v1/chat/completions", json=body, headers=h)
                 assert (await first).status_code == 200

@@ -14,6 +14,7 @@ import httpx
 from activator.app import create_app
 from tests.activator.fake_engine import FakeEngine, serve
 from tests.activator.support import KEY, LIMITED_KEY, make_config, replica
+from tests.waiting import until
 from thaw.config import ThawConfig
 from thaw.embedded_store import free_port
 from thaw.wire import Catalog, RouteTable
@@ -61,11 +62,7 @@ async def test_models_come_and_go_with_the_catalog(tmp_path: Path) -> None:
         waiting = asyncio.create_task(client.post(
             "/v1/chat/completions", headers=every,
             json={"model": "other", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
-        for _ in range(200):
-            if routes.status("other").cold_queue:
-                break
-            await asyncio.sleep(0.01)
-        assert routes.status("other").cold_queue
+        await until("a request waiting for other", lambda: routes.status("other").cold_queue, 2)
         await routes.feed.followed["catalog"].on(catalog(cfg, 3, PRIVATE, drop=("other",)))
         gone = await waiting
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"

@@ -30,6 +30,7 @@ from activator.usage_store import UsageReader, merge_intervals, merge_records, r
 from tests.activator.fake_engine import FakeEngine, serve
 from tests.activator.support import record, replica, table
 from tests.conftest import BUCKET
+from tests.waiting import until
 from thaw.config import hash_api_key, parse_config
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint
@@ -195,10 +196,8 @@ async def test_the_lag_gauge_counts_from_the_last_successful_ship(tmp_path: Path
         return metrics.registry.get_sample_value("thaw_usage_ship_lag_seconds")
 
     await sh.start()  # ships at once, at 100
-    for _ in range(200):
-        if read_watermark(path) is not None and sh.covered_through == 100.0:
-            break
-        await asyncio.sleep(0.05)
+    await until("the first shipment's watermark", lambda: read_watermark(path) is not None and sh.covered_through == 100.0,
+                10)
     now[0] = 130.0
     assert lag() == 30.0  # 130 - 100
     sh.client = S3Endpoint(f"http://127.0.0.1:{free_port()}", "k", "s").client(**CLIENT_CONFIG)

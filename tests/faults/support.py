@@ -190,12 +190,16 @@ def wait_recorded(data_dir: Path, outcomes: Iterable[Outcome], timeout_s: float 
     """The ledger once every answered request is in it (a cancelled stream is recorded
     when the activator notices the disconnect, a moment after the client left)."""
     want = {o.rid for o in outcomes if o.answered}
-    deadline = time.time() + timeout_s
-    while True:
+    rows: dict[str, list[dict[str, Any]]] = {}
+
+    def all_in() -> bool:
+        nonlocal rows
         rows = ledger_rows(data_dir)
-        if want <= rows.keys() or time.time() > deadline:
-            return rows
-        time.sleep(0.3)
+        return want <= rows.keys()
+
+    with contextlib.suppress(AssertionError):  # check() says what is missing, with the timeline
+        wait_until("every answered request in the ledger", all_in, timeout_s, 0.3)
+    return rows
 
 
 # -- the checks every fault shares -----------------------------------------------------
@@ -337,7 +341,7 @@ class Proxy:
                 if not data:
                     break
                 while self.mode == "stall":
-                    time.sleep(0.05)  # a stalled link: bytes wait (and the sockets stay open)
+                    time.sleep(0.05)  # not a poll: a stalled link: bytes wait (and the sockets stay open)
                 if self.mode == "reset":
                     break
                 dst.sendall(data)
@@ -466,7 +470,7 @@ def slow_stream(base_url: str, api_key: str, body: dict[str, Any], *, seconds: f
                 break
             out.read += b
             if b"\r\n" in out.read:
-                time.sleep(1.0 / bytes_per_s)
+                time.sleep(1.0 / bytes_per_s)  # not a poll: a slow reader's pace
     out.status_line = out.read.split(b"\r\n", 1)[0]
     return out
 

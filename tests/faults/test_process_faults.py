@@ -415,7 +415,7 @@ def test_a_client_reading_one_byte_a_second(stack: Stack) -> None:
                     paused_at = time.time()
                 if paused_at is not None and time.time() - paused_at >= 10:
                     stop.set()
-                time.sleep(0.5)
+                time.sleep(0.5)  # not a poll: samples the activator while the client reads slowly
         seen = slow.result()
         read_s = time.time() - started
         time.sleep(2)

@@ -8,7 +8,6 @@ wrong one (its ignored_auth check). See tests/fuzz/support.py for the number of 
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +26,7 @@ from activator.app import create_app
 from tests.activator.fake_engine import FakeEngine
 from tests.activator.support import EXAMPLE, KEY, LIMITED_KEY, controller_stand_in, replica
 from tests.fuzz.support import fuzz_config, running
+from tests.waiting import until
 from tests.warm_pool.fleet import serve
 from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
 from thaw.config import Server, ThawConfig, hash_api_key, parse_config
@@ -107,8 +107,7 @@ async def activator(root: Path, store_url: str) -> AsyncIterator[str]:
     app = create_app(config(root), f"http://127.0.0.1:{feed_port}", activator_id="fuzz", files_client=store)
     started.append(await serve(app, port))
     try:
-        while app.state.routes.feed.version < 1:  # noqa: ASYNC110 - the watcher offers no event
-            await asyncio.sleep(0.01)
+        await until("the activator's first route table", lambda: app.state.routes.feed.version >= 1)
         yield f"http://127.0.0.1:{port}"
     finally:
         for server, task in reversed(started):

@@ -50,7 +50,7 @@ class FakeClock:
         task = asyncio.ensure_future(coro)
         while not task.done():
             for _ in range(50):  # let everything due at this instant run
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # not a poll: turns of the loop at one virtual instant
             if task.done():
                 break
             while self._sleepers and self._sleepers[0][2].done():

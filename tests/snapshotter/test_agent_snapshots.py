@@ -21,6 +21,7 @@ from snapshotter.fingerprint import Fingerprint
 from snapshotter.ops import CaptureResult, CaptureStatus, RestoreResult, RestoreStatus
 from snapshotter.store import SnapshotLocation
 from tests.snapshotter.support import RUNTIME
+from tests.waiting import until
 from tests.worker.fakes import FakeEngine, FakeHost, World, assign_body, wait_state
 from thaw.objstore import S3Endpoint
 from weight_streaming.manifest import FileEntry, Manifest
@@ -120,13 +121,14 @@ async def ready_with(c: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, An
 
 async def settled(c: httpx.AsyncClient, done: Any) -> dict[str, Any]:
     """/state once ``done(snapshot)`` holds (the after-ready work runs in the background)."""
-    deadline = time.monotonic() + 5
-    while True:
-        snap = (await c.get("/state")).json()["snapshot"]
-        if done(snap):
-            return snap  # type: ignore[no-any-return]
-        assert time.monotonic() < deadline, snap
-        await asyncio.sleep(0.01)
+    last: list[dict[str, Any]] = [{}]
+
+    async def holds() -> bool:
+        last[0] = (await c.get("/state")).json()["snapshot"]
+        return bool(done(last[0]))
+
+    await until("the snapshot settled", holds, 5, interval_s=0.01, detail=lambda: str(last[0]))
+    return last[0]
 
 
 async def test_missing_snapshot_then_the_engine_compiles_and_the_worker_captures(

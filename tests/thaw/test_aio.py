@@ -22,7 +22,7 @@ async def test_a_cancel_in_the_same_turn_as_the_event_ends_the_loop() -> None:
     ev, turns = asyncio.Event(), []
     task = asyncio.create_task(_loop(ev, turns))
     for _ in range(3):
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # not a poll: turns of the event loop
     ev.set()
     await asyncio.sleep(0)
     task.cancel()
@@ -42,7 +42,7 @@ async def test_a_cancel_while_waiting_propagates(delay: int) -> None:
     ev = asyncio.Event()
     task = asyncio.create_task(wait_event(ev, 10.0))
     for _ in range(delay):
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # not a poll: turns of the event loop
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

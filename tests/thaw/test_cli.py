@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.waiting import wait_until
 from thaw.config import Model, parse_config
 from thaw.embedded_store import free_port
 from thaw.engine_class import engine_class_of
@@ -134,14 +135,13 @@ def test_tenants_commands_keep_keys_at_the_controller(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "thaw.cli.main", "controller", *c], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(150):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+        def healthy() -> bool:
             assert proc.poll() is None, "the controller exited"
-            time.sleep(0.1)
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+            return False
+
+        wait_until("the controller healthy", healthy, 15, 0.1)
         key = thaw("tenants", "add", "demo", "--label", "ci", *c).stdout.strip()
         assert key.startswith("thaw-")
         listed = thaw("tenants", "ls", *c).stdout

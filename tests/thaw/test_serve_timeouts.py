@@ -60,7 +60,7 @@ def trickle(sock: socket.socket, every_s: float = 0.1) -> threading.Thread:
         try:
             for _ in range(int(HANG_S / every_s)):
                 sock.sendall(b"X")
-                time.sleep(every_s)
+                time.sleep(every_s)  # not a poll: the trickle's pace
         except OSError:
             pass
 
@@ -147,6 +147,6 @@ def test_a_client_that_does_not_read_gets_a_bounded_kernel_send_buffer() -> None
             sock.recv(1)  # the answer has begun; from now on nothing is read
             waiting = 0
             for _ in range(20):
-                time.sleep(0.1)
+                time.sleep(0.1)  # not a poll: two seconds of not reading, for the queue to grow as far as it will
                 waiting = max([q.tx for q in tcp_queues(os.getpid()) if q.local_port == port] or [0])
             assert 0 < waiting <= 2 * 128 * 1024 + 64 * 1024, waiting

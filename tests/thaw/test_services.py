@@ -7,13 +7,13 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
+from tests.waiting import wait_until
 from thaw.embedded_store import free_port
 from thaw.process import stop_group
 
@@ -27,14 +27,13 @@ def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def wait_ok(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def ok() -> bool:
         assert proc.poll() is None, log.read_text()[-2000:]
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"{url} did not answer: {log.read_text()[-2000:]}")
+            return httpx.get(url, timeout=1).status_code == 200
+        return False
+
+    wait_until(f"{url} to answer", ok, timeout_s, 0.1, detail=lambda: log.read_text()[-2000:])
 
 
 @pytest.mark.integration
@@ -69,19 +68,14 @@ def test_services_start_register_and_exit_0_on_sigterm(tmp_path: Path) -> None:
             assert httpx.get(f"{urls[name]}/metrics", headers=auth, timeout=5).status_code == 200
         for name in ("controller", "worker", "activator"):
             assert httpx.get(f"{urls[name]}/metrics", timeout=5).status_code == 401
-        deadline = time.monotonic() + 30
-        while True:
-            workers = httpx.get(f"{curl}/v1/state", headers=auth, timeout=5).json()["workers"]
-            if workers or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        workers = wait_until("the worker registered",
+                             lambda: httpx.get(f"{curl}/v1/state", headers=auth, timeout=5).json()["workers"], 30, 0.2)
         assert [(w["id"], w["instance_id"], w["control_url"]) for w in workers] == [
             ("by-hand-1", "by-hand-1", f"http://127.0.0.1:{wport}")]
         # The activator is on the controller's route feed (it waited out the adoption).
-        deadline = time.monotonic() + 30
-        while not httpx.get(f"{urls['activator']}/healthz", timeout=5).json()["pool_connected"]:
-            assert time.monotonic() < deadline, (tmp_path / "activator.log").read_text()[-2000:]
-            time.sleep(0.2)
+        wait_until("the activator on the controller's route feed",
+                   lambda: httpx.get(f"{urls['activator']}/healthz", timeout=5).json()["pool_connected"], 30, 0.2,
+                   detail=lambda: (tmp_path / "activator.log").read_text()[-2000:])
     finally:
         codes = {}
         for name in ("activator", "worker", "controller"):

@@ -1,5 +1,8 @@
 """Fixtures for the warm-pool tests: moto's EC2 server (see moto_ec2.py), and the
-controller's state database on each backend (a real PostgreSQL: tests/postgres_server.py)."""
+controller's state database on each backend (a real PostgreSQL: tests/postgres_server.py).
+
+Every store test takes its database the same way: ``state_db`` (SQLite and PostgreSQL,
+a fresh database each test), or ``postgres_url`` where only PostgreSQL will do."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from tests.postgres_server import PostgresServer
 from tests.warm_pool.fleet import InProcessProvider
 from tests.warm_pool.moto_ec2 import CREDS, REGION, Aws, moto_server
 from thaw.embedded_store import free_port
@@ -52,13 +56,19 @@ def aws(moto_url: str, ami: str) -> Aws:
 StateDb = Callable[[], Db]
 
 
+@pytest.fixture
+def postgres_url(postgres: PostgresServer) -> str:
+    """A new empty database of this test's own on the session's PostgreSQL."""
+    return postgres.database(f"t_{uuid.uuid4().hex[:12]}")
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def state_db(request: pytest.FixtureRequest, tmp_path: Path) -> StateDb:
-    """The same registry tests on SQLite and on PostgreSQL, each on an empty database."""
+    """The same store tests on SQLite and on PostgreSQL, each on an empty database."""
     if request.param == "sqlite":
-        path = tmp_path / "registry.db"
+        path = tmp_path / "state.db"
         return lambda: Db.sqlite(path)
-    url = request.getfixturevalue("postgres").database(f"t_{uuid.uuid4().hex[:12]}")
+    url = request.getfixturevalue("postgres_url")
     return lambda: Db.postgres(url)
 
 

@@ -70,11 +70,10 @@ async def serve(app: Any, port: int) -> tuple[uvicorn.Server, asyncio.Task[None]
     # As the services serve (thaw.serve): a shutdown waits at most 10 s for open requests.
     server = uvicorn.Server(server_config(app, "127.0.0.1", port, graceful_s=10))
     task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
-        if task.done():
-            await task
-            raise RuntimeError("server did not start")
-        await asyncio.sleep(0.01)
+    await waiting.until("the server started (or its task ended)", lambda: server.started or task.done(), 30)
+    if not server.started:
+        await task
+        raise RuntimeError("server did not start")
     return server, task
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +16,7 @@ from urllib.parse import parse_qsl
 import aioboto3
 from aiobotocore.awsrequest import AioAWSResponse
 
+from tests.waiting import wait_until
 from thaw.config import Ec2Pool
 from thaw.embedded_store import free_port
 from warm_pool.providers.ec2 import Ec2Provider
@@ -38,17 +38,16 @@ def moto_server(*, enforce_iam: bool = False) -> Iterator[str]:
                             cwd=Path(__file__).resolve().parents[2])
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
+        def answers() -> bool:
             try:
                 with urllib.request.urlopen(f"{url}/moto-api/", timeout=1):
-                    break
+                    return True
             except OSError:
                 if proc.poll() is not None:
                     raise RuntimeError(f"moto server exited with {proc.returncode}") from None
-                if time.monotonic() > deadline:
-                    raise RuntimeError("moto server did not answer within 30 s") from None
-                time.sleep(0.1)
+                return False
+
+        wait_until("the moto server to answer", answers, 30, 0.1)
         yield url
     finally:
         proc.terminate()

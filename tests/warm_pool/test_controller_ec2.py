@@ -196,7 +196,7 @@ async def test_excess_standby_is_stopped_then_started_again_before_any_launch(aw
                     m.heartbeat(WorkerStatus(worker_id=wid, instance_id=inst["InstanceId"], shape="gpu",
                                              state=WorkerState.STANDBY, control_url="http://127.0.0.1:9",
                                              started_at=0, state_since=0))
-                await asyncio.sleep(0.3)
+                await asyncio.sleep(0.3)  # not a poll: the workers' heartbeat interval
 
         beats = asyncio.create_task(booted())
         try:

@@ -4,13 +4,9 @@ monotonic clock for its own count, the database's clock for the lease)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-import uuid
-
 import pytest
 
-from tests.postgres_server import PostgresServer
+from tests.waiting import until
 from tests.warm_pool.conftest import StateDb
 from warm_pool.db import Db
 from warm_pool.leader import Leadership, Lease, LeaseStore, claim
@@ -60,9 +56,9 @@ def test_the_lease_row_on_both_backends(state_db: StateDb) -> None:
     assert a.current() == taken
 
 
-def test_the_lease_uses_the_database_clock(postgres: PostgresServer) -> None:
+def test_the_lease_uses_the_database_clock(postgres_url: str) -> None:
     # (PostgreSQL only: SQLite is one machine, whose clock is the process's.)
-    db = Db.postgres(postgres.database(f"t_{uuid.uuid4().hex[:12]}"))
+    db = Db.postgres(postgres_url)
     ControllerStore(db)
     lease, _ = LeaseStore(db).claim("a", "http://a", 10.0)
     with db.read() as tx:
@@ -109,11 +105,11 @@ async def test_one_leads_the_other_follows_and_takes_over_when_the_leader_stops(
     assert log == ["a leads 1"]
     # a stops renewing (it died): once the lease expires by the database's clock, b
     # takes it with the next term.
-    deadline = time.monotonic() + 10
-    while not b.leading:
-        assert time.monotonic() < deadline, "b never took the lease"
-        await asyncio.sleep(0.05)
+    async def b_leads() -> bool:
         await b.step()
+        return b.leading
+
+    await until("b to take the lease", b_leads, 10, interval_s=0.05)
     assert b.term == 2 and log == ["a leads 1", "b leads 2"]
     # a comes back: by its own count its lease ran out long ago (it stopped acting), and
     # the lease is b's: it follows.

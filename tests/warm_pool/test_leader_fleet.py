@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
 from activator.routing.router import Router
-from tests.postgres_server import PostgresServer
 from tests.warm_pool.fleet import (
     TOKEN,
     FakeStoreReader,
@@ -41,9 +39,9 @@ LEASE_S = 3.0
 
 
 async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
-    postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    url = postgres.database(f"t_{uuid.uuid4().hex[:12]}")
+    url = postgres_url
     ports = free_port(), free_port()
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     provider = InProcessProvider(tmp_path / "workers", ",".join(urls))

@@ -18,6 +18,7 @@ import psutil
 import yaml
 
 from tests.conftest import BUCKET
+from tests.waiting import wait_until
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint
 from thaw.process import spawn_group
@@ -53,10 +54,10 @@ class Agent:
 
     def wait_state(self, *states: str, timeout_s: float) -> tuple[dict[str, Any], list[str]]:
         """Poll /state until one of ``states``; returns the body and the states seen."""
-        deadline = time.monotonic() + timeout_s
         seen: list[str] = []
+        last: list[dict[str, Any]] = [{}]
         with self.http() as c:
-            while True:
+            def reached() -> dict[str, Any] | None:
                 assert self.proc.poll() is None, f"agent exited ({self.proc.returncode}):\n{self.log_tail()}"
                 try:
                     body = c.get("/state").json()
@@ -64,11 +65,12 @@ class Agent:
                     body = {"state": "(not answering)"}
                 if not seen or seen[-1] != body["state"]:
                     seen.append(body["state"])
-                if body["state"] in states:
-                    return body, seen
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"wanted {states}, saw {seen}: {body}\n{self.log_tail()}")
-                time.sleep(0.1)
+                last[0] = body
+                return body if body["state"] in states else None
+
+            body = wait_until(f"the agent in {states}", reached, timeout_s, 0.1,
+                              detail=lambda: f"saw {seen}: {last[0]}\n{self.log_tail()}")
+            return body, seen
 
     def log_tail(self, lines: int = 40) -> str:
         try:

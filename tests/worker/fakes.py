@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from tests.waiting import until
 from thaw.objstore import S3Endpoint
 from worker.engine_client import EngineError
 from worker.host import OnEvent
@@ -184,14 +185,15 @@ def assign_body(**over: Any) -> dict[str, Any]:
 
 
 async def wait_state(c: httpx.AsyncClient, *states: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        body = (await c.get("/state")).json()
-        if body["state"] in states:
-            return body
-        if time.monotonic() > deadline:
-            raise AssertionError(f"state {body['state']!r}, wanted {states}: {body}")
-        await asyncio.sleep(0.005)
+    last: list[dict[str, Any]] = [{}]
+
+    async def reached() -> dict[str, Any] | None:
+        last[0] = body = (await c.get("/state")).json()
+        return body if body["state"] in states else None
+
+    got: dict[str, Any] = await until(f"the agent in {states}", reached, timeout_s, interval_s=0.005,
+                                      detail=lambda: f"state {last[0].get('state')!r}: {last[0]}")
+    return got
 
 
 async def ready(c: httpx.AsyncClient, **over: Any) -> dict[str, Any]:

@@ -4,13 +4,12 @@ unload waits for the adapter's requests; a failed fetch is shown; a release take
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from tests.waiting import until
 from tests.worker.fakes import World, agent_client, ready, wait_state
 
 LORA = {"enforce_eager": True, "cpu_kvcache_gib": 2,
@@ -33,15 +32,16 @@ def fetcher(seen: list[str], fail: bool = False) -> Any:
 
 
 async def adapter_state(c: httpx.AsyncClient, name: str, *states: str | None, timeout_s: float = 5.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    last: list[Any] = [None]
+
+    async def reached() -> dict[str, Any] | None:
         st = (await c.get("/state")).json()
-        got = next((a for a in st["adapters"] if a["model"] == name), None)
-        if (got["state"] if got else None) in states:
-            return st
-        if time.monotonic() > deadline:
-            raise AssertionError(f"adapter {name}: {got}, wanted {states}")
-        await asyncio.sleep(0.005)
+        last[0] = got = next((a for a in st["adapters"] if a["model"] == name), None)
+        return st if (got["state"] if got else None) in states else None
+
+    st: dict[str, Any] = await until(f"adapter {name} in {states}", reached, timeout_s, interval_s=0.005,
+                                     detail=lambda: f"adapter {name}: {last[0]}")
+    return st
 
 
 async def test_an_adapter_is_fetched_and_loaded_under_its_served_name(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ leaves it in standby (the last one stops it). Times are printed (`pytest -s`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import psutil
 import pytest
 from openai import DefaultHttpxClient, OpenAI
 
+from tests.waiting import wait_until
 from tests.worker.agent_process import STANDBY_TIMEOUT_S, Agent, alive, running_agent
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint
@@ -174,10 +176,7 @@ def test_assign_serves_the_model(agent: Agent, s3: S3Endpoint, demo_uri: str) ->
     with agent.http() as c:
         assert "thaw_worker_engine_start_seconds_count 1.0" in c.get("/metrics").text
         # in_flight is sampled from the engine every second: wait for a fresh reading.
-        deadline = time.time() + 15
-        while c.get("/state").json()["in_flight"] != 0 and time.time() < deadline:
-            time.sleep(0.2)
-        assert c.get("/state").json()["in_flight"] == 0
+        wait_until("a reading of nothing in flight", lambda: c.get("/state").json()["in_flight"] == 0, 15, 0.2)
 
 
 def test_release_then_assign_again(agent: Agent, s3: S3Endpoint, demo_uri: str) -> None:
@@ -218,17 +217,21 @@ def test_sigterm_stops_the_agent_and_everything_it_started(agent: Agent) -> None
     print(f"\nSIGTERM -> agent exited in {dt:.1f} s (status {code})")
     assert code == 0, agent.log_tail()
     assert dt < 20
-    left = _wait_all_gone(agent.descendants, 5)
-    assert not left, [psutil.Process(pid).cmdline() for pid, _ in left]
+    _wait_all_gone(agent.descendants, 5)
 
 
-def _wait_all_gone(descendants: set[tuple[int, float]], timeout_s: float) -> list[tuple[int, float]]:
-    deadline = time.monotonic() + timeout_s
-    left = [d for d in descendants if alive(*d)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = [d for d in descendants if alive(*d)]
-    return left
+def _wait_all_gone(descendants: set[tuple[int, float]], timeout_s: float) -> None:
+    def left() -> list[tuple[int, float]]:
+        return [d for d in descendants if alive(*d)]
+
+    def named() -> str:
+        out = []
+        for pid, _ in left():
+            with contextlib.suppress(psutil.Error):
+                out.append(psutil.Process(pid).cmdline())
+        return str(out)
+
+    wait_until("everything the agent started gone", lambda: not left(), timeout_s, 0.1, detail=named)
 
 
 def test_sigkill_of_the_agent_takes_its_engine_along(
@@ -245,5 +248,4 @@ def test_sigkill_of_the_agent_takes_its_engine_along(
         assert len(a.descendants) >= 3
         a.proc.kill()
         a.proc.wait(10)
-        left = _wait_all_gone(a.descendants, 20)
-        assert not left, [psutil.Process(pid).cmdline() for pid, _ in left]
+        _wait_all_gone(a.descendants, 20)

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.waiting import until
 from tests.worker.fakes import SECRET, TOKEN, FakeEngine, FakeHost, World, ready, wait_state
 from thaw.objstore import S3Endpoint
 from thaw.units import GiB
@@ -131,12 +132,11 @@ async def test_status_lists_what_the_tiers_hold_and_the_host_tier_goes_when_the_
         {"uri": "s3://thaw/models/a", "tier": "host", "bytes": 100, "total_bytes": 100},
         {"uri": "s3://thaw/models/b", "tier": "disk", "bytes": 50, "total_bytes": 50},
     ]
-    for _ in range(200):
-        body: dict[str, Any] = (await c.get("/state")).json()
-        if body["cached"] == want:
-            break
-        await asyncio.sleep(0.02)
-    assert body["cached"] == want
+
+    async def listed() -> bool:
+        return bool((await c.get("/state")).json()["cached"] == want)
+
+    await until("the cached models listed", listed, 4)
     metrics = (await c.get("/metrics")).text
     assert 'thaw_worker_cache_bytes{tier="disk"} 350.0' in metrics
     assert 'thaw_worker_cache_bytes{tier="host"} 100.0' in metrics

@@ -300,10 +300,7 @@ async def test_sleep_then_the_same_model_wakes_instead_of_loading(world: World, 
     r = await client.post("/sleep", json={"assignment_id": "a1"})
     assert r.status_code == 202 and r.json()["state"] == "asleep"
     assert r.json()["engine_url"] is None  # nothing is routed to it
-    for _ in range(200):
-        if world.asleep:
-            break
-        await asyncio.sleep(0.005)
+    await until("the engine put to sleep", lambda: world.asleep, 2, interval_s=0.005)
     assert world.sleeps == [1] and world.next_in_flight() == 0
     assert (await client.post("/sleep", json={})).status_code == 200  # already asleep
     t0 = time.time()

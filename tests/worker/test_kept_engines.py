@@ -4,7 +4,6 @@ different vocabulary or a failed swap means a fresh engine, never a served one."
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.waiting import until
 from tests.worker.fakes import (
     LLAMA,
     World,
@@ -74,14 +74,12 @@ def prebuild_body(**over: Any) -> dict[str, Any]:
 
 
 async def prebuilt(c: httpx.AsyncClient, state: str = "ready") -> dict[str, Any]:
-    async def until() -> dict[str, Any]:
-        while True:
-            body = (await c.get("/state")).json()
-            if (body.get("prebuilt") or {}).get("state") == state:
-                return body
-            await asyncio.sleep(0.005)
+    async def built() -> dict[str, Any] | None:
+        body = (await c.get("/state")).json()
+        return body if (body.get("prebuilt") or {}).get("state") == state else None
 
-    return await asyncio.wait_for(until(), 5)
+    got: dict[str, Any] = await until(f"the prebuilt engine {state}", built, 5, interval_s=0.005)
+    return got
 
 
 async def test_prebuild_builds_an_engine_that_serves_nothing(client: httpx.AsyncClient, world: World) -> None:

@@ -5,12 +5,12 @@ there holds (the refusal names both numbers), and a release removes it."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from tests import waiting
 from tests.worker.fakes import World, agent_client, assign_body, ready, wait_state
 from thaw.units import GiB
 
@@ -23,14 +23,15 @@ def pack_body(engine_id: str, memory_gib: float, **over: Any) -> dict[str, Any]:
 
 
 async def until(c: httpx.AsyncClient, path: str, pred: Any, timeout_s: float = 5.0) -> httpx.Response:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        r = await c.get(path)
-        if pred(r):
-            return r
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{path}: {r.status_code} {r.text}")
-        await asyncio.sleep(0.005)
+    last: list[httpx.Response] = []
+
+    async def answered() -> list[httpx.Response] | None:
+        last[:] = [await c.get(path)]
+        return last if pred(last[0]) else None
+
+    await waiting.until(f"{path} as wanted", answered, timeout_s, interval_s=0.005,
+                        detail=lambda: f"{path}: {last[0].status_code} {last[0].text}")
+    return last[0]
 
 
 async def test_a_packed_engine_is_a_worker_of_its_own(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ import pytest
 from openai import DefaultHttpxClient, OpenAI
 
 from snapshotter.store import SnapshotLocation, read_snapshot_manifest
+from tests.waiting import wait_until
 from tests.worker.agent_process import STANDBY_TIMEOUT_S, Agent, running_agent
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint
@@ -114,13 +115,14 @@ def _start(agent: Agent, body: dict[str, Any]) -> tuple[dict[str, Any], str, flo
 
 def _settled(agent: Agent, done: Any, timeout_s: float = CAPTURE_TIMEOUT_S) -> dict[str, Any]:
     """The snapshot part of /state once ``done`` holds for it (after-ready work is async)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        snap = agent.state()["snapshot"]
-        if done(snap):
-            return snap  # type: ignore[no-any-return]
-        assert time.monotonic() < deadline, f"{snap}\n{agent.log_tail()}"
-        time.sleep(0.2)
+    last: list[dict[str, Any]] = [{}]
+
+    def settled() -> bool:
+        last[0] = agent.state()["snapshot"]
+        return bool(done(last[0]))
+
+    wait_until("the snapshot settled", settled, timeout_s, 0.2, detail=lambda: f"{last[0]}\n{agent.log_tail()}")
+    return last[0]
 
 
 def _greedy(state: dict[str, Any]) -> str:

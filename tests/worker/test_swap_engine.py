@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import BUCKET
 from tests.faults.support import flip_byte
+from tests.waiting import wait_until
 from tests.worker.agent_process import Agent, running_agent
 from thaw.config import EngineArgs
 from thaw.demo_model import build_demo_model
@@ -182,13 +182,16 @@ def prebuild(agent: Agent, uri: str, engine_class: str) -> dict[str, Any]:
         r = c.post("/prebuild", json={"model": "a", "uri": uri, "served_model_name": "a", "max_model_len": MAX_LEN,
                                       "engine": ENGINE, "engine_class": engine_class})
         assert r.status_code == 202, r.text
-    deadline = time.monotonic() + LOAD_S
-    while True:
+
+    def built() -> dict[str, Any] | None:
         body = agent.state()
         if (body.get("prebuilt") or {}).get("state") == "ready":
             return body
-        assert body["state"] == "standby" and time.monotonic() < deadline, (body, agent.log_tail())
-        time.sleep(0.2)
+        assert body["state"] == "standby", (body, agent.log_tail())
+        return None
+
+    got: dict[str, Any] = wait_until("the prebuilt engine ready", built, LOAD_S, 0.2, detail=agent.log_tail)
+    return got
 
 
 def tensor_count(s3: S3Endpoint, uri: str) -> int:

@@ -9,7 +9,6 @@ requests get 400s naming the parameter."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from openai.types.responses import Response as SdkResponse
 from activator.app import create_app
 from tests.activator.fake_engine import FakeEngine
 from tests.activator.support import KEY, LIMITED_KEY, controller_stand_in, make_config, replica
+from tests.waiting import until
 from tests.warm_pool.fleet import serve
 from thaw.embedded_store import free_port
 from thaw.wire import RouteTable
@@ -57,8 +57,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     app = create_app(make_config(tmp_path), f"http://127.0.0.1:{ctl_port}", activator_id="r")
     started.append(await serve(app, port))
     try:
-        while app.state.routes.feed.version < 1:  # noqa: ASYNC110 - the watcher offers no event
-            await asyncio.sleep(0.01)
+        await until("the activator's first route table", lambda: app.state.routes.feed.version >= 1)
         w = World(f"http://127.0.0.1:{port}", engine, [])
         yield w
         for c in w.clients:

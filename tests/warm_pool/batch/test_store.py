@@ -10,23 +10,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.postgres_server import PostgresServer
+from tests.warm_pool.conftest import StateDb
 from thaw.batch_lines import check_lines
 from thaw.wire import BatchEndpoint, NewBatch
 from warm_pool.batch.store import MAX_LINE_FAILURES, BatchStore
-from warm_pool.db import Db
 
 CHAT: BatchEndpoint = "/v1/chat/completions"
 FILE = "file-0123456789abcdef"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest) -> Iterator[BatchStore]:
-    if request.param == "sqlite":
-        db = Db.sqlite(None)
-    else:
-        server: PostgresServer = request.getfixturevalue("postgres")
-        db = Db.postgres(server.database(f"batches_{request.node.name[-20:].strip('[]').replace('-', '_')}"))
+@pytest.fixture
+def store(state_db: StateDb) -> Iterator[BatchStore]:
+    db = state_db()
     s = BatchStore(db)
     try:
         yield s

@@ -9,18 +9,13 @@ from typing import Any
 
 import pytest
 
-from tests.postgres_server import PostgresServer
+from tests.warm_pool.conftest import StateDb
 from warm_pool.conversations.store import MAX_CHAIN, ChainTooLong, ResponseStore
-from warm_pool.db import Db
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest) -> Iterator[ResponseStore]:
-    if request.param == "sqlite":
-        db = Db.sqlite(None)
-    else:
-        server: PostgresServer = request.getfixturevalue("postgres")
-        db = Db.postgres(server.database(f"responses_{request.node.name[-20:].strip('[]').replace('-', '_')}"))
+@pytest.fixture
+def store(state_db: StateDb) -> Iterator[ResponseStore]:
+    db = state_db()
     s = ResponseStore(db)
     try:
         yield s
