@@ -31,8 +31,7 @@ async def controller() -> AsyncIterator[tuple[str, list[str]]]:
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
     task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
-        await asyncio.sleep(0.01)
+    await until("the controller started", lambda: server.started)
     try:
         yield f"http://127.0.0.1:{port}", seen
     finally:

@@ -9,6 +9,7 @@ import pytest
 
 from activator.routing.queues import ColdQueue, FairQueue
 from activator.routing.replicas import Replica
+from tests.waiting import until
 
 
 async def test_the_cold_queue_wakes_all_in_arrival_order() -> None:
@@ -19,8 +20,7 @@ async def test_the_cold_queue_wakes_all_in_arrival_order() -> None:
         woken.append(i)
 
     tasks = [asyncio.create_task(wait(i)) for i in range(3)]
-    await asyncio.sleep(0)
-    assert len(q) == 3
+    await until("three waiting", lambda: len(q) == 3, 2)
     q.release_all()
     await asyncio.gather(*tasks)
     assert woken == [0, 1, 2] and len(q) == 0

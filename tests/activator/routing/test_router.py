@@ -10,6 +10,7 @@ import pytest
 
 from activator.errors import NotFound, ServiceUnavailable, TooManyRequests
 from activator.routing.router import Router, public_failure
+from tests.waiting import until
 from thaw.config import parse_config
 from thaw.wire import ModelRoute, ReplicaRoute, RouteTable
 
@@ -67,10 +68,7 @@ async def test_an_ejected_replica_comes_back_after_its_ejection_and_wakes_the_wa
     router.eject("demo", route().url)
     await asyncio.sleep(0.6)  # quiet: past the first timer, 0.4 s before the second
     assert router.replicas("demo").usable == []
-    for _ in range(50):
-        if router.replicas("demo").usable:
-            break
-        await asyncio.sleep(0.1)
+    await until("the replica readmitted when the second ejection ends", lambda: router.replicas("demo").usable, 5)
     assert [r.url for r in router.replicas("demo").usable] == [route().url]
 
 
@@ -88,8 +86,7 @@ def test_a_failed_load_is_told_to_callers_by_its_kind_never_its_details(kind: st
 async def test_a_new_failure_fails_the_cold_queue_with_its_kind_and_backoff(router: Router) -> None:
     router.apply(table(1, loading=1))
     waiting = asyncio.create_task(router.acquire(MODEL, router.clock()))
-    await asyncio.sleep(0)
-    assert router.status("demo").cold_queue == 1
+    await until("the request waiting", lambda: router.status("demo").cold_queue == 1, 2)
     router.apply(table(2, failures=1, error="s3://secret/path: 403", failure_kind="store",
                        backoff_until=router.clock() + 30))
     with pytest.raises(ServiceUnavailable) as failed:
@@ -167,8 +164,7 @@ async def test_batch_takes_only_room_online_traffic_leaves_and_yields_it_at_once
     # While an online request waits, batch gets no room and no slot.
     router.yield_batch_with(lambda name: None)
     blocked = asyncio.create_task(router.acquire(MODEL, router.clock(), tenant="u"))
-    await asyncio.sleep(0)
-    assert router.status("demo").fair_queue == 1
+    await until("the online request waiting", lambda: router.status("demo").fair_queue == 1, 2)
     assert router.batch_room("demo", 1.0, running=0) == 0 and router.take_batch_slot("demo") is None
     assert len(online) == cap
     blocked.cancel()
