@@ -150,7 +150,9 @@ class Simulator:
                 clock.now = ta
                 traffic.arrive(i, ta)
                 i += 1
-                if changes.kick_pending:
+                # Requests of one instant arrive together: the controller, woken by
+                # their demand, sees them all (not the first alone).
+                if changes.kick_pending and (i >= n or times[i] > ta):
                     changes.kick_pending = False
                     controller.tick(ta)
             else:

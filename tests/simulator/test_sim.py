@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from simulator.costs import CostModel, ModelCosts, cost_model, read_overrides
@@ -80,6 +80,7 @@ def test_a_full_queue_refuses_requests_beyond_it() -> None:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(k=st.sampled_from([5, 30]), seed_gaps=st.lists(st.lists(st.integers(1, 90), min_size=1, max_size=12),
                                                         min_size=1, max_size=3))
+@example(k=5, seed_gaps=[[49], [44, 5]])  # m0's demand at 49 must not release m1 before m1's request at 49
 def test_fixed_keep_alive_cold_starts_are_the_gaps_longer_than_k(k: int, seed_gaps: list[list[int]]) -> None:
     # One replica per model, nothing takes time (load, prefill, decode, release all 0)
     # and a standby is always there: a request is cold exactly when its model's
