@@ -66,7 +66,7 @@ def postgres_url(postgres: PostgresServer) -> str:
 def state_db(request: pytest.FixtureRequest, tmp_path: Path) -> StateDb:
     """The same store tests on SQLite and on PostgreSQL, each on an empty database."""
     if request.param == "sqlite":
-        path = tmp_path / "state.db"
+        path = tmp_path / "registry.db"  # its name under data_dir/controller/
         return lambda: Db.sqlite(path)
     url = request.getfixturevalue("postgres_url")
     return lambda: Db.postgres(url)
