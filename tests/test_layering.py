@@ -111,6 +111,23 @@ def test_a_feature_folder_imports_no_other_feature_folder(service: str) -> None:
         assert ast.get_docstring(ast.parse(init.read_text())), init
 
 
+# Folders that compose the feature folders (the controller's fleet builds on the policy's
+# decisions and the providers' instances): a feature folder never imports one of them.
+CORE_FOLDERS = {"warm_pool": ("fleet",)}
+
+
+@pytest.mark.parametrize("service", sorted(CORE_FOLDERS))
+def test_no_feature_folder_imports_a_core_folder(service: str) -> None:
+    core = tuple(f"{service}.{c}" for c in CORE_FOLDERS[service])
+    bad = {str(p.relative_to(ROOT)): found for folder in FEATURE_FOLDERS[service]
+           for p in (ROOT / service / folder).rglob("*.py")
+           if (found := sorted(m for m in imported_modules(p) if m.startswith(core)))}
+    assert bad == {}
+    for folder in CORE_FOLDERS[service]:
+        init = ROOT / service / folder / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), init
+
+
 def test_the_policy_is_pure() -> None:
     # The policy folder imports nothing of the controller's I/O and no clock or network:
     # thaw's config and wire types, its own stages, the standard library.

@@ -38,7 +38,7 @@ Id = Annotated[str, Field(min_length=1, max_length=200)]
 class WorkerState(StrEnum):
     """A worker's state. The first seven are what a worker reports about itself
     (derived in ``worker.state``); the last three only the controller derives, from
-    what its provider and the heartbeats tell it (``warm_pool.view``)."""
+    what its provider and the heartbeats tell it (``warm_pool.fleet.view``)."""
 
     STARTING = "starting"  # no engine host has finished its imports yet
     STANDBY = "standby"  # engine host imported, waiting for a model
