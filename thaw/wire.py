@@ -226,7 +226,7 @@ class LoadView(_Msg):
     # Bytes per source.
     sources: dict[str, int] = {}
     # A swap's steps in the engine host (pause_s, weights_s and within it verify_s,
-    # prefix_cache_s, frontend_s, total_s: worker.swap_server), so a slow one says
+    # prefix_cache_s, frontend_s, total_s: worker.engine_host.swap_server), so a slow one says
     # where its time went; and how many tensors it checked against the manifest.
     steps_s: dict[str, float] = {}
     tensors_verified: int | None = None
