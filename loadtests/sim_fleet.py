@@ -99,7 +99,8 @@ class SimWorker:
 
 class SimFleet:
     def __init__(self, port: int, controller_url: str, token: str, *, workers: int, shape: str = "sim",
-                 load_s: float = 1.0, tokens: int = 8, prefix: str = "sim") -> None:
+                 load_s: float = 1.0, tokens: int = 8, prefix: str = "sim",
+                 first_heartbeat_within_s: float = 2.0) -> None:
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
         self.controller_url = controller_url.rstrip("/")
@@ -109,16 +110,22 @@ class SimFleet:
                         for wid in (f"{prefix}-{i:05d}" for i in range(workers))}
         self.engine = Upstream(port, "sim", tokens, 0.0)
         self.interval_s = 2.0
+        self.first_heartbeat_within_s = first_heartbeat_within_s
         self.heartbeats = {"sent": 0, "refused": 0, "failed": 0}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=5.0),
                                        headers={"Authorization": f"Bearer {token}"},
                                        limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
 
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     # -- heartbeats -------------------------------------------------------------------
     async def _heartbeat(self, w: SimWorker) -> None:
         # Spread over the first interval, so a thousand workers do not arrive at once.
-        await asyncio.sleep(random.random() * self.interval_s)  # noqa: S311 - jitter, not security
+        await asyncio.sleep(random.random() * self.first_heartbeat_within_s)  # noqa: S311 - jitter, not security
         while True:
             w.changed.clear()
             body = w.status().model_dump_json()
@@ -148,7 +155,7 @@ class SimFleet:
         w.assignment, w.assigned_at, w.ready_at = req, time.time(), None
         w.assigns += 1
         w.enter(WorkerState.LOADING)
-        self._tasks.append(asyncio.create_task(self._load(w, req.assignment_id)))
+        self._spawn(self._load(w, req.assignment_id))
         return 202, w.status()
 
     async def _load(self, w: SimWorker, assignment_id: str) -> None:
@@ -168,7 +175,7 @@ class SimFleet:
             return 202, w.status()
         w.releases += 1
         w.enter(WorkerState.DRAINING)
-        self._tasks.append(asyncio.create_task(self._drain(w, req.drain_timeout_s)))
+        self._spawn(self._drain(w, req.drain_timeout_s))
         return 202, w.status()
 
     async def _drain(self, w: SimWorker, timeout_s: float) -> None:
@@ -262,17 +269,23 @@ class SimFleet:
     # -- lifecycle --------------------------------------------------------------------
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         server = await asyncio.start_server(self.handle, "127.0.0.1", self.port, backlog=4096)
-        self._tasks += [asyncio.create_task(self._heartbeat(wk)) for wk in self.workers.values()]
+        for wk in self.workers.values():
+            self._spawn(self._heartbeat(wk))
         if ready is not None:
             ready.set()
         try:
             async with server:
                 await server.serve_forever()
         finally:
-            for t in self._tasks:
-                t.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self._http.aclose()
+            await self.close()
+
+    async def close(self) -> None:
+        """Stop every worker's heartbeat and step, and the HTTP client."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._http.aclose()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
 """Each decision's effect on the simulated fleet: what the actuator's calls and the
 workers' answers would do (``warm_pool.policy.decisions.Executor``, as
-``warm_pool.actuator`` is for the real one; one dispatch, ``carry_out``, that a type
+``warm_pool.fleet.actuator`` is for the real one; one dispatch, ``carry_out``, that a type
 checker proves covers every decision)."""
 
 from __future__ import annotations

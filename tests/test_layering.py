@@ -111,6 +111,34 @@ def test_a_feature_folder_imports_no_other_feature_folder(service: str) -> None:
         assert ast.get_docstring(ast.parse(init.read_text())), init
 
 
+# Folders that compose the feature folders (the controller's fleet builds on the policy's
+# decisions and the providers' instances): a feature folder never imports one of them.
+CORE_FOLDERS = {"warm_pool": ("fleet",)}
+
+
+@pytest.mark.parametrize("service", sorted(CORE_FOLDERS))
+def test_no_feature_folder_imports_a_core_folder(service: str) -> None:
+    core = tuple(f"{service}.{c}" for c in CORE_FOLDERS[service])
+    bad = {str(p.relative_to(ROOT)): found for folder in FEATURE_FOLDERS[service]
+           for p in (ROOT / service / folder).rglob("*.py")
+           if (found := sorted(m for m in imported_modules(p) if m.startswith(core)))}
+    assert bad == {}
+    for folder in CORE_FOLDERS[service]:
+        init = ROOT / service / folder / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), init
+
+
+def test_the_agent_never_imports_what_runs_in_the_engine_host() -> None:
+    # The engine host is another process (vLLM imported): the agent starts it by module
+    # name and speaks to it through worker.launch's messages, never by import.
+    host = ROOT / "worker" / "engine_host"
+    bad = {str(p.relative_to(ROOT)): found for p in sorted((ROOT / "worker").rglob("*.py"))
+           if host not in p.parents
+           and (found := sorted(m for m in imported_modules(p) if m.startswith("worker.engine_host")))}
+    assert bad == {}
+    assert ast.get_docstring(ast.parse((host / "__init__.py").read_text()))
+
+
 def test_the_policy_is_pure() -> None:
     # The policy folder imports nothing of the controller's I/O and no clock or network:
     # thaw's config and wire types, its own stages, the standard library.

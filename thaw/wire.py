@@ -38,7 +38,7 @@ Id = Annotated[str, Field(min_length=1, max_length=200)]
 class WorkerState(StrEnum):
     """A worker's state. The first seven are what a worker reports about itself
     (derived in ``worker.state``); the last three only the controller derives, from
-    what its provider and the heartbeats tell it (``warm_pool.view``)."""
+    what its provider and the heartbeats tell it (``warm_pool.fleet.view``)."""
 
     STARTING = "starting"  # no engine host has finished its imports yet
     STANDBY = "standby"  # engine host imported, waiting for a model
@@ -226,7 +226,7 @@ class LoadView(_Msg):
     # Bytes per source.
     sources: dict[str, int] = {}
     # A swap's steps in the engine host (pause_s, weights_s and within it verify_s,
-    # prefix_cache_s, frontend_s, total_s: worker.swap_server), so a slow one says
+    # prefix_cache_s, frontend_s, total_s: worker.engine_host.swap_server), so a slow one says
     # where its time went; and how many tensors it checked against the manifest.
     steps_s: dict[str, float] = {}
     tensors_verified: int | None = None

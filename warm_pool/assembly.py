@@ -28,10 +28,10 @@ from warm_pool.batch.runner import BatchRunner
 from warm_pool.batch.store import BatchStore
 from warm_pool.classes import ModelClasses
 from warm_pool.clock import ClockAdmin
-from warm_pool.control import WorkerControl
 from warm_pool.conversations.store import ResponseStore
 from warm_pool.db import Db
 from warm_pool.events import EventLog
+from warm_pool.fleet.control import WorkerControl
 from warm_pool.leader import Leadership, LeaseStore
 from warm_pool.manager import PoolManager
 from warm_pool.metrics import PoolMetrics

@@ -1,10 +1,10 @@
 """The pool manager: the control loop, the stateful shell around ``warm_pool.policy.decide.decide``.
 
 Each turn of its loop it takes in what the providers say of their instances
-(``warm_pool.providers.instances``), derives each worker's view from the facts it holds
-(``warm_pool.facts``: the providers', heartbeats, intents), sums the activators'
+(``warm_pool.fleet.instances``), derives each worker's view from the facts it holds
+(``warm_pool.fleet.facts``: the providers', heartbeats, intents), sums the activators'
 traffic (``warm_pool.traffic``), calls the policy, carries out its decisions through the
-providers and the workers' control API (``warm_pool.actuator``), publishes the route
+providers and the workers' control API (``warm_pool.fleet.actuator``), publishes the route
 table that activators long-poll (``warm_pool.routes``) and exports its metrics
 (``warm_pool.metrics``). Its parts (the registry, the operators' admins, the stores, the
 lease) are built by ``warm_pool.assembly`` and called by the API directly; the
@@ -38,10 +38,12 @@ from thaw.wire import (
     WorkerState,
     WorkerStatus,
 )
-from warm_pool.actuator import Actuator
 from warm_pool.classes import engine_bytes
 from warm_pool.db import StateUnavailable
-from warm_pool.facts import FleetFacts
+from warm_pool.fleet.actuator import Actuator
+from warm_pool.fleet.facts import FleetFacts
+from warm_pool.fleet.instances import InstanceWatch
+from warm_pool.fleet.view import count_states
 from warm_pool.metrics import export
 from warm_pool.policy.batch import standby_use
 from warm_pool.policy.decide import (
@@ -52,11 +54,9 @@ from warm_pool.policy.decide import (
     WorkerView,
     decide,
 )
-from warm_pool.providers.instances import InstanceWatch
 from warm_pool.routes import RouteFeed, route_table
 from warm_pool.status import pool_status
 from warm_pool.traffic import Traffic
-from warm_pool.view import count_states
 
 if TYPE_CHECKING:
     from warm_pool.assembly import PoolParts
@@ -236,7 +236,7 @@ class PoolManager:
         if self.feed.table.version > 0:
             await self._publish_routes()
 
-    # -- inputs: workers (warm_pool.facts); activators report to ``traffic`` ----------
+    # -- inputs: workers (warm_pool.fleet.facts); activators report to ``traffic`` ----------
     def heartbeat(self, status: WorkerStatus) -> HeartbeatReply:
         """A worker's heartbeat (:meth:`FleetFacts.heartbeat`: raises ``UnknownInstance``),
         answered with this leader's term."""

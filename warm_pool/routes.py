@@ -16,8 +16,8 @@ from typing import Any
 
 from thaw.config import ThawConfig
 from thaw.wire import ModelRoute, Phases, ReplicaRoute, RouteTable, WorkerState
+from warm_pool.fleet.view import WorkerFacts
 from warm_pool.policy.decide import PolicyState, WorkerView
-from warm_pool.view import WorkerFacts
 
 
 def route_table(cfg: ThawConfig, facts: Mapping[str, WorkerFacts], views: dict[str, WorkerView],

@@ -22,8 +22,8 @@ from warm_pool.app import create_pool_app
 from warm_pool.assembly import build_pool
 from warm_pool.classes import ModelClasses
 from warm_pool.clock import SteppedClock
-from warm_pool.control import HttpWorkerControl
 from warm_pool.db import Db
+from warm_pool.fleet.control import HttpWorkerControl
 from warm_pool.leader import LeaseStore
 from warm_pool.providers.provider import Provider
 

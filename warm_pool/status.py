@@ -18,12 +18,12 @@ from thaw.wire import (
     WorkerRow,
     WorkerState,
 )
-from warm_pool.actuator import ShapeBackoff
-from warm_pool.facts import FleetFacts
+from warm_pool.fleet.actuator import ShapeBackoff
+from warm_pool.fleet.facts import FleetFacts
+from warm_pool.fleet.view import count_states
 from warm_pool.policy.batch import standby_use
 from warm_pool.policy.decide import ModelActivity, PolicyState, WorkerView
 from warm_pool.providers.provider import Provider
-from warm_pool.view import count_states
 
 
 def batch_share(seconds: tuple[float, float] | None) -> float | None:

@@ -250,7 +250,7 @@ def stream_model_weights(uri: str, options: StreamOptions = StreamOptions()) -> 
 
 class FileByFileWeights:
     """Every tensor of the model at ``uri``, read one safetensors file at a time (a swap
-    into a live engine: see ``worker.swap_core``).
+    into a live engine: see ``worker.engine_host.swap_core``).
 
     Iterating yields ``(name, tensor)``; each file is read whole (parallel ranged GETs,
     through the cache tiers, checked like any load) and its tensors are handed over
@@ -440,7 +440,7 @@ class ThawModelLoader(BaseModelLoader):
 
 
 # What the last load in this process read from where (the engine core reports it with
-# its "weights_loaded" event: see worker.engine_core_entry).
+# its "weights_loaded" event: see worker.engine_host.engine_core_entry).
 LAST_LOAD: dict[str, Any] | None = None
 
 

@@ -2,8 +2,8 @@
 
 Standing by, the worker builds an engine of a class it is asked for (``prebuild``); an
 assignment of a model of that class (``worker.identity``: same class and vocabulary)
-swaps its weights into that engine (``worker.swap_server`` in the engine host,
-``worker.swap_core`` in the engine core) instead of launching one; a release parks the
+swaps its weights into that engine (``worker.engine_host.swap_server`` in the engine host,
+``worker.engine_host.swap_core`` in the engine core) instead of launching one; a release parks the
 drained engine (serving nothing, prefix cache dropped) rather than stopping it, when
 the controller's assignment named its class. A swap or park that fails marks the engine
 dirty: it is stopped and a fresh host started, as for any failure.

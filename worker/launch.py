@@ -2,7 +2,7 @@
 
 The agent writes one :class:`LaunchCommand` as a JSON line to the engine host's
 stdin, and later, to an engine launched ``swappable``, :class:`SwapCommand` and
-:class:`ParkCommand` lines (``worker.swap_server`` carries them out). The engine host (and the engine core process it forks) write events as JSON
+:class:`ParkCommand` lines (``worker.engine_host.swap_server`` carries them out). The engine host (and the engine core process it forks) write events as JSON
 lines to stdout, one ``os.write`` per line so that lines from several processes
 sharing the pipe never interleave (writes up to PIPE_BUF bytes are atomic).
 Anything else on that stdout is a stray print and is treated as log output.
@@ -95,8 +95,8 @@ class ParkCommand(BaseModel):
 
 HostCommand = Annotated[SwapCommand | ParkCommand, Field(discriminator="op")]
 HOST_COMMAND: TypeAdapter[SwapCommand | ParkCommand] = TypeAdapter(HostCommand)
-# The engine-core extension a swappable engine is started with (worker.swap_core).
-SWAP_EXTENSION = "worker.swap_core.ThawSwapExtension"
+# The engine-core extension a swappable engine is started with (worker.engine_host.swap_core).
+SWAP_EXTENSION = "worker.engine_host.swap_core.ThawSwapExtension"
 
 
 def vllm_argv(cmd: LaunchCommand) -> list[str]:
@@ -258,8 +258,8 @@ def root_cause(exc: BaseException) -> str:
     return inner if inner == outer else f"{inner} (while: {outer})"
 
 
-# The module the engine host's forkserver preloads (see worker.engine_core_entry).
-FORKSERVER_PRELOAD = "worker.engine_core_entry"
+# The module the engine host's forkserver preloads (see worker.engine_host.engine_core_entry).
+FORKSERVER_PRELOAD = "worker.engine_host.engine_core_entry"
 
 
 def forkserver_probe() -> None:

@@ -11,7 +11,7 @@ tmpfs), the "engine" is one device tensor per checkpoint tensor, allocated once,
 
 - ``pinned``: the reference, one pinned host buffer of the same bytes copied to the device;
 - ``swap``: what a swap does in vLLM's engine core for an unquantized model
-  (``worker.swap_core``): the files mapped (``weight_streaming.streamer.map_file``),
+  (``worker.engine_host.swap_core``): the files mapped (``weight_streaming.streamer.map_file``),
   every tensor checked against its CRC-32 (``weight_streaming.tensor_check``), then each
   copied into its device tensor from that pageable memory (vLLM's weight loaders do
   ``param.data.copy_(loaded_weight)``); also timed without the check;

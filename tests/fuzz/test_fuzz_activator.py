@@ -27,7 +27,7 @@ from tests.activator.fake_engine import FakeEngine
 from tests.activator.support import EXAMPLE, KEY, LIMITED_KEY, controller_stand_in, replica
 from tests.fuzz.support import fuzz_config, running
 from tests.waiting import until
-from tests.warm_pool.fleet import serve
+from tests.warm_pool.in_process import serve
 from tests.warm_pool.moto_ec2 import CREDS, REGION, moto_server
 from thaw.config import Server, ThawConfig, hash_api_key, parse_config
 from thaw.embedded_store import free_port

@@ -15,7 +15,7 @@ import schemathesis
 from schemathesis import Case
 
 from tests.fuzz.support import fuzz_config, running
-from tests.warm_pool.fleet import (
+from tests.warm_pool.in_process import (
     TOKEN,
     FakeStoreReader,
     InProcessProvider,
@@ -27,7 +27,7 @@ from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
 from warm_pool.app import create_pool_app
 from warm_pool.assembly import build_pool
-from warm_pool.control import HttpWorkerControl
+from warm_pool.fleet.control import HttpWorkerControl
 
 
 def config(root: Path) -> ThawConfig:

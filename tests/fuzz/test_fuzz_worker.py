@@ -17,7 +17,7 @@ import schemathesis
 from schemathesis import Case
 
 from tests.fuzz.support import fuzz_config, running
-from tests.warm_pool.fleet import serve
+from tests.warm_pool.in_process import serve
 from tests.worker.fakes import TOKEN, FakeEngine, FakeHost, World
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint

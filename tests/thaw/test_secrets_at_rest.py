@@ -25,7 +25,7 @@ from thaw.private_files import UnsafeDirectory, ensure_private_dir, write_privat
 from thaw.wire import KeyTable
 from warm_pool.app import create_pool_app
 from warm_pool.assembly import build_pool
-from warm_pool.control import HttpWorkerControl
+from warm_pool.fleet.control import HttpWorkerControl
 from warm_pool.registry.keys import KeyStore
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"

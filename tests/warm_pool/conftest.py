@@ -16,7 +16,7 @@ import boto3
 import pytest
 
 from tests.postgres_server import PostgresServer
-from tests.warm_pool.fleet import InProcessProvider
+from tests.warm_pool.in_process import InProcessProvider
 from tests.warm_pool.moto_ec2 import CREDS, REGION, Aws, moto_server
 from thaw.embedded_store import free_port
 from warm_pool.db import Db

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.warm_pool.fleet import TOKEN, registry_config
+from tests.warm_pool.in_process import TOKEN, registry_config
 from warm_pool.app import create_pool_app
 from warm_pool.assembly import build_pool
-from warm_pool.control import HttpWorkerControl
+from warm_pool.fleet.control import HttpWorkerControl
 
 
 async def test_a_malformed_request_names_each_fields_problem(tmp_path: Path) -> None:

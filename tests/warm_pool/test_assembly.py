@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.warm_pool.fleet import TOKEN, FakeStoreReader, registry_config
+from tests.warm_pool.in_process import TOKEN, FakeStoreReader, registry_config
 from thaw.wire import ModelDeploy, ModelSpec
 from warm_pool.assembly import LoopCalls, build_pool
-from warm_pool.control import HttpWorkerControl
 from warm_pool.db import Db
+from warm_pool.fleet.control import HttpWorkerControl
 from warm_pool.leader import LeaseStore
 
 

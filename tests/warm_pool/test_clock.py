@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.warm_pool.fleet import (
+from tests.warm_pool.in_process import (
     TOKEN,
     InProcessProvider,
     controller,
@@ -26,7 +26,7 @@ from thaw.config import ThawConfig, parse_config
 from warm_pool.app import create_pool_app
 from warm_pool.assembly import build_pool
 from warm_pool.clock import SteppedClock, largest_step_s
-from warm_pool.control import HttpWorkerControl
+from warm_pool.fleet.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.waiting import until
-from tests.warm_pool.fleet import serve, steps_pass
+from tests.warm_pool.in_process import serve, steps_pass
 from tests.warm_pool.moto_ec2 import TOKEN_PARAM, Aws, NoCapacity
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
@@ -33,7 +33,7 @@ from thaw.process import stop_group
 from thaw.wire import BudgetChange, WorkerState, WorkerStatus
 from warm_pool.app import create_pool_app
 from warm_pool.assembly import build_pool
-from warm_pool.control import HttpWorkerControl
+from warm_pool.fleet.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from activator.routing.router import Router
-from tests.warm_pool.fleet import (
+from tests.warm_pool.in_process import (
     TOKEN,
     FakeStoreReader,
     InProcessProvider,
@@ -28,8 +28,8 @@ from tests.warm_pool.fleet import (
 from thaw.controllers import LEADER_HEADER, Controllers
 from thaw.embedded_store import free_port
 from thaw.wire import Catalog, ReleaseRequest
-from warm_pool.control import ControlError, HttpWorkerControl
 from warm_pool.db import Db
+from warm_pool.fleet.control import ControlError, HttpWorkerControl
 from warm_pool.leader import LeaseStore
 from warm_pool.persist import ControllerStore
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from tests.warm_pool.fleet import EXAMPLE, FakeStoreReader
+from tests.warm_pool.in_process import EXAMPLE, FakeStoreReader
 from thaw.config import ThawConfig, parse_config
 from thaw.engine_class import engine_class_of
 from thaw.units import GiB
@@ -31,11 +31,11 @@ from thaw.wire import (
     WorkerState,
     WorkerStatus,
 )
-from warm_pool.actuator import assign_request
 from warm_pool.assembly import build_pool
 from warm_pool.classes import ModelClasses
-from warm_pool.control import ControlError
-from warm_pool.facts import UnknownInstance
+from warm_pool.fleet.actuator import assign_request
+from warm_pool.fleet.control import ControlError
+from warm_pool.fleet.facts import UnknownInstance
 from warm_pool.manager import PoolManager
 from warm_pool.policy.decide import ModelActivity
 from warm_pool.providers.provider import CapacityError, Instance, InstanceState
@@ -587,7 +587,7 @@ async def test_a_failed_load_reaches_the_routes_with_its_kind() -> None:
 
 
 def test_ids_of_packed_engines_gone_are_remembered_within_a_bound() -> None:
-    from warm_pool.facts import RELEASED_ENGINES_KEPT
+    from warm_pool.fleet.facts import RELEASED_ENGINES_KEPT
 
     clock = Clock()
     m = build_pool(config(), {"gpu": FakeProvider(clock)}, FakeControl(clock), clock=clock)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.warm_pool.fleet import (
+from tests.warm_pool.in_process import (
     Controller,
     InProcessProvider,
     controller,

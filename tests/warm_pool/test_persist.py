@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from tests.warm_pool.conftest import StateDb
-from tests.warm_pool.fleet import EXAMPLE
+from tests.warm_pool.in_process import EXAMPLE
 from thaw.config import ThawConfig, parse_config
 from thaw.wire import PoolEvent
 from warm_pool.events import SavedEvent

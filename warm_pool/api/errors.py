@@ -13,7 +13,7 @@ from thaw.wire import ErrorReply
 from warm_pool.batch.files import FileExists
 from warm_pool.conversations.store import ChainTooLong, ConversationFull, Exists
 from warm_pool.db import StateUnavailable
-from warm_pool.facts import UnknownInstance
+from warm_pool.fleet.facts import UnknownInstance
 from warm_pool.registry.admin import UnknownKey, UnknownTenant
 from warm_pool.registry.models import RegistryRefused
 

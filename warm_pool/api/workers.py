@@ -1,4 +1,4 @@
-"""The workers' heartbeats (``warm_pool.facts``, answered with the leader's term)."""
+"""The workers' heartbeats (``warm_pool.fleet.facts``, answered with the leader's term)."""
 
 from __future__ import annotations
 

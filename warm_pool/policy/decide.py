@@ -2,7 +2,7 @@
 
 ``decide(snapshot, state, cfg, now) -> (decisions, state)``. No I/O, no clock: the
 manager (``warm_pool.manager``) gathers the snapshot, calls this and stores the returned
-state; ``warm_pool.actuator`` carries out the decisions. A test can step through ticks
+state; ``warm_pool.fleet.actuator`` carries out the decisions. A test can step through ticks
 by hand.
 
 Per model, the replica count is the autoscaler's (``warm_pool.policy.autoscaler``: windows,

@@ -2,7 +2,7 @@
 
 A decision is data: what the policy (``warm_pool.policy.decide.decide``) wants done to one
 worker, engine or pool. Two executors carry them out: the controller's actuator
-(``warm_pool.actuator``: control calls and provider calls) and the simulator
+(``warm_pool.fleet.actuator``: control calls and provider calls) and the simulator
 (``simulator.effects``: the same effects on its model of a fleet). Each implements
 :class:`Executor`, one method per decision type, and hands every decision to
 :func:`carry_out`, whose ``match`` ends in ``assert_never``: a decision type added to

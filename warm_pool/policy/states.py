@@ -1,5 +1,5 @@
 """The groups of worker states the policy reasons with (a worker's state is
-``warm_pool.view``'s, derived from facts); the simulator uses the same groups."""
+``warm_pool.fleet.view``'s, derived from facts); the simulator uses the same groups."""
 
 from __future__ import annotations
 

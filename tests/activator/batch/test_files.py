@@ -26,7 +26,7 @@ from activator.batch.files import count_lines
 from activator.errors import PayloadTooLarge
 from tests.activator.support import KEY, LIMITED_KEY, assert_openai_error, make_config
 from tests.conftest import BUCKET
-from tests.warm_pool.fleet import TOKEN, InProcessProvider, controller, serve
+from tests.warm_pool.in_process import TOKEN, InProcessProvider, controller, serve
 from thaw.config import ThawConfig, parse_config
 from thaw.embedded_store import free_port
 from thaw.objstore import S3Endpoint

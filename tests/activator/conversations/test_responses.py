@@ -23,7 +23,7 @@ from activator.app import create_app
 from tests.activator.fake_engine import FakeEngine
 from tests.activator.support import KEY, LIMITED_KEY, controller_stand_in, make_config, replica
 from tests.waiting import until
-from tests.warm_pool.fleet import serve
+from tests.warm_pool.in_process import serve
 from thaw.embedded_store import free_port
 from thaw.wire import RouteTable
 from warm_pool.db import Db

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import httpx
 
-from tests.warm_pool.fleet import TOKEN, fleet_config
+from tests.warm_pool.in_process import TOKEN, fleet_config
 from thaw.config import parse_config
 from warm_pool.app import create_pool_app
 from warm_pool.assembly import build_pool
-from warm_pool.control import HttpWorkerControl
+from warm_pool.fleet.control import HttpWorkerControl
 
 
 async def test_a_body_that_is_not_utf8_is_a_documented_400_in_the_error_shape() -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import httpx
 
-from tests.warm_pool.fleet import TOKEN, registry_config
+from tests.warm_pool.in_process import TOKEN, registry_config
 from thaw.controllers import LEADER_HEADER
 from warm_pool.app import create_pool_app
 from warm_pool.assembly import build_pool
-from warm_pool.control import HttpWorkerControl
 from warm_pool.db import Db
+from warm_pool.fleet.control import HttpWorkerControl
 from warm_pool.leader import Lease, LeaseStore
 from warm_pool.manager import PoolManager
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from starlette.requests import Request
 
-from tests.warm_pool.fleet import TOKEN, registry_config
+from tests.warm_pool.in_process import TOKEN, registry_config
 from warm_pool.api.parts import actor_of
 from warm_pool.assembly import build_pool
-from warm_pool.control import HttpWorkerControl
+from warm_pool.fleet.control import HttpWorkerControl
 
 
 def request(headers: dict[str, str], client: tuple[str, int] | None = ("10.0.0.7", 4000)) -> Request:

@@ -15,7 +15,7 @@ import httpx
 import yaml
 
 from tests.conftest import BUCKET
-from tests.warm_pool.fleet import TOKEN, InProcessProvider, controller, fleet_config, until
+from tests.warm_pool.in_process import TOKEN, InProcessProvider, controller, fleet_config, until
 from thaw.config import parse_config
 from thaw.objstore import S3Endpoint
 from thaw.wire import BatchEndpoint, NewFile

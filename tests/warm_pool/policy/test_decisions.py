@@ -75,7 +75,7 @@ def _scratch(tmp: Path, *, case: bool) -> Path:
 
 def _mypy(where: Path) -> tuple[int, list[str]]:
     r = subprocess.run([sys.executable, "-m", "mypy", "--ignore-missing-imports", "--follow-imports=silent",
-                        "--no-incremental", "warm_pool/policy/decisions.py", "warm_pool/actuator.py", "simulator/effects.py"],
+                        "--no-incremental", "warm_pool/policy/decisions.py", "warm_pool/fleet/actuator.py", "simulator/effects.py"],
                        cwd=where, capture_output=True, text=True, timeout=300)
     return r.returncode, [line for line in r.stdout.splitlines() if ": error:" in line]
 
@@ -91,5 +91,5 @@ def test_a_new_decision_type_fails_the_type_check_until_both_executors_carry_it_
         assert files == ["warm_pool/policy/decisions.py"] and "assert_never" in errors[0] and "Drain" in errors[0]
     else:
         # The dispatch is whole; each executor lacks the protocol's new method.
-        assert files == ["simulator/effects.py", "warm_pool/actuator.py"], errors
+        assert files == ["simulator/effects.py", "warm_pool/fleet/actuator.py"], errors
         assert all('to "carry_out" has incompatible type' in e for e in errors), errors

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.warm_pool.fleet import (
+from tests.warm_pool.in_process import (
     TOKEN,
     FakeStoreReader,
     InProcessProvider,

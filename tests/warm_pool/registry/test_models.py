@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tests.warm_pool.conftest import StateDb
-from tests.warm_pool.fleet import EXAMPLE, FakeStoreReader, registry_config
+from tests.warm_pool.in_process import EXAMPLE, FakeStoreReader, registry_config
 from thaw.config import ThawConfig, parse_config
 from thaw.units import GiB
 from thaw.wire import ModelDeploy, ModelRollback, ModelSpec, ModelUpdate

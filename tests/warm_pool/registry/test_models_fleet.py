@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from activator.routing.router import Router
-from tests.warm_pool.fleet import (
+from tests.warm_pool.in_process import (
     TOKEN,
     FakeStoreReader,
     InProcessProvider,

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from tests.warm_pool.conftest import StateDb
-from tests.warm_pool.fleet import FakeStoreReader, registry_config
+from tests.warm_pool.in_process import FakeStoreReader, registry_config
 from thaw.wire import ModelDeploy, ModelSpec, TenantChange, TenantCreate
 from warm_pool.assembly import build_pool
-from warm_pool.control import HttpWorkerControl
 from warm_pool.db import Db
+from warm_pool.fleet.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
 from warm_pool.registry.admin import UnknownTenant
 from warm_pool.registry.models import RegistryRefused

@@ -43,7 +43,7 @@ class Intent:
 @dataclass(frozen=True)
 class WorkerFacts:
     """Independent observations of one worker; each changes in one place
-    (:meth:`warm_pool.facts.FleetFacts.observe`)."""
+    (:meth:`warm_pool.fleet.facts.FleetFacts.observe`)."""
 
     worker_id: str
     shape: str

@@ -3,7 +3,7 @@
 ``python -m worker.engine_host`` is started by the agent (``worker.host``), in its
 own process group. It
 
-1. imports vLLM's engine core (``worker.engine_core_entry``), forks a forkserver
+1. imports vLLM's engine core (``worker.engine_host.engine_core_entry``), forks a forkserver
    from itself that the engine core will be forked from, and meanwhile imports
    vLLM's OpenAI server;
 2. writes ``{"event": "imported"}`` to stdout and waits for one
@@ -11,7 +11,7 @@ own process group. It
 3. sets the launch's environment and runs vLLM's OpenAI-compatible server
    in-process until it is told to stop (SIGTERM);
 4. for a ``swappable`` launch, keeps reading stdin: ``swap`` and ``park`` commands
-   (``worker.swap_server``) replace the model in the running engine or park it.
+   (``worker.engine_host.swap_server``) replace the model in the running engine or park it.
 
 Events go to stdout (``worker.launch``); vLLM's logs go to stderr (the agent sets
 ``VLLM_LOGGING_STREAM``). Exit status 0 after a clean stop or an empty stdin, 1
@@ -57,7 +57,7 @@ from worker.launch import (
 
 
 def _start_forkserver() -> BaseContext:
-    """Import vLLM's engine core (``worker.engine_core_entry``), then start the
+    """Import vLLM's engine core (``worker.engine_host.engine_core_entry``), then start the
     forkserver as a fork of this process, which meanwhile goes on to import the API
     server.
 
@@ -71,7 +71,7 @@ def _start_forkserver() -> BaseContext:
     """
     # The heavy part (vLLM's engine core, torch, model code), and the patched engine
     # core target must be importable here under its own name for pickling.
-    import worker.engine_core_entry  # noqa: F401
+    import worker.engine_host.engine_core_entry  # noqa: F401
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([FORKSERVER_PRELOAD])  # type: ignore[attr-defined]
@@ -112,7 +112,7 @@ def _fork_passfds(path: Any, args: Sequence[Any], passfds: Sequence[int]) -> int
             import setproctitle
 
             setproctitle.setproctitle(f"thaw-forkserver (engine host {os.getppid()})")
-        from worker.engine_core_entry import prepare_forkserver
+        from worker.engine_host.engine_core_entry import prepare_forkserver
 
         try:
             prepare_forkserver()
@@ -182,7 +182,7 @@ def _route_engine_core(ctx: BaseContext | None, env: dict[str, str]) -> None:
     import vllm.v1.engine.utils as engine_utils
     from vllm.v1.engine.core import EngineCoreProc
 
-    from worker import engine_core_entry
+    from worker.engine_host import engine_core_entry
 
     EngineCoreProc.run_engine_core = staticmethod(  # type: ignore[method-assign]
         functools.partial(engine_core_entry.run_engine_core, thaw_env=env)
@@ -203,7 +203,7 @@ def _run_in_forkserver_child(ctx: BaseContext, fn: Any) -> Any:
 
     import cloudpickle
 
-    from worker import engine_core_entry
+    from worker.engine_host import engine_core_entry
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.pkl")
@@ -243,7 +243,7 @@ def main() -> int:
         args = _parse_server_args(vllm_argv(cmd))
         _route_engine_core(ctx if preloaded else None, cmd.env)
         if cmd.swappable:
-            from worker.swap_server import SwapServer
+            from worker.engine_host.swap_server import SwapServer
 
             swaps = SwapServer(serving=cmd.serving)
             swaps.install(entry)

@@ -10,7 +10,7 @@ time, and is answered by an event on stdout.
 1. the gate closes: every ``/v1`` request is refused (503) until the swap is done, so
    none is tokenized or named by the previous model's front end;
 2. the engine pauses, after what is running (the agent drained it);
-3. the weights (``worker.swap_core`` in the engine core, ``collective_rpc``);
+3. the weights (``worker.engine_host.swap_core`` in the engine core, ``collective_rpc``);
 4. the prefix cache is emptied (``reset_prefix_cache`` must say every block went:
    no KV computed with the previous model's weights, or for its tenants, can be hit);
 5. the front end is rebuilt for the new model: its ``ModelConfig`` (config and

@@ -1,10 +1,10 @@
 """What the controller knows of its fleet: facts, recorded in one place, and each
 worker's view derived from them.
 
-It records what it learns of each worker (:class:`~warm_pool.view.WorkerFacts`): what
+It records what it learns of each worker (:class:`~warm_pool.fleet.view.WorkerFacts`): what
 the providers say of its instance, its heartbeats and its answers to control calls, the
 control call just made to it (an intent it has not reflected yet). Nothing here sets a
-worker's state: :meth:`FleetFacts.views` derives it (``warm_pool.view.derive_view``).
+worker's state: :meth:`FleetFacts.views` derives it (``warm_pool.fleet.view.derive_view``).
 
 A packed engine (one of several engines in one worker) reports under its own id, with
 the worker that runs it as its host; it is known here only while that worker is, and
@@ -20,10 +20,10 @@ from typing import Any
 from thaw.config import ThawConfig
 from thaw.log import get_logger
 from thaw.wire import HeartbeatReply, WorkerStatus
+from warm_pool.fleet.view import INTENT_TTL_S, WorkerFacts, derive_view
 from warm_pool.metrics import PoolMetrics
 from warm_pool.policy.decide import WorkerView
 from warm_pool.providers.provider import InstanceState
-from warm_pool.view import INTENT_TTL_S, WorkerFacts, derive_view
 
 log = get_logger()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from thaw.wire import WorkerState, WorkerStatus
+from warm_pool.fleet.view import Intent, WorkerFacts, derive_view
 from warm_pool.providers.provider import Instance, InstanceState
-from warm_pool.view import Intent, WorkerFacts, derive_view
 
 S = WorkerState
 NOW = 1000.0

@@ -1,9 +1,9 @@
 """Carrying out the policy's decisions: through the providers (launch, stop, start,
-terminate) and the workers' control API (:class:`~warm_pool.control.WorkerControl`:
+terminate) and the workers' control API (:class:`~warm_pool.fleet.control.WorkerControl`:
 assign, pack, release, sleep, prebuild, adapter loads and unloads).
 
 Each decision is recorded as an event and, before its call is made, as a fact: an
-intent the worker has not reflected yet (``warm_pool.view``), so the next tick does not
+intent the worker has not reflected yet (``warm_pool.fleet.view``), so the next tick does not
 repeat it. The calls run as tasks; a worker's answer is taken in as its status, and a
 refusal clears the intent (the next heartbeat is the truth). A shape whose launches fail
 is backed off, doubling per failure.
@@ -30,9 +30,10 @@ from thaw.wire import (
     WorkerStatus,
 )
 from warm_pool.classes import ModelClasses, engine_bytes
-from warm_pool.control import ControlError, WorkerControl
 from warm_pool.events import EventLog
-from warm_pool.facts import FleetFacts
+from warm_pool.fleet.control import ControlError, WorkerControl
+from warm_pool.fleet.facts import FleetFacts
+from warm_pool.fleet.view import INTENT_TTL_S, Intent, WorkerFacts, count_states
 from warm_pool.metrics import PoolMetrics
 from warm_pool.policy.decide import (
     ModelActivity,
@@ -57,7 +58,6 @@ from warm_pool.policy.decisions import (
     carry_out,
 )
 from warm_pool.providers.provider import CapacityError, Provider
-from warm_pool.view import INTENT_TTL_S, Intent, WorkerFacts, count_states
 
 log = get_logger()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from thaw.log import get_logger
-from warm_pool.facts import FleetFacts
+from warm_pool.fleet.facts import FleetFacts
 from warm_pool.providers.provider import Instance, Provider
 
 log = get_logger()

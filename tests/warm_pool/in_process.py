@@ -23,7 +23,7 @@ from thaw.objstore import S3Endpoint, WeightsCheck, WeightsProblem
 from thaw.serve import server_config
 from warm_pool.app import create_pool_app
 from warm_pool.assembly import build_pool
-from warm_pool.control import HttpWorkerControl
+from warm_pool.fleet.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
 from warm_pool.providers.provider import Instance, InstanceState
 from worker.api import create_app
