@@ -39,24 +39,11 @@ class Upstream:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, target, _ = lines[0].split(" ", 2)
-                headers = {}
-                for line in lines[1:]:
-                    if ":" in line:
-                        k, v = line.split(":", 1)
-                        headers[k.strip().lower()] = v.strip()
-                body = b""
-                if "content-length" in headers:
-                    body = await reader.readexactly(int(headers["content-length"]))
-                elif headers.get("transfer-encoding", "").lower() == "chunked":
-                    body = await _read_chunked(reader)
-                keep = headers.get("connection", "").lower() != "close"
+                method, target, headers, body = await read_request(reader)
                 path, _, query = target.partition("?")
                 await self.dispatch(method, path, body, writer, query)
                 await writer.drain()
-                if not keep:
+                if headers.get("connection", "").lower() == "close":
                     break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
@@ -130,6 +117,20 @@ class Upstream:
                    + b"}\n\n")
         _chunk(w, b"data: [DONE]\n\n")
         w.write(b"0\r\n\r\n")
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bytes]:
+    """One HTTP/1.1 request: method, target, headers (names in lower case), body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if ":" in line)}
+    body = b""
+    if "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding", "").lower() == "chunked":
+        body = await _read_chunked(reader)
+    return method, target, headers, body
 
 
 def _chunk(w: asyncio.StreamWriter, data: bytes) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from loadtests.fast_upstream import Upstream, _read_chunked, _send
+from loadtests.fast_upstream import Upstream, _send, read_request
 from thaw.controllers import TERM_HEADER
 from thaw.wire import (
     AssignRequest,
@@ -192,6 +192,8 @@ class SimFleet:
         if method != "POST":
             return 405, {"error": f"{method} {op} is not a worker route"}
         raw = headers.get(TERM_HEADER.lower())
+        if raw is not None and not raw.lstrip("-").isdigit():
+            return 400, {"error": f"{TERM_HEADER} must be an integer"}
         if raw is not None and not w.admits(int(raw)):
             return 409, {"error": f"a call of the controllers' term {raw}, but term {w.term} leads now: this "
                                   "controller no longer leads"}
@@ -210,16 +212,7 @@ class SimFleet:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, target, _ = lines[0].split(" ", 2)
-                headers = {k.strip().lower(): v.strip() for k, _, v in
-                           (line.partition(":") for line in lines[1:] if ":" in line)}
-                body = b""
-                if "content-length" in headers:
-                    body = await reader.readexactly(int(headers["content-length"]))
-                elif headers.get("transfer-encoding", "").lower() == "chunked":
-                    body = await _read_chunked(reader)
+                method, target, headers, body = await read_request(reader)
                 await self.dispatch(method, target.partition("?")[0], headers, body, writer)
                 await writer.drain()
                 if headers.get("connection", "").lower() == "close":
