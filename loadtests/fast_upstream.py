@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 _REASONS = {200: "OK", 202: "Accepted", 204: "No Content", 400: "Bad Request", 404: "Not Found",
@@ -37,18 +38,12 @@ class Upstream:
 
     # -- HTTP/1.1 over asyncio streams ------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                method, target, headers, body = await read_request(reader)
-                path, _, query = target.partition("?")
-                await self.dispatch(method, path, body, writer, query)
-                await writer.drain()
-                if headers.get("connection", "").lower() == "close":
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
-            pass
-        finally:
-            writer.close()
+        await serve_connection(reader, writer, self._request)
+
+    async def _request(self, method: str, target: str, headers: dict[str, str], body: bytes,
+                       w: asyncio.StreamWriter) -> None:
+        path, _, query = target.partition("?")
+        await self.dispatch(method, path, body, w, query)
 
     async def dispatch(self, method: str, path: str, body: bytes, w: asyncio.StreamWriter, query: str = "") -> None:
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
@@ -117,6 +112,25 @@ class Upstream:
                    + b"}\n\n")
         _chunk(w, b"data: [DONE]\n\n")
         w.write(b"0\r\n\r\n")
+
+
+OnRequest = Callable[[str, str, dict[str, str], bytes, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, on_request: OnRequest) -> None:
+    """Requests of one keep-alive connection, one at a time, each answered by
+    ``on_request(method, target, headers, body, writer)``, until the client closes it."""
+    try:
+        while True:
+            method, target, headers, body = await read_request(reader)
+            await on_request(method, target, headers, body, writer)
+            await writer.drain()
+            if headers.get("connection", "").lower() == "close":
+                break
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+        pass
+    finally:
+        writer.close()
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bytes]:

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from loadtests.fast_upstream import Upstream, _send, read_request
+from loadtests.fast_upstream import Upstream, _send, serve_connection
 from thaw.controllers import TERM_HEADER
 from thaw.wire import (
     AssignRequest,
@@ -210,20 +210,11 @@ class SimFleet:
 
     # -- HTTP/1.1 ---------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                method, target, headers, body = await read_request(reader)
-                await self.dispatch(method, target.partition("?")[0], headers, body, writer)
-                await writer.drain()
-                if headers.get("connection", "").lower() == "close":
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
-            pass
-        finally:
-            writer.close()
+        await serve_connection(reader, writer, self.dispatch)
 
-    async def dispatch(self, method: str, path: str, headers: dict[str, str], body: bytes,
+    async def dispatch(self, method: str, target: str, headers: dict[str, str], body: bytes,
                        w: asyncio.StreamWriter) -> None:
+        path = target.partition("?")[0]
         if path == "/stats":
             return _send(w, 200, self.stats())
         kind, _, rest = path.lstrip("/").partition("/")
