@@ -260,6 +260,13 @@ class PoolManager:
         """One turn of the loop: refresh what the providers say, adopt the fleet once the
         grace has passed, then decide, act and publish routes (a test drives this with
         its own clock)."""
+        t0 = time.perf_counter()
+        try:
+            await self._step()
+        finally:
+            self.parts.metrics.step.observe(time.perf_counter() - t0)
+
+    async def _step(self) -> None:
         await self.instances.refresh()
         now = self.clock()
         classes = self.parts.model_classes

@@ -19,6 +19,11 @@ class PoolMetrics:
         self.decisions = Counter("thaw_pool_decisions_total", "Policy decisions carried out", ["kind", "reason"], registry=registry)
         self.tick = Histogram("thaw_pool_policy_seconds", "Time spent in one policy decision", registry=registry,
                               buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1))
+        # A whole turn of the loop (providers, facts, decide, act, publish routes, save), the
+        # controller's cost at its fleet's size (`thaw bench control-plane`).
+        self.step = Histogram("thaw_pool_step_seconds", "Time spent in one turn of the control loop",
+                              registry=registry, buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
+                                                          2.0, 5.0, 10.0))
         self.backoff = Gauge("thaw_model_backoff_seconds", "Seconds left in a model's load backoff", ["model"], registry=registry)
         self.launch_backoff = Gauge("thaw_pool_launch_backoff_seconds",
                                     "Seconds left before a shape launches again (capacity errors)", ["shape"],

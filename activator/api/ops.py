@@ -23,7 +23,9 @@ router = APIRouter()
 
 @router.get("/healthz")
 async def healthz(parts: Parts) -> dict[str, Any]:
-    return {"ok": True, "pool_connected": parts.routes.feed.connected}
+    feed = parts.routes.feed
+    # The route table's version it acts on: the controller's /healthz names the newest.
+    return {"ok": True, "pool_connected": feed.connected, "routes_version": feed.version}
 
 
 @router.get("/metrics", response_class=PlainTextResponse,

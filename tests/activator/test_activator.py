@@ -61,6 +61,13 @@ CHAT = {"model": "thaw-demo", "messages": [{"role": "user", "content": "hi"}]}
 
 
 
+async def test_healthz_names_the_route_table_version_it_acts_on(activator: tuple[Any, httpx.AsyncClient]) -> None:
+    app, client = activator
+    app.state.routes.apply(table(7, []))
+    health = (await client.get("/healthz")).json()
+    assert health["ok"] is True and health["routes_version"] == 7
+
+
 async def test_bad_key_is_401(activator: tuple[Any, httpx.AsyncClient]) -> None:
     _, client = activator
     r = await client.post("/v1/chat/completions", json=CHAT)

@@ -171,6 +171,12 @@ async def step(m: PoolManager) -> None:
     await m.actuator.settle()
 
 
+def metrics_text(m: PoolManager) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(m.parts.registry).decode()
+
+
 def views(m: PoolManager) -> dict[str, str]:
     return {w: v.state.value for w, v in m.fleet.views(m.clock()).items()}
 
@@ -192,6 +198,8 @@ async def test_a_restarted_controller_adopts_the_fleet_and_launches_nothing() ->
     clock.t += m.adopt_grace_s
     await step(m)
     assert m.adopted
+    # Each turn of the loop is timed (the controller's cost at its fleet's size).
+    assert "thaw_pool_step_seconds_count 2.0" in metrics_text(m)
     # No activator has reported yet: the serving replica is kept (its idle grace starts
     # now), nothing is launched (the standby target is met), nothing is released.
     assert provider.launches == [] and control.calls == [] and provider.terminated == []

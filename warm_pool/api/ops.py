@@ -21,7 +21,8 @@ FOLLOWER_PATHS = frozenset({"/healthz", "/metrics", "/v1/leader"})
 @router.get("/healthz")
 async def healthz(manager: Manager) -> dict[str, object]:
     return {"ok": True, "epoch": manager.epoch, "adopted": manager.adopted,
-            "role": "leader" if manager.leading else "follower", "leader": manager.leader_url}
+            "role": "leader" if manager.leading else "follower", "leader": manager.leader_url,
+            "routes_version": manager.feed.table.version}
 
 
 @router.get("/v1/leader", response_model=LeaderView)
