@@ -247,6 +247,7 @@ def _add_bench_commands(sub: Subparsers, add: Add) -> None:
         bench_activator,
         bench_batch,
         bench_cold_start,
+        bench_control_plane,
         bench_conversations,
         bench_page_faults,
         bench_simulate,
@@ -266,6 +267,8 @@ def _add_bench_commands(sub: Subparsers, add: Add) -> None:
                                "slots), and batch throughput."),
         ("conversations", bench_conversations, "Continued conversations: Thaw's Responses API and prefix routing "
                                                "vs a round-robin balancer over the same engines."),
+        ("control-plane", bench_control_plane, "The controller, route feed and activators at fleet size (models "
+                                               "x workers), every worker simulated."),
     ):
         p = add(b_sub, name, help_, mod.run)
         mod.add_arguments(p)

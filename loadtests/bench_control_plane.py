@@ -1,0 +1,480 @@
+"""`thaw bench control-plane`: the controller, its route feed and the activators at fleet
+size, with every worker simulated (:mod:`loadtests.sim_fleet`).
+
+    thaw bench control-plane --out bench_control_plane.json [--sizes 100x10 1000x100 10000x1000]
+                             [--activators 4] [--burst 1000]
+
+At each size (models x workers), on loopback, it starts:
+
+- an embedded store holding the demo model (every model's weights: the registry checks
+  each deploy against the store's manifest);
+- the real controller (`thaw controller`, SQLite state) with one local pool of the
+  simulated workers' shape, its standby band and cap the fleet's size, so it launches
+  nothing and every worker stands by;
+- the simulated fleet (one process, each worker heartbeating and answering the control
+  API; an engine is ready ``--load-s`` after its assignment);
+- ``--activators`` real activators (`thaw activator`).
+
+Then it measures, in this order:
+
+- **deploy**: every model created through ``POST /v1/admin/models`` (8 at a time), the
+  seconds each took, and how that grows from the first tenth to the last;
+- **idle**: the controller's turn of the loop (``thaw_pool_step_seconds``) over
+  ``--idle-s`` with nothing to do, and every process's memory (RSS) and CPU;
+- **burst**: ``--burst`` models at zero (each its own), one streaming request each, all
+  sent within one second, spread over the activators: each request's status and time to
+  first token; from the controller's decision log, each model's demand to its
+  assignment and when the last was placed; the loop's turns meanwhile; and, polled
+  every 25 ms from each service's ``/healthz``, how long each new route table took to
+  reach every activator;
+- **operators**: ``thaw models ls`` and ``thaw pool status --json`` at full size.
+
+Growth between sizes is reported as exponents (``log(b/a) / log(size_b/size_a)``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+SHAPE = "sim"
+API_KEY = "thaw-bench-key"
+DEPLOY_CONCURRENCY = 8
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, required=True, help="write the JSON report here")
+    p.add_argument("--sizes", nargs="+", default=["100x10", "1000x100", "10000x1000"],
+                   help="MODELSxWORKERS at each size (default 100x10 1000x100 10000x1000)")
+    p.add_argument("--activators", type=int, default=4, help="activator processes (default 4)")
+    p.add_argument("--burst", type=int, default=1000,
+                   help="models at zero that each get one request within a second (at most the workers; default 1000)")
+    p.add_argument("--load-s", type=float, default=1.0, help="a simulated engine's load, seconds (default 1)")
+    p.add_argument("--idle-s", type=float, default=10.0, help="seconds of the idle sample (default 10)")
+    p.add_argument("--work-dir", type=Path, default=None, help="keep the run's files here (default: a temp dir)")
+
+
+def _log(msg: str) -> None:
+    print(f"[bench control-plane] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    try:
+        models, workers = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--sizes: {text!r} is not MODELSxWORKERS (e.g. 1000x100)") from None
+    if models < 1 or workers < 1:
+        raise SystemExit(f"--sizes: {text!r} needs at least one model and one worker")
+    return models, workers
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return round(s[max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))], 4)
+
+
+def exponent(a: float | None, b: float | None, size_a: int, size_b: int) -> float | None:
+    """How ``a`` at ``size_a`` grows to ``b`` at ``size_b``: 1 is linear."""
+    if not a or not b or size_a == size_b:
+        return None
+    return round(math.log(b / a) / math.log(size_b / size_a), 2)
+
+
+def histogram(metrics_text: str, name: str) -> dict[float, float]:
+    """A Prometheus histogram's cumulative bucket counts (``le`` -> count)."""
+    out = {}
+    for line in metrics_text.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[math.inf if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The ``q`` quantile of what a histogram counted between two reads, as the upper
+    bound of its bucket (Prometheus' histogram_quantile without the interpolation)."""
+    delta = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
+    total = delta[-1][1] if delta else 0.0
+    if total <= 0:
+        return None
+    for le, n in delta:
+        if n >= q * total:
+            return le
+    return None
+
+
+class Plane:
+    """One size's processes and the clients to them."""
+
+    def __init__(self, work: Path, store: Any, model_uri: str, models: int, workers: int, activators: int,
+                 load_s: float) -> None:
+        import yaml
+
+        from thaw.config import hash_api_key, parse_config
+        from thaw.embedded_store import free_port
+
+        self.work, self.models, self.workers = work, models, workers
+        self.model_uri, self.load_s = model_uri, load_s
+        self.controller_port, self.fleet_port = free_port(), free_port()
+        self.activator_ports = [free_port() for _ in range(activators)]
+        self.data_dir = work / "data"
+        self.token = "bench-control-plane-token"
+        cfg = {
+            "data_dir": str(self.data_dir), "log_level": "warning",
+            "cluster": {"token": self.token, "heartbeat_interval_s": 2, "worker_timeout_s": 15},
+            "controller": {"host": "127.0.0.1", "port": self.controller_port},
+            "object_store": {"kind": "s3", "endpoint_url": store.endpoint_url, "bucket": store.bucket,
+                             "region": store.region,
+                             "credentials": {"source": "file", "file": str(store.credentials_file)}},
+            "ledger": {"ship": False},
+            "shapes": [{"name": SHAPE, "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8,
+                        "price_per_hour_usd": 0.0, "boot_timeout_s": 600}],
+            "pools": [{"shape": SHAPE, "provider": "local", "standby_min": workers, "standby_max": workers,
+                       "max_instances": workers}],
+            "models": [],
+            "tenants": [{"name": "bench", "api_key_hashes": [hash_api_key(API_KEY)], "allowed_models": ["*"]}],
+        }
+        parse_config(cfg)
+        work.mkdir(parents=True, exist_ok=True)
+        self.config_path = work / "thaw-control-plane.yaml"
+        self.config_path.write_text(yaml.safe_dump(cfg))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.controller_url = f"http://127.0.0.1:{self.controller_port}"
+        self.activator_urls = [f"http://127.0.0.1:{p}" for p in self.activator_ports]
+        self.headers = {"Authorization": f"Bearer {self.token}"}
+
+    # -- processes ----------------------------------------------------------------------
+    def _start(self, name: str, cmd: list[str], ready_url: str, timeout_s: float = 120.0) -> None:
+        import httpx
+
+        from loadtests.procs import tail
+        from thaw.process import spawn_group
+
+        log = self.work / f"{name}.log"
+        proc = self.procs[name] = spawn_group(cmd, log)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited ({proc.returncode}): {tail(log)}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(ready_url, timeout=2).status_code < 500:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} not ready after {timeout_s:.0f} s: {tail(log)}")
+            time.sleep(0.2)
+
+    def start_controller_and_fleet(self) -> None:
+        thaw = [sys.executable, "-m", "thaw.cli.main"]
+        # The fleet first: its workers register within the controller's adoption grace.
+        self._start("fleet", [sys.executable, "-m", "loadtests.sim_fleet", "--port", str(self.fleet_port),
+                              "--controller", self.controller_url, "--token", self.token,
+                              "--workers", str(self.workers), "--shape", SHAPE, "--load-s", str(self.load_s)],
+                    f"http://127.0.0.1:{self.fleet_port}/stats")
+        self._start("controller", [*thaw, "controller", "--config", str(self.config_path)],
+                    f"{self.controller_url}/healthz")
+        self.wait("every simulated worker standing by",
+                  lambda: self.state()["adopted"] and sum(1 for w in self.state()["workers"]
+                                                          if w["state"] == "standby") == self.workers, 300)
+
+    def start_activators(self) -> None:
+        thaw = [sys.executable, "-m", "thaw.cli.main"]
+        for i, port in enumerate(self.activator_ports):
+            self._start(f"activator-{i}", [*thaw, "activator", "--config", str(self.config_path), "--port", str(port),
+                                           "--id", f"bench-a{i}"], f"http://127.0.0.1:{port}/healthz")
+        version = self.health(self.controller_url)["routes_version"]
+        self.wait("every activator on the controller's route table",
+                  lambda: all(self.health(u)["routes_version"] >= version for u in self.activator_urls), 120)
+
+    def stop(self) -> None:
+        from thaw.process import stop_group
+
+        for name in reversed(list(self.procs)):
+            stop_group(self.procs[name], 20)
+
+    # -- reading the services --------------------------------------------------------------
+    def get(self, url: str, **params: Any) -> Any:
+        import httpx
+
+        r = httpx.get(url, params=params, headers=self.headers, timeout=120)
+        r.raise_for_status()
+        return r.json()
+
+    def state(self) -> dict[str, Any]:
+        return self.get(f"{self.controller_url}/v1/state")  # type: ignore[no-any-return]
+
+    def health(self, url: str) -> dict[str, Any]:
+        return self.get(f"{url}/healthz")  # type: ignore[no-any-return]
+
+    def step_histogram(self) -> dict[float, float]:
+        import httpx
+
+        text = httpx.get(f"{self.controller_url}/metrics", headers=self.headers, timeout=60).text
+        return histogram(text, "thaw_pool_step_seconds")
+
+    def wait(self, what: str, pred: Any, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not pred():  # noqa: ASYNC110 - a benchmark's wait on other processes
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not {what} after {timeout_s:.0f} s (see {self.work})")
+            time.sleep(0.25)
+
+    def resources(self) -> dict[str, Any]:
+        import psutil
+
+        out = {}
+        for name, proc in self.procs.items():
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(proc.pid)
+                t = p.cpu_times()
+                out[name] = {"rss_mib": round(p.memory_info().rss / 2**20, 1), "cpu_s": round(t.user + t.system, 2)}
+        return out
+
+    # -- the scenarios -----------------------------------------------------------------------
+    def deploy(self) -> dict[str, Any]:
+        """Every model through the registry's API, ``DEPLOY_CONCURRENCY`` at a time."""
+        import httpx
+
+        names = [f"m{i:05d}" for i in range(self.models)]
+        took = [0.0] * len(names)
+        failed: list[str] = []
+
+        async def one(client: httpx.AsyncClient, i: int, gate: asyncio.Semaphore) -> None:
+            body = {"name": names[i], "spec": {"uri": self.model_uri, "shape": SHAPE, "max_context_tokens": 256,
+                                               "autoscaling": {"idle_grace_s": 3600, "activation_timeout_s": 120}}}
+            async with gate:
+                t0 = time.perf_counter()
+                r = await client.post("/v1/admin/models", json=body)
+                took[i] = time.perf_counter() - t0
+            if r.status_code != 201:
+                failed.append(f"{names[i]}: {r.status_code} {r.text[:200]}")
+
+        async def all_of_them() -> None:
+            gate = asyncio.Semaphore(DEPLOY_CONCURRENCY)
+            async with httpx.AsyncClient(base_url=self.controller_url, headers=self.headers, timeout=600) as c:
+                await asyncio.gather(*(one(c, i, gate) for i in range(len(names))))
+
+        t0 = time.perf_counter()
+        asyncio.run(all_of_them())
+        wall = time.perf_counter() - t0
+        if failed:
+            raise RuntimeError(f"{len(failed)} deploys failed, e.g. {failed[:3]}")
+        tenth = max(1, len(took) // 10)
+        return {"models": len(names), "wall_s": round(wall, 2), "per_s": round(len(names) / wall, 1),
+                "p50_s": percentile(took, 50), "p99_s": percentile(took, 99),
+                "first_tenth_p50_s": percentile(took[:tenth], 50), "last_tenth_p50_s": percentile(took[-tenth:], 50)}
+
+    def idle(self, seconds: float) -> dict[str, Any]:
+        before = self.step_histogram()
+        res0 = self.resources()
+        time.sleep(seconds)
+        after = self.step_histogram()
+        res1 = self.resources()
+        turns = after.get(math.inf, 0.0) - before.get(math.inf, 0.0)
+        return {"seconds": seconds, "turns": turns, "step_p50_s": bucket_quantile(before, after, 0.5),
+                "step_p99_s": bucket_quantile(before, after, 0.99),
+                "cpu_share": {k: round((res1[k]["cpu_s"] - res0[k]["cpu_s"]) / seconds, 3) for k in res1 if k in res0},
+                "resources": res1}
+
+    def burst(self, n: int) -> dict[str, Any]:
+        """``n`` models at zero, one streaming request each within a second."""
+        import httpx
+
+        names = [f"m{i:05d}" for i in range(n)]
+        sent: dict[str, float] = {}
+        results: list[dict[str, Any]] = []
+        versions = RouteVersions(self)
+        before = self.step_histogram()
+
+        async def one(client: httpx.AsyncClient, i: int, at: float) -> None:
+            await asyncio.sleep(max(at - time.time(), 0.0))
+            url = self.activator_urls[i % len(self.activator_urls)]
+            body = {"model": names[i], "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+            t0 = sent[names[i]] = time.time()
+            row: dict[str, Any] = {"model": names[i], "status": None, "ttft_s": None}
+            try:
+                async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
+                                         headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+                    row["status"] = r.status_code
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: ") and row["ttft_s"] is None:
+                            row["ttft_s"] = round(time.time() - t0, 4)
+            except httpx.HTTPError as exc:
+                row["error"] = str(exc) or type(exc).__name__
+            results.append(row)
+
+        async def all_of_them() -> None:
+            limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
+            async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+                start = time.time() + 0.5
+                await asyncio.gather(*(one(client, i, start + i / n) for i in range(n)))
+
+        with versions:
+            asyncio.run(all_of_them())
+        after = self.step_histogram()
+        events = self.get(f"{self.controller_url}/v1/events", since=min(sent.values()) - 1)["events"]
+        assigned = {}
+        for e in events:
+            if e["kind"] == "assign" and e["model"] in sent and e["model"] not in assigned:
+                assigned[e["model"]] = e["at"]
+        to_assign = [assigned[m] - sent[m] for m in assigned]
+        ok = [r for r in results if r["status"] == 200 and r["ttft_s"] is not None]
+        return {
+            "models": n, "answered": len(ok), "failed": [r for r in results if r not in ok][:20],
+            "ttft_p50_s": percentile([r["ttft_s"] for r in ok], 50),
+            "ttft_p99_s": percentile([r["ttft_s"] for r in ok], 99),
+            "assigned": len(assigned),
+            "demand_to_assignment_p50_s": percentile(to_assign, 50),
+            "demand_to_assignment_p99_s": percentile(to_assign, 99),
+            "all_placed_after_last_request_s": round(max(assigned.values()) - max(sent.values()), 3)
+            if len(assigned) == n else None,
+            "step_p50_s": bucket_quantile(before, after, 0.5), "step_p99_s": bucket_quantile(before, after, 0.99),
+            "route_propagation": versions.report(),
+        }
+
+    def operators(self) -> dict[str, Any]:
+        out: dict[str, dict[str, Any]] = {}
+        for name, args in (("models_ls", ["models", "ls", "--json"]), ("pool_status", ["pool", "status", "--json"])):
+            t0 = time.perf_counter()
+            r = subprocess.run([sys.executable, "-m", "thaw.cli.main", *args, "--config", str(self.config_path)],
+                               capture_output=True, text=True, timeout=600,
+                               env={**os.environ, "THAW_CLUSTER_TOKEN": self.token})
+            out[name] = {"seconds": round(time.perf_counter() - t0, 2), "rc": r.returncode,
+                         "bytes": len(r.stdout)}
+            if r.returncode != 0:
+                out[name]["stderr"] = r.stderr[-500:]
+        return out
+
+
+class RouteVersions:
+    """Polls the controller's and each activator's ``/healthz`` every 25 ms (in a thread)
+    while in use: when each route table version was first seen at the controller and at
+    every activator."""
+
+    def __init__(self, plane: Plane) -> None:
+        self.plane = plane
+        self.first: dict[str, dict[int, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> RouteVersions:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        import httpx
+
+        urls = {"controller": self.plane.controller_url,
+                **{f"activator-{i}": u for i, u in enumerate(self.plane.activator_urls)}}
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.wait(0.025):
+                for name, url in urls.items():
+                    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                        v = int(client.get(f"{url}/healthz").json()["routes_version"])
+                        self.first.setdefault(name, {}).setdefault(v, time.time())
+
+    def report(self) -> dict[str, Any]:
+        at_controller = self.first.get("controller", {})
+        lags = []
+        for v, t in at_controller.items():
+            seen = []
+            for name, versions in self.first.items():
+                if name == "controller":
+                    continue
+                # An activator that skipped v (a newer table came first) has it at its next.
+                later = [tt for vv, tt in versions.items() if vv >= v]
+                if later:
+                    seen.append(min(later))
+            if len(seen) == len(self.plane.activator_urls):
+                lags.append(max(max(seen) - t, 0.0))
+        return {"versions": len(at_controller), "p50_s": percentile(lags, 50), "p99_s": percentile(lags, 99),
+                "poll_s": 0.025}
+
+
+@contextlib.contextmanager
+def _work_dir(args: argparse.Namespace) -> Iterator[Path]:
+    own = args.work_dir is None
+    work = Path(tempfile.mkdtemp(prefix="thaw-bench-control-plane-")) if own else args.work_dir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        yield work
+    finally:
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadtests.bench_cold_start import _ensure_model, _environment, _store
+
+    sizes = [parse_size(s) for s in args.sizes]
+    if args.activators < 1:
+        raise SystemExit("--activators must be at least 1")
+    started = time.time()
+    runs = []
+    with _work_dir(args) as work, _store(argparse.Namespace(s3_endpoint_url=None, s3_credentials_file=None,
+                                                            bucket="thaw"), work) as store:
+        uri, model = _ensure_model(store, "tiny", work)
+        for models, workers in sizes:
+            _log(f"{models} models, {workers} workers, {args.activators} activators")
+            plane = Plane(work / f"{models}x{workers}", store, uri, models, workers, args.activators, args.load_s)
+            try:
+                plane.start_controller_and_fleet()
+                row: dict[str, Any] = {"models": models, "workers": workers, "activators": args.activators}
+                row["deploy"] = plane.deploy()
+                _log(f"deployed {models} models in {row['deploy']['wall_s']} s")
+                plane.start_activators()
+                row["idle"] = plane.idle(args.idle_s)
+                row["burst"] = plane.burst(min(args.burst, workers, models))
+                _log(f"burst: {row['burst']['answered']}/{row['burst']['models']} answered, "
+                     f"placed {row['burst']['all_placed_after_last_request_s']} s after the last request")
+                row["operators"] = plane.operators()
+                row["resources"] = plane.resources()
+                runs.append(row)
+            finally:
+                plane.stop()
+    report = {"benchmark": "control-plane", "runs": runs, "growth": growth(runs), "model": model,
+              "environment": _environment(),
+              "settings": {"sizes": args.sizes, "activators": args.activators, "burst": args.burst,
+                           "load_s": args.load_s, "idle_s": args.idle_s, "wall_s": round(time.time() - started, 1)}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    _log(f"wrote {args.out}")
+    return 0
+
+
+def growth(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Exponents between consecutive sizes (by models) of what should grow at most linearly."""
+    out = []
+    for a, b in zip(runs, runs[1:], strict=False):
+        def pick(r: dict[str, Any], *path: str) -> Any:
+            for k in path:
+                r = r.get(k) if isinstance(r, dict) else None  # type: ignore[assignment]
+            return r
+
+        out.append({
+            "from_models": a["models"], "to_models": b["models"],
+            "idle_step_p50": exponent(pick(a, "idle", "step_p50_s"), pick(b, "idle", "step_p50_s"),
+                                      a["models"], b["models"]),
+            "deploy_p50": exponent(pick(a, "deploy", "p50_s"), pick(b, "deploy", "p50_s"), a["models"], b["models"]),
+            "controller_rss": exponent(pick(a, "resources", "controller", "rss_mib"),
+                                       pick(b, "resources", "controller", "rss_mib"), a["models"], b["models"]),
+        })
+    return out
