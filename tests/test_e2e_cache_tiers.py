@@ -111,8 +111,9 @@ def test_first_cold_start_reads_the_store_and_fills_both_tiers(stack: Stack) -> 
 
 def test_released_and_requested_again_it_loads_from_host_memory(stack: Stack) -> None:
     rec = cold_start(stack, "host")
-    assert rec["tier"] == "host"
-    assert rec["load_s"] < SEEN["s3"]["load_s"]
+    # Every byte from memory (how much faster that is lives in `thaw bench cold-start`,
+    # not in a timed assertion: on the tiny model both reads take a few tenths of a second).
+    assert rec["tier"] == "host" and rec["weights_from"] == "host"
     assert rec["answer"] == SEEN["s3"]["answer"]
 
 
@@ -121,8 +122,7 @@ def test_host_copy_dropped_it_loads_from_disk(stack: Stack) -> None:
     host_cache(stack, w["id"]).clear()
     standby_worker(stack, holding={"host": False, "disk": True})
     rec = cold_start(stack, "disk")
-    assert rec["tier"] == "disk"
-    assert rec["load_s"] < SEEN["s3"]["load_s"]
+    assert rec["tier"] == "disk" and rec["weights_from"] == "disk"
     assert rec["answer"] == SEEN["s3"]["answer"]
 
 
