@@ -199,7 +199,12 @@ async def test_a_restarted_controller_adopts_the_fleet_and_launches_nothing() ->
     await step(m)
     assert m.adopted
     # Each turn of the loop is timed (the controller's cost at its fleet's size).
-    assert "thaw_pool_step_seconds_count 2.0" in metrics_text(m)
+    text = metrics_text(m)
+    assert "thaw_pool_step_seconds_count 2.0" in text
+    # The per-model gauges, read from the tick's policy state when scraped.
+    assert 'thaw_model_backoff_seconds{model="demo"} 0.0' in text
+    assert 'thaw_autoscaler_desired_replicas{model="demo",stage="target"} 1.0' in text
+    assert 'thaw_keepalive_window_seconds{edge="keep_until",model="demo"} 60.0' in text
     # No activator has reported yet: the serving replica is kept (its idle grace starts
     # now), nothing is launched (the standby target is met), nothing is released.
     assert provider.launches == [] and control.calls == [] and provider.terminated == []
