@@ -47,6 +47,7 @@ from thaw.wire import (
     WorkerState,
     WorkerStatus,
 )
+from worker.fence import Fence
 from worker.heartbeat import HEARTBEAT_PATH
 
 
@@ -65,7 +66,8 @@ class SimWorker:
     assigned_at: float | None = None
     ready_at: float | None = None
     in_flight: int = 0
-    term: int | None = None
+    # The leader's term it has heard of (worker.fence: older terms are refused).
+    fence: Fence = field(default_factory=Fence)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     # Counters the harness reads (GET /stats).
     assigns: int = 0
@@ -87,14 +89,6 @@ class SimWorker:
     def enter(self, state: WorkerState) -> None:
         self.state, self.state_since = state, time.time()
         self.changed.set()
-
-    def admits(self, term: int | None) -> bool:
-        """As ``worker.fence.Fence``: a call of an older term than one heard of is refused."""
-        if term is not None and self.term is not None and term < self.term:
-            return False
-        if term is not None:
-            self.term = term if self.term is None else max(self.term, term)
-        return True
 
 
 class SimFleet:
@@ -135,7 +129,7 @@ class SimFleet:
                 if r.status_code == 200:
                     reply = HeartbeatReply.model_validate_json(r.content)
                     self.interval_s = reply.interval_s
-                    w.admits(reply.term)
+                    w.fence.observe(reply.term)
                     self.heartbeats["sent"] += 1
                 else:
                     self.heartbeats["refused"] += 1
@@ -194,8 +188,8 @@ class SimFleet:
         raw = headers.get(TERM_HEADER.lower())
         if raw is not None and not raw.lstrip("-").isdigit():
             return 400, {"error": f"{TERM_HEADER} must be an integer"}
-        if raw is not None and not w.admits(int(raw)):
-            return 409, {"error": f"a call of the controllers' term {raw}, but term {w.term} leads now: this "
+        if raw is not None and not w.fence.admits(int(raw)):
+            return 409, {"error": f"a call of the controllers' term {raw}, but term {w.fence.term} leads now: this "
                                   "controller no longer leads"}
         try:
             if op == "/assign":

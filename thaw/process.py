@@ -144,7 +144,7 @@ def _term(proc: Leader, leader_only: bool) -> None:
         signal_group(_pid(proc), signal.SIGTERM)
 
 
-def _wait_exit(proc: Leader, timeout_s: float) -> bool:
+def _wait_exit(proc: subprocess.Popen[bytes] | int, timeout_s: float) -> bool:
     if isinstance(proc, subprocess.Popen):
         try:
             proc.wait(timeout_s)
@@ -174,7 +174,7 @@ async def _wait_exit_async(proc: Leader, timeout_s: float) -> bool:
     return True
 
 
-def stop_group(proc: Leader, grace_s: float, *, term_leader_only: bool = False) -> bool:
+def stop_group(proc: subprocess.Popen[bytes] | int, grace_s: float, *, term_leader_only: bool = False) -> bool:
     """SIGTERM the group ``proc`` leads (``term_leader_only``: the leader alone, which
     stops its own children in order), wait up to ``grace_s`` for the leader to exit,
     then SIGKILL whatever is left of the group; whether the leader needed SIGKILL.

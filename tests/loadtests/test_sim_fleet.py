@@ -107,7 +107,7 @@ async def test_the_control_api_answers_as_a_worker(busy: bool) -> None:
     refused, why = await fleet.control(w, "POST", "/assign", {}, other.model_dump_json().encode())
     assert again == 202 and refused == 409 and "not standby" in why["error"]
     # A controller of an older term is fenced once a newer one was heard of.
-    assert w.admits(5)
+    assert w.fence.admits(5)
     fenced, why = await fleet.control(w, "POST", "/release", {TERM_HEADER.lower(): "4"}, b"{}")
     assert fenced == 409 and "no longer leads" in why["error"]
     bad, why = await fleet.control(w, "POST", "/assign", {}, b'{"model": 1}')
