@@ -7,7 +7,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from simulator.changes import Changes
 from simulator.clock import INF
@@ -15,7 +14,6 @@ from simulator.effects import Effects
 from simulator.fleet import Fleet
 from simulator.traffic import SimModel
 from thaw.config import ThawConfig
-from warm_pool.policy.autoscaler import steady_band
 from warm_pool.policy.decide import (
     COLD_START_WINDOW_S,
     ModelActivity,
@@ -27,8 +25,9 @@ from warm_pool.policy.decide import (
     track,
 )
 from warm_pool.policy.decisions import Decision
-from warm_pool.policy.keepalive import IdleHistogram, IdlePools, keep_alive_decision
-from warm_pool.policy.prewarm import next_edge, scheduled_replicas
+from warm_pool.policy.keepalive import IdleHistogram, IdlePools
+from warm_pool.policy.prewarm import next_edge
+from warm_pool.policy.settle import settled, wake_times
 
 
 def _activity(m: SimModel) -> ModelActivity:
@@ -47,15 +46,6 @@ def _tracked_activity(m: SimModel) -> ModelActivity:
 def _demand(m: SimModel) -> int:
     """Requests queued and in flight for ``m``: a base's with its adapters'."""
     return sum(x.queued + x.in_flight for x in m.group) if m.adapters else m.queued + m.in_flight
-
-
-def _keep(ms: ModelState, t: float) -> tuple[bool, Any]:
-    """The keep-alive policy's word for an idle model now, and its window (judged by
-    ``track``: a model never tracked has none, and is not idle)."""
-    window = ms.keep_alive
-    if ms.idle_since is None or window is None:
-        return False, window
-    return keep_alive_decision(window, ms.idle_since, t).keep, window
 
 
 class Controller:
@@ -230,44 +220,10 @@ class Controller:
         self.changes.touched.discard(m)
 
     def _settled(self, m: SimModel, ms: ModelState, t: float) -> bool:
-        """True when judging ``m`` now cannot give a decision, nor a state the next
-        judgement would differ on, until its traffic or a deadline changes that."""
-        a = m.a
-        sc = ms.scale
-        if sc.up_since is not None or sc.down_since is not None or t < sc.panic_until:
-            return False
-        if m.cfg.prewarm and scheduled_replicas(m.cfg.prewarm, t) > a.min_replicas:
-            return False  # a pre-warm window holds it up: judged as the controller would
-        if ms.failures and t < ms.backoff_until:
-            return False
-        last = ms.last_scale
-        current = m.serving
-        demand = _demand(m)
-        if last is None:
-            return False
-        if last.target != current:
-            # A request at zero found no standby: nothing changes for it until a worker
-            # of its shape does (the pools count the launch it waits for meanwhile).
-            return current == 0 and demand > 0 and m.cfg.shape not in self.changed_now
-        keep, _ = _keep(ms, t)
-        if not (demand > 0 or keep):
-            # Idle and let go: the target is min_replicas, whatever the windows say.
-            return current == a.min_replicas
-        if current < max(a.min_replicas, 1):
-            return False
-        if a.ttft_slo_s is not None and any(o.ttfts for o in sc.observations):
-            return False
-        # The raw count stays at the current one while every demand value the windows
-        # can hold is in the autoscaler's steady band: no step up or down, no panic.
-        lower, upper = steady_band(current, a)
-        if not lower < demand <= upper:
-            m.band_for = None
-            return False
-        if m.band_for != current:
-            if not all(lower < o.demand <= upper for o in sc.observations):
-                return False
-            m.band_for = current
-        return True
+        """``warm_pool.policy.settle.settled`` for ``m`` as the simulated fleet has it."""
+        ok, m.band_for = settled(ms, m.cfg, serving=m.serving, demand=_demand(m), now=t,
+                                 shape_changed=m.cfg.shape in self.changed_now, band_for=m.band_for)
+        return ok
 
     def _keep_settled(self, m: SimModel, ms: ModelState, t: float, tracked: bool) -> None:
         """Not judged this tick: keep the bookkeeping ``track`` did for it (``tracked``:
@@ -293,14 +249,11 @@ class Controller:
             # Busy: the keep-alive window does not apply until it is idle again.
             m.deadline_key, m.deadline_times = None, ()
             return
-        _, window = _keep(ms, t)
-        key = (ms.idle_since, window)
+        key = (ms.idle_since, ms.keep_alive)
         if m.deadline_key == key:
             return
         m.deadline_key = key
-        # (A window kept until the next request has no end to wake at.)
-        due = tuple(ms.idle_since + after for after in (window.prewarm_after_s, window.keep_until_s)
-                    if after is not None and math.isfinite(after) and ms.idle_since + after > t)
+        due = wake_times(ms, t)
         m.deadline_times = due
         for when in due:
             heapq.heappush(self.deadlines, (when, m.idx))

@@ -44,6 +44,7 @@ from warm_pool.fleet.actuator import Actuator
 from warm_pool.fleet.facts import FleetFacts
 from warm_pool.fleet.instances import InstanceWatch
 from warm_pool.fleet.view import count_states
+from warm_pool.judging import Judging
 from warm_pool.metrics import export
 from warm_pool.policy.batch import standby_use
 from warm_pool.policy.decide import (
@@ -106,6 +107,7 @@ class PoolManager:
         self.instances = InstanceWatch(p.providers, self.fleet, clock=clock,
                                        refresh_interval_s=self._refresh_interval_s)
         self.traffic = Traffic(clock=clock, wake=wake)
+        self.judging = Judging()
         self.actuator = Actuator(fleet=self.fleet, providers=p.providers, control=p.control,
                                  config=lambda: budgets.cfg, model_classes=p.model_classes, clock=clock,
                                  events=p.event_log, metrics=p.metrics, wake=wake,
@@ -324,8 +326,11 @@ class PoolManager:
                         engine_bytes=engine_bytes(self.cfg, p.model_classes),
                         outdated=p.model_admin.outdated(), batch_demand=dict(p.batch_runner.demand))
         t0 = time.perf_counter()
-        decisions, self.state = decide(snap, self.state, self.cfg, now)
+        judge = self.judging.select(snap, self.cfg, now)
+        decisions, self.state = decide(snap, self.state, self.cfg, now, only=judge)
+        self.judging.judged(judge, snap, self.state, decisions, now)
         p.metrics.tick.observe(time.perf_counter() - t0)
+        p.metrics.judged.observe(self.judging.last_judged)
         for d in decisions:
             self.actuator.carry_out(d, snap, views, now)
         self._count_standby_time(views, snap.activity, now)

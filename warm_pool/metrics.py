@@ -27,6 +27,9 @@ class PoolMetrics:
         self.step = Histogram("thaw_pool_step_seconds", "Time spent in one turn of the control loop",
                               registry=registry, buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
                                                           2.0, 5.0, 10.0))
+        # How many models each tick judged (warm_pool.judging: those whose decision can change).
+        self.judged = Histogram("thaw_pool_models_judged", "Models judged in one tick", registry=registry,
+                                buckets=(0, 1, 10, 100, 1000, 10000, 100000))
         self.launch_backoff = Gauge("thaw_pool_launch_backoff_seconds",
                                     "Seconds left before a shape launches again (capacity errors)", ["shape"],
                                     registry=registry)

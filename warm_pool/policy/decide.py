@@ -618,15 +618,15 @@ def decide(
 ) -> tuple[list[Decision], PolicyState]:
     """This tick's decisions and the state for the next.
 
-    The controller judges every model and pool each tick. The simulator, which knows
-    when nothing can change, passes ``only`` (the models to judge; the others keep
-    their state untouched) and ``pools=False`` (no pool's inputs changed since its last
-    judgement: the pools are judged only if this tick's model decisions touch them).
+    ``only``: the models to judge (``warm_pool.judging`` in the controller, the fast mode
+    in the simulator: those whose decision can change); the others keep their state
+    untouched. The pools are judged every tick, unless ``pools=False`` (the simulator,
+    which knows no pool's inputs changed since its last judgement: then they are judged
+    only if this tick's model decisions touch them).
     """
     t = _Tick.start(snap, state, cfg, now, only)
     _failures(t)
-    if only is None:
-        _removed(t)  # never in the simulator's partial ticks (it removes no model)
+    _removed(t)
     _asleep(t)
     for m in _judged(t):
         _model(t, m)
