@@ -322,7 +322,7 @@ class PoolManager:
         views = self.fleet.views(now)
         snap = Snapshot(workers=tuple(views.values()), activity=self.traffic.take(self.traffic.activity(now)),
                         launch_blocked_until=self.actuator.launch_blocked_until(now),
-                        model_classes=dict(p.model_classes.classes) if p.model_classes else {},
+                        model_classes=p.model_classes.classes if p.model_classes else {},
                         engine_bytes=engine_bytes(self.cfg, p.model_classes),
                         outdated=p.model_admin.outdated(), batch_demand=dict(p.batch_runner.demand))
         t0 = time.perf_counter()

@@ -346,10 +346,24 @@ def place(standbys: list[WorkerView], uri: str, total_bytes: int,
     return w, tier, expected_load(w, uri, total_bytes)[0]
 
 
+_last_kept: tuple[ThawConfig, Mapping[str, str], dict[str, str]] | None = None
+
+
 def kept_classes(cfg: ThawConfig, classes: Mapping[str, str]) -> dict[str, str]:
     """The models whose engines are kept across assignments, with their class: those
     of a class their pool pre-builds (``pools[].prebuild``). Only these start swappable
-    and are parked, engine and all, when released; others build and drop their engine."""
+    and are parked, engine and all, when released; others build and drop their engine.
+    (Kept for the last config and classes, which are replaced, never changed: every
+    assignment asks.)"""
+    global _last_kept
+    if _last_kept is not None and _last_kept[0] is cfg and _last_kept[1] is classes:
+        return _last_kept[2]
+    out = _kept_classes(cfg, classes)
+    _last_kept = (cfg, classes, out)
+    return out
+
+
+def _kept_classes(cfg: ThawConfig, classes: Mapping[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for pool in cfg.pools:
         wanted = {classes[n] for n in pool.prebuild if n in classes}
