@@ -105,6 +105,34 @@ def histogram(metrics_text: str, name: str) -> dict[float, float]:
     return out
 
 
+def counter(metrics_text: str, name: str) -> float:
+    """A Prometheus counter's (or a histogram's ``_sum``/``_count``) value; 0 when absent."""
+    for line in metrics_text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def loop_figures(before: str, after: str) -> dict[str, Any]:
+    """The controller's loop between two scrapes of its metrics: its turns (whole, and
+    the policy's part), the models each judged, database statements per turn."""
+    out: dict[str, Any] = {}
+    for key, name in (("step", "thaw_pool_step_seconds"), ("policy", "thaw_pool_policy_seconds"),
+                      ("judged", "thaw_pool_models_judged")):
+        b, a = histogram(before, name), histogram(after, name)
+        n = counter(after, f"{name}_count") - counter(before, f"{name}_count")
+        unit = "" if key == "judged" else "_s"
+        out[f"{key}_p50{unit}"] = bucket_quantile(b, a, 0.5)
+        out[f"{key}_p99{unit}"] = bucket_quantile(b, a, 0.99)
+        out[f"{key}_mean{unit}"] = round((counter(after, f"{name}_sum") - counter(before, f"{name}_sum")) / n, 4) \
+            if n else None
+        if key == "step":
+            out["turns"] = n
+    statements = counter(after, "thaw_pool_db_statements_total") - counter(before, "thaw_pool_db_statements_total")
+    out["db_statements_per_turn"] = round(statements / out["turns"], 2) if out["turns"] else None
+    return out
+
+
 def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
     """The ``q`` quantile of what a histogram counted between two reads, as the upper
     bound of its bucket (Prometheus' histogram_quantile without the interpolation)."""
@@ -220,11 +248,13 @@ class Plane:
     def health(self, url: str) -> dict[str, Any]:
         return self.get(f"{url}/healthz")  # type: ignore[no-any-return]
 
-    def step_histogram(self) -> dict[float, float]:
+    def scrape(self) -> str:
         import httpx
 
-        text = httpx.get(f"{self.controller_url}/metrics", headers=self.headers, timeout=60).text
-        return histogram(text, "thaw_pool_step_seconds")
+        return httpx.get(f"{self.controller_url}/metrics", headers=self.headers, timeout=60).text
+
+    def step_histogram(self) -> dict[float, float]:
+        return histogram(self.scrape(), "thaw_pool_step_seconds")
 
     def wait(self, what: str, pred: Any, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -279,14 +309,12 @@ class Plane:
                 "first_tenth_p50_s": percentile(took[:tenth], 50), "last_tenth_p50_s": percentile(took[-tenth:], 50)}
 
     def idle(self, seconds: float) -> dict[str, Any]:
-        before = self.step_histogram()
+        before = self.scrape()
         res0 = self.resources()
         time.sleep(seconds)
-        after = self.step_histogram()
+        after = self.scrape()
         res1 = self.resources()
-        turns = after.get(math.inf, 0.0) - before.get(math.inf, 0.0)
-        return {"seconds": seconds, "turns": turns, "step_p50_s": bucket_quantile(before, after, 0.5),
-                "step_p99_s": bucket_quantile(before, after, 0.99),
+        return {"seconds": seconds, **loop_figures(before, after),
                 "cpu_share": {k: round((res1[k]["cpu_s"] - res0[k]["cpu_s"]) / seconds, 3) for k in res1 if k in res0},
                 "resources": res1}
 
@@ -298,7 +326,7 @@ class Plane:
         sent: dict[str, float] = {}
         results: list[dict[str, Any]] = []
         versions = RouteVersions(self)
-        before = self.step_histogram()
+        before = self.scrape()
 
         async def one(client: httpx.AsyncClient, i: int, at: float) -> None:
             await asyncio.sleep(max(at - time.time(), 0.0))
@@ -325,12 +353,17 @@ class Plane:
 
         with versions:
             asyncio.run(all_of_them())
-        after = self.step_histogram()
+        after = self.scrape()
         events = self.get(f"{self.controller_url}/v1/events", since=min(sent.values()) - 1)["events"]
-        assigned = {}
+        assigned, signalled = {}, {}
         for e in events:
             if e["kind"] == "assign" and e["model"] in sent and e["model"] not in assigned:
                 assigned[e["model"]] = e["at"]
+                # The demand signal's arrival at the controller (the first word of a
+                # request for a model at zero) is the activity's last request then.
+                at = (e.get("inputs") or {}).get("activity", {}).get("last_request_at")
+                if at is not None:
+                    signalled[e["model"]] = e["at"] - at
         to_assign = [assigned[m] - sent[m] for m in assigned]
         ok = [r for r in results if r["status"] == 200 and r["ttft_s"] is not None]
         return {
@@ -338,11 +371,15 @@ class Plane:
             "ttft_p50_s": percentile([r["ttft_s"] for r in ok], 50),
             "ttft_p99_s": percentile([r["ttft_s"] for r in ok], 99),
             "assigned": len(assigned),
-            "demand_to_assignment_p50_s": percentile(to_assign, 50),
-            "demand_to_assignment_p99_s": percentile(to_assign, 99),
+            # From the client's send (through an activator and its demand signal) ...
+            "request_to_assignment_p50_s": percentile(to_assign, 50),
+            "request_to_assignment_p99_s": percentile(to_assign, 99),
+            # ... and from the signal's arrival at the controller.
+            "demand_to_assignment_p50_s": percentile(list(signalled.values()), 50),
+            "demand_to_assignment_p99_s": percentile(list(signalled.values()), 99),
             "all_placed_after_last_request_s": round(max(assigned.values()) - max(sent.values()), 3)
             if len(assigned) == n else None,
-            "step_p50_s": bucket_quantile(before, after, 0.5), "step_p99_s": bucket_quantile(before, after, 0.99),
+            **loop_figures(before, after),
             "route_propagation": versions.report(),
         }
 
@@ -471,8 +508,13 @@ def growth(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
         out.append({
             "from_models": a["models"], "to_models": b["models"],
+            # The mean turn: a bucket's bound moves in steps, the mean does not.
+            "idle_step_mean": exponent(pick(a, "idle", "step_mean_s"), pick(b, "idle", "step_mean_s"),
+                                       a["models"], b["models"]),
             "idle_step_p50": exponent(pick(a, "idle", "step_p50_s"), pick(b, "idle", "step_p50_s"),
                                       a["models"], b["models"]),
+            "burst_step_mean": exponent(pick(a, "burst", "step_mean_s"), pick(b, "burst", "step_mean_s"),
+                                        a["models"], b["models"]),
             "deploy_p50": exponent(pick(a, "deploy", "p50_s"), pick(b, "deploy", "p50_s"), a["models"], b["models"]),
             "controller_rss": exponent(pick(a, "resources", "controller", "rss_mib"),
                                        pick(b, "resources", "controller", "rss_mib"), a["models"], b["models"]),

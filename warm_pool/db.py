@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from thaw.private_files import open_private
 
@@ -112,7 +112,12 @@ class Db:
         except psycopg.OperationalError as exc:
             raise StateUnavailable(f"cannot reach the state database: {exc}") from None
 
+    # Statements sent by every database of this process (``thaw_pool_db_statements_total``:
+    # the controller's cost in its database per turn, at fleet size).
+    statements: ClassVar[int] = 0
+
     def sql(self, text: str) -> str:
+        Db.statements += 1
         return text.replace("?", "%s") if self.dialect == "postgres" else text
 
     def close(self) -> None:

@@ -9,10 +9,11 @@ from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from thaw.config import ThawConfig
+from warm_pool.db import Db
 from warm_pool.policy.decide import ModelState, PolicyState, WorkerView
 
 
@@ -21,12 +22,12 @@ class PoolMetrics:
         self.workers = Gauge("thaw_pool_workers", "Workers by shape and state", ["shape", "state"], registry=registry)
         self.decisions = Counter("thaw_pool_decisions_total", "Policy decisions carried out", ["kind", "reason"], registry=registry)
         self.tick = Histogram("thaw_pool_policy_seconds", "Time spent in one policy decision", registry=registry,
-                              buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1))
+                              buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0))
         # A whole turn of the loop (providers, facts, decide, act, publish routes, save), the
         # controller's cost at its fleet's size (`thaw bench control-plane`).
         self.step = Histogram("thaw_pool_step_seconds", "Time spent in one turn of the control loop",
-                              registry=registry, buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
-                                                          2.0, 5.0, 10.0))
+                              registry=registry, buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1,
+                                                          0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0))
         # How many models each tick judged (warm_pool.judging: those whose decision can change).
         self.judged = Histogram("thaw_pool_models_judged", "Models judged in one tick", registry=registry,
                                 buckets=(0, 1, 10, 100, 1000, 10000, 100000))
@@ -46,6 +47,7 @@ class PoolMetrics:
         # from the last tick's policy state when /metrics is scraped (ModelGauges), not set
         # label by label every tick (with 1,000 models that was 40 % of an idle turn).
         self.models = ModelGauges()
+        registry.register(DbStatements())
         registry.register(self.models)
         self.standby_target = Gauge("thaw_pool_standby_target",
                                     "The standby sizer's target, its raw demand and watermarks, and the grant",
@@ -73,6 +75,14 @@ MODEL_GAUGES = {
                                       ("edge",)),
     "thaw_keepalive_histogram_in_use": ("1 when the histogram policy decides, 0 when it falls back to fixed", ()),
 }
+
+
+class DbStatements(Collector):
+    """Statements this process sent to its databases (``warm_pool.db.Db.statements``)."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("thaw_pool_db_statements", "Statements sent to the state database",
+                                  value=Db.statements)
 
 
 class ModelGauges(Collector):

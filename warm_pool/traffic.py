@@ -29,6 +29,7 @@ class Traffic:
         self.reports: dict[str, _Report] = {}
         self.demand_at: dict[str, float] = {}
         self._arrivals_seen: dict[tuple[str, str], int] = {}
+        self._activators: set[str] = set()  # every activator that reported to this controller
         self._new_arrivals: dict[str, int] = {}
         self._new_ttfts: dict[str, list[float]] = {}
         self.cold_starts: dict[str, ColdStartRecord] = {}
@@ -40,8 +41,14 @@ class Traffic:
         """An activator's traffic. ``arrivals`` are its counters (requests accepted since
         it started): the differences since its last report are new arrivals."""
         self.reports[activator_id] = _Report(self.clock(), models)
+        known = activator_id in self._activators
+        self._activators.add(activator_id)
         for name, count in (arrivals or {}).items():
             seen = self._arrivals_seen.get((activator_id, name))
+            if seen is None and known:
+                # Its first report of a model (an activator leaves out the models it never
+                # had a request for): every arrival it counts is new.
+                seen = 0
             # The first report from an activator sets the baseline: after a controller
             # restart its counter holds everything since it started, not new arrivals.
             # A counter that went down: the activator restarted and counts from zero.

@@ -341,6 +341,9 @@ class Router:
         self.feed.record_cold_start(record)
 
     def report_body(self) -> ActivityReport:
-        """This activator's traffic; takes the TTFT samples it reports."""
+        """This activator's traffic; takes the TTFT samples it reports. A model it never
+        had a request for is left out (with thousands of models most are: the controller
+        counts a model left out as one with no traffic here)."""
         return ActivityReport(activator_id=self.feed.activator_id, models={
-            name: r.activity.report(queued=len(r.cold) + len(r.fair)) for name, r in self._routes.items()})
+            name: r.activity.report(queued=len(r.cold) + len(r.fair)) for name, r in self._routes.items()
+            if r.activity.last_request_at is not None or r.cold or r.fair})

@@ -15,6 +15,7 @@ from loadtests.bench_control_plane import (
     bucket_quantile,
     exponent,
     histogram,
+    loop_figures,
     parse_size,
 )
 
@@ -43,6 +44,22 @@ def test_a_quantile_is_the_bucket_that_holds_it_between_two_reads() -> None:
     before = {0.005: 78.0, 0.01: 88.0, 0.1: 89.0, math.inf: 90.0}
     assert [bucket_quantile(before, after, q) for q in (0.2, 0.5, 0.7, 0.9)] == [0.005, 0.01, 0.01, 0.1]
     assert bucket_quantile(after, after, 0.5) is None
+
+
+def test_the_loops_figures_are_what_was_counted_between_two_scrapes() -> None:
+    before = ('thaw_pool_step_seconds_bucket{le="0.01"} 5.0\nthaw_pool_step_seconds_bucket{le="+Inf"} 5.0\n'
+              "thaw_pool_step_seconds_count 5.0\nthaw_pool_step_seconds_sum 0.02\n"
+              "thaw_pool_db_statements_total 10.0\n")
+    after = ('thaw_pool_step_seconds_bucket{le="0.01"} 9.0\nthaw_pool_step_seconds_bucket{le="+Inf"} 15.0\n'
+             "thaw_pool_step_seconds_count 15.0\nthaw_pool_step_seconds_sum 1.02\n"
+             'thaw_pool_models_judged_bucket{le="10.0"} 3.0\nthaw_pool_models_judged_bucket{le="+Inf"} 3.0\n'
+             "thaw_pool_models_judged_count 3.0\nthaw_pool_models_judged_sum 12.0\n"
+             "thaw_pool_db_statements_total 40.0\n")
+    got = loop_figures(before, after)
+    assert got["turns"] == 10 and got["step_mean_s"] == 0.1 and got["step_p50_s"] == math.inf
+    assert got["step_p99_s"] == math.inf and got["db_statements_per_turn"] == 3.0
+    assert (got["judged_mean"], got["judged_p50"]) == (4.0, 10.0)
+    assert got["policy_mean_s"] is None  # nothing counted
 
 
 def test_growth_exponents() -> None:

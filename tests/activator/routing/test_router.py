@@ -121,6 +121,7 @@ async def test_a_removed_model_fails_its_waiting_requests(router: Router) -> Non
 
 
 async def test_the_service_reports_a_requests_life(router: Router) -> None:
+    assert router.report_body().models == {}  # a model never asked for here is left out
     assert router.arrive("demo", now=1.0)  # no replica: part of a cold start
     router.apply(table(1, route()))
     assert not router.arrive("demo", now=2.0)
