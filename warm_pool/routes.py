@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from thaw.config import ThawConfig
+from thaw.config import Model, ThawConfig
 from thaw.wire import ModelRoute, Phases, ReplicaRoute, RouteTable, WorkerState
 from warm_pool.fleet.view import WorkerFacts
 from warm_pool.policy.decide import PolicyState, WorkerView
@@ -29,44 +29,24 @@ def route_table(cfg: ThawConfig, facts: Mapping[str, WorkerFacts], views: dict[s
     During a roll (``outdated``: the revisions a roll replaces) a model's traffic goes to
     replicas of the current revision as soon as one is ready, and to the older ones until
     then. Each replica names the revision whose settings it serves: the current one (its
-    engine is the same) or, for an outdated replica, its own."""
+    engine is the same) or, for an outdated replica, its own.
+
+    The workers are grouped by the model they serve (and by the adapters their engines
+    hold) once, so a table costs O(models + workers), not their product."""
+    serving: dict[str, list[str]] = {}
+    holding: dict[str, list[str]] = {}
+    for wid, v in views.items():
+        if v.model is not None:
+            serving.setdefault(v.model, []).append(wid)
+        for name in dict.fromkeys(a for a, _ in v.adapters):
+            holding.setdefault(name, []).append(wid)
     models: dict[str, ModelRoute] = {}
     for m in cfg.models:
-        ready, loading = [], 0
-        stale = (outdated or {}).get(m.name, frozenset())
-        current = revisions(m.name)
-        for wid, v in views.items():
-            st = facts[wid].status
-            if m.base is not None:
-                # An adapter: the engines of its base that hold it, under its own name.
-                held = v.adapter(m.name) if v.model == m.base else None
-                a = next((x for x in st.adapters if x.model == m.name), None) if st is not None else None
-                if held == "ready" and a is not None and v.state is WorkerState.READY and st is not None \
-                        and st.engine_url:
-                    # Its phases are its load's; each load is a replica of its own.
-                    ready.append(ReplicaRoute(
-                        worker_id=wid, url=st.engine_url, served_model_name=m.resolved_served_name,
-                        assignment_id=f"{v.assignment_id}/{m.name}@{a.requested_at}",
-                        phases=Phases(assigned=a.requested_at, weights_loaded=a.since, engine_ready=a.since),
-                        load=st.load, worker_started_at=st.started_at, packed=v.host is not None, adapter=True,
-                        base_ready_at=st.phases.engine_ready))
-                elif held == "loading":
-                    loading += 1
-                continue
-            if v.model != m.name:
-                continue
-            if v.state is WorkerState.READY and st is not None and st.engine_url:
-                old = v.revision is not None and v.revision in stale
-                ready.append(ReplicaRoute(worker_id=wid, url=st.engine_url,
-                                          served_model_name=st.served_model_name or m.resolved_served_name,
-                                          assignment_id=v.assignment_id, phases=st.phases, load=st.load,
-                                          worker_started_at=st.started_at, packed=v.host is not None,
-                                          revision=v.revision if old else (current or v.revision),
-                                          batch=v.batch))
-            elif v.state is WorkerState.LOADING:
-                loading += 1
-        if stale and any(r.revision not in stale for r in ready):
-            ready = [r for r in ready if r.revision not in stale]
+        if m.base is not None:
+            ready, loading = _adapter_replicas(m, holding.get(m.name, []), facts, views)
+        else:
+            ready, loading = _model_replicas(m, serving.get(m.name, []), facts, views, revisions(m.name),
+                                             (outdated or {}).get(m.name, frozenset()))
         ms = state.models.get(m.name)
         in_backoff = ms is not None and ms.backoff_until > now
         models[m.name] = ModelRoute(
@@ -77,6 +57,51 @@ def route_table(cfg: ThawConfig, facts: Mapping[str, WorkerFacts], views: dict[s
             backoff_until=ms.backoff_until if ms and in_backoff else None,
         )
     return models
+
+
+def _model_replicas(m: Model, wids: list[str], facts: Mapping[str, WorkerFacts], views: dict[str, WorkerView],
+                    current: int | None, stale: frozenset[int]) -> tuple[list[ReplicaRoute], int]:
+    """A model's ready replicas and how many are loading, from the workers that serve it."""
+    ready, loading = [], 0
+    for wid in wids:
+        v, st = views[wid], facts[wid].status
+        if v.state is WorkerState.READY and st is not None and st.engine_url:
+            old = v.revision is not None and v.revision in stale
+            ready.append(ReplicaRoute(worker_id=wid, url=st.engine_url,
+                                      served_model_name=st.served_model_name or m.resolved_served_name,
+                                      assignment_id=v.assignment_id, phases=st.phases, load=st.load,
+                                      worker_started_at=st.started_at, packed=v.host is not None,
+                                      revision=v.revision if old else (current or v.revision),
+                                      batch=v.batch))
+        elif v.state is WorkerState.LOADING:
+            loading += 1
+    if stale and any(r.revision not in stale for r in ready):
+        ready = [r for r in ready if r.revision not in stale]
+    return ready, loading
+
+
+def _adapter_replicas(m: Model, wids: list[str], facts: Mapping[str, WorkerFacts],
+                      views: dict[str, WorkerView]) -> tuple[list[ReplicaRoute], int]:
+    """An adapter's replicas: the engines of its base that hold it, under its own name,
+    and how many are loading it, from the workers whose engines list it."""
+    ready, loading = [], 0
+    for wid in wids:
+        v, st = views[wid], facts[wid].status
+        if v.model != m.base:
+            continue
+        held = v.adapter(m.name)
+        a = next((x for x in st.adapters if x.model == m.name), None) if st is not None else None
+        if held == "ready" and a is not None and v.state is WorkerState.READY and st is not None and st.engine_url:
+            # Its phases are its load's; each load is a replica of its own.
+            ready.append(ReplicaRoute(
+                worker_id=wid, url=st.engine_url, served_model_name=m.resolved_served_name,
+                assignment_id=f"{v.assignment_id}/{m.name}@{a.requested_at}",
+                phases=Phases(assigned=a.requested_at, weights_loaded=a.since, engine_ready=a.since),
+                load=st.load, worker_started_at=st.started_at, packed=v.host is not None, adapter=True,
+                base_ready_at=st.phases.engine_ready))
+        elif held == "loading":
+            loading += 1
+    return ready, loading
 
 
 class RouteFeed:
