@@ -4,13 +4,16 @@ long-poll it (``GET /v1/routes``), and it carries the key table's version.
 
 The table's version moves only when something activators act on changes; it is 0
 until the fleet is adopted after a start, and a watcher of another epoch (a restarted
-controller's) gets the table at once.
+controller's) gets the table at once. A watcher that holds one of the last
+``HISTORY_VERSIONS`` versions gets a delta: only the models changed since (see
+docs/REQUEST_PATH.md, "The route feed").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -104,14 +107,46 @@ def _adapter_replicas(m: Model, wids: list[str], facts: Mapping[str, WorkerFacts
     return ready, loading
 
 
-class RouteFeed:
-    """The published route table (``table``), versioned, and its long poll."""
+# How many versions back a long poll is answered with a delta (older: the whole table).
+HISTORY_VERSIONS = 256
 
-    def __init__(self, epoch: str) -> None:
+
+def route_changes(old: Mapping[str, ModelRoute], new: Mapping[str, ModelRoute]) -> tuple[set[str], bool]:
+    """The models whose route differs in any field between two tables (added and
+    removed ones included), and whether any differs in what activators act on: its
+    replicas' urls and revisions, loading, failures, error, being in backoff. Only
+    those move the table's version; the rest (a replica's phases, load, the backoff's
+    end) ride along with the next move."""
+    changed = {name for name in old if name not in new}
+    moves = bool(changed)
+    for name, route in new.items():
+        prev = old.get(name)
+        if prev is route or prev == route:
+            continue
+        changed.add(name)
+        moves = moves or prev is None or _acted_on(prev) != _acted_on(route)
+    return changed, moves
+
+
+def _acted_on(r: ModelRoute) -> tuple[Any, ...]:
+    return (tuple((x.url, x.revision) for x in r.replicas), r.loading, r.failures, r.error,
+            r.backoff_until is not None)
+
+
+class RouteFeed:
+    """The published route table (``table``), versioned, and its long poll, answered
+    with a delta when the watcher holds a version the feed still has the changes of."""
+
+    def __init__(self, epoch: str, *, history: int = HISTORY_VERSIONS) -> None:
         self.epoch = epoch
         self.table = RouteTable(epoch=epoch, version=0, models={})
         self._changed = asyncio.Condition()
         self._closed = False
+        # The models changed by each of the last versions (version, names), oldest first,
+        # every version since the first; and those changed since the current version was
+        # published without moving it (they count as the next version's).
+        self._history: deque[tuple[int, frozenset[str]]] = deque(maxlen=history)
+        self._pending: set[str] = set()
 
     async def publish(self, models: dict[str, ModelRoute], *, activators: int, keys_version: int,
                       catalog_version: int = 0) -> None:
@@ -119,31 +154,53 @@ class RouteFeed:
         activators act on changed, or on the first publication."""
         table = RouteTable(epoch=self.epoch, version=self.table.version, models=models, activators=activators,
                            keys_version=keys_version, catalog_version=catalog_version)
-
-        # Only the parts activators act on decide whether the version moves.
-        def key(t: RouteTable) -> Any:
-            return ({n: (tuple((r.url, r.revision) for r in v.replicas), v.loading, v.failures, v.error,
-                         v.backoff_until is not None) for n, v in t.models.items()}, t.activators, t.keys_version,
-                    t.catalog_version)
-
-        if key(table) != key(self.table) or self.table.version == 0:
-            async with self._changed:
-                self.table = table.model_copy(update={"version": self.table.version + 1})
+        # Compared and set under the lock: two publications that overlapped would each
+        # compare with the table before both, and a change could miss the history.
+        async with self._changed:
+            changed, moves = route_changes(self.table.models, models)
+            moves = moves or (activators, keys_version, catalog_version) != (
+                self.table.activators, self.table.keys_version, self.table.catalog_version)
+            self._pending |= changed
+            if moves or self.table.version == 0:
+                version = self.table.version + 1
+                if self.table.version > 0:  # the first table has no table before it to change
+                    self._history.append((version, frozenset(self._pending)))
+                self._pending = set()
+                self.table = table.model_copy(update={"version": version})
                 self._changed.notify_all()
-        else:
-            self.table = table
+            else:
+                self.table = table
 
-    async def wait(self, since: int, epoch: str | None, timeout_s: float) -> RouteTable | None:
+    def answer(self, since: int, epoch: str | None, *, delta: bool = False) -> RouteTable:
+        """The table for a watcher that holds version ``since`` of ``epoch``: with
+        ``delta``, and that version recent enough, only what changed since (whatever
+        changed after it was published, so the watcher's copy of it, taken at any time,
+        merges into this table exactly); else the whole table."""
+        t = self.table
+        oldest = self._history[0][0] - 1 if self._history else t.version
+        if not delta or epoch != self.epoch or not 0 < oldest <= since <= t.version:
+            return t
+        names = set(self._pending)
+        for version, changed in reversed(self._history):
+            if version <= since:
+                break
+            names |= changed
+        return t.model_copy(update={"base_version": since,
+                                    "models": {n: t.models[n] for n in names if n in t.models},
+                                    "removed": sorted(n for n in names if n not in t.models)})
+
+    async def wait(self, since: int, epoch: str | None, timeout_s: float, *,
+                   delta: bool = False) -> RouteTable | None:
         """The route table once its version is past ``since`` (at once for a watcher of
         another epoch, or once the feed is closed), or after ``timeout_s``; None before
-        the first publication."""
+        the first publication. ``delta``: see ``answer``."""
         def ready() -> bool:
             return self._closed or (self.table.version > 0 and (epoch != self.epoch or self.table.version > since))
 
         async with self._changed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
-        return self.table if self.table.version > 0 else None
+        return self.answer(since, epoch, delta=delta) if self.table.version > 0 else None
 
     async def close(self) -> None:
         """Answer every long poll now (a shutdown must not wait for them)."""
