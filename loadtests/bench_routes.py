@@ -1,7 +1,9 @@
-"""The route table at fleet size: how long the controller takes to build it, and how many
-bytes an activator's long poll carries for one change (a full table or a delta).
+"""`thaw bench routes`: the route table at fleet size: how long the controller takes to
+build it, and how many bytes an activator's long poll carries for one change (a full
+table or a delta).
 
-    python -m loadtests.bench_routes [--sizes 100x10 1000x100 10000x1000] [--repeat 5]
+    thaw bench routes [--out bench_routes.json] [--sizes 100x10 1000x100 10000x1000] [--repeat 5]
+    (or python -m loadtests.bench_routes ...)
 
 No network and no controller: a synthetic config and fleet handed straight to
 ``warm_pool.routes`` (every tenth model a LoRA adapter of the one before; one worker in
@@ -11,7 +13,9 @@ where it has one). Prints one JSON line per size:
 - ``route_table_ms``: the median of ``--repeat`` builds of the whole table;
 - ``full_bytes``: the JSON of the whole table, as a first poll gets it;
 - ``delta_bytes``: the JSON of the answer to a poll one version back after one replica
-  became ready (a loading worker's model), when the feed answers with deltas.
+  became ready (a loading worker's model), when the feed answers with deltas;
+- ``publish_unchanged_ms``: publishing a table built anew with nothing changed (the feed
+  compares it with the last, model by model).
 """
 
 from __future__ import annotations
@@ -52,10 +56,8 @@ def fleet(cfg: ThawConfig, workers: int) -> tuple[dict[str, WorkerFacts], dict[s
     bases = [m.name for m in cfg.models if m.base is None]
     facts, views = {}, {}
     for i in range(workers):
-        wid, model = f"w{i:05d}", bases[i % len(bases)]
         state = WorkerState.LOADING if i % 10 == 1 else WorkerState.STANDBY if i % 10 == 2 else WorkerState.READY
-        if state is WorkerState.STANDBY:
-            model = None
+        wid, model = f"w{i:05d}", None if state is WorkerState.STANDBY else bases[i % len(bases)]
         ready = state is WorkerState.READY
         j = int(model[1:]) if model else -1
         adapters = [(f"m{j + 1}", "ready")] if ready and j % 10 == 8 and j + 1 < len(cfg.models) else []
@@ -100,26 +102,39 @@ async def wire_bytes(cfg: ThawConfig, facts: dict[str, WorkerFacts], views: dict
     wid = next(w for w, v in views.items() if v.state is WorkerState.LOADING)
     facts[wid], views[wid] = worker(wid, WorkerState.READY, views[wid].model, [])
     await feed.publish(route_table(cfg, facts, views, state, NOW), activators=1, keys_version=0)
-    full = await feed.wait(-1, None, 0.0)
-    answer = await feed.wait(before, feed.epoch, 0.0, delta=True) if hasattr(feed, "delta") else full
-    assert full is not None and answer is not None
-    return {"version_moved": feed.table.version == before + 1, "full_bytes": len(full.model_dump_json()),
-            "delta_bytes": len(answer.model_dump_json()), "delta_models": len(answer.models)}
+    full, delta = feed.answer(-1, None), feed.answer(before, feed.epoch, delta=True)
+    # A tick with nothing changed: the table built anew and compared with the last.
+    models = route_table(cfg, facts, views, state, NOW)
+    t0 = time.perf_counter()
+    await feed.publish(models, activators=1, keys_version=0)
+    return {"version_moved": feed.table.version == before + 1, "publish_unchanged_ms":
+            round((time.perf_counter() - t0) * 1000, 2), "full_bytes": len(full.body()),
+            "delta_bytes": len(delta.body()), "delta_models": len(delta.models)}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", nargs="+", default=["100x10", "1000x100", "10000x1000"], help="MODELSxWORKERS")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", metavar="FILE", type=Path, default=Path("bench_routes.json"))
+    p.add_argument("--sizes", nargs="+", default=["100x10", "1000x100", "10000x1000"],
+                   help="MODELSxWORKERS at each size (default 100x10 1000x100 10000x1000)")
     p.add_argument("--repeat", type=int, default=5, help="builds timed per size (the median is reported)")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = []
     for size in args.sizes:
-        models, workers = (int(x) for x in size.split("x"))
+        models, workers = (int(x) for x in size.lower().split("x"))
         cfg = config(models)
         facts, views = fleet(cfg, workers)
-        out = {"models": models, "workers": workers, "route_table_ms": round(build_ms(cfg, facts, views, args.repeat), 2)}
+        out: dict[str, Any] = {"models": models, "workers": workers,
+                               "route_table_ms": round(build_ms(cfg, facts, views, args.repeat), 2)}
         out.update(asyncio.run(wire_bytes(cfg, facts, views)))
         print(json.dumps(out), flush=True)
+        sizes.append(out)
+    args.out.write_text(json.dumps({"sizes": sizes}, indent=2) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(p)
+    raise SystemExit(run(p.parse_args()))
