@@ -10,12 +10,15 @@ No network and no controller: a synthetic config and fleet handed straight to
 ten loading, one in ten standing by, the rest serving one model each, with its adapter
 where it has one). Prints one JSON line per size:
 
-- ``route_table_ms``: the median of ``--repeat`` builds of the whole table;
+- ``route_table_ms``: the median of ``--repeat`` builds of the whole table, every route
+  anew (as at a controller's start);
+- ``route_table_steady_ms``: the same with the last table given and nothing changed (a
+  tick's build: each route reused);
 - ``full_bytes``: the JSON of the whole table, as a first poll gets it;
 - ``delta_bytes``: the JSON of the answer to a poll one version back after one replica
   became ready (a loading worker's model), when the feed answers with deltas;
-- ``publish_unchanged_ms``: publishing a table built anew with nothing changed (the feed
-  compares it with the last, model by model).
+- ``publish_unchanged_ms``: publishing a tick's table with nothing changed (the feed
+  compares it with the last, model by model: here each an identity check).
 """
 
 from __future__ import annotations
@@ -82,12 +85,16 @@ def worker(wid: str, state: WorkerState, model: str | None,
     return WorkerFacts(worker_id=wid, shape="cpu-local", status=status, heard_at=NOW), view
 
 
-def build_ms(cfg: ThawConfig, facts: dict[str, WorkerFacts], views: dict[str, WorkerView], repeat: int) -> float:
+def build_ms(cfg: ThawConfig, facts: dict[str, WorkerFacts], views: dict[str, WorkerView], repeat: int,
+             *, steady: bool = False) -> float:
+    """The median build of the whole table: anew, or (``steady``) with the last table
+    given, as the controller's tick does, nothing having changed."""
     state = PolicyState()
+    previous = route_table(cfg, facts, views, state, NOW) if steady else None
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        route_table(cfg, facts, views, state, NOW)
+        route_table(cfg, facts, views, state, NOW, previous=previous)
         times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
 
@@ -103,8 +110,8 @@ async def wire_bytes(cfg: ThawConfig, facts: dict[str, WorkerFacts], views: dict
     facts[wid], views[wid] = worker(wid, WorkerState.READY, views[wid].model, [])
     await feed.publish(route_table(cfg, facts, views, state, NOW), activators=1, keys_version=0)
     full, delta = feed.answer(-1, None), feed.answer(before, feed.epoch, delta=True)
-    # A tick with nothing changed: the table built anew and compared with the last.
-    models = route_table(cfg, facts, views, state, NOW)
+    # A tick with nothing changed: the table built with the last one given, compared with it.
+    models = route_table(cfg, facts, views, state, NOW, previous=feed.table.models)
     t0 = time.perf_counter()
     await feed.publish(models, activators=1, keys_version=0)
     return {"version_moved": feed.table.version == before + 1, "publish_unchanged_ms":
@@ -125,8 +132,10 @@ def run(args: argparse.Namespace) -> int:
         models, workers = (int(x) for x in size.lower().split("x"))
         cfg = config(models)
         facts, views = fleet(cfg, workers)
-        out: dict[str, Any] = {"models": models, "workers": workers,
-                               "route_table_ms": round(build_ms(cfg, facts, views, args.repeat), 2)}
+        out: dict[str, Any] = {
+            "models": models, "workers": workers,
+            "route_table_ms": round(build_ms(cfg, facts, views, args.repeat), 2),
+            "route_table_steady_ms": round(build_ms(cfg, facts, views, args.repeat, steady=True), 2)}
         out.update(asyncio.run(wire_bytes(cfg, facts, views)))
         print(json.dumps(out), flush=True)
         sizes.append(out)

@@ -85,6 +85,19 @@ def test_during_a_roll_the_current_revision_takes_the_traffic_once_one_of_it_is_
     assert [(r.worker_id, r.revision) for r in routes["a"].replicas] == [("w2", 2)]
 
 
+def test_a_route_unchanged_since_the_last_table_is_that_tables_very_object() -> None:
+    """The tick's table reuses the last one's routes that did not change (the feed then
+    compares them by identity); the table is the one built without it."""
+    facts, views = fleet(worker("w1", S.READY, "a"), worker("w2", S.LOADING, "b"))
+    last = route_table(CFG, facts, views, PolicyState(), NOW)
+    facts, views = fleet(worker("w1", S.READY, "a"), worker("w2", S.READY, "b"))
+    state = PolicyState(models={"a-lora": ModelState(failures=1, last_error="no", backoff_until=NOW + 1)})
+    table = route_table(CFG, facts, views, state, NOW, previous=last)
+    assert table == route_table(CFG, facts, views, state, NOW)
+    # a: unchanged, reused; b: a replica ready; a-lora: a failure.
+    assert [name for name in table if table[name] is last[name]] == ["a"]
+
+
 # -- the feed's changes and deltas -----------------------------------------------------------
 
 
