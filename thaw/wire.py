@@ -412,7 +412,13 @@ class ModelRoute(_Msg):
 class RouteTable(_Msg):
     """Ready replicas per model. ``version`` grows within one controller ``epoch``; a
     restarted controller has a new epoch, so watchers take its first table whatever
-    its version."""
+    its version.
+
+    A delta (``base_version`` set; ``GET /v1/routes?delta=true`` from a watcher that
+    holds a recent version) is the table at ``version`` as changes to the table at
+    ``base_version`` of the same epoch: ``models`` holds only the models whose route
+    changed in any field since then, ``removed`` the models gone; the scalars are
+    whole. ``merged`` applies one (docs/REQUEST_PATH.md, "The route feed")."""
 
     epoch: str
     version: int
@@ -423,6 +429,29 @@ class RouteTable(_Msg):
     keys_version: NonNegativeInt = 0
     # The version of the catalog (the models and tenants in force, ``GET /v1/catalog``).
     catalog_version: NonNegativeInt = 0
+    # A delta: the version of this epoch it applies to (None: the whole table), and the
+    # models it removes.
+    base_version: NonNegativeInt | None = None
+    removed: list[str] = []
+
+    def body(self) -> str:
+        """Its JSON as ``GET /v1/routes`` answers it: a whole table without the delta's
+        fields, so an activator from before deltas (its table forbids unknown fields)
+        reads it still."""
+        return self.model_dump_json(exclude={"base_version", "removed"} if self.base_version is None else None)
+
+    def merged(self, update: RouteTable) -> RouteTable | None:
+        """The whole table ``update`` makes of this one: ``update`` itself when whole; a
+        delta applied when it is made from this very table (epoch and version), else
+        None (the holder asks for the whole table)."""
+        if update.base_version is None:
+            return update
+        if update.epoch != self.epoch or update.base_version != self.version or self.base_version is not None:
+            return None
+        models = {**self.models, **update.models}
+        for name in update.removed:
+            models.pop(name, None)
+        return update.model_copy(update={"models": models, "base_version": None, "removed": []})
 
 
 # -- controller → operators ------------------------------------------------------------

@@ -384,7 +384,7 @@ class PoolManager:
         views = self.fleet.views(now) if views is None else views
         admin = self.parts.model_admin
         return route_table(self.cfg, self.fleet.facts, views, self.state, now, revisions=admin.revision,
-                           outdated=admin.outdated())
+                           outdated=admin.outdated(), previous=self.feed.table.models)
 
     async def _publish_routes(self) -> None:
         now = self.clock()

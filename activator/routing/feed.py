@@ -2,8 +2,11 @@
 it versions (API keys, catalog) fetched when they change, and what the activator tells
 the controller (demand, cold starts, its traffic reports).
 
-The feed holds no routes: each table goes to ``on_table`` (``Router.apply``). While the
-controller is away the activator keeps serving from the last table.
+The feed holds the whole table (``table``) only to merge the controller's deltas into
+it: each answer goes to ``on_table`` (``Router.apply``) as it came, a delta naming only
+the models that changed. A delta on a version this activator does not hold is dropped
+and the whole table asked for. While the controller is away the activator keeps serving
+from the last table.
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ class ControllerFeed:
         # The controller start the table came from: a restarted controller counts its
         # versions from 1 again, so a new epoch is taken whatever its version.
         self.epoch: str | None = None
+        # The whole table as of ``version`` (None: none yet), what deltas merge into, and
+        # whether the next poll asks for the whole table (a delta did not fit it).
+        self.table: RouteTable | None = None
+        self._whole = False
         self.connected = False
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(65.0, connect=2.0),
                                        headers=bearer(token) if token else None)
@@ -104,15 +111,33 @@ class ControllerFeed:
                 if listed != f.held:
                     f.wanted.set()
 
+    def take(self, update: RouteTable) -> bool:
+        """Take in the controller's answer (a whole table or a delta): merged into the
+        table held and handed to ``on_table``; whether it was taken. A delta made from
+        another version than the one held is not: the next poll asks for the whole table."""
+        if self.table is not None:
+            table = self.table.merged(update)
+        else:
+            table = update if update.base_version is None else None
+        if table is None:
+            log.info("route_delta_dropped", held=self.version, base=update.base_version, version=update.version)
+            self._whole = True
+            return False
+        self.table, self._whole = table, False
+        self.track(table)
+        self._on_table(update)
+        return True
+
     async def _watch(self) -> None:
         while True:
             try:
-                params: dict[str, Any] = {"since": self.version, "wait_s": 25}
+                params: dict[str, Any] = {"since": -1 if self._whole else self.version, "wait_s": 25,
+                                          "delta": "true"}
                 if self.epoch is not None:
                     params["epoch"] = self.epoch
                 r = await self.controllers.request(self._http, "GET", "/v1/routes", params=params)
                 r.raise_for_status()
-                self._on_table(RouteTable.model_validate_json(r.content))
+                self.take(RouteTable.model_validate_json(r.content))
                 if not self.connected:
                     log.info("controller_connected", epoch=self.epoch, version=self.version)
                 self.connected = True

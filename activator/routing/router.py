@@ -26,7 +26,7 @@ from activator.routing.feed import ControllerFeed, Followed
 from activator.routing.queues import ColdQueue, FairQueue
 from activator.routing.replicas import ModelReplicas, ModelState, OnReplica, Replica
 from thaw.config import Model
-from thaw.wire import ActivityReport, Catalog, ColdStartRecord, KeyTable, RouteTable
+from thaw.wire import ActivityReport, Catalog, ColdStartRecord, KeyTable, ModelRoute, RouteTable
 
 QUEUE_FULL_RETRY_AFTER_S = 2.0
 TIMEOUT_RETRY_AFTER_S = 5.0
@@ -130,9 +130,14 @@ class Router:
         """The models in force changed (the catalog): new ones get routes; a removed
         one's waiting requests are told it does not exist, its requests in flight finish."""
         self.models = {m.name: m for m in models}
+        held = self.feed.table.models if self.feed.table is not None else {}
         for m in models:
             if m.name not in self._routes:
                 self._routes[m.name] = self._new_routes(m.name)
+                # Its route came before its catalog did (and went nowhere): a delta sends
+                # it again only when it changes, so take it from the table held.
+                if (entry := held.get(m.name)) is not None:
+                    self._take(m.name, entry, self.clock())
         for name, r in self._routes.items():
             if name not in self.models:
                 gone = NotFound(f"the model {name!r} does not exist", param="model")
@@ -140,24 +145,28 @@ class Router:
                 r.fair.fail_all(gone)
 
     def apply(self, table: RouteTable) -> None:
-        """Take in a route table from the controller and wake or fail waiters."""
+        """Take in a route table from the controller (a whole one, or a delta: only the
+        models it names changed) and wake or fail waiters."""
         self.feed.track(table)
         now = self.clock()
         for name, entry in table.models.items():
-            r = self._routes.get(name)
-            if r is None:
-                continue
-            new_failure = r.replicas.take(entry, now)
-            if r.replicas.usable:
-                self._wake(name)
-            elif new_failure:
-                until = r.replicas.backoff_until
-                served = m.resolved_served_name if (m := self.models.get(name)) else name
-                r.cold.fail_all(ServiceUnavailable(
-                    f"model {served!r} failed to start: {public_failure(r.replicas.failure_kind)}; "
-                    "retrying after a backoff",
-                    retry_after_s=(until - now) if until else TIMEOUT_RETRY_AFTER_S,
-                ))
+            if name in self._routes:
+                self._take(name, entry, now)
+
+    def _take(self, name: str, entry: ModelRoute, now: float) -> None:
+        """Take in one model's route: wake its waiters, or fail them on a new failure."""
+        r = self._routes[name]
+        new_failure = r.replicas.take(entry, now)
+        if r.replicas.usable:
+            self._wake(name)
+        elif new_failure:
+            until = r.replicas.backoff_until
+            served = m.resolved_served_name if (m := self.models.get(name)) else name
+            r.cold.fail_all(ServiceUnavailable(
+                f"model {served!r} failed to start: {public_failure(r.replicas.failure_kind)}; "
+                "retrying after a backoff",
+                retry_after_s=(until - now) if until else TIMEOUT_RETRY_AFTER_S,
+            ))
 
     def _wake(self, model: str) -> None:
         """Usable replicas: release the cold queue, hand free slots to the fair queue."""

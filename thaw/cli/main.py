@@ -250,6 +250,7 @@ def _add_bench_commands(sub: Subparsers, add: Add) -> None:
         bench_control_plane,
         bench_conversations,
         bench_page_faults,
+        bench_routes,
         bench_simulate,
         bench_stream,
     )
@@ -269,6 +270,8 @@ def _add_bench_commands(sub: Subparsers, add: Add) -> None:
                                                "vs a round-robin balancer over the same engines."),
         ("control-plane", bench_control_plane, "The controller, route feed and activators at fleet size (models "
                                                "x workers), every worker simulated."),
+        ("routes", bench_routes, "The route table at fleet size: its build's time, a whole table's bytes "
+                                 "and a one-replica delta's."),
     ):
         p = add(b_sub, name, help_, mod.run)
         mod.add_arguments(p)

@@ -43,11 +43,12 @@ async def cold_start(body: ColdStartRecord, manager: Manager) -> Response:
 @router.get("/v1/routes", response_model=RouteTable,
             responses={503: refusal_doc("The controller is still adopting the fleet (see Retry-After)")})
 async def routes(manager: Manager, since: int = Query(-1), epoch: str | None = Query(None),
-                 wait_s: float = Query(0.0, ge=0.0, le=60.0)) -> Response:
+                 wait_s: float = Query(0.0, ge=0.0, le=60.0), delta: bool = Query(False)) -> Response:
     # Long poll: answer as soon as the table's version passes `since` (at once for a
     # watcher that knew another epoch), or after wait_s; None before the fleet is adopted.
-    table = await manager.feed.wait(since, epoch, wait_s)
+    # `delta`: the watcher merges deltas (only what changed since `since`, when recent).
+    table = await manager.feed.wait(since, epoch, wait_s, delta=delta)
     if table is None:
         return JSONResponse({"error": "the controller is adopting the fleet after its start; retry shortly"},
                             status_code=503, headers={"Retry-After": "1"})
-    return Response(table.model_dump_json(), media_type="application/json")
+    return Response(table.body(), media_type="application/json")

@@ -1,19 +1,21 @@
-"""The activator's link to the controller: demand signals, and what a route table says
-of the versions it follows."""
+"""The activator's link to the controller: demand signals, what a route table says of
+the versions it follows, and the route feed's deltas merged into the table it holds."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import pytest
 import uvicorn
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Query, Request, Response
 
 from activator.routing.feed import ControllerFeed, Followed
 from tests.waiting import until
 from thaw.embedded_store import free_port
-from thaw.wire import ActivityReport, RouteTable
+from thaw.wire import ActivityReport, ModelRoute, ReplicaRoute, RouteTable
+from warm_pool.routes import RouteFeed
 
 
 @pytest.fixture
@@ -75,5 +77,117 @@ async def test_a_table_moves_the_long_poll_on_and_wants_the_followed_tables_that
         # The keys held are the ones listed; the catalog moved on.
         assert (keys.listed, keys.wanted.is_set()) == (3, False)
         assert (catalog.listed, catalog.wanted.is_set()) == (4, True)
+    finally:
+        await f.close()
+
+
+@dataclass
+class RoutesController:
+    """A controller's route feed (the real one) behind ``GET /v1/routes``, recording each
+    poll's ``since`` and the answer's base version; ``forged`` is the answer to the next
+    poll that the feed answers."""
+
+    url: str
+    feed: RouteFeed
+    polls: list[tuple[int, int | None]] = field(default_factory=list)
+    forged: RouteTable | None = None
+
+    async def publish(self, **replicas: list[str]) -> int:
+        await self.feed.publish({m: ModelRoute(served_name=m, replicas=[replica(w) for w in ws])
+                                 for m, ws in replicas.items()}, activators=1, keys_version=0)
+        return self.feed.table.version
+
+
+def replica(wid: str) -> ReplicaRoute:
+    return ReplicaRoute(worker_id=wid, url=f"http://{wid}:1", served_model_name="m", assignment_id=f"x-{wid}")
+
+
+@pytest.fixture
+async def routes_controller() -> AsyncIterator[RoutesController]:
+    app = FastAPI()
+    c = RoutesController("", RouteFeed("e1"))
+
+    @app.get("/v1/routes")
+    async def routes(since: int = Query(-1), epoch: str | None = Query(None), wait_s: float = Query(0.0),
+                     delta: bool = Query(False)) -> Response:
+        table = await c.feed.wait(since, epoch, wait_s, delta=delta)
+        if c.forged is not None:
+            table, c.forged = c.forged, None
+        assert table is not None
+        c.polls.append((since, table.base_version))
+        return Response(table.body(), media_type="application/json")
+
+    @app.post("/v1/reports")
+    async def reports() -> Response:
+        return Response(status_code=204)
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
+    task = asyncio.create_task(server.serve())
+    await until("the controller started", lambda: server.started)
+    c.url = f"http://127.0.0.1:{port}"
+    try:
+        yield c
+    finally:
+        await c.feed.close()  # answers the long polls
+        server.should_exit = True
+        server.force_exit = True
+        await task
+
+
+def watcher(url: str, seen: list[RouteTable]) -> ControllerFeed:
+    return ControllerFeed(url, "a1", on_table=seen.append,
+                          report=lambda: ActivityReport(activator_id="a1", models={}))
+
+
+async def test_route_updates_come_as_deltas_and_merge_into_the_table_the_controller_holds(
+        routes_controller: RoutesController) -> None:
+    c = routes_controller
+    v1 = await c.publish(a=[], b=[], c=["w1"])
+    seen: list[RouteTable] = []
+    f = watcher(c.url, seen)
+    await f.start()
+    try:
+        await until("the whole table", lambda: f.table == c.feed.table)
+        # One replica ready: only its model on the wire, merged into the whole table.
+        v2 = await c.publish(a=["w2"], b=[], c=["w1"])
+        await until("the delta taken", lambda: f.table == c.feed.table, detail=lambda: str(c.polls))
+        assert c.polls[:2] == [(-1, None), (v1, v1)]
+        assert (seen[1].base_version, list(seen[1].models)) == (v1, ["a"])
+        # A model removed, another's replica gone.
+        await c.publish(a=["w2"], c=[])
+        await until("the removal taken", lambda: f.table == c.feed.table)
+        assert seen[-1].removed == ["b"] and list(seen[-1].models) == ["c"] and seen[-1].base_version == v2
+
+        # A late joiner asks with no version and gets the whole table at once.
+        late_seen: list[RouteTable] = []
+        late = watcher(c.url, late_seen)
+        await late.start()
+        try:
+            await until("the late joiner's table", lambda: late.table == c.feed.table)
+            assert late_seen[0].base_version is None and sorted(late_seen[0].models) == ["a", "c"]
+        finally:
+            await late.close()
+    finally:
+        await f.close()
+
+
+async def test_a_delta_on_another_version_than_the_one_held_makes_the_next_poll_ask_for_the_whole_table(
+        routes_controller: RoutesController) -> None:
+    c = routes_controller
+    await c.publish(a=[], b=[])
+    seen: list[RouteTable] = []
+    f = watcher(c.url, seen)
+    await f.start()
+    try:
+        await until("the whole table", lambda: f.table == c.feed.table)
+        held = f.version
+        c.forged = RouteTable(epoch="e1", version=held + 5, base_version=held + 4, models={})
+        await c.publish(a=["w1"], b=[])  # wakes the poll; the forged delta answers it
+        await until("the whole table again", lambda: f.table == c.feed.table and len(c.polls) >= 3,
+                    detail=lambda: str(c.polls))
+        # The forged delta was dropped (the router never saw it); the poll after it had no version.
+        assert c.polls[1] == (held, held + 4) and c.polls[2] == (-1, None)
+        assert [t.base_version for t in seen] == [None, None]
     finally:
         await f.close()

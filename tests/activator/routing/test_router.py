@@ -178,3 +178,36 @@ async def test_a_standby_lent_to_batch_is_taken_back_when_its_worker_serves_anot
     assert lent is not None and not router.taken_back(lent)
     router.apply(table(2, route(1).model_copy(update={"assignment_id": "a-online"})))
     assert router.taken_back(lent)
+
+
+async def test_a_delta_brings_the_router_what_the_whole_table_would(router: Router) -> None:
+    """The feed merges a delta into the table it holds and hands the router the delta:
+    its models get what the whole table would have given them, a request in flight
+    keeps its slot, and a model the delta does not name is left as it was."""
+    whole = RouteTable(epoch="e", version=1, models={"demo": ModelRoute(served_name="demo", replicas=[route(1)]),
+                                                    "gone": ModelRoute(served_name="gone")})
+    assert router.feed.take(whole)
+    got = await router.acquire(MODEL, router.clock())
+    delta = RouteTable(epoch="e", version=2, base_version=1, removed=["gone"],
+                       models={"demo": ModelRoute(served_name="demo", replicas=[route(1), route(2)])})
+    assert router.feed.take(delta)
+    assert [r.url for r in router.replicas("demo").usable] == [route(1).url, route(2).url]
+    assert router.replicas("demo").usable[0].outstanding == 1
+    assert router.feed.table == RouteTable(epoch="e", version=2, models=delta.models)
+    assert (router.feed.version, router.feed.epoch) == (2, "e")
+    router.release("demo", got.replica)
+    # A delta made from a version it does not hold: not taken, the routes stay.
+    assert not router.feed.take(delta.model_copy(update={"version": 4, "base_version": 3, "models": {}}))
+    assert (router.feed.version, len(router.replicas("demo").usable)) == (2, 2)
+
+
+async def test_a_model_whose_route_came_before_its_catalog_gets_it_from_the_table_held(router: Router) -> None:
+    """A deploy moves the catalog's version and lists the new model's route in one table;
+    the router has no routes for it until the catalog arrives, and a delta will not name
+    it again until it changes: the router takes its route from the table the feed holds."""
+    second = MODEL.model_copy(update={"name": "second"})
+    router.feed.take(RouteTable(epoch="e", version=1, models={
+        "demo": ModelRoute(served_name="demo"), "second": ModelRoute(served_name="second", replicas=[route(7)])}))
+    assert "second" not in router.model_names()
+    router.set_models([MODEL, second])
+    assert [r.url for r in router.replicas("second").usable] == [route(7).url]
