@@ -8,10 +8,12 @@ from the config file's ``models``; after that the file's list is not read again 
 difference is logged at start).
 
 A change is checked before anything is written, and a refused one changes nothing:
-the whole config in force is validated with the change in it (shape, base, tenant,
-``object_store.allowed_prefixes``, served names), the weights are checked in the store
-(a manifest whose files are all there as it lists them), and the model must fit its
-shape. Of two changes based on the same revision the second is refused (409).
+the config in force must stay valid with the change in it, as the config file is
+checked (shape, base, tenant, ``object_store.allowed_prefixes``, served names), though
+only the model changed and what it touches are checked again
+(``warm_pool.registry.in_force``); the weights are checked in the store (a manifest
+whose files are all there as it lists them), and the model must fit its shape. Of two
+changes based on the same revision the second is refused (409).
 """
 
 from __future__ import annotations
@@ -22,9 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import ValidationError
-
-from thaw.config import Model, Tenant, ThawConfig, format_errors
+from thaw.config import ConfigError, Model, Tenant, ThawConfig
 from thaw.fit import ModelSize, fit_problem
 from thaw.log import get_logger
 from thaw.objstore import WeightsCheck, WeightsProblem
@@ -39,6 +39,8 @@ from thaw.wire import (
     RevisionChange,
 )
 from warm_pool.events import EventLog
+from warm_pool.registry import in_force
+from warm_pool.registry.in_force import compose, current_spec
 from warm_pool.registry.store import RegistryStore, StaleRevision, TenantRow
 
 log = get_logger()
@@ -72,46 +74,6 @@ def merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
     for k, v in change.items():
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
-
-
-def current_spec(record: ModelRecord) -> dict[str, Any] | None:
-    if record.revision is None:
-        return None
-    return next(r.spec for r in record.revisions if r.revision == record.revision)
-
-
-def with_models(base: ThawConfig, entries: list[dict[str, Any]]) -> ThawConfig:
-    """``base`` serving ``entries`` (config ``models[]`` entries), validated as the config
-    file is. A tenant's ``allowed_models`` keeps only the names that exist. Raises
-    ``ValidationError``."""
-    names = {e["name"] for e in entries}
-    data = base.model_dump(mode="json")
-    data["models"] = entries
-    for t in data["tenants"]:
-        t["allowed_models"] = [a for a in t["allowed_models"] if a == "*" or a in names]
-    return ThawConfig.model_validate(data)
-
-
-def compose(base: ThawConfig, records: list[ModelRecord]) -> tuple[ThawConfig, list[str]]:
-    """The config in force: ``base`` serving each model's current revision. A revision
-    the config no longer admits (its shape was removed from the file, say) is left out:
-    the second value says which and why."""
-    entries = [{"name": r.name, **spec} for r in records if (spec := current_spec(r)) is not None]
-    try:
-        return with_models(base, entries), []
-    except ValidationError:
-        pass
-    # Bases before adapters, each kept only if the config stays valid with it.
-    kept: list[dict[str, Any]] = []
-    problems = []
-    for e in sorted(entries, key=lambda e: e.get("base") is not None):
-        try:
-            with_models(base, [*kept, e])
-        except ValidationError as exc:
-            problems.append(f"{e['name']}: " + "; ".join(format_errors(exc)))
-            continue
-        kept.append(e)
-    return with_models(base, kept), problems
 
 
 # What a replica's engine does not depend on: a change of only these rolls nothing.
@@ -148,13 +110,13 @@ def config_entry(cfg: ThawConfig, name: str) -> dict[str, Any]:
     return entry
 
 
-def field_problems(exc: ValidationError, name: str) -> str:
+def field_problems(problems: list[str], name: str) -> str:
     """The config's messages about the new entry (at index 0), naming the model."""
     def one(p: str) -> str:
         p = p.removeprefix("(top level): ").replace(f"models[0] ({name})", f"model {name!r}")
         return f"model {name!r}: " + p.removeprefix("models[0].") if p.startswith("models[0].") else p
 
-    return "; ".join(one(p) for p in format_errors(exc))
+    return "; ".join(one(p) for p in problems)
 
 
 @dataclass(frozen=True)
@@ -294,13 +256,11 @@ class ModelRegistry:
             users = [m.name for m in self.cfg.adapters_of(name)]
             if users:
                 raise RegistryRefused(f"model {name!r} is the base of adapters {users}: remove them first", 409)
-            entries = [{"name": m.name, **spec} for m in self.cfg.models
-                       if m.name != name and (spec := current_spec(self.records[m.name])) is not None]
             try:
-                cfg = with_models(self.base, entries)
-            except ValidationError as exc:
+                cfg = in_force.with_change(self.cfg, self.base, self._spec, name, None)
+            except ConfigError as exc:
                 raise RegistryRefused(f"removing {name!r} leaves the config invalid: "
-                                      + "; ".join(format_errors(exc)), 409) from None
+                                      + "; ".join(exc.problems), 409) from None
             assert record.revision is not None
             try:
                 self.version = await asyncio.to_thread(self.store.remove, name, record.revision, self._clock(), who)
@@ -315,8 +275,8 @@ class ModelRegistry:
             return self.records[name]
 
     def with_tenants(self, tenants: builtins.list[Tenant]) -> ThawConfig:
-        """The config in force were ``tenants`` the tenants (raises ``ValidationError``)."""
-        return with_models(self.written.model_copy(update={"tenants": tenants}), self._entries())
+        """The config in force were ``tenants`` the tenants (raises ``ConfigError``)."""
+        return in_force.with_tenants(self.cfg, tenants)
 
     async def tenants_changed(self, tenants: builtins.list[Tenant], cfg: ThawConfig, version: int) -> None:
         """The tenants changed (``warm_pool.registry.tenants``, holding :attr:`lock`): ``cfg`` is
@@ -325,8 +285,11 @@ class ModelRegistry:
         self.cfg, self.version = cfg, version
         await self._on_change(cfg)
 
-    def _entries(self) -> builtins.list[dict[str, Any]]:
-        return [{"name": r.name, **spec} for r in self.records.values() if (spec := current_spec(r)) is not None]
+    def _spec(self, name: str) -> dict[str, Any]:
+        """The spec in force of model ``name`` (one of ``cfg``'s)."""
+        spec = current_spec(self.records[name])
+        assert spec is not None
+        return spec
 
     # -- parts ------------------------------------------------------------------------
     def _current(self, name: str) -> ModelRecord:
@@ -344,14 +307,11 @@ class ModelRegistry:
     async def _checked(self, name: str, spec: dict[str, Any]) -> Candidate:
         """The config in force with ``name`` at ``spec``, once every check passed."""
         spec = {k: v for k, v in spec.items() if k != "name"}
-        others = [{"name": m.name, **s} for m in self.cfg.models
-                  if m.name != name and (s := current_spec(self.records[m.name])) is not None]
         try:
-            cfg = with_models(self.base, [{"name": name, **spec}, *others])
-        except ValidationError as exc:
-            raise RegistryRefused(field_problems(exc, name)) from None
-        model = cfg.model(name)
-        assert model is not None
+            cfg = in_force.with_change(self.cfg, self.base, self._spec, name, spec)
+        except ConfigError as exc:
+            raise RegistryRefused(field_problems(exc.problems, name)) from None
+        model = cfg.models[0]  # with_change puts the model changed first
         return Candidate(spec=spec, cfg=cfg, weights=await self.check_store(model, cfg))
 
     async def check_store(self, model: Model, cfg: ThawConfig) -> WeightsCheck:
