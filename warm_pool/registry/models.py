@@ -163,8 +163,21 @@ class ModelRegistry:
         """The store's rows (blocking)."""
         return self.store.records(), self.store.version(), self.store.tenants()
 
-    def _take(self, records: list[ModelRecord], version: int, tenants: list[TenantRow]) -> None:
+    def _hold(self, records: builtins.list[ModelRecord]) -> None:
+        """Hold ``records``, and the revisions each one's roll replaces (read every turn of
+        the controller's loop: kept here, not recomputed over every model each time)."""
         self.records = {r.name: r for r in records}
+        self._outdated = {r.name: o for r in records if (o := outdated_revisions(r))}
+
+    def _hold_one(self, record: ModelRecord) -> None:
+        """Hold ``record``, one model's changed (the dict :meth:`outdated` gave is not changed)."""
+        self.records[record.name] = record
+        self._outdated = {n: o for n, o in self._outdated.items() if n != record.name}
+        if o := outdated_revisions(record):
+            self._outdated[record.name] = o
+
+    def _take(self, records: list[ModelRecord], version: int, tenants: list[TenantRow]) -> None:
+        self._hold(records)
         self.version = version
         # The config as written serving the registry's tenants (and, in cfg, its models).
         self.base = self.written.model_copy(update={"tenants": [r.tenant for r in tenants if r.removed_at is None]})
@@ -193,8 +206,9 @@ class ModelRegistry:
         return record.revision if record is not None else None
 
     def outdated(self) -> dict[str, frozenset[int]]:
-        """Per model served, the revisions a roll replaces (``outdated_revisions``)."""
-        return {n: o for n, r in self.records.items() if r.revision is not None and (o := outdated_revisions(r))}
+        """Per model served, the revisions a roll replaces (``outdated_revisions``); the
+        caller does not change it."""
+        return self._outdated
 
     def describe(self, name: str) -> ModelRecord:
         record = self.records.get(name)
@@ -266,8 +280,8 @@ class ModelRegistry:
                 self.version = await asyncio.to_thread(self.store.remove, name, record.revision, self._clock(), who)
             except StaleRevision as exc:
                 raise RegistryRefused(str(exc), 409) from None
-            self.records[name] = record.model_copy(update={"revision": None, "removed_at": self._clock(),
-                                                           "removed_by": who})
+            self._hold_one(record.model_copy(update={"revision": None, "removed_at": self._clock(),
+                                                     "removed_by": who}))
             self.cfg = cfg
             self.events.record("model", "operator", model=name, outcome="removed",
                                inputs={"who": who, "revision": record.revision})
@@ -340,7 +354,7 @@ class ModelRegistry:
 
     async def reload(self, version: int) -> None:
         """Take the store's rows again after a change made there directly (``warm_pool.registry.apply``)."""
-        self.records = {r.name: r for r in await asyncio.to_thread(self.store.records)}
+        self._hold(await asyncio.to_thread(self.store.records))
         self.version = version
 
     async def _commit(self, name: str, candidate: Candidate, change: RevisionChange, who: str, *,
@@ -355,8 +369,8 @@ class ModelRegistry:
             self.version = await asyncio.to_thread(self.store.add, revision, based_on)
         except StaleRevision as exc:
             raise RegistryRefused(str(exc), 409) from None
-        self.records[name] = ModelRecord(name=name, revision=revision.revision,
-                                         revisions=[*(record.revisions if record else []), revision])
+        self._hold_one(ModelRecord(name=name, revision=revision.revision,
+                                   revisions=[*(record.revisions if record else []), revision]))
         self.cfg = candidate.cfg
         self.events.record("model", "operator", model=name, outcome=change,
                            inputs={"who": who, "revision": revision.revision, "based_on": based_on,
