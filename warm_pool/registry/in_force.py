@@ -13,6 +13,7 @@ among 10,000 models held the controller's event loop for 0.3 s.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Container
 from typing import Any
 
@@ -64,26 +65,38 @@ def with_models(base: ThawConfig, entries: list[dict[str, Any]]) -> ThawConfig:
     return parse_config(data, source=SOURCE)
 
 
+# A problem of one model names it first: "models[3].shape: ..." (thaw.config.format_errors'
+# field path) or "(top level): models[3] (x): ..." (each rule's message).
+_ONE_MODELS = re.compile(r"^(?:\(top level\): )?models\[(\d+)\]")
+
+
 def compose(base: ThawConfig, records: list[ModelRecord]) -> tuple[ThawConfig, list[str]]:
     """The config in force: ``base`` serving each model's current revision. A revision
-    the config no longer admits (its shape was removed from the file, say) is left out:
-    the second value says which and why."""
+    the config no longer admits (its shape was removed from the file, say) is left out,
+    and so then are its adapters: the second value says which and why. Raises
+    ``ConfigError`` for a problem that leaving models out does not solve (a pool that
+    builds ahead a model left out)."""
     entries = [{"name": r.name, **spec} for r in records if (spec := current_spec(r)) is not None]
     try:
         return with_models(base, entries), []
     except ConfigError:
         pass
-    # Bases before adapters, each kept only if the config stays valid with it.
-    kept: list[dict[str, Any]] = []
-    problems = []
-    for e in sorted(entries, key=lambda e: e.get("base") is not None):
+    # Bases before adapters: an adapter is left out with its base, not instead of it.
+    entries.sort(key=lambda e: e.get("base") is not None)
+    problems: list[str] = []
+    # One validation per model left out: each time, the model the first problem names.
+    # (Adding models one at a time instead took a validation of all those before it per
+    # model, and refused every model before one a pool builds ahead.)
+    while True:
         try:
-            with_models(base, [*kept, e])
+            return with_models(base, entries), problems
         except ConfigError as exc:
-            problems.append(f"{e['name']}: " + "; ".join(exc.problems))
-            continue
-        kept.append(e)
-    return with_models(base, kept), problems
+            named = [(int(m.group(1)), p) for p in exc.problems if (m := _ONE_MODELS.match(p))]
+            if not named:
+                raise
+            out = named[0][0]
+            problems.append(f"{entries[out]['name']}: " + "; ".join(p for i, p in named if i == out))
+            entries = [e for i, e in enumerate(entries) if i != out]
 
 
 def with_change(cfg: ThawConfig, base: ThawConfig, spec_of: SpecOf, name: str,

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from tests.warm_pool.in_process import EXAMPLE
 from thaw.config import ConfigError, Tenant, ThawConfig, parse_config
-from warm_pool.registry.in_force import with_change, with_models, with_tenants
+from thaw.wire import ModelRecord, ModelRevision
+from warm_pool.registry.in_force import compose, with_change, with_models, with_tenants
 from warm_pool.registry.models import field_problems
 
 NAMES = ("a", "b", "c", "p", "t")
@@ -193,3 +194,31 @@ def test_a_tenant_removed_under_a_model_it_owns_is_refused_and_allowed_models_fo
     back = with_change(got, BASE.model_copy(update={"tenants": [demo, Tenant(name="acme", allowed_models=["a", "b"])]}),
                        spec_of(entries), "b", {"uri": "s3://thaw/models/b", "shape": "cpu-local"})
     assert back.tenants[1].allowed_models == ["a", "b"]
+
+
+# -- at start: the registry's models the config as written still admits ---------------------
+
+def records(entries: list[dict[str, Any]]) -> list[ModelRecord]:
+    return [ModelRecord(name=e["name"], revision=1, revisions=[ModelRevision(
+        model=e["name"], revision=1, spec={k: v for k, v in e.items() if k != "name"}, created_at=0.0, who="op",
+        change="deploy")]) for e in sorted(entries, key=lambda e: e["name"])]  # as the store lists them
+
+
+def test_a_model_the_config_no_longer_admits_is_left_out_with_its_adapters_and_only_they() -> None:
+    gone = [{"name": "b", "uri": "s3://thaw/models/b", "shape": "cpu-local"},
+            {"name": "x", "uri": "s3://thaw/models/x", "shape": "gpu-9"},  # a shape the file no longer has
+            {"name": "u", "base": "x", "adapter_uri": "s3://thaw/models/u"}]
+    cfg, problems = compose(BASE, records([*START, *gone]))
+    # a and b sort before p, which a pool builds ahead: both stay (bases before adapters).
+    assert [m.name for m in cfg.models] == ["a", "b", "p", "t"]
+    assert problems == [
+        "x: (top level): models[3] (x): shape 'gpu-9' is not declared; declared: ['cpu-local', 'gpu-1', 'gpu-2']",
+        "u: (top level): models[4] (u): base 'x' is not a model of the config"]
+    assert compose(BASE, records(START)) == (with_models(BASE, sorted(START, key=lambda e: e["name"])), [])
+
+
+def test_a_model_a_pool_builds_ahead_cannot_be_left_out() -> None:
+    with pytest.raises(ConfigError) as info:
+        compose(BASE, records([{"name": "p", "uri": "s3://thaw/models/p", "shape": "gpu-9"}]))
+    assert info.value.problems == ["(top level): pools[1] (gpu-1): prebuild names ['p'], which are not models of "
+                                   "shape 'gpu-1'; models of that shape: []"]
