@@ -104,7 +104,8 @@ def with_change(cfg: ThawConfig, base: ThawConfig, spec_of: SpecOf, name: str,
     """``cfg`` (``with_models(base, entries)``) with model ``name`` first at ``spec``, or
     without it (``spec`` None): what ``with_models`` gives for the entries so changed, or
     the ``ConfigError`` it raises, without validating again the models the change leaves
-    as they were. ``spec_of``: the spec of a model of ``cfg``."""
+    as they were. ``spec``, and what ``spec_of`` gives (the spec of a model of ``cfg``),
+    hold no ``name``."""
     others = [m for m in cfg.models if m.name != name]
     index = ModelIndex.of(others)
     first = 0 if spec is None else 1
@@ -146,7 +147,7 @@ def with_tenants(cfg: ThawConfig, tenants: list[Tenant]) -> ThawConfig:
     only what tenants touch (each tenant, and the models a tenant owns)."""
     problems = []
     for i, t in enumerate(tenants):
-        try:
+        try:  # as the file's would be: the admin API builds them with model_copy
             Tenant.model_validate(t.model_dump(mode="json"))
         except ValidationError as exc:
             problems += format_errors(exc, ("tenants", i))
