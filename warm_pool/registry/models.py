@@ -96,11 +96,9 @@ def outdated_revisions(record: ModelRecord) -> frozenset[int]:
             and r.weights_sha256 != now.weights_sha256)))
 
 
-def config_entry(cfg: ThawConfig, name: str) -> dict[str, Any]:
-    """A model of ``cfg`` as a spec: what differs from the defaults, an adapter without
+def config_entry(m: Model) -> dict[str, Any]:
+    """A model of the config as a spec: what differs from the defaults, an adapter without
     what it takes from its base."""
-    m = cfg.model(name)
-    assert m is not None
     entry = m.model_dump(mode="json", exclude_defaults=True)
     entry.pop("name", None)
     entry.pop("demo_if_missing", None)
@@ -146,7 +144,7 @@ class ModelRegistry:
         self._clock = clock
         # Changes one at a time (the tenants' too: warm_pool.registry.tenants).
         self.lock = asyncio.Lock()
-        seeded = store.seed([ModelRevision(model=m.name, revision=1, spec=config_entry(base, m.name),
+        seeded = store.seed([ModelRevision(model=m.name, revision=1, spec=config_entry(m),
                                            created_at=clock(), who="config", change="import")
                              for m in base.models], list(base.tenants), clock())
         self._take(*self._read())
