@@ -221,9 +221,10 @@ class ModelRegistry:
             if record is not None and record.revision is not None:
                 raise RegistryRefused(f"model {body.name!r} exists (revision {record.revision}): change it with "
                                       "`thaw models update`, or remove it first", 409)
-            served = {m.resolved_served_name: m.name for m in self.cfg.models}
-            if body.name in served:
-                raise RegistryRefused(f"{body.name!r} is the served name of model {served[body.name]!r}", 409)
+            # (No model of that name is in force: the record says so.)
+            other = self.cfg.model(body.name)
+            if other is not None:
+                raise RegistryRefused(f"{body.name!r} is the served name of model {other.name!r}", 409)
             candidate = await self._checked(body.name, body.spec.fields())
             return await self._commit(body.name, candidate, "deploy", who, based_on=None, note=body.note)
 
