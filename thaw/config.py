@@ -14,6 +14,8 @@ import hashlib
 import os
 import re
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -735,6 +737,169 @@ def _models_index(models: list[Model]) -> _ModelIndex:
     return index
 
 
+# -- the rules that relate models to each other and to the rest of the config -----------
+# Each is defined once: ThawConfig's validators apply them to the whole file, and the
+# registry (warm_pool.registry.in_force) to what one change of a model touches, so a
+# deploy among 10,000 models is not a validation of 10,000.
+
+
+def engine_entry(m: Any, gpus: Mapping[Any, int]) -> Any:
+    """A ``models[]`` entry whose engine spans its shape's GPUs (``gpus``: each shape's
+    ``gpu_count``) unless it says otherwise: resolved here once, so every consumer reads
+    one number."""
+    if isinstance(m, dict) and m.get("shape") in gpus and isinstance(m.get("engine", {}), dict):
+        engine: dict[str, Any] = m.get("engine", {})
+        if engine.get("tensor_parallel_size") is None:
+            return {**m, "engine": {**engine, "tensor_parallel_size": max(gpus[m["shape"]], 1)}}
+    return m
+
+
+def adapter_entry(m: Any, i: int, entry_of: Callable[[Any], Any]) -> Any:
+    """``models[i]`` as the config reads it (``entry_of``: another entry by name, None
+    when there is none). An adapter's files are its ``uri``; its shape, context and engine
+    its base's, filled in here so every consumer reads one place (a different value is an
+    error of :func:`check_references`)."""
+    if not isinstance(m, dict) or m.get("base") is None:
+        return m
+    base = entry_of(m["base"])
+    what = f"models[{i}] ({m.get('name')})"
+    # Said here: the fields left out would otherwise read as merely missing.
+    if not isinstance(base, dict):
+        raise ValueError(f"{what}: base {m['base']!r} is not a model of the config")
+    if base.get("base") is not None:
+        raise ValueError(f"{what}: base {m['base']!r} is an adapter itself; name its base")
+    if m.get("adapter_uri") is None:
+        raise ValueError(f"{what}: an adapter needs adapter_uri (its files)")
+    m = {**m}
+    m.setdefault("uri", m["adapter_uri"])
+    for key in ("shape", "max_context_tokens", "engine"):
+        if key in base:
+            m.setdefault(key, base[key])
+    return m
+
+
+def check_unique_names(items: Sequence[Any]) -> None:
+    """Shapes, models and tenants by ``name``, pools by ``shape``: each at most once."""
+    key = "shape" if items and isinstance(items[0], Pool) else "name"
+    seen: set[str] = set()
+    for item in items:
+        value = getattr(item, key)
+        if value in seen:
+            raise ValueError(f"duplicate {key} {value!r}")
+        seen.add(value)
+
+
+@dataclass(frozen=True)
+class ModelIndex:
+    """The models of a config as the rules look them up."""
+
+    by_name: Mapping[str, Model]
+    # Each served name -> the first model (in the config's order) that answers to it.
+    served: Mapping[str, str]
+
+    @classmethod
+    def of(cls, models: Sequence[Model]) -> ModelIndex:
+        # Reversed: of two models with one served name, the first is written last.
+        return cls({m.name: m for m in models}, {m.resolved_served_name: m.name for m in reversed(models)})
+
+
+def check_references(cfg: ThawConfig, index: ModelIndex, models: Iterable[tuple[int, Model]]) -> None:
+    """Raise ``ValueError`` for the first rule that ``models`` (``(i, models[i])`` of
+    ``cfg``, in order) break against the rest of ``cfg``, or that its pools or tenants
+    break (``index``: ``cfg.models``'). Each rule goes over every model given before the
+    next rule, as the whole file is checked: a change checked with only the models it
+    touches fails with the message the whole file would."""
+    checked = list(models)
+    shapes = {s.name: s for s in cfg.shapes}
+    for i, m in checked:
+        if m.shape not in shapes:
+            raise ValueError(
+                f"models[{i}] ({m.name}): shape {m.shape!r} is not declared; declared: {sorted(shapes)}"
+            )
+    for i, p in enumerate(cfg.pools):
+        _check_pool(i, p, cfg, shapes, index)
+    for i, m in checked:
+        _check_engine(i, m, shapes.get(m.shape))
+    for i, m in checked:
+        _check_adapter(i, m, index.by_name)
+    for i, m in checked:
+        try:
+            cfg.object_store.check_model_uri(m.uri)
+        except S3UriError as exc:
+            raise ValueError(f"models[{i}] ({m.name}): uri {exc}") from None
+    for _, m in checked:
+        other = index.served[m.resolved_served_name]
+        if other != m.name:
+            raise ValueError(f"models {other!r} and {m.name!r} share the served name {m.resolved_served_name!r}")
+    tenants = {t.name for t in cfg.tenants}
+    for i, m in checked:
+        if m.tenant is not None and m.tenant not in tenants:
+            raise ValueError(f"models[{i}] ({m.name}): tenant {m.tenant!r} is not declared; declared: "
+                             f"{sorted(tenants)}")
+    for i, t in enumerate(cfg.tenants):
+        unknown = [a for a in t.allowed_models if a != "*" and a not in index.by_name]
+        if unknown:
+            raise ValueError(f"tenants[{i}] ({t.name}): allowed_models names unknown models {unknown}")
+
+
+def _check_pool(i: int, p: Pool, cfg: ThawConfig, shapes: Mapping[str, InstanceShape], index: ModelIndex) -> None:
+    if p.shape not in shapes:
+        raise ValueError(f"pools[{i}]: shape {p.shape!r} is not declared; declared: {sorted(shapes)}")
+    wrong = [n for n in p.prebuild if (m := index.by_name.get(n)) is None or m.shape != p.shape]
+    if wrong:
+        on_shape = sorted(m.name for m in cfg.models if m.shape == p.shape)
+        raise ValueError(
+            f"pools[{i}] ({p.shape}): prebuild names {wrong}, which are not models of shape "
+            f"{p.shape!r}; models of that shape: {on_shape}"
+        )
+    if len(set(p.prebuild)) != len(p.prebuild):
+        raise ValueError(f"pools[{i}] ({p.shape}): prebuild names a model twice: {p.prebuild}")
+    if p.pack and p.prebuild:
+        raise ValueError(f"pools[{i}] ({p.shape}): pack and prebuild together are not supported yet "
+                         "(a kept engine's memory is not counted in the fit); choose one")
+    if p.provider == "ec2" and cfg.controller.url is None and not cfg.controller.urls:
+        raise ValueError(
+            f"pools[{i}] (ec2): set controller.url to the address its instances reach the "
+            "controller at (their workers register there)"
+        )
+
+
+def _check_engine(i: int, m: Model, shape: InstanceShape | None) -> None:
+    tp = m.engine.tensor_parallel_size or 1
+    if shape is not None and shape.gpu_count > 0 and tp > shape.gpu_count:
+        raise ValueError(
+            f"models[{i}] ({m.name}): engine.tensor_parallel_size {tp} needs {tp} GPUs; shape "
+            f"{m.shape!r} has {shape.gpu_count}"
+        )
+    if m.autoscaling.asleep_ttl_s > 0 and shape is not None and shape.gpu_count == 0:
+        raise ValueError(
+            f"models[{i}] ({m.name}): autoscaling.asleep_ttl_s needs vLLM's sleep mode, which needs a "
+            f"GPU; shape {m.shape!r} has none (set asleep_ttl_s to 0)"
+        )
+
+
+def _check_adapter(i: int, m: Model, by_name: Mapping[str, Model]) -> None:
+    if m.base is None:
+        if m.adapter_uri is not None:
+            raise ValueError(f"models[{i}] ({m.name}): adapter_uri needs base (the model it adapts)")
+        return
+    base = by_name.get(m.base)
+    if base is None or base.base is not None:
+        raise ValueError(f"models[{i}] ({m.name}): base {m.base!r} is not a model of the config"
+                         if base is None else
+                         f"models[{i}] ({m.name}): base {m.base!r} is an adapter itself; name its base")
+    if m.adapter_uri is None or m.uri != m.adapter_uri:
+        raise ValueError(f"models[{i}] ({m.name}): an adapter needs adapter_uri (its files), "
+                         "and no uri of its own")
+    for key in ("shape", "max_context_tokens", "engine"):
+        if getattr(m, key) != getattr(base, key):
+            raise ValueError(f"models[{i}] ({m.name}): an adapter's {key} is its base's "
+                             f"({m.base}); leave it out")
+    if m.lora is not None or m.autoscaling.asleep_ttl_s > 0 or m.prewarm:
+        raise ValueError(f"models[{i}] ({m.name}): an adapter has no lora settings, asleep tier or "
+                         "prewarm schedule of its own (set them on its base)")
+
+
 class ThawConfig(_Strict):
     # Relative paths in the file are resolved against the file's directory.
     data_dir: Path = Path(".thaw")
@@ -759,48 +924,23 @@ class ThawConfig(_Strict):
     @classmethod
     def _adapters(cls, data: Any) -> Any:
         """An adapter's files are its ``uri``; its shape, context and engine its base's
-        (filled in here, so every consumer reads one place; a different value is an error
-        reported by ``_references``)."""
+        (:func:`adapter_entry`)."""
         if not isinstance(data, dict) or not isinstance(data.get("models"), list):
             return data
         by_name = {m.get("name"): m for m in data["models"] if isinstance(m, dict)}
-        models: list[Any] = []
-        for m in data["models"]:
-            if isinstance(m, dict) and m.get("base") is not None:
-                base = by_name.get(m["base"])
-                what = f"models[{len(models)}] ({m.get('name')})"
-                # Said here: the fields left out would otherwise read as merely missing.
-                if not isinstance(base, dict):
-                    raise ValueError(f"{what}: base {m['base']!r} is not a model of the config")
-                if base.get("base") is not None:
-                    raise ValueError(f"{what}: base {m['base']!r} is an adapter itself; name its base")
-                if m.get("adapter_uri") is None:
-                    raise ValueError(f"{what}: an adapter needs adapter_uri (its files)")
-                m = {**m}
-                m.setdefault("uri", m["adapter_uri"])
-                for key in ("shape", "max_context_tokens", "engine"):
-                    if key in base:
-                        m.setdefault(key, base[key])
-            models.append(m)
-        return {**data, "models": models}
+        return {**data, "models": [adapter_entry(m, i, by_name.get) for i, m in enumerate(data["models"])]}
 
     @model_validator(mode="before")
     @classmethod
     def _tensor_parallel(cls, data: Any) -> Any:
         """A model's engine spans its shape's GPUs unless its engine says otherwise
-        (resolved here once, so every consumer reads one number)."""
+        (:func:`engine_entry`). Pydantic runs the ``before`` validators last one first:
+        this one before ``_adapters``, so an adapter takes its base's engine resolved."""
         if not isinstance(data, dict) or not isinstance(data.get("models"), list):
             return data
         gpus: dict[Any, int] = {s.get("name"): s["gpu_count"] for s in data.get("shapes") or []
                                 if isinstance(s, dict) and isinstance(s.get("gpu_count"), int)}
-        models = []
-        for m in data["models"]:
-            if isinstance(m, dict) and m.get("shape") in gpus and isinstance(m.get("engine", {}), dict):
-                engine: dict[str, Any] = m.get("engine", {})
-                if engine.get("tensor_parallel_size") is None:
-                    m = {**m, "engine": {**engine, "tensor_parallel_size": max(gpus[m["shape"]], 1)}}
-            models.append(m)
-        return {**data, "models": models}
+        return {**data, "models": [engine_entry(m, gpus) for m in data["models"]]}
 
     @model_validator(mode="before")
     @classmethod
@@ -818,13 +958,7 @@ class ThawConfig(_Strict):
     @field_validator("shapes", "pools", "models", "tenants")
     @classmethod
     def _unique_names(cls, items: list[Any]) -> list[Any]:
-        key = "shape" if items and isinstance(items[0], Pool) else "name"
-        seen: set[str] = set()
-        for item in items:
-            value = getattr(item, key)
-            if value in seen:
-                raise ValueError(f"duplicate {key} {value!r}")
-            seen.add(value)
+        check_unique_names(items)
         return items
 
     @model_validator(mode="after")
@@ -832,90 +966,7 @@ class ThawConfig(_Strict):
         if len(self.controller.urls) > 1 and self.state.backend != "postgres":
             raise ValueError("controller.urls names several controllers: they share their state and elect a "
                              "leader in PostgreSQL (state: {backend: postgres, url: ...})")
-        shapes = {s.name for s in self.shapes}
-        for i, m in enumerate(self.models):
-            if m.shape not in shapes:
-                raise ValueError(
-                    f"models[{i}] ({m.name}): shape {m.shape!r} is not declared; declared: {sorted(shapes)}"
-                )
-        for i, p in enumerate(self.pools):
-            if p.shape not in shapes:
-                raise ValueError(
-                    f"pools[{i}]: shape {p.shape!r} is not declared; declared: {sorted(shapes)}"
-                )
-            on_shape = {m.name for m in self.models if m.shape == p.shape}
-            wrong = [n for n in p.prebuild if n not in on_shape]
-            if wrong:
-                raise ValueError(
-                    f"pools[{i}] ({p.shape}): prebuild names {wrong}, which are not models of shape "
-                    f"{p.shape!r}; models of that shape: {sorted(on_shape)}"
-                )
-            if len(set(p.prebuild)) != len(p.prebuild):
-                raise ValueError(f"pools[{i}] ({p.shape}): prebuild names a model twice: {p.prebuild}")
-            if p.pack and p.prebuild:
-                raise ValueError(f"pools[{i}] ({p.shape}): pack and prebuild together are not supported yet "
-                                 "(a kept engine's memory is not counted in the fit); choose one")
-            if p.provider == "ec2" and self.controller.url is None and not self.controller.urls:
-                raise ValueError(
-                    f"pools[{i}] (ec2): set controller.url to the address its instances reach the "
-                    "controller at (their workers register there)"
-                )
-        for i, m in enumerate(self.models):
-            shape = self.shape(m.shape)
-            tp = m.engine.tensor_parallel_size or 1
-            if shape is not None and shape.gpu_count > 0 and tp > shape.gpu_count:
-                raise ValueError(
-                    f"models[{i}] ({m.name}): engine.tensor_parallel_size {tp} needs {tp} GPUs; shape "
-                    f"{m.shape!r} has {shape.gpu_count}"
-                )
-            if m.autoscaling.asleep_ttl_s > 0 and shape is not None and shape.gpu_count == 0:
-                raise ValueError(
-                    f"models[{i}] ({m.name}): autoscaling.asleep_ttl_s needs vLLM's sleep mode, which needs a "
-                    f"GPU; shape {m.shape!r} has none (set asleep_ttl_s to 0)"
-                )
-        by_name = {m.name: m for m in self.models}
-        for i, m in enumerate(self.models):
-            if m.base is None:
-                if m.adapter_uri is not None:
-                    raise ValueError(f"models[{i}] ({m.name}): adapter_uri needs base (the model it adapts)")
-                continue
-            base = by_name.get(m.base)
-            if base is None or base.base is not None:
-                raise ValueError(f"models[{i}] ({m.name}): base {m.base!r} is not a model of the config"
-                                 if base is None else
-                                 f"models[{i}] ({m.name}): base {m.base!r} is an adapter itself; name its base")
-            if m.adapter_uri is None or m.uri != m.adapter_uri:
-                raise ValueError(f"models[{i}] ({m.name}): an adapter needs adapter_uri (its files), "
-                                 "and no uri of its own")
-            for key in ("shape", "max_context_tokens", "engine"):
-                if getattr(m, key) != getattr(base, key):
-                    raise ValueError(f"models[{i}] ({m.name}): an adapter's {key} is its base's "
-                                     f"({m.base}); leave it out")
-            if m.lora is not None or m.autoscaling.asleep_ttl_s > 0 or m.prewarm:
-                raise ValueError(f"models[{i}] ({m.name}): an adapter has no lora settings, asleep tier or "
-                                 "prewarm schedule of its own (set them on its base)")
-        for i, m in enumerate(self.models):
-            try:
-                self.object_store.check_model_uri(m.uri)
-            except S3UriError as exc:
-                raise ValueError(f"models[{i}] ({m.name}): uri {exc}") from None
-        served: dict[str, str] = {}
-        for m in self.models:
-            other = served.setdefault(m.resolved_served_name, m.name)
-            if other != m.name:
-                raise ValueError(
-                    f"models {other!r} and {m.name!r} share the served name {m.resolved_served_name!r}"
-                )
-        tenants = {t.name for t in self.tenants}
-        for i, m in enumerate(self.models):
-            if m.tenant is not None and m.tenant not in tenants:
-                raise ValueError(f"models[{i}] ({m.name}): tenant {m.tenant!r} is not declared; declared: "
-                                 f"{sorted(tenants)}")
-        names = {m.name for m in self.models}
-        for i, t in enumerate(self.tenants):
-            unknown = [a for a in t.allowed_models if a != "*" and a not in names]
-            if unknown:
-                raise ValueError(f"tenants[{i}] ({t.name}): allowed_models names unknown models {unknown}")
+        check_references(self, ModelIndex.of(self.models), enumerate(self.models))
         return self
 
     def activator_dir(self, activator_id: str) -> Path:
@@ -973,18 +1024,29 @@ def hash_api_key(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-def format_errors(exc: ValidationError) -> list[str]:
-    """One line per problem, each naming the field path (``models[0].autoscaling.max_replicas``)."""
+def format_errors(exc: ValidationError, at: tuple[str | int, ...] = ()) -> list[str]:
+    """One line per problem, each naming the field path (``models[0].autoscaling.max_replicas``);
+    ``at``: where the validated value sits in the config (``("models", 0)`` for one entry)."""
     lines = []
     for err in exc.errors(include_url=False):
-        path = ""
-        for part in err["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling)"
-        lines.append(f"{path or '(top level)'}: {msg}")
+        lines.append(_line((*at, *err["loc"]), msg))
     return lines
+
+
+def format_problem(exc: ValueError, at: tuple[str | int, ...] = ()) -> str:
+    """A rule's ``ValueError`` as :func:`format_errors` reports it when a validator of the
+    config (``at`` the top level) or of one of its fields raises it."""
+    return _line(at, str(exc))
+
+
+def _line(loc: tuple[str | int, ...], msg: str) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return f"{path or '(top level)'}: {msg}"
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

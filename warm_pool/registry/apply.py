@@ -16,12 +16,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
-from thaw.config import Model, Tenant, ThawConfig, format_errors
+from thaw.config import ConfigError, Model, Tenant, ThawConfig
 from thaw.wire import ApplyReply, ApplyRequest, ModelRevision, PlannedChange
 from warm_pool.events import EventLog
-from warm_pool.registry.models import ModelRegistry, RegistryRefused, current_spec, with_models
+from warm_pool.registry.in_force import current_spec, with_models
+from warm_pool.registry.models import ModelRegistry, RegistryRefused
 from warm_pool.registry.store import Batch, StaleRevision, TenantConflict
 from warm_pool.registry.tenants import TenantAdmin
 
@@ -59,8 +58,8 @@ class Applier:
                     raise RegistryRefused(f"models: a name appears twice: {sorted({n for n in names if names.count(n) > 1})}")
             try:
                 cfg = with_models(reg.written.model_copy(update={"tenants": tenants}), entries)
-            except ValidationError as exc:
-                raise RegistryRefused("; ".join(format_errors(exc))) from None
+            except ConfigError as exc:
+                raise RegistryRefused("; ".join(exc.problems)) from None
             deployed = {m.name for m in cfg.models}
             for t in tenants:
                 unknown = [a for a in t.allowed_models if a != "*" and a not in deployed]

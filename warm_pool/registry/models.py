@@ -8,10 +8,12 @@ from the config file's ``models``; after that the file's list is not read again 
 difference is logged at start).
 
 A change is checked before anything is written, and a refused one changes nothing:
-the whole config in force is validated with the change in it (shape, base, tenant,
-``object_store.allowed_prefixes``, served names), the weights are checked in the store
-(a manifest whose files are all there as it lists them), and the model must fit its
-shape. Of two changes based on the same revision the second is refused (409).
+the config in force must stay valid with the change in it, as the config file is
+checked (shape, base, tenant, ``object_store.allowed_prefixes``, served names), though
+only the model changed and what it touches are checked again
+(``warm_pool.registry.in_force``); the weights are checked in the store (a manifest
+whose files are all there as it lists them), and the model must fit its shape. Of two
+changes based on the same revision the second is refused (409).
 """
 
 from __future__ import annotations
@@ -22,9 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import ValidationError
-
-from thaw.config import Model, Tenant, ThawConfig, format_errors
+from thaw.config import ConfigError, Model, Tenant, ThawConfig
 from thaw.fit import ModelSize, fit_problem
 from thaw.log import get_logger
 from thaw.objstore import WeightsCheck, WeightsProblem
@@ -39,6 +39,8 @@ from thaw.wire import (
     RevisionChange,
 )
 from warm_pool.events import EventLog
+from warm_pool.registry import in_force
+from warm_pool.registry.in_force import compose, current_spec
 from warm_pool.registry.store import RegistryStore, StaleRevision, TenantRow
 
 log = get_logger()
@@ -74,46 +76,6 @@ def merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def current_spec(record: ModelRecord) -> dict[str, Any] | None:
-    if record.revision is None:
-        return None
-    return next(r.spec for r in record.revisions if r.revision == record.revision)
-
-
-def with_models(base: ThawConfig, entries: list[dict[str, Any]]) -> ThawConfig:
-    """``base`` serving ``entries`` (config ``models[]`` entries), validated as the config
-    file is. A tenant's ``allowed_models`` keeps only the names that exist. Raises
-    ``ValidationError``."""
-    names = {e["name"] for e in entries}
-    data = base.model_dump(mode="json")
-    data["models"] = entries
-    for t in data["tenants"]:
-        t["allowed_models"] = [a for a in t["allowed_models"] if a == "*" or a in names]
-    return ThawConfig.model_validate(data)
-
-
-def compose(base: ThawConfig, records: list[ModelRecord]) -> tuple[ThawConfig, list[str]]:
-    """The config in force: ``base`` serving each model's current revision. A revision
-    the config no longer admits (its shape was removed from the file, say) is left out:
-    the second value says which and why."""
-    entries = [{"name": r.name, **spec} for r in records if (spec := current_spec(r)) is not None]
-    try:
-        return with_models(base, entries), []
-    except ValidationError:
-        pass
-    # Bases before adapters, each kept only if the config stays valid with it.
-    kept: list[dict[str, Any]] = []
-    problems = []
-    for e in sorted(entries, key=lambda e: e.get("base") is not None):
-        try:
-            with_models(base, [*kept, e])
-        except ValidationError as exc:
-            problems.append(f"{e['name']}: " + "; ".join(format_errors(exc)))
-            continue
-        kept.append(e)
-    return with_models(base, kept), problems
-
-
 # What a replica's engine does not depend on: a change of only these rolls nothing.
 _NOT_ENGINE = ("autoscaling", "tenant", "pricing", "prewarm")
 
@@ -134,11 +96,9 @@ def outdated_revisions(record: ModelRecord) -> frozenset[int]:
             and r.weights_sha256 != now.weights_sha256)))
 
 
-def config_entry(cfg: ThawConfig, name: str) -> dict[str, Any]:
-    """A model of ``cfg`` as a spec: what differs from the defaults, an adapter without
+def config_entry(m: Model) -> dict[str, Any]:
+    """A model of the config as a spec: what differs from the defaults, an adapter without
     what it takes from its base."""
-    m = cfg.model(name)
-    assert m is not None
     entry = m.model_dump(mode="json", exclude_defaults=True)
     entry.pop("name", None)
     entry.pop("demo_if_missing", None)
@@ -148,13 +108,13 @@ def config_entry(cfg: ThawConfig, name: str) -> dict[str, Any]:
     return entry
 
 
-def field_problems(exc: ValidationError, name: str) -> str:
+def field_problems(problems: list[str], name: str) -> str:
     """The config's messages about the new entry (at index 0), naming the model."""
     def one(p: str) -> str:
         p = p.removeprefix("(top level): ").replace(f"models[0] ({name})", f"model {name!r}")
         return f"model {name!r}: " + p.removeprefix("models[0].") if p.startswith("models[0].") else p
 
-    return "; ".join(one(p) for p in format_errors(exc))
+    return "; ".join(one(p) for p in problems)
 
 
 @dataclass(frozen=True)
@@ -184,7 +144,7 @@ class ModelRegistry:
         self._clock = clock
         # Changes one at a time (the tenants' too: warm_pool.registry.tenants).
         self.lock = asyncio.Lock()
-        seeded = store.seed([ModelRevision(model=m.name, revision=1, spec=config_entry(base, m.name),
+        seeded = store.seed([ModelRevision(model=m.name, revision=1, spec=config_entry(m),
                                            created_at=clock(), who="config", change="import")
                              for m in base.models], list(base.tenants), clock())
         self._take(*self._read())
@@ -201,8 +161,21 @@ class ModelRegistry:
         """The store's rows (blocking)."""
         return self.store.records(), self.store.version(), self.store.tenants()
 
-    def _take(self, records: list[ModelRecord], version: int, tenants: list[TenantRow]) -> None:
+    def _hold(self, records: builtins.list[ModelRecord]) -> None:
+        """Hold ``records``, and the revisions each one's roll replaces (read every turn of
+        the controller's loop: kept here, not recomputed over every model each time)."""
         self.records = {r.name: r for r in records}
+        self._outdated = {r.name: o for r in records if (o := outdated_revisions(r))}
+
+    def _hold_one(self, record: ModelRecord) -> None:
+        """Hold ``record``, one model's changed (the dict :meth:`outdated` gave is not changed)."""
+        self.records[record.name] = record
+        self._outdated = {n: o for n, o in self._outdated.items() if n != record.name}
+        if o := outdated_revisions(record):
+            self._outdated[record.name] = o
+
+    def _take(self, records: list[ModelRecord], version: int, tenants: list[TenantRow]) -> None:
+        self._hold(records)
         self.version = version
         # The config as written serving the registry's tenants (and, in cfg, its models).
         self.base = self.written.model_copy(update={"tenants": [r.tenant for r in tenants if r.removed_at is None]})
@@ -231,8 +204,9 @@ class ModelRegistry:
         return record.revision if record is not None else None
 
     def outdated(self) -> dict[str, frozenset[int]]:
-        """Per model served, the revisions a roll replaces (``outdated_revisions``)."""
-        return {n: o for n, r in self.records.items() if r.revision is not None and (o := outdated_revisions(r))}
+        """Per model served, the revisions a roll replaces (``outdated_revisions``); the
+        caller does not change it."""
+        return self._outdated
 
     def describe(self, name: str) -> ModelRecord:
         record = self.records.get(name)
@@ -247,9 +221,10 @@ class ModelRegistry:
             if record is not None and record.revision is not None:
                 raise RegistryRefused(f"model {body.name!r} exists (revision {record.revision}): change it with "
                                       "`thaw models update`, or remove it first", 409)
-            served = {m.resolved_served_name: m.name for m in self.cfg.models}
-            if body.name in served:
-                raise RegistryRefused(f"{body.name!r} is the served name of model {served[body.name]!r}", 409)
+            # (No model of that name is in force: the record says so.)
+            other = self.cfg.model(body.name)
+            if other is not None:
+                raise RegistryRefused(f"{body.name!r} is the served name of model {other.name!r}", 409)
             candidate = await self._checked(body.name, body.spec.fields())
             return await self._commit(body.name, candidate, "deploy", who, based_on=None, note=body.note)
 
@@ -294,20 +269,18 @@ class ModelRegistry:
             users = [m.name for m in self.cfg.adapters_of(name)]
             if users:
                 raise RegistryRefused(f"model {name!r} is the base of adapters {users}: remove them first", 409)
-            entries = [{"name": m.name, **spec} for m in self.cfg.models
-                       if m.name != name and (spec := current_spec(self.records[m.name])) is not None]
             try:
-                cfg = with_models(self.base, entries)
-            except ValidationError as exc:
+                cfg = in_force.with_change(self.cfg, self.base, self._spec, name, None)
+            except ConfigError as exc:
                 raise RegistryRefused(f"removing {name!r} leaves the config invalid: "
-                                      + "; ".join(format_errors(exc)), 409) from None
+                                      + "; ".join(exc.problems), 409) from None
             assert record.revision is not None
             try:
                 self.version = await asyncio.to_thread(self.store.remove, name, record.revision, self._clock(), who)
             except StaleRevision as exc:
                 raise RegistryRefused(str(exc), 409) from None
-            self.records[name] = record.model_copy(update={"revision": None, "removed_at": self._clock(),
-                                                           "removed_by": who})
+            self._hold_one(record.model_copy(update={"revision": None, "removed_at": self._clock(),
+                                                     "removed_by": who}))
             self.cfg = cfg
             self.events.record("model", "operator", model=name, outcome="removed",
                                inputs={"who": who, "revision": record.revision})
@@ -315,8 +288,8 @@ class ModelRegistry:
             return self.records[name]
 
     def with_tenants(self, tenants: builtins.list[Tenant]) -> ThawConfig:
-        """The config in force were ``tenants`` the tenants (raises ``ValidationError``)."""
-        return with_models(self.written.model_copy(update={"tenants": tenants}), self._entries())
+        """The config in force were ``tenants`` the tenants (raises ``ConfigError``)."""
+        return in_force.with_tenants(self.cfg, tenants)
 
     async def tenants_changed(self, tenants: builtins.list[Tenant], cfg: ThawConfig, version: int) -> None:
         """The tenants changed (``warm_pool.registry.tenants``, holding :attr:`lock`): ``cfg`` is
@@ -325,8 +298,11 @@ class ModelRegistry:
         self.cfg, self.version = cfg, version
         await self._on_change(cfg)
 
-    def _entries(self) -> builtins.list[dict[str, Any]]:
-        return [{"name": r.name, **spec} for r in self.records.values() if (spec := current_spec(r)) is not None]
+    def _spec(self, name: str) -> dict[str, Any]:
+        """The spec in force of model ``name`` (one of ``cfg``'s)."""
+        spec = current_spec(self.records[name])
+        assert spec is not None
+        return spec
 
     # -- parts ------------------------------------------------------------------------
     def _current(self, name: str) -> ModelRecord:
@@ -344,14 +320,11 @@ class ModelRegistry:
     async def _checked(self, name: str, spec: dict[str, Any]) -> Candidate:
         """The config in force with ``name`` at ``spec``, once every check passed."""
         spec = {k: v for k, v in spec.items() if k != "name"}
-        others = [{"name": m.name, **s} for m in self.cfg.models
-                  if m.name != name and (s := current_spec(self.records[m.name])) is not None]
         try:
-            cfg = with_models(self.base, [{"name": name, **spec}, *others])
-        except ValidationError as exc:
-            raise RegistryRefused(field_problems(exc, name)) from None
-        model = cfg.model(name)
-        assert model is not None
+            cfg = in_force.with_change(self.cfg, self.base, self._spec, name, spec)
+        except ConfigError as exc:
+            raise RegistryRefused(field_problems(exc.problems, name)) from None
+        model = cfg.models[0]  # with_change puts the model changed first
         return Candidate(spec=spec, cfg=cfg, weights=await self.check_store(model, cfg))
 
     async def check_store(self, model: Model, cfg: ThawConfig) -> WeightsCheck:
@@ -380,7 +353,7 @@ class ModelRegistry:
 
     async def reload(self, version: int) -> None:
         """Take the store's rows again after a change made there directly (``warm_pool.registry.apply``)."""
-        self.records = {r.name: r for r in await asyncio.to_thread(self.store.records)}
+        self._hold(await asyncio.to_thread(self.store.records))
         self.version = version
 
     async def _commit(self, name: str, candidate: Candidate, change: RevisionChange, who: str, *,
@@ -395,8 +368,8 @@ class ModelRegistry:
             self.version = await asyncio.to_thread(self.store.add, revision, based_on)
         except StaleRevision as exc:
             raise RegistryRefused(str(exc), 409) from None
-        self.records[name] = ModelRecord(name=name, revision=revision.revision,
-                                         revisions=[*(record.revisions if record else []), revision])
+        self._hold_one(ModelRecord(name=name, revision=revision.revision,
+                                   revisions=[*(record.revisions if record else []), revision]))
         self.cfg = candidate.cfg
         self.events.record("model", "operator", model=name, outcome=change,
                            inputs={"who": who, "revision": revision.revision, "based_on": based_on,

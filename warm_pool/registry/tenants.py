@@ -15,9 +15,7 @@ import builtins
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import ValidationError
-
-from thaw.config import RateLimits, Tenant, format_errors
+from thaw.config import ConfigError, RateLimits, Tenant
 from thaw.wire import TenantChange, TenantCreate, TenantRecord, TenantRecords
 from warm_pool.events import EventLog
 from warm_pool.registry.models import ModelRegistry, RegistryRefused
@@ -96,9 +94,9 @@ class TenantAdmin:
             tenants = [t for t in self._in_force() if t.name != name]
             try:
                 cfg = self.registry.with_tenants(tenants)
-            except ValidationError as exc:
+            except ConfigError as exc:
                 raise RegistryRefused(f"removing {name!r} leaves the config invalid: "
-                                      + "; ".join(format_errors(exc)), 409) from None
+                                      + "; ".join(exc.problems), 409) from None
             try:
                 version = await asyncio.to_thread(self.store.remove_tenant, name, self._clock(), who)
             except TenantConflict as exc:
@@ -124,8 +122,8 @@ class TenantAdmin:
             raise RegistryRefused(f"allowed_models: no models {unknown} are deployed (`thaw models ls`)")
         try:
             cfg = self.registry.with_tenants(tenants)
-        except ValidationError as exc:
-            raise RegistryRefused("; ".join(format_errors(exc))) from None
+        except ConfigError as exc:
+            raise RegistryRefused("; ".join(exc.problems)) from None
         try:
             version = await asyncio.to_thread(self.store.put_tenant, tenant, self._clock(), who, new=new)
         except TenantConflict as exc:

@@ -204,3 +204,18 @@ async def test_a_change_of_prices_or_scaling_is_a_revision_that_rolls_nothing(st
     await reg.r.update("demo", ModelUpdate(revision=5, spec=spec(uri="s3://thaw/models/demo-v2")), "op")
     assert reg.r.outdated() == {"demo": frozenset({1, 2, 3, 4, 5})}
 
+
+
+async def test_what_a_roll_replaces_is_kept_across_changes_and_restarts(state_db: StateDb) -> None:
+    reg = Registry(state_db())
+    await reg.r.deploy(deploy("chat", uri="s3://thaw/models/chat", shape="cpu-local"), "op")
+    await reg.r.update("chat", ModelUpdate(revision=1, spec=spec(uri="s3://thaw/models/chat-v2")), "op")
+    before = reg.r.outdated()
+    assert before == {"chat": frozenset({1})}
+    await reg.r.update("demo", ModelUpdate(revision=1, spec=spec(uri="s3://thaw/models/demo-v2")), "op")
+    assert reg.r.outdated() == {"chat": frozenset({1}), "demo": frozenset({1})}
+    assert before == {"chat": frozenset({1})}  # a dict handed out is never changed under its holder
+    await reg.r.remove("chat", "op")
+    assert reg.r.outdated() == {"demo": frozenset({1})}
+    reg.r.store.close()
+    assert Registry(state_db()).r.outdated() == {"demo": frozenset({1})}
