@@ -8,9 +8,9 @@ At each size (models x workers), on loopback, it starts:
 
 - an embedded store holding the demo model (every model's weights: the registry checks
   each deploy against the store's manifest);
-- the real controller (`thaw controller`, SQLite state) with one local pool of the
-  simulated workers' shape, its standby band and cap the fleet's size, so it launches
-  nothing and every worker stands by;
+- the real controller (`thaw controller`, SQLite state) with one static pool of the
+  simulated workers' shape (workers that register themselves: it launches nothing),
+  its standby band and cap the fleet's size, so every worker stands by;
 - the simulated fleet (one process, each worker heartbeating and answering the control
   API; an engine is ready ``--load-s`` after its assignment);
 - ``--activators`` real activators (`thaw activator`).
@@ -172,7 +172,7 @@ class Plane:
             "ledger": {"ship": False},
             "shapes": [{"name": SHAPE, "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8,
                         "price_per_hour_usd": 0.0, "boot_timeout_s": 600}],
-            "pools": [{"shape": SHAPE, "provider": "local", "standby_min": workers, "standby_max": workers,
+            "pools": [{"shape": SHAPE, "provider": "static", "standby_min": workers, "standby_max": workers,
                        "max_instances": workers}],
             "models": [],
             "tenants": [{"name": "bench", "api_key_hashes": [hash_api_key(API_KEY)], "allowed_models": ["*"]}],

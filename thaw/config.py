@@ -431,7 +431,9 @@ class Ec2Pool(_Strict):
 
 class Pool(_Strict):
     shape: Name
-    provider: Literal["local", "ec2"] = "local"
+    # local: worker processes on this machine; ec2: instances Thaw launches; static:
+    # workers started elsewhere that register themselves (nothing launched or ended).
+    provider: Literal["local", "ec2", "static"] = "local"
     # Required with provider 'ec2'.
     ec2: Ec2Pool | None = None
     standby_min: NonNegativeInt = 1

@@ -58,6 +58,10 @@ def build_providers(cfg: ThawConfig, config_path: Path, controller_url: str) -> 
                 local = LocalProvider(config_path, cfg.data_dir, controller_url=controller_url,
                                       worker_env=env, log_level=cfg.log_level)
             out[p.shape] = local
+        elif p.provider == "static":
+            from warm_pool.providers.static import StaticProvider
+
+            out[p.shape] = StaticProvider()
     return out
 
 

@@ -20,35 +20,9 @@ from tests.warm_pool.in_process import TOKEN, controller, fleet_config, states, 
 from thaw.controllers import TERM_HEADER
 from thaw.embedded_store import free_port
 from thaw.wire import AssignRequest, WorkerStatus
-from warm_pool.providers.local import ProviderError
-from warm_pool.providers.provider import Instance
+from warm_pool.providers.static import StaticProvider
 
 WORKERS = 3
-
-
-class NoLaunches:
-    """A local pool's provider that launches nothing: its workers are the simulated ones,
-    which register themselves."""
-
-    kind = "local"
-
-    async def launch(self, shape: str, worker_id: str) -> Instance:
-        raise ProviderError("this pool's workers are simulated; they register themselves")
-
-    async def instances(self) -> list[Instance]:
-        return []
-
-    async def terminate(self, instance_id: str) -> None:
-        return None
-
-    async def stop(self, instance_id: str) -> None:
-        raise ProviderError("not here")
-
-    async def start(self, instance_id: str) -> None:
-        raise ProviderError("not here")
-
-    async def close(self) -> None:
-        return None
 
 
 @contextlib.asynccontextmanager
@@ -70,7 +44,7 @@ async def test_simulated_workers_register_serve_and_are_released_when_idle() -> 
     pool = base.pools[0].model_copy(update={"standby_min": WORKERS, "standby_max": WORKERS, "max_instances": WORKERS})
     cfg = base.model_copy(update={"pools": [pool]})
     port = free_port()
-    async with controller(cfg, NoLaunches(), port, adopt_grace_s=1.0) as c, \
+    async with controller(cfg, StaticProvider(), port, adopt_grace_s=1.0) as c, \
             sim_fleet(c.url, load_s=0.2, first_heartbeat_within_s=0.2) as fleet:
         m = c.manager
         await until("every simulated worker adopted, standing by",

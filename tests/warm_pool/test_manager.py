@@ -39,6 +39,7 @@ from warm_pool.fleet.facts import UnknownInstance
 from warm_pool.manager import PoolManager
 from warm_pool.policy.decide import ModelActivity
 from warm_pool.providers.provider import CapacityError, Instance, InstanceState
+from warm_pool.providers.static import StaticProvider
 
 S = WorkerState
 
@@ -307,6 +308,21 @@ async def test_heartbeats_from_unknown_instances_are_refused_on_cloud_pools() ->
     local = await manager(config("local", standby=0), FakeProvider(clock, kind="local"), control, clock)
     beat(local, "w-by-hand", S.STANDBY, clock)
     assert views(local)["w-by-hand"] == "standby"
+
+
+async def test_a_static_pool_has_the_workers_that_registered_and_launches_none() -> None:
+    clock = Clock()
+    control = FakeControl(clock)
+    m = await manager(config("static", standby=2), StaticProvider(), control, clock)
+    beat(m, "w-a", S.STANDBY, clock)
+    clock.t += m.adopt_grace_s
+    await step(m)
+    # It wants two standbys and has one: a launch is asked, the pool is at capacity.
+    row = m.status().shapes[0]
+    assert row.backoff_until is not None and "static" in (row.backoff_reason or "")
+    assert views(m) == {"w-a": "standby"}
+    beat(m, "w-b", S.STANDBY, clock)
+    assert views(m) == {"w-a": "standby", "w-b": "standby"}
 
 
 async def test_capacity_errors_back_the_shape_off_exponentially() -> None:

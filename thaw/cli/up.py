@@ -115,8 +115,8 @@ class _Service:
 def _refuse_remote_pools(cfg: ThawConfig) -> None:
     for i, p in enumerate(cfg.pools):
         if p.provider != "local":
-            raise ValueError(f"pools[{i}].provider: {p.provider!r} launches cloud instances; `thaw up` runs only "
-                             "local pools (run `thaw controller` for a fleet, see docs/DEPLOY.md)")
+            raise ValueError(f"pools[{i}].provider: {p.provider!r}: `thaw up` runs only local pools (run "
+                             "`thaw controller` for a fleet, see docs/DEPLOY.md)")
 
 
 def standing_by(state: dict[str, object]) -> bool:

@@ -140,7 +140,7 @@ class FleetFacts:
                       if x.instance is not None and x.instance.instance_id == status.instance_id), None)
         if f is None or (f.instance is not None and f.instance.instance_id != status.instance_id):
             pool = cfg.pool(status.shape)
-            if pool is None or pool.provider != "local":
+            if pool is None or pool.provider not in ("local", "static"):
                 self.metrics.heartbeats.labels("refused").inc()
                 raise UnknownInstance(
                     f"instance {status.instance_id!r} (worker {status.worker_id!r}) was not launched by this "

@@ -22,7 +22,7 @@ class InstanceWatch:
         # How often the providers are asked what exists: a local process list is cheap; a
         # DescribeInstances per second would spend the account's EC2 API budget.
         if refresh_interval_s is None:
-            refresh_interval_s = 1.0 if all(p.kind == "local" for p in providers.values()) else 10.0
+            refresh_interval_s = 1.0 if all(p.kind in ("local", "static") for p in providers.values()) else 10.0
         self.refresh_interval_s = refresh_interval_s
         self._refreshed_at = 0.0
 
