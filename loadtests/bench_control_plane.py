@@ -215,9 +215,11 @@ class Plane:
                     f"http://127.0.0.1:{self.fleet_port}/stats")
         self._start("controller", [*thaw, "controller", "--config", str(self.config_path)],
                     f"{self.controller_url}/healthz")
-        self.wait("every simulated worker standing by",
-                  lambda: self.state()["adopted"] and sum(1 for w in self.state()["workers"]
-                                                          if w["state"] == "standby") == self.workers, 300)
+        def standing_by() -> bool:
+            state = self.state()
+            return bool(state["adopted"]) and sum(1 for w in state["workers"] if w["state"] == "standby") == self.workers
+
+        self.wait("every simulated worker standing by", standing_by, 300, every_s=1.0)
 
     def start_activators(self) -> None:
         thaw = [sys.executable, "-m", "thaw.cli.main"]
@@ -256,12 +258,12 @@ class Plane:
     def step_histogram(self) -> dict[float, float]:
         return histogram(self.scrape(), "thaw_pool_step_seconds")
 
-    def wait(self, what: str, pred: Any, timeout_s: float) -> None:
+    def wait(self, what: str, pred: Any, timeout_s: float, every_s: float = 0.25) -> None:
         deadline = time.monotonic() + timeout_s
         while not pred():  # noqa: ASYNC110 - a benchmark's wait on other processes
             if time.monotonic() > deadline:
                 raise RuntimeError(f"not {what} after {timeout_s:.0f} s (see {self.work})")
-            time.sleep(0.25)
+            time.sleep(every_s)
 
     def resources(self) -> dict[str, Any]:
         import psutil

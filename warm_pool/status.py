@@ -69,13 +69,18 @@ def pool_status(*, now: float, cfg: ThawConfig, fleet: FleetFacts, views: dict[s
             standby_batch_share=batch_share((standby_seconds or {}).get(p.shape)),
         ))
     models = []
+    # Each model's workers, found once (not by a scan of the fleet per model).
+    by_model: dict[str, list[WorkerView]] = {}
+    for v in views.values():
+        if v.model is not None:
+            by_model.setdefault(v.model, []).append(v)
     for m in cfg.models:
         a = activity.get(m.name, ModelActivity())
         r = routes[m.name]
         models.append(ModelRow(
             name=m.name, served_name=m.resolved_served_name,
-            replicas=count_states(v.adapter(m.name) for v in views.values() if v.model == m.base and v.adapter(m.name))
-            if m.base is not None else count_states(v.state for v in views.values() if v.model == m.name),
+            replicas=count_states(st for v in by_model.get(m.base, ()) if (st := v.adapter(m.name)))
+            if m.base is not None else count_states(v.state for v in by_model.get(m.name, ())),
             queued=a.queued, in_flight=a.in_flight, last_request_at=a.last_request_at,
             error=r.error, backoff_until=r.backoff_until, last_cold_start=cold_starts.get(m.name),
             engine_class=(classes or {}).get(m.name),

@@ -467,7 +467,8 @@ def _adapter_decisions(name: str, hosts: list[WorkerView], replicas: list[Worker
 def launch_backoff_s(failures: int, base_s: float, max_s: float) -> float:
     """``base_s`` doubled per failure after the first, capped at ``max_s``: the pause
     after ``failures`` failures in a row (a shape's launches, a model's loads)."""
-    return min(base_s * 2 ** max(failures - 1, 0), max_s)
+    # (The exponent capped: thousands of failed launches must not overflow a float.)
+    return min(base_s * 2.0 ** min(max(failures - 1, 0), 64), max_s)
 
 
 def backoff_s(failures: int) -> float:

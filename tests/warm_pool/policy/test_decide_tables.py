@@ -94,7 +94,9 @@ def test_place_takes_the_soonest_start_and_reports_its_load_alone() -> None:
 
 # (failures in a row, base, cap, pause): base x 2^(failures-1), capped.
 BACKOFFS = [(0, 2.0, 60.0, 2.0), (1, 2.0, 60.0, 2.0), (2, 2.0, 60.0, 4.0), (3, 2.0, 60.0, 8.0),
-            (5, 2.0, 60.0, 32.0), (6, 2.0, 60.0, 60.0), (40, 2.0, 60.0, 60.0), (3, 10.0, 25.0, 25.0)]
+            (5, 2.0, 60.0, 32.0), (6, 2.0, 60.0, 60.0), (40, 2.0, 60.0, 60.0), (3, 10.0, 25.0, 25.0),
+            # A thousand launches failed in one turn (a pool that wanted a thousand standbys).
+            (1990, 5.0, 600.0, 600.0)]
 
 
 @pytest.mark.parametrize(("failures", "base", "cap", "pause"), BACKOFFS)
