@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from simulator.changes import Changes
@@ -64,8 +64,11 @@ class Controller:
 
     def __init__(self, cfg: ThawConfig, models: list[SimModel], fleet: Fleet, changes: Changes, effects: Effects,
                  *, tick_s: float, exact: bool, classes: dict[str, str], engine_bytes: dict[str, int],
-                 record: bool, histograms: Mapping[str, IdleHistogram] | None) -> None:
+                 record: bool, histograms: Mapping[str, IdleHistogram] | None,
+                 refuse: Callable[[SimModel], None]) -> None:
+        """``refuse``: answers a model's waiting requests 503 at once (its pool is full)."""
         self.cfg, self.models, self.fleet, self.changes, self.effects = cfg, models, fleet, changes, effects
+        self.refuse = refuse
         self.tick_s, self.exact, self.record = tick_s, exact, record
         self.classes, self.engine_bytes = classes, engine_bytes
         # The policy's state: what decide() returned, and the models' states the
@@ -89,6 +92,10 @@ class Controller:
         # its shape changes or the pools are judged (which count what it waits for).
         self.waiting: set[SimModel] = set()
         self.changed_now: set[str] = set()
+        # Shapes a model of which has new traffic or must be judged this tick: one going
+        # idle may be evicted for a model waiting at zero in its full pool, which is then
+        # judged again (policy.evict).
+        self.stirred: set[str] = set()
         self.deadlines = effects.deadlines  # (when, model idx or -1: pools)
         self.next_grid = 0
         self.decisions: list[tuple[float, Decision]] = []
@@ -141,6 +148,7 @@ class Controller:
                 self._schedule_edge(self.models[idx], when)
         dirty, ch.dirty = ch.dirty, set()
         self.changed_now, ch.shapes_changed = ch.shapes_changed, set()
+        self.stirred = {m.cfg.shape for m in dirty | ch.touched} if self.waiting else set()
         if self.learns:
             self.idle_pools = idle_pools(self.ms, self.cfg, self.idle_pools, t)
         judge = self.models if self.exact else self._to_judge(dirty, t)
@@ -203,6 +211,13 @@ class Controller:
                 self.decisions.append((t, d))
             self.effects.carry_out(d, t)
         for m in judge:
+            # Its pool can give it no instance: the activators answer its requests 503
+            # (an adapter waits on its base's engine).
+            held = self.ms.get(m.group[0].name)
+            m.at_capacity = held is not None and held.at_capacity is not None
+            if m.at_capacity and m.queued:
+                self.refuse(m)
+        for m in judge:
             if m.cold_open and m.cold_tier is None and not m.serving:
                 # No standby took it: the cold start waits for an instance to boot.
                 m.cold_tier = "launch"
@@ -247,8 +262,10 @@ class Controller:
             return False
         if last.target != current:
             # A request at zero found no standby: nothing changes for it until a worker
-            # of its shape does (the pools count the launch it waits for meanwhile).
-            return current == 0 and demand > 0 and m.cfg.shape not in self.changed_now
+            # of its shape does (the pools count the launch it waits for meanwhile), or
+            # a model of its shape moves (one gone idle may be evicted for it).
+            shape = m.cfg.shape
+            return current == 0 and demand > 0 and shape not in self.changed_now and shape not in self.stirred
         keep, _ = _keep(ms, t)
         if not (demand > 0 or keep):
             # Idle and let go: the target is min_replicas, whatever the windows say.
