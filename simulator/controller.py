@@ -27,6 +27,7 @@ from warm_pool.policy.decide import (
     track,
 )
 from warm_pool.policy.decisions import Decision
+from warm_pool.policy.evict import CAPACITY_GRACE_S
 from warm_pool.policy.keepalive import IdleHistogram, IdlePools, keep_alive_decision
 from warm_pool.policy.prewarm import next_edge, scheduled_replicas
 
@@ -305,10 +306,17 @@ class Controller:
     # -- wake-ups ---------------------------------------------------------------------------
 
     def _deadlines_for(self, m: SimModel, ms: ModelState, t: float) -> None:
-        """Wake the model when its keep-alive window opens or closes."""
+        """Wake the model when its keep-alive window opens or closes, or, waiting at zero,
+        when its grace before a refusal ends (policy.evict)."""
         if ms.idle_since is None or _demand(m):
             # Busy: the keep-alive window does not apply until it is idle again.
-            m.deadline_key, m.deadline_times = None, ()
+            refusal = None if ms.at_zero_since is None or ms.at_capacity is not None else \
+                ms.at_zero_since + CAPACITY_GRACE_S
+            if refusal is None or refusal <= t:
+                m.deadline_key, m.deadline_times = None, ()
+            elif m.deadline_key != ("refusal", refusal):
+                m.deadline_key, m.deadline_times = ("refusal", refusal), (refusal,)
+                heapq.heappush(self.deadlines, (refusal, m.idx))
             return
         _, window = _keep(ms, t)
         key = (ms.idle_since, window)

@@ -44,8 +44,8 @@ def test_a_cold_start_takes_the_idle_instance_of_another_model() -> None:
 
 def test_a_replica_with_a_request_in_flight_is_never_evicted() -> None:
     # m0's request at 0 decodes 10,000 tokens (100 s): in flight from 10 to 110.1. m1 at
-    # 50 finds the pool full and nothing idle: refused at once (503), not after its
-    # activation timeout; m0's request completes. m1 again at 200 (m0 idle since 110.1):
+    # 50 finds the pool full and nothing idle: refused (503) at 53, past its grace of 3 s,
+    # not after its activation timeout; m0's request completes. m1 again at 200 (m0 idle since 110.1):
     # m0's replica is evicted for it.
     cfg = full_pool()
     rows = [(0.0, "m0", 100, 10_000), (50.0, "m1", 100, 100), (200.0, "m1", 100, 100)]

@@ -116,8 +116,8 @@ def test_a_released_engine_frees_its_room_at_once_in_both_modes() -> None:
     exact = Simulator(cfg, c, tr, exact=True, record_decisions=True).run()
     assert fast.decisions == exact.decisions and fast.summary == exact.summary
     # m1 packed at 40 (its load ends at 50) and m0 (hosting it) serve the one instance:
-    # m2 at 50 is refused at once (nothing on its way, nothing to evict: packed engines
-    # and their hosts never are). m1 done at 51.1, idle 30 s: released at 82, gone 2 s
+    # m2 at 50 is refused past its grace, at 53 (nothing on its way, nothing to evict:
+    # packed engines and their hosts never are). m1 done at 51.1, idle 30 s: released at 82, gone 2 s
     # later; m2 at 83 waits for that room, is packed into it at 84, ready at 94: 11 s.
     kinds = [(t, type(d).__name__, getattr(d, "model", None)) for t, d in fast.decisions]
     assert (40.0, "Pack", "m1") in kinds and (82.0, "Release", "m1") in kinds and (84.0, "Pack", "m2") in kinds

@@ -38,6 +38,7 @@ from warm_pool.fleet.control import ControlError
 from warm_pool.fleet.facts import UnknownInstance
 from warm_pool.manager import PoolManager
 from warm_pool.policy.decide import ModelActivity
+from warm_pool.policy.evict import CAPACITY_GRACE_S
 from warm_pool.providers.provider import CapacityError, Instance, InstanceState
 
 S = WorkerState
@@ -601,7 +602,8 @@ async def test_a_failed_load_reaches_the_routes_with_its_kind() -> None:
 
 async def test_an_eviction_is_an_event_with_its_inputs_and_a_full_pool_reaches_the_routes() -> None:
     # One instance, serving demo; "other" waits at zero. demo busy: other is refused by
-    # its failure kind. demo idle 30 s (kept 60 s): its replica is released for other.
+    # its failure kind once its grace is over. demo idle 30 s (kept 60 s): its replica is
+    # released for other.
     clock = Clock()
     provider, control = FakeProvider(clock), FakeControl(clock)
     provider.running["w-1"] = Instance("i-w-1", "w-1", "gpu", clock() - 60, InstanceState.RUNNING)
@@ -612,8 +614,13 @@ async def test_an_eviction_is_an_event_with_its_inputs_and_a_full_pool_reaches_t
     m = await manager(parse_config(data), provider, control, clock)
     beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://e:1")
     clock.t += m.adopt_grace_s
-    m.traffic.report("act-1", {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
-                               "other": ModelActivity(queued=1, last_request_at=clock())})
+    busy = {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
+            "other": ModelActivity(queued=1, last_request_at=clock())}
+    m.traffic.report("act-1", busy)
+    await step(m)
+    assert m.route_table(clock())["other"].failure_kind is None  # within its grace: it waits
+    clock.t += CAPACITY_GRACE_S
+    m.traffic.report("act-1", busy)
     await step(m)
     route = m.route_table(clock())["other"]
     assert (route.failure_kind, route.error) == ("capacity", "pool gpu is at max_instances 1 and every replica is busy")

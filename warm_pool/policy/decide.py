@@ -30,7 +30,8 @@ model's histogram gives, ``idle_pools``); an open scheduled pre-warm window
 - a request at zero that finds nothing, in a pool at ``max_instances`` with nothing on
   its way: the least recently used idle replica of another model is released for it
   (``Release`` "evicted"; never one in flight, held by a floor or a pre-warm window);
-  with none, the model is ``at_capacity`` and its requests are refused at once
+  with none (after a grace of a few seconds, for reports of requests in flight to
+  catch up), the model is ``at_capacity`` and its requests are refused at once
   (``warm_pool.policy.evict``).
 Per shape (pool): the standby target follows recent cold starts with hysteresis
 (``warm_pool.policy.sizer``), between ``standby_min`` and ``standby_max``; standby plus asleep
@@ -280,8 +281,8 @@ class ModelState:
     # that does not judge the model (the simulator's), as the controller would count it.
     unmet: int = 0
     # Why its requests, waiting at zero, can get no instance: its pool is at
-    # max_instances and no idle replica of another model can be taken for it
-    # (``warm_pool.policy.evict``). The route table's failure kind "capacity": activators
+    # max_instances and no idle replica of another model could be taken for it within
+    # its grace (``warm_pool.policy.evict``). The route table's failure kind "capacity": activators
     # answer its requests 503 at once. None: an instance will come, or none wait.
     at_capacity: str | None = None
 
@@ -892,7 +893,7 @@ def _make_room(t: _Tick) -> None:
     """2b. Under pressure, idle yields to waiting (``warm_pool.policy.evict``): in each
     pool whose waiting models no instance will come to, an idle replica of another
     model is released for each, the least recently used first; a waiting model none
-    is found for is marked ``at_capacity`` (its requests refused at once)."""
+    is found for is marked ``at_capacity`` once past its grace (its requests refused)."""
     if not t.stranded:
         return
     freed, taken = set(), set()
@@ -912,7 +913,8 @@ def _make_room(t: _Tick) -> None:
         idle = idle_replicas(workers, by_model=t.snap.by_model, models=t.models, by_name=t.by_name,
                              adapters=index.adapters, hosting=t.hosting, taken=taken,
                              batch_demand=t.snap.batch_demand, now=t.now) if len(waiting) > supply else []
-        releases, refused = make_room(pool, waiting, supply, idle, t.now)
+        since = [(name, t.models[name].at_zero_since or t.now) for name in waiting]
+        releases, refused = make_room(pool, since, supply, idle, t.now)
         t.decisions.extend(releases)
         for name, why in refused.items():
             if (ms := t.models[name]).at_capacity != why:

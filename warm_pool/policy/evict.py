@@ -21,8 +21,11 @@ this tick, not on batch work their model still has lines for (a worker lent to b
 while its model has no online traffic is taken back by the placement itself, before
 any eviction: ``warm_pool.policy.batch``), and beyond their model's floor
 (``min_replicas``, raised by an open pre-warm window, and its adapters' floors).
-A waiting model that none of these covers is refused at once (``ModelState.at_capacity``;
-the route table's failure kind "capacity") instead of timing out.
+A waiting model that none of these covers is refused (``ModelState.at_capacity``; the
+route table's failure kind "capacity") instead of timing out, once it has waited
+:data:`CAPACITY_GRACE_S`: what the controller knows of requests in flight is the
+activators' last report (one a second), so a replica whose request just ended may still
+read as busy; within the grace it is taken the moment it reads idle.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ from warm_pool.policy.states import SERVING
 
 if TYPE_CHECKING:
     from warm_pool.policy.decide import ModelState, WorkerView
+
+# Seconds a model waits at zero with nothing to take before it is refused: a few of the
+# activators' report intervals (1 s), so a request in flight that just ended is seen.
+CAPACITY_GRACE_S = 3.0
+
 
 @dataclass(frozen=True)
 class Idle:
@@ -106,17 +114,19 @@ def idle_replicas(workers: Sequence[WorkerView], *, by_model: Mapping[str, Seque
     return out
 
 
-def make_room(pool: Pool, waiting: Sequence[str], supply: int, idle: Sequence[Idle],
+def make_room(pool: Pool, waiting: Sequence[tuple[str, float]], supply: int, idle: Sequence[Idle],
               now: float) -> tuple[list[Release], dict[str, str | None]]:
     """For ``waiting`` (the pool's models at zero that found no placement this tick, the
-    longest waiting first), given ``supply`` instances they can count on (:func:`coming`)
-    and the replicas that may be given up (:func:`idle_replicas`): the evictions, one
-    per model beyond the supply, and per waiting model why none can come to it (None:
-    one will). The first in line are covered first."""
+    longest waiting first, each with since when it waits), given ``supply`` instances
+    they can count on (:func:`coming`) and the replicas that may be given up
+    (:func:`idle_replicas`): the evictions, one per model beyond the supply, and per
+    waiting model why none can come to it (None: one will, or its grace runs). The
+    first in line are covered first."""
     short = max(len(waiting) - supply, 0)
-    releases = [Release(i.worker_id, i.model, "evicted", for_model=waiting[supply + k],
+    releases = [Release(i.worker_id, i.model, "evicted", for_model=waiting[supply + k][0],
                         idle_s=None if i.since is None else round(now - i.since, 3))
                 for k, i in enumerate(idle[:short])]
     covered = supply + len(releases)
     reason = capacity_reason(pool)
-    return releases, {name: (reason if k >= covered else None) for k, name in enumerate(waiting)}
+    return releases, {name: (reason if k >= covered and now - since >= CAPACITY_GRACE_S else None)
+                      for k, (name, since) in enumerate(waiting)}

@@ -1,7 +1,8 @@
 """Under pressure, idle yields to waiting (``warm_pool.policy.evict``), stepped by hand:
 a model waiting at zero in a pool that can add no instance takes the least recently
 used idle replica of another model; a replica in flight, a floor, a pre-warm window or
-batch work is never taken; with nothing to take, the model is refused at once."""
+batch work is never taken; with nothing to take, the model is refused (after a grace
+of a few seconds for the activators' reports to catch up) instead of timing out."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from warm_pool.policy.decide import (
     decide,
 )
 from warm_pool.policy.decisions import Assign, Launch, Pack, Release
+from warm_pool.policy.evict import CAPACITY_GRACE_S as GRACE
 from warm_pool.routes import route_table
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "thaw.yaml"
@@ -91,7 +93,14 @@ def test_the_waiting_model_gets_the_released_instance_not_a_third() -> None:
                      {"a": idle(NOW - 300), "b": WAITING, "c": ModelActivity(queued=1, last_request_at=NOW + 2)},
                      state, NOW + 2)
     assert [(d.worker_id, d.model) for d in ds if isinstance(d, Assign)] == [("w1", "b")]
-    assert state.models["c"].at_capacity == FULL.format(1)  # nothing idle left for it
+    # Nothing idle left for c: refused once its grace (3 s) is over, not before.
+    loading = (WorkerView("w1", "cpu-local", WorkerState.LOADING, "b", "b-1"),)
+    activity = {"a": idle(NOW - 300), "b": WAITING, "c": ModelActivity(queued=1, last_request_at=NOW + 2)}
+    assert state.models["c"].at_capacity is None
+    _, state = step(cfg, loading, activity, state, NOW + 2 + GRACE - 0.5)
+    assert state.models["c"].at_capacity is None
+    _, state = step(cfg, loading, activity, state, NOW + 2 + GRACE)
+    assert state.models["c"].at_capacity == FULL.format(1)
 
 
 @pytest.mark.parametrize(("case", "a", "extra"), [
@@ -103,11 +112,13 @@ def test_the_waiting_model_gets_the_released_instance_not_a_third() -> None:
 ])
 def test_a_replica_that_is_not_idle_or_is_held_is_never_taken(case: str, a: ModelActivity,
                                                                 extra: dict[str, Any]) -> None:
-    ds, state = step(config("ab", **extra), (ready("w1", "a"),), {"a": a, "b": WAITING})
+    cfg = config("ab", **extra)
+    ds, state = step(cfg, (ready("w1", "a"),), {"a": a, "b": WAITING})
     assert evictions(ds) == [], case
     assert not [d for d in ds if isinstance(d, Release)]
-    # Nothing can be released: b is refused at once, by the cause.
-    assert state.models["b"].at_capacity == FULL.format(1)
+    # Nothing can be released: b is refused, by the cause, once its grace is over.
+    ds, state = step(cfg, (ready("w1", "a"),), {"a": a, "b": WAITING}, state, NOW + GRACE)
+    assert evictions(ds) == [] and state.models["b"].at_capacity == FULL.format(1)
 
 
 def test_a_worker_lent_to_batch_is_taken_back_before_any_eviction() -> None:
@@ -181,21 +192,35 @@ def test_capacity_is_set_told_to_activators_and_cleared() -> None:
     cfg = config("ab")
     workers = (ready("w1", "a"),)
     busy = {"a": ModelActivity(in_flight=1, last_request_at=NOW), "b": WAITING}
+    # Within its grace (the activators' reports of a's request may lag) b only waits.
     _, state = step(cfg, workers, busy)
+    assert state.models["b"].at_capacity is None and route_table(cfg, {}, {}, state, NOW)["b"].failure_kind is None
+    t = NOW + GRACE
+    _, state = step(cfg, workers, busy, state, t)
     assert state.models["b"].at_capacity == FULL.format(1)
-    route = route_table(cfg, {}, {}, state, NOW)["b"]
+    route = route_table(cfg, {}, {}, state, t)["b"]
     assert (route.failure_kind, route.error, route.failures, route.backoff_until) == (
         "capacity", FULL.format(1), 0, None)
-    assert route_table(cfg, {}, {}, state, NOW)["a"].failure_kind is None
+    assert route_table(cfg, {}, {}, state, t)["a"].failure_kind is None
     # The condition holds while b waits and nothing changes.
-    _, state = step(cfg, workers, busy, state, NOW + 1)
+    _, state = step(cfg, workers, busy, state, t + 1)
     assert state.models["b"].at_capacity == FULL.format(1)
     # Its requests refused, demand goes away: cleared.
-    _, gone = step(cfg, workers, {"a": busy["a"], "b": ModelActivity(last_request_at=NOW)}, state, NOW + 2)
-    assert gone.models["b"].at_capacity is None and route_table(cfg, {}, {}, gone, NOW + 2)["b"].failure_kind is None
+    _, gone = step(cfg, workers, {"a": busy["a"], "b": ModelActivity(last_request_at=NOW)}, state, t + 2)
+    assert gone.models["b"].at_capacity is None and route_table(cfg, {}, {}, gone, t + 2)["b"].failure_kind is None
     # Or a goes idle: its replica is taken for b, and the condition is cleared.
-    ds, freed = step(cfg, workers, {"a": idle(NOW + 2), "b": WAITING}, state, NOW + 3)
+    ds, freed = step(cfg, workers, {"a": idle(t + 2), "b": WAITING}, state, t + 3)
     assert evictions(ds) == [("w1", "a", "b")] and freed.models["b"].at_capacity is None
+
+
+def test_a_replica_that_reads_busy_within_the_grace_is_taken_once_it_reads_idle() -> None:
+    # a's request ended just before b's arrived, but the last report still counts it:
+    # b waits; on the next tick a reads idle and its replica is taken for b.
+    cfg = config("ab")
+    _, state = step(cfg, (ready("w1", "a"),), {"a": ModelActivity(in_flight=1, last_request_at=NOW), "b": WAITING})
+    assert state.models["b"].at_capacity is None
+    ds, state = step(cfg, (ready("w1", "a"),), {"a": idle(NOW), "b": WAITING}, state, NOW + 1)
+    assert evictions(ds) == [("w1", "a", "b")] and state.models["b"].at_capacity is None
 
 
 def test_capacity_of_a_base_is_its_adapters_too() -> None:
