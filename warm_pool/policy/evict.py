@@ -98,6 +98,11 @@ def idle_replicas(workers: Sequence[WorkerView], *, by_model: Mapping[str, Seque
                 or (w.batch and batch_demand.get(w.model, 0) > 0)):
             continue
         candidates.setdefault(w.model, []).append(w)
+    # A base's engines hold its adapters' floors too.
+    adapter_floor: dict[str, int] = {}
+    for a in adapters:
+        if a.base in candidates:
+            adapter_floor[a.base] = max(adapter_floor.get(a.base, 0), replica_floor(a.autoscaling, a.prewarm, now))
     out: list[Idle] = []
     for name, ws in candidates.items():
         m, ms = by_name.get(name), models.get(name)
@@ -106,8 +111,7 @@ def idle_replicas(workers: Sequence[WorkerView], *, by_model: Mapping[str, Seque
         idle, since = idle_since(ms)
         if not idle:
             continue
-        floor = max([replica_floor(m.autoscaling, m.prewarm, now)]
-                    + [replica_floor(a.autoscaling, a.prewarm, now) for a in adapters if a.base == name])
+        floor = max(replica_floor(m.autoscaling, m.prewarm, now), adapter_floor.get(name, 0))
         spare = sum(1 for x in by_model.get(name, ()) if x.state in SERVING) - floor
         out += [Idle(w.id, name, since) for w in sorted(ws, key=lambda w: w.id)[:max(spare, 0)]]
     out.sort(key=lambda i: (-math.inf if i.since is None else i.since, i.worker_id))

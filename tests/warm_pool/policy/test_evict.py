@@ -223,14 +223,38 @@ def test_a_replica_that_reads_busy_within_the_grace_is_taken_once_it_reads_idle(
     assert evictions(ds) == [("w1", "a", "b")] and state.models["b"].at_capacity is None
 
 
+def with_adapter(cfg: ThawConfig, name: str, base: str, **autoscaling: Any) -> ThawConfig:
+    """``cfg`` with ``name``, a LoRA adapter of ``base`` (its own ``autoscaling``)."""
+    data = cfg.model_dump(mode="json")
+    b = next(m for m in data["models"] if m["name"] == base)
+    adapter = {k: v for k, v in b.items()
+               if k not in ("shape", "max_context_tokens", "engine", "uri", "lora", "demo_if_missing")}
+    adapter["autoscaling"] = {**adapter["autoscaling"], **autoscaling}
+    data["models"].append(adapter | {"name": name, "served_name": name, "base": base,
+                                     "adapter_uri": f"s3://thaw/adapters/{name}"})
+    b["lora"] = {"max_loras": 2}
+    return parse_config(data)
+
+
+def test_an_adapters_floor_holds_its_bases_replica() -> None:
+    # c, an adapter of a, keeps one replica (min_replicas 1): a's engine holds it.
+    cfg = with_adapter(config("ab"), "c", "a", min_replicas=1)
+    workers = (ready("w1", "a", adapters=(("c", "ready"),)),)
+    ds, _ = step(cfg, workers, {"a": idle(NOW - 300), "b": WAITING})
+    assert evictions(ds) == []
+    # Without its floor, c is unloaded (a worker decided on is left for this tick), and
+    # then a's engine goes like any idle replica.
+    cfg = with_adapter(config("ab"), "c", "a")
+    ds, state = step(cfg, workers, {"a": idle(NOW - 300), "b": WAITING})
+    assert evictions(ds) == [] and [d.model for d in ds if type(d).__name__ == "UnloadAdapter"] == ["c"]
+    unloading = (ready("w1", "a", adapters=(("c", "unloading"),)),)
+    ds, _ = step(cfg, unloading, {"a": idle(NOW - 300), "b": WAITING}, state, NOW + 1)
+    assert evictions(ds) == [("w1", "a", "b")]
+
+
 def test_capacity_of_a_base_is_its_adapters_too() -> None:
     # c, a LoRA adapter of b, waits on b's engine: refused with it.
-    data = config("ab").model_dump(mode="json")
-    c = {k: v for k, v in data["models"][1].items()
-         if k not in ("shape", "max_context_tokens", "engine", "uri", "lora", "demo_if_missing")}
-    data["models"].append(c | {"name": "c", "served_name": "c", "base": "b", "adapter_uri": "s3://thaw/adapters/c"})
-    data["models"][1]["lora"] = {"max_loras": 2}
-    cfg = parse_config(data)
+    cfg = with_adapter(config("ab"), "c", "b")
     state = PolicyState(models={"b": ModelState(at_capacity=FULL.format(1))})
     routes = route_table(cfg, {}, {}, state, NOW)
     assert (routes["c"].failure_kind, routes["c"].error) == ("capacity", FULL.format(1))
