@@ -14,9 +14,10 @@ the waiting model takes it on a later tick, not a third model.
 The instances a pool's waiting models can count on: its room under ``max_instances``
 (demand launches are held back by nothing else: budgets never cut serving), the
 instances on their way to standby (booting, draining, released or put to sleep this
-tick; in a pool that packs, engines on their way out, whose room frees). Only models beyond those evict, one replica each, and only replicas that are
-idle (their model has nothing in flight or queued: ``ModelState.idle_since`` set, or
-never used), ready whole instances (not packed engines nor their hosts), not decided on
+tick; in a pool that packs, engines on their way out, whose room frees). Only models
+beyond those evict, one replica each, and only replicas that are idle (their model has
+nothing in flight or queued: ``ModelState.idle_since`` set, or never used), ready whole
+instances (not packed engines nor their hosts), not decided on
 this tick, not on batch work their model still has lines for (a worker lent to batch
 while its model has no online traffic is taken back by the placement itself, before
 any eviction: ``warm_pool.policy.batch``), and beyond their model's floor
