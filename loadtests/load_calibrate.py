@@ -580,6 +580,8 @@ class SimOutcome:
     queue_full: int
     cold_starts_by_tier: dict[str, int]
     replica_seconds: dict[str, float]
+    # Requests refused at once because their pool was full (nothing to evict).
+    capacity_refusals: int = 0
     # Per cold start: its tier and the TTFT of the request that opened it (None: timed out).
     openings: list[tuple[str, float | None]] = field(default_factory=list)
     steps: dict[str, Steps] = field(default_factory=dict)
@@ -603,7 +605,7 @@ def compare(records: Sequence[RequestRecord], samples: Sequence[ReplicaSample], 
     out = [
         row("requests", len(records), sim.requests),
         row("completed", len(done), len(sim.ttft_s)),
-        row("errors", errors, sim.activation_timeouts + sim.queue_full),
+        row("errors", errors, sim.activation_timeouts + sim.queue_full + sim.capacity_refusals),
         row("cold_starts", len(colds), sum(sim.cold_starts_by_tier.values())),
         *(row(f"cold_starts.{t}", live_tiers[t], sim.cold_starts_by_tier.get(t, 0)) for t in COLD_TIERS),
         row("replica_seconds", round(sum(live_rs.values()), 3), round(sum(sim.replica_seconds.values()), 3)),
@@ -719,7 +721,7 @@ def sim_outcome(result: SimResult, trace: Trace, ttft_s: Mapping[int, float], co
     return SimOutcome(
         ttft_s=dict(ttft_s), cold=frozenset(cold), requests=s["requests"],
         activation_timeouts=s["activation_timeouts"],
-        queue_full=sum(m["queue_full"] for m in per_model.values()),
+        queue_full=sum(m["queue_full"] for m in per_model.values()), capacity_refusals=s["capacity_refusals"],
         cold_starts_by_tier=tiers, replica_seconds={k: m["replica_seconds"] for k, m in per_model.items()},
         openings=openings, steps=sim_steps(result.decisions),
     )

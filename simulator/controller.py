@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from simulator.changes import Changes
 from simulator.clock import INF
@@ -25,6 +25,7 @@ from warm_pool.policy.decide import (
     track,
 )
 from warm_pool.policy.decisions import Decision
+from warm_pool.policy.evict import CAPACITY_GRACE_S
 from warm_pool.policy.keepalive import IdleHistogram, IdlePools
 from warm_pool.policy.prewarm import next_edge
 from warm_pool.policy.settle import settled, wake_times
@@ -54,8 +55,11 @@ class Controller:
 
     def __init__(self, cfg: ThawConfig, models: list[SimModel], fleet: Fleet, changes: Changes, effects: Effects,
                  *, tick_s: float, exact: bool, classes: dict[str, str], engine_bytes: dict[str, int],
-                 record: bool, histograms: Mapping[str, IdleHistogram] | None) -> None:
+                 record: bool, histograms: Mapping[str, IdleHistogram] | None,
+                 refuse: Callable[[SimModel], None]) -> None:
+        """``refuse``: answers a model's waiting requests 503 at once (its pool is full)."""
         self.cfg, self.models, self.fleet, self.changes, self.effects = cfg, models, fleet, changes, effects
+        self.refuse = refuse
         self.tick_s, self.exact, self.record = tick_s, exact, record
         self.classes, self.engine_bytes = classes, engine_bytes
         # The policy's state: what decide() returned, and the models' states the
@@ -79,6 +83,10 @@ class Controller:
         # its shape changes or the pools are judged (which count what it waits for).
         self.waiting: set[SimModel] = set()
         self.changed_now: set[str] = set()
+        # Shapes a model of which has new traffic or must be judged this tick: one going
+        # idle may be evicted for a model waiting at zero in its full pool, which is then
+        # judged again (policy.evict).
+        self.stirred: set[str] = set()
         self.deadlines = effects.deadlines  # (when, model idx or -1: pools)
         self.next_grid = 0
         self.decisions: list[tuple[float, Decision]] = []
@@ -131,6 +139,7 @@ class Controller:
                 self._schedule_edge(self.models[idx], when)
         dirty, ch.dirty = ch.dirty, set()
         self.changed_now, ch.shapes_changed = ch.shapes_changed, set()
+        self.stirred = {m.cfg.shape for m in dirty | ch.touched} if self.waiting else set()
         if self.learns:
             self.idle_pools = idle_pools(self.ms, self.cfg, self.idle_pools, t)
         judge = self.models if self.exact else self._to_judge(dirty, t)
@@ -193,6 +202,13 @@ class Controller:
                 self.decisions.append((t, d))
             self.effects.carry_out(d, t)
         for m in judge:
+            # Its pool can give it no instance: the activators answer its requests 503
+            # (an adapter waits on its base's engine).
+            held = self.ms.get(m.group[0].name)
+            m.at_capacity = held is not None and held.at_capacity is not None
+            if m.at_capacity and m.queued:
+                self.refuse(m)
+        for m in judge:
             if m.cold_open and m.cold_tier is None and not m.serving:
                 # No standby took it: the cold start waits for an instance to boot.
                 m.cold_tier = "launch"
@@ -220,9 +236,13 @@ class Controller:
         self.changes.touched.discard(m)
 
     def _settled(self, m: SimModel, ms: ModelState, t: float) -> bool:
-        """``warm_pool.policy.settle.settled`` for ``m`` as the simulated fleet has it."""
+        """``warm_pool.policy.settle.settled`` for ``m`` as the simulated fleet has it: a
+        model waiting at zero is judged again when a worker of its shape changes, or a
+        model of its shape moves (one gone idle may be evicted for it)."""
+        shape = m.cfg.shape
         ok, m.band_for = settled(ms, m.cfg, serving=m.serving, demand=_demand(m), now=t,
-                                 shape_changed=m.cfg.shape in self.changed_now, band_for=m.band_for)
+                                 shape_changed=shape in self.changed_now or shape in self.stirred,
+                                 band_for=m.band_for)
         return ok
 
     def _keep_settled(self, m: SimModel, ms: ModelState, t: float, tracked: bool) -> None:
@@ -244,10 +264,17 @@ class Controller:
     # -- wake-ups ---------------------------------------------------------------------------
 
     def _deadlines_for(self, m: SimModel, ms: ModelState, t: float) -> None:
-        """Wake the model when its keep-alive window opens or closes."""
+        """Wake the model when its keep-alive window opens or closes, or, waiting at zero,
+        when its grace before a refusal ends (policy.evict)."""
         if ms.idle_since is None or _demand(m):
             # Busy: the keep-alive window does not apply until it is idle again.
-            m.deadline_key, m.deadline_times = None, ()
+            refusal = None if ms.at_zero_since is None or ms.at_capacity is not None else \
+                ms.at_zero_since + CAPACITY_GRACE_S
+            if refusal is None or refusal <= t:
+                m.deadline_key, m.deadline_times = None, ()
+            elif m.deadline_key != ("refusal", refusal):
+                m.deadline_key, m.deadline_times = ("refusal", refusal), (refusal,)
+                heapq.heappush(self.deadlines, (refusal, m.idx))
             return
         key = (ms.idle_since, ms.keep_alive)
         if m.deadline_key == key:

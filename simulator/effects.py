@@ -73,6 +73,8 @@ class Effects:
         f = self.fleet
         w = f.workers[d.worker_id]
         m = self._out_of_rotation(w)
+        if d.reason == "evicted" and m is not None:
+            m.stats.evictions += 1  # idle, given up for a model waiting in its full pool
         # Only a drained replica parks its engine (as the worker does); a loading or
         # asleep one stops it.
         w.park = w.state == "ready" and w.engine is not None

@@ -21,7 +21,7 @@ TIERS = tuple(t for t in WIRE_TIERS if t != "hot")
 
 SUMMARY_KEYS = ("requests", "cold_starts", "cold_start_share", "cold_starts_by_tier", "replica_seconds",
                 "standby_seconds", "asleep_seconds", "instance_seconds", "usd", "ttft_s", "slo_met_share",
-                "activation_timeouts", "per_model")
+                "activation_timeouts", "capacity_refusals", "evictions", "per_model")
 
 
 @dataclass
@@ -33,6 +33,10 @@ class ModelStats:
     slo_met: int = 0
     activation_timeouts: int = 0
     queue_full: int = 0
+    # Requests answered 503 at once: no instance could come (its pool full, nothing idle).
+    capacity_refusals: int = 0
+    # Times an idle replica of it was given up for a model waiting in its full pool.
+    evictions: int = 0
     replica_s: float = 0.0
     asleep_s: float = 0.0
     usd: float = 0.0
@@ -88,6 +92,8 @@ def summary(models: Iterable[SimModel], standby_s: Mapping[str, float], standby_
             continue
         per_model[m.name] = _row(st) | {
             "queue_full": st.queue_full,
+            "capacity_refusals": st.capacity_refusals,
+            "evictions": st.evictions,
             "cold_start_s": percentiles(st.cold_start_s),
             "cold_starts_by_tier": dict(sorted(st.tiers.items())),
         }
@@ -99,7 +105,7 @@ def summary(models: Iterable[SimModel], standby_s: Mapping[str, float], standby_
         for tier, n in st.tiers.items():
             tiers[tier] = tiers.get(tier, 0) + n
         for k in ("requests", "cold_starts", "cold_waiters", "slo_met", "activation_timeouts",
-                  "queue_full", "replica_s", "asleep_s", "usd"):
+                  "queue_full", "capacity_refusals", "evictions", "replica_s", "asleep_s", "usd"):
             setattr(tot, k, getattr(tot, k) + getattr(st, k))
     row = _row(tot)
     out = {k: row[k] for k in ("requests", "cold_starts", "cold_start_share")}
@@ -111,6 +117,8 @@ def summary(models: Iterable[SimModel], standby_s: Mapping[str, float], standby_
     out["usd"] = round(tot.usd + sum(standby_usd.values()), 6)
     for k in ("ttft_s", "slo_met_share", "activation_timeouts"):
         out[k] = row[k]
+    out["capacity_refusals"] = tot.capacity_refusals
+    out["evictions"] = tot.evictions
     out["per_model"] = per_model
     return out
 

@@ -119,7 +119,8 @@ class Simulator:
         effects = Effects(self.fleet, by_name, engine_bytes, self.clock, [])
         self.controller = Controller(cfg, self.models, self.fleet, self.changes, effects, tick_s=tick_s,
                                      exact=exact, classes=classes, engine_bytes=engine_bytes,
-                                     record=record_decisions, histograms=histograms)
+                                     record=record_decisions, histograms=histograms,
+                                     refuse=self.traffic.refuse_waiting)
         # Every pool starts at its standby floor, already standing by (a running fleet).
         for pool in cfg.pools:
             for _ in range(pool.standby_min):

@@ -42,7 +42,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -672,8 +672,13 @@ def add_recommend_arguments(p: argparse.ArgumentParser) -> None:
 
 def meets(p: Point, ttft_p99_s: float, max_cold_start_share: float | None) -> bool:
     s = p.summary
-    return (p.p99 is not None and p.p99 <= ttft_p99_s and s["activation_timeouts"] == 0
+    return (p.p99 is not None and p.p99 <= ttft_p99_s and _unanswered(s) == 0
             and (max_cold_start_share is None or s["cold_start_share"] <= max_cold_start_share))
+
+
+def _unanswered(s: Mapping[str, Any]) -> int:
+    """Requests that got no replica: timed out waiting, or refused by a full pool."""
+    return int(s["activation_timeouts"]) + int(s["capacity_refusals"])
 
 
 def choose(points: Sequence[Point], ttft_p99_s: float, max_cold_start_share: float | None = None) -> Point | None:
@@ -684,7 +689,8 @@ def choose(points: Sequence[Point], ttft_p99_s: float, max_cold_start_share: flo
 
 
 def closest(points: Sequence[Point], ttft_p99_s: float, max_cold_start_share: float | None = None) -> Point:
-    """The point nearest the target: fewest activation timeouts, then the smallest
+    """The point nearest the target: fewest requests unanswered (timed out or refused
+    at capacity), then the smallest
     relative excess over the p99 target (plus over the cold-start share cap), then cost."""
     def shortfall(p: Point) -> tuple[int, float, float]:
         s = p.summary
@@ -692,7 +698,7 @@ def closest(points: Sequence[Point], ttft_p99_s: float, max_cold_start_share: fl
         if max_cold_start_share is not None:
             cap = max(max_cold_start_share, 1e-9)
             excess += max(0.0, s["cold_start_share"] / cap - 1)
-        return s["activation_timeouts"], excess, s["usd"]
+        return _unanswered(s), excess, s["usd"]
     return min((p for p in points if p.name != ALWAYS_ON), key=shortfall)
 
 
@@ -701,6 +707,8 @@ def why_not(p: Point, ttft_p99_s: float, max_cold_start_share: float | None, inp
     reasons = []
     if s["activation_timeouts"]:
         reasons.append(f"{s['activation_timeouts']} requests timed out waiting for a replica")
+    if s["capacity_refusals"]:
+        reasons.append(f"{s['capacity_refusals']} requests were refused: their pool was full")
     if p.p99 is None:
         reasons.append("no request was served")
     elif p.p99 > ttft_p99_s:

@@ -28,7 +28,7 @@ class SimModel:
                  "arrivals", "hot_ttfts", "last_request_at", "cold_open", "cold_since", "cold_tier",
                  "slo_s", "prefill_tps", "tpot_s", "max_conc", "max_queue", "timeout_s",
                  "band_for", "deadline_key", "deadline_times", "schedule_next", "stats", "base", "adapters",
-                 "group")
+                 "group", "at_capacity")
 
     def __init__(self, idx: int, m: Model, costs: ModelCosts, slo_s: float, cls: str | None = None) -> None:
         self.idx, self.name, self.cfg, self.a, self.costs = idx, m.name, m, m.autoscaling, costs
@@ -61,6 +61,9 @@ class SimModel:
         self.schedule_next: float | None = None  # its pre-warm windows' next edge
         # The replica count the whole window was last found in band for (None: not).
         self.band_for: int | None = None
+        # Its pool can give it no instance (the policy's ModelState.at_capacity, as of the
+        # last tick that judged it): a request that finds no ready replica is refused.
+        self.at_capacity = False
         self.stats = ModelStats()
 
 
@@ -188,6 +191,11 @@ class Traffic:
                 self.open_requests += 1
                 self.admit(m, w, i, t)
                 return
+        if m.at_capacity and not m.ready:
+            # Its pool is full and nothing can be evicted: 503 at once, as the activators answer.
+            self.req_state[i] = REFUSED
+            m.stats.capacity_refusals += 1
+            return
         if m.queued >= m.max_queue:
             self.req_state[i] = REFUSED
             m.stats.queue_full += 1
@@ -235,6 +243,20 @@ class Traffic:
             if not m.queued and not m.ready:
                 m.cold_open = False  # everyone waiting gave up: the next request starts anew
             self.changes.touched.add(m)
+
+    def refuse_waiting(self, m: SimModel) -> None:
+        """``m``'s pool can give it no instance: every request waiting for it is answered
+        503 at once (the activators' answer to the failure kind "capacity")."""
+        for i in m.queue:
+            if self.req_state[i] == WAITING:
+                self.req_state[i] = REFUSED
+                m.stats.capacity_refusals += 1
+                self.open_requests -= 1
+        m.queue.clear()
+        m.queued = 0
+        if not m.ready:
+            m.cold_open = False  # the next request starts anew
+        self.changes.touched.add(m)
 
     def cold_start_ends(self, m: SimModel, tier: str, t: float) -> None:
         """A replica of ``m`` is ready for the requests waiting on its cold start."""

@@ -95,6 +95,8 @@ def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
         cfg["models"].append({**demo, "name": "big", "served_name": "big",
                               "engine": {**demo["engine"], "cpu_kvcache_gib": 9},
                               "autoscaling": {**demo["autoscaling"], "activation_timeout_s": 5}})
+        # demo keeps its replica: idle, it would be evicted for big, which fits alone.
+        demo["autoscaling"]["min_replicas"] = 1
         cfg["shapes"][0].update({"host_memory_gib": 12, "host_cache_gib": 0})
         cfg["pools"][0].update({"standby_min": 1, "standby_max": 1, "max_instances": 1, "pack": True})
 

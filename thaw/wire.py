@@ -74,8 +74,11 @@ TIERS: tuple[Tier, ...] = ("hot", "asleep", "adapter", "swap", "packed", "host",
 # Why a model failed to start, from the type of the exception behind it (never from its
 # text): its weights did not match their manifest (a checksum, a malformed file, an
 # object changed since the push), the store could not give them (not found, refused,
-# unreachable), the worker's memory, or anything else in the engine.
-FailureKind = Literal["weights_integrity", "store", "memory", "engine"]
+# unreachable), the worker's memory, or anything else in the engine. Or, of a model
+# and never of a worker's load: "capacity", its requests wait at zero and its pool can
+# give it no instance (at max_instances, and no idle replica of another model can be
+# taken: warm_pool.policy.evict); activators answer them 503 at once while it holds.
+FailureKind = Literal["weights_integrity", "store", "memory", "engine", "capacity"]
 # Where a load read its weights: a worker's cache tiers, the store, or a local
 # directory (a model not in the store: tests, `thaw snapshot build`).
 LoadSource = Literal["host", "disk", "s3", "local"]

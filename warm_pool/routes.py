@@ -57,10 +57,15 @@ def route_table(cfg: ThawConfig, facts: Mapping[str, WorkerFacts], views: dict[s
                                              (outdated or {}).get(m.name, frozenset()))
         ms = state.models.get(m.name)
         in_backoff = ms is not None and ms.backoff_until > now
+        failed = ms is not None and ms.failures > 0
+        # Its pool can give it no instance (an adapter waits on its base's engine): its
+        # requests are refused at once, unless a failed load's backoff says more.
+        waits_on = state.models.get(m.base) if m.base is not None else ms
+        capacity = waits_on.at_capacity if waits_on is not None and not in_backoff else None
         fields = {"served_name": m.resolved_served_name, "replicas": sorted(ready, key=lambda r: r.worker_id),
                   "loading": loading, "failures": ms.failures if ms else 0,
-                  "error": ms.last_error if ms and ms.failures else None,
-                  "failure_kind": ms.last_failure_kind if ms and ms.failures else None,
+                  "error": capacity or (ms.last_error if ms and failed else None),
+                  "failure_kind": "capacity" if capacity else (ms.last_failure_kind if ms and failed else None),
                   "backoff_until": ms.backoff_until if ms and in_backoff else None}
         # Every field of the old route equal to the new one's: the same route (a field
         # added to ModelRoute and not set here makes them differ, never wrongly equal).

@@ -114,7 +114,9 @@ class ModelReplicas:
                 self._on_replica(True, rid, self.model, now)
             for rid in before - after:
                 self._on_replica(False, rid, self.model, now)
-        new_failure = bool(entry.failures > self.failures and entry.error)
+        # A failed load counted anew, or the pool newly unable to give the model an instance.
+        new_failure = bool(entry.failures > self.failures and entry.error) or (
+            entry.failure_kind == "capacity" and self.failure_kind != "capacity")
         self.loading = entry.loading
         self.failures = entry.failures
         self.error = entry.error
@@ -134,6 +136,11 @@ class ModelReplicas:
     def backing_off(self, now: float) -> bool:
         """Its last load failed and the next attempt is not under way yet."""
         return bool(self.backoff_until and self.backoff_until > now and not self.loading and self.error)
+
+    def at_capacity(self) -> bool:
+        """Its pool can give it no instance now (every one busy, at ``max_instances``):
+        the controller's failure kind "capacity"."""
+        return self.failure_kind == "capacity" and not self.usable and not self.loading
 
     # -- slots ------------------------------------------------------------------------
     def reserve(self, cap: int, key: str | None = None) -> Replica | None:

@@ -30,6 +30,9 @@ from thaw.wire import ActivityReport, Catalog, ColdStartRecord, KeyTable, ModelR
 
 QUEUE_FULL_RETRY_AFTER_S = 2.0
 TIMEOUT_RETRY_AFTER_S = 5.0
+# A model whose pool is full: the controller frees an instance as soon as a replica of
+# another model goes idle, so a retry a few seconds on may find one.
+CAPACITY_RETRY_AFTER_S = 5.0
 
 # What a tenant is told when its model's load failed: the kind of failure
 # (thaw.wire.FailureKind, from the exception types on the worker), never the operator's
@@ -40,6 +43,7 @@ PUBLIC_FAILURES: dict[str | None, str] = {
     "store": "its weights could not be read from the object store",
     "memory": "it does not fit in the worker's memory",
     "engine": "its engine did not start",
+    "capacity": "its pool has no instance free",
 }
 
 
@@ -160,13 +164,21 @@ class Router:
         if r.replicas.usable:
             self._wake(name)
         elif new_failure:
-            until = r.replicas.backoff_until
             served = m.resolved_served_name if (m := self.models.get(name)) else name
-            r.cold.fail_all(ServiceUnavailable(
-                f"model {served!r} failed to start: {public_failure(r.replicas.failure_kind)}; "
-                "retrying after a backoff",
-                retry_after_s=(until - now) if until else TIMEOUT_RETRY_AFTER_S,
-            ))
+            r.cold.fail_all(self._refusal(served, r.replicas, now, "retrying after a backoff"))
+
+    @staticmethod
+    def _refusal(served: str, replicas: ModelReplicas, now: float, next_try: str) -> ServiceUnavailable:
+        """The 503 for a model its requests cannot wait for, by the kind of its failure:
+        its pool has no instance for it (the controller's reason: the pool and its cap),
+        or its load failed (the kind alone, never the operator's details; ``next_try``:
+        what comes of it)."""
+        if replicas.failure_kind == "capacity":
+            return ServiceUnavailable(f"model {served!r} cannot start now: {replicas.error}; retry later",
+                                      code="pool_at_capacity", retry_after_s=CAPACITY_RETRY_AFTER_S)
+        until = replicas.backoff_until
+        return ServiceUnavailable(f"model {served!r} failed to start: {public_failure(replicas.failure_kind)}; "
+                                  f"{next_try}", retry_after_s=(until - now) if until else TIMEOUT_RETRY_AFTER_S)
 
     def _wake(self, model: str) -> None:
         """Usable replicas: release the cold queue, hand free slots to the fair queue."""
@@ -242,13 +254,10 @@ class Router:
     async def _wait_cold(self, model: Model, arrival: float) -> None:
         r = self._routes[model.name]
         now = self.clock()
-        if r.replicas.backing_off(now):
+        if r.replicas.backing_off(now) or r.replicas.at_capacity():
             until = r.replicas.backoff_until or now
-            raise ServiceUnavailable(
-                f"model {model.resolved_served_name!r} failed to start: {public_failure(r.replicas.failure_kind)}; "
-                f"the next attempt is in {until - now:.0f} s",
-                retry_after_s=until - now,
-            )
+            raise self._refusal(model.resolved_served_name, r.replicas, now,
+                                f"the next attempt is in {until - now:.0f} s")
         a = model.autoscaling
         if len(r.cold) >= a.max_queue_length:
             raise TooManyRequests(

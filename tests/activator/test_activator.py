@@ -225,6 +225,23 @@ async def test_load_failure_fails_waiters_with_the_reason(activator: tuple[Any, 
     assert demo["thaw"]["state"] == "failed" and "s3://" not in json.dumps(demo)
 
 
+async def test_a_full_pool_is_a_503_at_once_that_names_the_cause(activator: tuple[Any, httpx.AsyncClient]) -> None:
+    app, client = activator
+    routes = app.state.routes
+    routes.apply(table(1, []))
+    h = {"Authorization": f"Bearer {KEY}"}
+    waiting = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT, headers=h))
+    await until("the request queued", lambda: routes.status("demo").cold_queue == 1, 2)
+    full = "pool cpu-local is at max_instances 1 and every replica is busy"
+    routes.apply(table(2, [], failure_kind="capacity", error=full))
+    reason = f"model 'thaw-demo' cannot start now: {full}; retry later"
+    # Answered when the table says so, not after the activation timeout (2 s).
+    for resp in (await asyncio.wait_for(waiting, 1),
+                 await asyncio.wait_for(client.post("/v1/chat/completions", json=CHAT, headers=h), 1)):
+        assert assert_openai_error(resp, 503, "pool_at_capacity")["message"] == reason
+        assert resp.headers["retry-after"] == "5"
+
+
 async def test_two_dead_replicas_are_a_502_that_says_when_to_retry(activator: tuple[Any, httpx.AsyncClient]) -> None:
     """Both tries fail before a first byte: 502 in OpenAI's shape, with Retry-After as
     long as the replicas stay ejected (retrying then may find them back)."""

@@ -66,7 +66,13 @@ def equivalence_cfg(variant: int) -> ThawConfig:
     each other's slot), 9 those in packed engines with the asleep tier on the bases and
     two adapters per engine, 10 scheduled pre-warm windows (m0 every 2 minutes for 45 s,
     m1 two replicas at minutes 1, 4, 7 for 100 s) with the histogram keep-alive, 11 the
-    histogram keep-alive by the time of day, in slots of about 2 minutes."""
+    histogram keep-alive by the time of day, in slots of about 2 minutes, 12 a full pool
+    (two instances for four models: idle replicas evicted for waiting models, the rest
+    refused at capacity)."""
+    if variant == 12:
+        data = equivalence_cfg(0).model_dump()
+        data["pools"][0] |= {"standby_min": 1, "standby_max": 1, "max_instances": 2}
+        return ThawConfig.model_validate(data)
     if variant == 11:
         data = equivalence_cfg(2).model_dump()
         for m in data["models"]:

@@ -210,7 +210,7 @@ def test_the_summary_has_a_row_per_adapter_and_the_base_pays_for_the_engine() ->
     assert per["m1"] | {"ttft_s": None, "cold_start_s": None} == {
         "requests": 1, "cold_starts": 1, "cold_start_share": 1.0, "replica_seconds": 0.0, "asleep_seconds": 0.0,
         "usd": 0.0, "ttft_s": None, "slo_met_share": 1.0, "activation_timeouts": 0, "queue_full": 0,
-        "cold_start_s": None, "cold_starts_by_tier": {"adapter": 1}, "base": "m0",
+        "capacity_refusals": 0, "evictions": 0, "cold_start_s": None, "cold_starts_by_tier": {"adapter": 1}, "base": "m0",
         "adapter_seconds": pytest.approx(21.15 - 20.0)}
     assert per["m0"]["replica_seconds"] == pytest.approx(21.15) and "base" not in per["m0"]
     assert per["m0"]["usd"] == pytest.approx(s["usd"] - s["standby_seconds"] * 0.001)

@@ -105,20 +105,24 @@ def test_workers_report_capacity_only_where_their_pool_packs() -> None:
 
 def test_a_released_engine_frees_its_room_at_once_in_both_modes() -> None:
     """One instance at most, two engines fit (0.5 each). m2 waits at zero behind m0 and
-    the packed m1; m1's release frees the room, which must re-judge m2 in the fast mode
-    (its shape changed) exactly when the controller would."""
+    the packed m1, whose engine drains; its release frees the room, which must re-judge
+    m2 in the fast mode (its shape changed) exactly when the controller would."""
     cfg = pack_config(shares=[0.5] * 3, idle_grace_s=30, standby_min=0, standby_max=0, max_instances=1, boot_s=20,
                       activation_timeout_s=600)
     c = costs(cfg, load_s=10, release_s=2)
-    tr = trace([(0.0, "m0", 100, 100), (40.0, "m1", 100, 100), (50.0, "m2", 100, 100), (60.0, "m0", 100, 100)])
+    tr = trace([(0.0, "m0", 100, 100), (40.0, "m1", 100, 100), (50.0, "m2", 100, 100), (60.0, "m0", 100, 100),
+                (83.0, "m2", 100, 100)])
     fast = Simulator(cfg, c, tr, record_decisions=True).run()
     exact = Simulator(cfg, c, tr, exact=True, record_decisions=True).run()
     assert fast.decisions == exact.decisions and fast.summary == exact.summary
-    # m1 packed at 40, done at 51.1, idle 30 s: released at 82, gone 2 s later. m2 is
-    # packed into its room at 84 and ready at 94: 44 s after its request.
+    # m1 packed at 40 (its load ends at 50) and m0 (hosting it) serve the one instance:
+    # m2 at 50 is refused past its grace, at 53 (nothing on its way, nothing to evict:
+    # packed engines and their hosts never are). m1 done at 51.1, idle 30 s: released at 82, gone 2 s
+    # later; m2 at 83 waits for that room, is packed into it at 84, ready at 94: 11 s.
     kinds = [(t, type(d).__name__, getattr(d, "model", None)) for t, d in fast.decisions]
     assert (40.0, "Pack", "m1") in kinds and (82.0, "Release", "m1") in kinds and (84.0, "Pack", "m2") in kinds
-    assert [round(x.ready_after_s, 3) for x in fast.cold_starts if x.model == "m2"] == [44.0]
+    assert fast.summary["per_model"]["m2"]["capacity_refusals"] == 1 and fast.summary["evictions"] == 0
+    assert [round(x.ready_after_s, 3) for x in fast.cold_starts if x.model == "m2"] == [11.0]
     # A worker whose own engine went keeps standing for its packed one: never a free
     # standby, never terminated (one instance all along).
     assert fast.summary["instance_seconds"] == pytest.approx(fast.end_s)

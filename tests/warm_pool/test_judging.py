@@ -38,7 +38,7 @@ class Selective:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(variant=st.integers(0, 11),
+@given(variant=st.integers(0, 12),
        arrivals=st.lists(st.tuples(st.floats(0, 400, allow_nan=False), st.integers(0, 3), st.integers(1, 4000),
                                    st.integers(1, 400)), min_size=1, max_size=60))
 def test_judging_only_what_changed_decides_as_judging_every_model(

@@ -38,6 +38,7 @@ from warm_pool.fleet.control import ControlError
 from warm_pool.fleet.facts import UnknownInstance
 from warm_pool.manager import PoolManager
 from warm_pool.policy.decide import ModelActivity
+from warm_pool.policy.evict import CAPACITY_GRACE_S
 from warm_pool.providers.provider import CapacityError, Instance, InstanceState
 from warm_pool.providers.static import StaticProvider
 
@@ -613,6 +614,42 @@ async def test_a_failed_load_reaches_the_routes_with_its_kind() -> None:
     await step(m)
     route = m.route_table(clock())["demo"]
     assert (route.failures, route.failure_kind) == (1, "store") and "Could not connect" in (route.error or "")
+
+
+async def test_an_eviction_is_an_event_with_its_inputs_and_a_full_pool_reaches_the_routes() -> None:
+    # One instance, serving demo; "other" waits at zero. demo busy: other is refused by
+    # its failure kind once its grace is over. demo idle 30 s (kept 60 s): its replica is
+    # released for other.
+    clock = Clock()
+    provider, control = FakeProvider(clock), FakeControl(clock)
+    provider.running["w-1"] = Instance("i-w-1", "w-1", "gpu", clock() - 60, InstanceState.RUNNING)
+    data = config(standby=0).model_dump(mode="json")
+    data["pools"][0]["max_instances"] = 1
+    data["models"].append({**data["models"][0], "name": "other", "served_name": "other",
+                           "uri": "s3://thaw/models/other"})
+    m = await manager(parse_config(data), provider, control, clock)
+    beat(m, "w-1", S.READY, clock, model="demo", assignment_id="demo-1", engine_url="http://e:1")
+    clock.t += m.adopt_grace_s
+    busy = {"demo": ModelActivity(in_flight=1, last_request_at=clock()),
+            "other": ModelActivity(queued=1, last_request_at=clock())}
+    m.traffic.report("act-1", busy)
+    await step(m)
+    assert m.route_table(clock())["other"].failure_kind is None  # within its grace: it waits
+    clock.t += CAPACITY_GRACE_S
+    m.traffic.report("act-1", busy)
+    await step(m)
+    route = m.route_table(clock())["other"]
+    assert (route.failure_kind, route.error) == ("capacity", "pool gpu is at max_instances 1 and every replica is busy")
+    assert not [c for c in control.calls if c[0] == "release"]
+    clock.t += 30
+    m.traffic.report("act-1", {"demo": ModelActivity(last_request_at=clock() - 30),
+                               "other": ModelActivity(queued=1, last_request_at=clock())})
+    await step(m)
+    assert [c[1] for c in control.calls if c[0] == "release"] == ["http://w-1"]
+    ev = next(e for e in m.parts.event_log.events if e.kind == "release")
+    assert (ev.reason, ev.model, ev.worker_id, ev.shape) == ("evicted", "demo", "w-1", "gpu")
+    assert (ev.inputs["for_model"], ev.inputs["idle_s"]) == ("other", 30.0)
+    assert m.route_table(clock())["other"].failure_kind is None
 
 
 def test_ids_of_packed_engines_gone_are_remembered_within_a_bound() -> None:

@@ -182,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
                                                           key=lambda kv: tier_order(kv[0])))
     print(f"{s['requests']} requests in {wall_s:.2f} s ({len(inputs.trace) / wall_s:,.0f}/s): "
           f"{s['cold_starts']} cold starts{f' ({tiers})' if tiers else ''}, cold share {s['cold_start_share']:.2%}, "
-          f"TTFT p99 {p['p99'] if p['p99'] is not None else float('nan'):.2f} s, ${s['usd']:.2f}; "
+          f"TTFT p99 {p['p99'] if p['p99'] is not None else float('nan'):.2f} s, ${s['usd']:.2f}, "
+          f"{s['evictions']} evictions, {s['capacity_refusals']} refused at capacity; "
           f"wrote {args.out}/summary.json", file=sys.stderr)
     note = engine_classes_note(inputs)
     if note:

@@ -165,8 +165,11 @@ class Actuator:
         wid = getattr(d, "worker_id", None)
         model = getattr(d, "model", None)
         shape = d.shape if isinstance(d, Launch) else (views[wid].shape if wid in views else None)
-        self.events.record(kind, reason, decision=True, worker_id=wid, model=model, shape=shape,
-                           inputs=decision_inputs(snap, views, model, shape))
+        inputs = decision_inputs(snap, views, model, shape)
+        if isinstance(d, Release) and d.for_model is not None:
+            # An eviction: for which waiting model, and how long the evicted one was idle.
+            inputs |= {"for_model": d.for_model, "idle_s": d.idle_s}
+        self.events.record(kind, reason, decision=True, worker_id=wid, model=model, shape=shape, inputs=inputs)
         carry_out(d, self, At(snap, views, now))
 
     def launch(self, d: Launch, at: At) -> None:

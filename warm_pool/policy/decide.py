@@ -26,7 +26,13 @@ model's histogram gives, ``idle_pools``); an open scheduled pre-warm window
 - with ``asleep_ttl_s`` (GPU): an idle replica is put to sleep instead of released;
   demand for its model wakes it (an ``Assign`` to the asleep worker) before any standby
   is used; after ``asleep_ttl_s`` asleep it is released. Another model that finds no
-  standby reclaims an asleep worker (``Release``) rather than launch an instance.
+  standby reclaims an asleep worker (``Release``) rather than launch an instance;
+- a request at zero that finds nothing, in a pool at ``max_instances`` with nothing on
+  its way: the least recently used idle replica of another model is released for it
+  (``Release`` "evicted"; never one in flight, held by a floor or a pre-warm window);
+  with none (after a grace of a few seconds, for reports of requests in flight to
+  catch up), the model is ``at_capacity`` and its requests are refused at once
+  (``warm_pool.policy.evict``).
 Per shape (pool): the standby target follows recent cold starts with hysteresis
 (``warm_pool.policy.sizer``), between ``standby_min`` and ``standby_max``; standby plus asleep
 spend stays within the pool's budget and the global one (``warm_pool.policy.budget``: serving
@@ -68,6 +74,7 @@ from warm_pool.policy.decisions import (
     Terminate,
     UnloadAdapter,
 )
+from warm_pool.policy.evict import coming, idle_replicas, make_room
 from warm_pool.policy.keepalive import (
     IdleHistogram,
     IdlePools,
@@ -81,7 +88,7 @@ from warm_pool.policy.keepalive import (
     price_tier,
     record_idle,
 )
-from warm_pool.policy.prewarm import scheduled_replicas
+from warm_pool.policy.prewarm import replica_floor
 from warm_pool.policy.sizer import (
     SizerState,
     StandbyTarget,
@@ -273,6 +280,11 @@ class ModelState:
     # worker) could give: launches for demand. Counted for the pools even on a tick
     # that does not judge the model (the simulator's), as the controller would count it.
     unmet: int = 0
+    # Why its requests, waiting at zero, can get no instance: its pool is at
+    # max_instances and no idle replica of another model could be taken for it within
+    # its grace (``warm_pool.policy.evict``). The route table's failure kind "capacity": activators
+    # answer its requests 503 at once. None: an instance will come, or none wait.
+    at_capacity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -597,6 +609,9 @@ class _Tick:
     cold_class_now: dict[str, int] = field(default_factory=dict)
     adapters_added: dict[str, int] = field(default_factory=dict)
     preempted: set[str] = field(default_factory=set)  # workers lent to batch, taken back this tick
+    # Per shape, the models at zero whose placement found nothing this tick, in the order
+    # judged (the longest waiting first): ``_make_room``'s to serve.
+    stranded: dict[str, list[str]] = field(default_factory=dict)
     batch_extra: dict[str, int] = field(default_factory=dict)
     idle_pools: IdlePools = IdlePools()
 
@@ -645,6 +660,7 @@ def decide(
     _asleep(t)
     for m in _judged(t):
         _model(t, m)
+    _make_room(t)
     _batch(t)
     if not pools and not t.decisions and not t.launches_for_demand and not t.batch_extra:
         return t.decisions, PolicyState(models=t.models, assignments=t.n_assign, epoch=state.epoch,
@@ -777,9 +793,9 @@ def _model(t: _Tick, m: Model) -> None:
         ms = evolve(ms, failures=0, backoff_until=0.0, last_error=None, last_failure_kind=None)
     a = m.autoscaling
     # A scheduled pre-warm window raises the floor (within max_replicas) while it is open.
-    held = scheduled_replicas(m.prewarm, now) if m.prewarm else 0
-    if held > a.min_replicas:
-        a = a.model_copy(update={"min_replicas": min(held, a.max_replicas)})
+    floor = replica_floor(a, m.prewarm, now)
+    if floor > a.min_replicas:
+        a = a.model_copy(update={"min_replicas": floor})
     # A roll (a new revision's weights or engine): replicas of older revisions are
     # replaced by as many current ones. For the autoscaler the model has as many
     # replicas as the larger of the two sets (one replaces the other).
@@ -801,7 +817,8 @@ def _model(t: _Tick, m: Model) -> None:
             cls = snap.model_classes.get(m.name, "")
             t.cold_class_now[cls] = t.cold_class_now.get(cls, 0) + 1
         at_zero_since = now if ms.at_zero_since is None else ms.at_zero_since
-    t.models[m.name] = ms = evolve(ms, scale=scale, last_scale=result, at_zero_since=at_zero_since)
+    t.models[m.name] = ms = evolve(ms, scale=scale, last_scale=result, at_zero_since=at_zero_since,
+                                   at_capacity=ms.at_capacity if at_zero_since is not None else None)
     want = result.target
     if m.base is not None:
         t.decisions.extend(_adapter_decisions(m.name, hosts, replicas, want, act, ms, now,
@@ -878,7 +895,45 @@ def _place(t: _Tick, m: Model, n: int, reason: AssignReason) -> int:
         elif not _reclaim(t, m.shape, m.name):
             t.launches_for_demand[m.shape] = t.launches_for_demand.get(m.shape, 0) + 1
             unmet += 1
+    if reason == "demand":
+        if unmet == n:
+            # Waiting at zero with nothing placed: an instance must come (_make_room).
+            t.stranded.setdefault(m.shape, []).append(m.name)
+        elif (ms := t.models[m.name]).at_capacity is not None:
+            t.models[m.name] = evolve(ms, at_capacity=None)
     return unmet
+
+
+def _make_room(t: _Tick) -> None:
+    """2b. Under pressure, idle yields to waiting (``warm_pool.policy.evict``): in each
+    pool whose waiting models no instance will come to, an idle replica of another
+    model is released for each, the least recently used first; a waiting model none
+    is found for is marked ``at_capacity`` once past its grace (its requests refused)."""
+    if not t.stranded:
+        return
+    freed, taken = set(), set()
+    for d in t.decisions:
+        wid = getattr(d, "worker_id", None)
+        if wid is not None:
+            taken.add(wid)
+            if isinstance(d, Sleep) or (isinstance(d, Release) and d.reason != "reclaimed"):
+                freed.add(wid)  # on its way to standby (or asleep: reclaimed next), for anyone
+    index = _index(t.cfg)
+    for shape, waiting in t.stranded.items():
+        pool = t.cfg.pool(shape)
+        if pool is None:
+            continue
+        workers = t.snap.by_shape.get(shape, ())
+        supply = coming(pool, workers, freed=freed)
+        idle = idle_replicas(workers, by_model=t.snap.by_model, models=t.models, by_name=t.by_name,
+                             adapters=index.adapters, hosting=t.hosting, taken=taken,
+                             batch_demand=t.snap.batch_demand, now=t.now) if len(waiting) > supply else []
+        since = [(name, t.models[name].at_zero_since or t.now) for name in waiting]
+        releases, refused = make_room(pool, since, supply, idle, t.now)
+        t.decisions.extend(releases)
+        for name, why in refused.items():
+            if (ms := t.models[name]).at_capacity != why:
+                t.models[name] = evolve(ms, at_capacity=why)
 
 
 def _batch(t: _Tick) -> None:

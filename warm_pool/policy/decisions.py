@@ -35,11 +35,23 @@ class Assign:
     batch: bool = False
 
 
+# Why a replica (or an asleep or failed worker) is let go. "evicted": an idle replica
+# (nothing in flight or queued, held only by its keep-alive) given up for a model whose
+# requests wait at zero in a pool that can add no instance (warm_pool.policy.evict).
+ReleaseReason = Literal["idle", "failed", "excess", "asleep_expired", "reclaimed", "budget", "removed", "rolled",
+                        "evicted"]
+
+
 @dataclass(frozen=True)
 class Release:
     worker_id: str
     model: str | None
-    reason: Literal["idle", "failed", "excess", "asleep_expired", "reclaimed", "budget", "removed", "rolled"]
+    reason: ReleaseReason
+    # An eviction's inputs, for the decision log: the waiting model it makes room for and
+    # how long the evicted model had been idle (None: never used). Informational: not
+    # part of the decision's identity.
+    for_model: str | None = field(default=None, compare=False)
+    idle_s: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

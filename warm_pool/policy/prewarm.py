@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-from thaw.config import Prewarm
+from thaw.config import Autoscaling, Prewarm
 from thaw.cron import Cron, parse
 
 
@@ -28,6 +28,13 @@ def scheduled_replicas(windows: Sequence[Prewarm], now: float) -> int:
         if fired is not None and now < fired + w.for_s:
             held = max(held, w.replicas)
     return held
+
+
+def replica_floor(a: Autoscaling, windows: Sequence[Prewarm], now: float) -> int:
+    """The replicas a model keeps at ``now`` whatever its traffic: ``min_replicas``,
+    raised by an open window (within ``max_replicas``)."""
+    held = scheduled_replicas(windows, now) if windows else 0
+    return min(held, a.max_replicas) if held > a.min_replicas else a.min_replicas
 
 
 def next_edge(windows: Sequence[Prewarm], after: float) -> float | None:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from activator.errors import NotFound, ServiceUnavailable, TooManyRequests
-from activator.routing.router import Router, public_failure
+from activator.routing.router import CAPACITY_RETRY_AFTER_S, Router, public_failure
 from tests.waiting import until
 from thaw.config import parse_config
 from thaw.wire import ModelRoute, ReplicaRoute, RouteTable
@@ -77,6 +77,7 @@ async def test_an_ejected_replica_comes_back_after_its_ejection_and_wakes_the_wa
     ("store", "its weights could not be read from the object store"),
     ("memory", "it does not fit in the worker's memory"),
     ("engine", "its engine did not start"),
+    ("capacity", "its pool has no instance free"),
     (None, "its engine did not start"),
 ])
 def test_a_failed_load_is_told_to_callers_by_its_kind_never_its_details(kind: str | None, reason: str) -> None:
@@ -98,6 +99,32 @@ async def test_a_new_failure_fails_the_cold_queue_with_its_kind_and_backoff(rout
     # While it backs off, a new request is told at once.
     with pytest.raises(ServiceUnavailable):
         await router.acquire(MODEL, router.clock())
+
+
+async def test_a_full_pool_refuses_the_waiting_and_new_requests_at_once(router: Router) -> None:
+    """The controller says the model's pool can give it no instance (failure kind
+    "capacity", by its cause): its waiting requests get 503 with Retry-After at once,
+    and so does each new one while that holds; then requests wait again."""
+    full = "pool cpu is at max_instances 1 and every replica is busy"
+    router.apply(table(1))
+    waiting = asyncio.create_task(router.acquire(MODEL, router.clock()))
+    await until("the request waiting", lambda: router.status("demo").cold_queue == 1, 2)
+    router.apply(table(2, failure_kind="capacity", error=full))
+    with pytest.raises(ServiceUnavailable) as refused:
+        await asyncio.wait_for(waiting, 1)  # not after the 2 s activation timeout
+    e = refused.value
+    assert e.message == f"model 'demo' cannot start now: {full}; retry later"
+    assert (e.status, e.code, e.retry_after_s) == (503, "pool_at_capacity", CAPACITY_RETRY_AFTER_S)
+    assert router.status("demo").cold_queue == 0
+    with pytest.raises(ServiceUnavailable) as again:
+        await asyncio.wait_for(router.acquire(MODEL, router.clock()), 1)
+    assert again.value.message == e.message
+    # Cleared (a replica placed, or its demand gone): a request waits for the replica.
+    router.apply(table(3, loading=1))
+    waiting = asyncio.create_task(router.acquire(MODEL, router.clock()))
+    await until("the request waiting", lambda: router.status("demo").cold_queue == 1, 2)
+    router.apply(table(4, route()))
+    assert (await asyncio.wait_for(waiting, 1)).cold
 
 
 async def test_a_full_cold_queue_refuses_and_the_deadline_ends_a_wait(router: Router) -> None:
