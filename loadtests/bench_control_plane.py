@@ -71,6 +71,12 @@ def _log(msg: str) -> None:
     print(f"[bench control-plane] {msg}", file=sys.stderr, flush=True)
 
 
+def heartbeat_s(workers: int) -> float:
+    """The heartbeat interval for a fleet of ``workers``: 2 s, or as long as keeps the
+    controller's heartbeats to 200 a second."""
+    return max(2.0, workers / 200)
+
+
 def parse_size(text: str) -> tuple[int, int]:
     try:
         models, workers = (int(x) for x in text.lower().split("x"))
@@ -164,7 +170,11 @@ class Plane:
         self.token = "bench-control-plane-token"
         cfg = {
             "data_dir": str(self.data_dir), "log_level": "warning",
-            "cluster": {"token": self.token, "heartbeat_interval_s": 2, "worker_timeout_s": 15},
+            # Heartbeats every 2 s up to 400 workers, then spaced to 200 a second: a worker
+            # is found dead within six intervals (docs/BENCHMARKS.md: what one controller
+            # process takes in heartbeats).
+            "cluster": {"token": self.token, "heartbeat_interval_s": heartbeat_s(workers),
+                        "worker_timeout_s": 6 * heartbeat_s(workers)},
             "controller": {"host": "127.0.0.1", "port": self.controller_port},
             "object_store": {"kind": "s3", "endpoint_url": store.endpoint_url, "bucket": store.bucket,
                              "region": store.region,

@@ -55,7 +55,7 @@ from warm_pool.policy.decide import (
     WorkerView,
     decide,
 )
-from warm_pool.routes import RouteFeed, route_table
+from warm_pool.routes import RouteFeed, RouteTables
 from warm_pool.status import pool_status
 from warm_pool.traffic import Traffic
 
@@ -73,7 +73,8 @@ class PoolManager:
     builds both): it leads or follows, adopts the fleet, and each turn decides, acts and
     publishes routes. What it learns of the fleet anew with each term of leading is its
     own: ``fleet`` (facts and heartbeats), ``instances``, ``traffic``, ``actuator``,
-    ``feed`` (the route table) and ``state`` (the policy's)."""
+    ``routes`` and ``feed`` (the route table, and its long poll), ``judging`` and
+    ``state`` (the policy's)."""
 
     def __init__(self, parts: PoolParts, *, poll_interval_s: float, adopt_grace_s: float,
                  refresh_interval_s: float | None, epoch: str) -> None:
@@ -113,6 +114,7 @@ class PoolManager:
                                  events=p.event_log, metrics=p.metrics, wake=wake,
                                  refresh_soon=self.instances.refresh_soon, revision_of=p.model_admin.revision)
         self.feed = RouteFeed(epoch)
+        self.routes = RouteTables()
         self.adopt_until: float | None = None
         self.adopted = False
         p.metrics.adopted.set(0)
@@ -383,8 +385,8 @@ class PoolManager:
         """Ready replicas per model; ``views`` when the caller derived them already."""
         views = self.fleet.views(now) if views is None else views
         admin = self.parts.model_admin
-        return route_table(self.cfg, self.fleet.facts, views, self.state, now, revisions=admin.revision,
-                           outdated=admin.outdated(), previous=self.feed.table.models)
+        return self.routes.build(self.cfg, self.fleet.facts, views, self.state, now, revisions=admin.revision,
+                                 outdated=admin.outdated(), registry_version=admin.version)
 
     async def _publish_routes(self) -> None:
         now = self.clock()

@@ -5,6 +5,8 @@ exactly the table it would have fetched whole."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from thaw.config import parse_config
 from thaw.wire import (
@@ -19,7 +21,7 @@ from thaw.wire import (
 )
 from warm_pool.fleet.view import WorkerFacts
 from warm_pool.policy.decide import ModelState, PolicyState, WorkerView
-from warm_pool.routes import RouteFeed, route_changes, route_table
+from warm_pool.routes import RouteFeed, RouteTables, route_changes, route_table
 
 S = WorkerState
 NOW = 1000.0
@@ -96,6 +98,64 @@ def test_a_route_unchanged_since_the_last_table_is_that_tables_very_object() -> 
     assert table == route_table(CFG, facts, views, state, NOW)
     # a: unchanged, reused; b: a replica ready; a-lora: a failure.
     assert [name for name in table if table[name] is last[name]] == ["a"]
+
+
+# One step of a fleet's life, as the incremental tables see it: a worker changes state
+# or model (or its adapter), a model fails or recovers, a backoff ends, a roll starts,
+# the config loses or gains a model, or nothing happens but a heartbeat.
+STEPS = st.lists(st.tuples(st.sampled_from(["worker", "fail", "recover", "time", "roll", "config", "beat"]),
+                           st.integers(0, 3), st.sampled_from([S.READY, S.LOADING, S.STANDBY]),
+                           st.sampled_from(["a", "b", None])), min_size=1, max_size=25)
+SMALLER = parse_config({**CFG.model_dump(mode="json", exclude={"data_dir"}),
+                        "models": [m for m in CFG.model_dump(mode="json")["models"] if m["name"] != "b"]})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=STEPS)
+def test_tables_kept_up_by_what_changed_equal_tables_built_whole(
+        steps: list[tuple[str, int, WorkerState, str | None]]) -> None:
+    workers = {f"w{i}": worker(f"w{i}", S.STANDBY, None) for i in range(4)}
+    cfg, models, now, revision, version = CFG, {}, NOW, 1, 0
+    tables = RouteTables()
+    for kind, i, state, model in steps:
+        wid = f"w{i}"
+        if kind == "worker":
+            lora = (("a-lora", "ready"),) if model == "a" and i % 2 else ()
+            workers[wid] = worker(wid, state if model else S.STANDBY, model, adapters=lora, revision=revision)
+        elif kind == "beat":  # the same facts, a new status object
+            f, v = workers[wid]
+            workers[wid] = (WorkerFacts(worker_id=f.worker_id, shape="cpu", status=f.status.model_copy()
+                                        if f.status else None, heard_at=now), v)
+        elif kind == "fail":
+            models[model or "a-lora"] = ModelState(failures=1, last_error="boom", backoff_until=now + 2 * i,
+                                                   last_failure_kind="engine")
+        elif kind == "recover":
+            models.pop(model or "a", None)
+        elif kind == "time":
+            now += i
+        elif kind == "roll":
+            revision, version = revision + 1, version + 1
+        else:
+            cfg = SMALLER if cfg is CFG else CFG
+        facts, views = fleet(*workers.values())
+        state = PolicyState(models=dict(models))
+        outdated = {"a": frozenset(range(1, revision))} if revision > 1 else {}
+        kept = tables.build(cfg, facts, views, state, now, revisions=lambda m, r=revision: r, outdated=outdated,
+                            registry_version=version)
+        whole = route_table(cfg, facts, views, state, now, revisions=lambda m, r=revision: r, outdated=outdated)
+        assert kept == whole
+    assert tables.routed <= len(cfg.models)
+
+
+def test_an_idle_fleet_routes_no_model_again() -> None:
+    facts, views = fleet(worker("w1", S.READY, "a"), worker("w2", S.STANDBY, None))
+    tables = RouteTables()
+    first = tables.build(CFG, facts, views, PolicyState(), NOW, revisions=lambda m: None, outdated={},
+                         registry_version=0)
+    assert tables.routed == 3
+    again = tables.build(CFG, facts, views, PolicyState(), NOW + 1, revisions=lambda m: None, outdated={},
+                         registry_version=0)
+    assert tables.routed == 0 and again == first and all(again[n] is first[n] for n in first)
 
 
 # -- the feed's changes and deltas -----------------------------------------------------------
