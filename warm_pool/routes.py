@@ -55,8 +55,11 @@ def route_table(cfg: ThawConfig, facts: Mapping[str, WorkerFacts], views: dict[s
     models: dict[str, ModelRoute] = {}
     todo: Iterable[Model] = cfg.models
     if only is not None and previous is not None:
+        # ``only`` names the models added and removed too: the others are as they were.
         todo = [m for name in only if (m := cfg.model(name)) is not None and m.name == name]
-        models = {m.name: r for m in cfg.models if (r := previous.get(m.name)) is not None}
+        models = dict(previous)
+        for name in only:
+            models.pop(name, None)
     for m in todo:
         if m.base is not None:
             ready, loading = _adapter_replicas(m, holding.get(m.name, []), facts, views)

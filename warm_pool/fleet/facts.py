@@ -20,7 +20,7 @@ from typing import Any
 from thaw.config import ThawConfig
 from thaw.log import get_logger
 from thaw.wire import HeartbeatReply, WorkerStatus
-from warm_pool.fleet.view import INTENT_TTL_S, WorkerFacts, derive_view
+from warm_pool.fleet.view import INTENT_TTL_S, WorkerFacts, derive_view, view_valid_until
 from warm_pool.metrics import PoolMetrics
 from warm_pool.policy.decide import WorkerView
 from warm_pool.providers.provider import InstanceState
@@ -62,6 +62,8 @@ class FleetFacts:
         self.busy: set[str] = set()
         # Workers that refused a packed engine, and when.
         self._pack_refused: dict[str, float] = {}
+        # Each worker's last view: its facts, boot and heartbeat timeouts, until when it holds.
+        self._derived: dict[str, tuple[WorkerFacts, float, float, float, WorkerView]] = {}
 
     # -- facts (the one place they change) -----------------------------------------
     def observe(self, worker_id: str, shape: str, **changes: Any) -> WorkerFacts:
@@ -202,11 +204,23 @@ class FleetFacts:
             # providers still report exits and stops.
             timeout = float("inf")
         out = {}
+        derived: dict[str, tuple[WorkerFacts, float, float, float, WorkerView]] = {}
         for wid, f in self.facts.items():
             shape = cfg.shape(f.shape)
-            v = derive_view(f, now, boot_timeout_s=shape.boot_timeout_s if shape else 600.0,
-                            worker_timeout_s=timeout)
+            boot = shape.boot_timeout_s if shape else 600.0
+            # The last view, while its facts are the same object and no time its rules
+            # compare with has come (with 1,000 workers, deriving every view each turn
+            # was a third of an idle turn; a heartbeat replaces a worker's facts).
+            last = self._derived.get(wid)
+            if last is not None and last[0] is f and last[1] == boot and last[2] == timeout and now < last[3]:
+                derived[wid] = last
+                v = last[4]
+            else:
+                v = derive_view(f, now, boot_timeout_s=boot, worker_timeout_s=timeout)
+                derived[wid] = (f, boot, timeout, view_valid_until(f, v, now, boot_timeout_s=boot, worker_timeout_s=timeout),
+                                v)
             if v.capacity_bytes and now - self._pack_refused.get(wid, -PACK_REFUSED_S) < PACK_REFUSED_S:
                 v = replace(v, capacity_bytes=0)
             out[wid] = v
+        self._derived = derived
         return out

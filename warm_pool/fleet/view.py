@@ -9,6 +9,7 @@ reflected) — and :func:`derive_view` computes the state the policy sees, as
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -179,6 +180,26 @@ def derive_view(f: WorkerFacts, now: float, *, boot_timeout_s: float, worker_tim
             return view(WorkerState.DRAINING)
         return view(WorkerState.ASLEEP, i.model, i.assignment_id, since=i.at)
     return view(st.state, st.model, st.assignment_id, st.error, st.state_since)
+
+
+def view_valid_until(f: WorkerFacts, v: WorkerView, now: float, *, boot_timeout_s: float,
+                     worker_timeout_s: float) -> float:
+    """Until when :func:`derive_view` gives ``v`` (derived at ``now``) for the same facts:
+    the first of the times after ``now`` its rules compare the time with (a call's intent
+    going stale, an adapter intent's, a boot deadline, a heartbeat's timeout; each
+    answers one way before it and the other after), a hair early. An unreachable
+    worker's view names how long it has been silent: derived anew each time."""
+    if v.state is WorkerState.UNREACHABLE:
+        return -math.inf
+    times = [x.at + INTENT_TTL_S for x in (f.intent, *f.adapter_intents) if x is not None]
+    if f.heard_at is not None:
+        times.append(f.heard_at + worker_timeout_s)
+    else:
+        started = f.instance.launched_at if f.instance is not None else math.inf
+        if f.restarted_at is not None:
+            started = max(started, f.restarted_at)
+        times.append(max(started + boot_timeout_s, (f.adopted_at or 0.0) + worker_timeout_s))
+    return min((t for t in times if t > now), default=math.inf) - 1e-6
 
 
 def count_states(states: Iterable[WorkerState | str | None]) -> dict[str, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from thaw.wire import WorkerState, WorkerStatus
-from warm_pool.fleet.view import Intent, WorkerFacts, derive_view
+from warm_pool.fleet.view import Intent, WorkerFacts, derive_view, view_valid_until
 from warm_pool.providers.provider import Instance, InstanceState
 
 S = WorkerState
@@ -84,3 +84,19 @@ def test_reasons_say_what_happened() -> None:
     late = derive_view(facts(instance=inst(launched_at=NOW - 400)), NOW, boot_timeout_s=BOOT,
                        worker_timeout_s=SILENT)
     assert late.error == "did not register within 300 s of its launch"
+
+
+@pytest.mark.parametrize(("name", "f", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_a_view_holds_until_the_first_time_its_rules_compare_with(
+        name: str, f: WorkerFacts, expected: WorkerState) -> None:
+    # The controller keeps each worker's last view while its facts are the same and
+    # that time has not come (warm_pool.fleet.facts): derived anew at any moment before
+    # it, the view is the same; past it, at least one rule may answer otherwise.
+    v = derive_view(f, NOW, boot_timeout_s=BOOT, worker_timeout_s=SILENT)
+    until = view_valid_until(f, v, NOW, boot_timeout_s=BOOT, worker_timeout_s=SILENT)
+    if v.state is S.UNREACHABLE:
+        assert until < NOW
+        return
+    assert until > NOW
+    for t in (NOW + (until - NOW) * k / 8 for k in range(8)) if until != float("inf") else (NOW + 1e6,):
+        assert derive_view(f, t, boot_timeout_s=BOOT, worker_timeout_s=SILENT) == v, t
