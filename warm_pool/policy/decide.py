@@ -50,7 +50,7 @@ calls are modules of their own (named above).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -207,6 +207,33 @@ class Snapshot:
         return {k: tuple(v) for k, v in out.items()}
 
     @cached_property
+    def model_sizes(self) -> dict[str, int]:
+        """Each model's size (by URI) as any worker's cache records it."""
+        out: dict[str, int] = {}
+        for w in self.workers:
+            for c in w.cached:
+                out[c.uri] = max(out.get(c.uri, 0), c.total_bytes)
+        return out
+
+    @cached_property
+    def holding(self) -> dict[str, frozenset[str]]:
+        """The workers that hold some of a model's weights, by its URI."""
+        out: dict[str, set[str]] = {}
+        for w in self.workers:
+            for c in w.cached:
+                out.setdefault(c.uri, set()).add(w.id)
+        return {k: frozenset(v) for k, v in out.items()}
+
+    @cached_property
+    def prebuilt(self) -> dict[str, frozenset[str]]:
+        """The workers that keep an engine, by its class."""
+        out: dict[str, set[str]] = {}
+        for w in self.workers:
+            if w.prebuilt_class is not None:
+                out.setdefault(w.prebuilt_class, set()).add(w.id)
+        return {k: frozenset(v) for k, v in out.items()}
+
+    @cached_property
     def by_shape(self) -> dict[str, tuple[WorkerView, ...]]:
         out: dict[str, list[WorkerView]] = {}
         for w in self.workers:
@@ -315,9 +342,10 @@ class PolicyState:
 
 
 
-def model_bytes(workers: Collection[WorkerView], uri: str) -> int:
-    """The size of the model at ``uri`` as any worker's cache records it (0: unknown)."""
-    return max((c.total_bytes for w in workers for c in w.cached if c.uri == uri), default=0)
+def _standout(snap: Snapshot, uri: str, engine_class: str | None) -> frozenset[str]:
+    """The workers that hold ``uri``'s weights or an engine of ``engine_class``."""
+    held = snap.holding.get(uri, frozenset())
+    return held | snap.prebuilt.get(engine_class, frozenset()) if engine_class else held
 
 
 def expected_load(w: WorkerView, uri: str, total_bytes: int) -> tuple[float, str]:
@@ -347,12 +375,26 @@ def expected_start(w: WorkerView, uri: str, total_bytes: int, engine_class: str 
     return seconds + ENGINE_BUILD_S, tier
 
 
+# Placement weighs every standby that holds the model's weights or an engine of its
+# class, and of the others (which differ only by the read rates each measured) the
+# first this many: a burst of a thousand models on a thousand standbys would otherwise
+# weigh a million pairs in one tick.
+PLACE_SCAN = 64
+
+
 def place(standbys: list[WorkerView], uri: str, total_bytes: int,
-          engine_class: str | None = None) -> tuple[WorkerView, str, float]:
+          engine_class: str | None = None, special: Collection[str] | None = None) -> tuple[WorkerView, str, float]:
     """Take from ``standbys`` the one expected to serve ``uri`` soonest (ties: the first);
-    returns it, its tier and the expected seconds of the load (a swap's or a build's)."""
-    best = min(range(len(standbys)),
-               key=lambda i: (expected_start(standbys[i], uri, total_bytes, engine_class)[0], i))
+    returns it, its tier and the expected seconds of the load (a swap's or a build's).
+    ``special``: the ids of the workers that hold ``uri``'s weights or an engine of
+    ``engine_class`` (None: not known, every standby is weighed); the others are weighed
+    only among the first ``PLACE_SCAN``."""
+    if special is None or len(standbys) <= PLACE_SCAN:
+        weighed: Iterable[int] = range(len(standbys))
+    else:
+        weighed = [i for i, w in enumerate(standbys) if i < PLACE_SCAN or w.id in special] if special \
+            else range(PLACE_SCAN)
+    best = min(weighed, key=lambda i: (expected_start(standbys[i], uri, total_bytes, engine_class)[0], i))
     w = standbys.pop(best)
     _, tier = expected_start(w, uri, total_bytes, engine_class)
     return w, tier, expected_load(w, uri, total_bytes)[0]
@@ -885,8 +927,9 @@ def _place(t: _Tick, m: Model, n: int, reason: AssignReason) -> int:
             aid = t.assignment_id(m.name)
             t.decisions.append(Pack(host, m.name, aid, f"{host}.{aid}", need, reason))
         elif standbys:
-            w, tier, secs = place(standbys, m.uri, model_bytes(t.snap.workers, m.uri),
-                                  t.snap.model_classes.get(m.name))
+            cls = t.snap.model_classes.get(m.name)
+            w, tier, secs = place(standbys, m.uri, t.snap.model_sizes.get(m.uri, 0), cls,
+                                  special=_standout(t.snap, m.uri, cls))
             t.decisions.append(Assign(w.id, m.name, t.assignment_id(m.name), reason, tier, round(secs, 3)))
         elif (taken := to_preempt(t.snap.on_batch, m.shape, t.activity, t.preempted)) is not None:
             # A standby lent to batch work: the online model takes it back now.
@@ -951,8 +994,9 @@ def _batch(t: _Tick) -> None:
             if not standbys:
                 batch_waiting[m.shape] = batch_waiting.get(m.shape, 0) + 1
                 continue
-            w, tier, secs = place(standbys, m.uri, model_bytes(t.snap.workers, m.uri),
-                                  t.snap.model_classes.get(name))
+            cls = t.snap.model_classes.get(name)
+            w, tier, secs = place(standbys, m.uri, t.snap.model_sizes.get(m.uri, 0), cls,
+                                  special=_standout(t.snap, m.uri, cls))
             t.decisions.append(Assign(w.id, name, t.assignment_id(name), "batch", tier, round(secs, 3), batch=True))
     t.batch_extra = batch_launches(t.cfg, batch_waiting)
 

@@ -102,3 +102,15 @@ BACKOFFS = [(0, 2.0, 60.0, 2.0), (1, 2.0, 60.0, 2.0), (2, 2.0, 60.0, 4.0), (3, 2
 @pytest.mark.parametrize(("failures", "base", "cap", "pause"), BACKOFFS)
 def test_launch_backoff(failures: int, base: float, cap: float, pause: float) -> None:
     assert launch_backoff_s(failures, base, cap) == pause
+
+
+def test_placement_among_many_standbys_weighs_every_one_that_holds_the_weights() -> None:
+    # 200 standbys: the one holding the model's weights (the 150th) is found although
+    # only the first PLACE_SCAN of the others are weighed; among those, the first wins.
+    plain = [worker(f"w{i:03d}") for i in range(200)]
+    holder = worker("w150", host=4 * GB)
+    standbys = [*plain[:150], holder, *plain[151:]]
+    w, tier, _ = place(list(standbys), URI, 4 * GB, special=frozenset({"w150"}))
+    assert (w.id, tier) == ("w150", "host")
+    w, _, _ = place(list(standbys), URI, 4 * GB, special=frozenset())
+    assert w.id == "w000"
