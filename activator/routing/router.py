@@ -94,8 +94,8 @@ class Router:
         on_replica: OnReplica | None = None,
         on_keys: Callable[[KeyTable], Awaitable[None]] | None = None,
         keys_version: int | None = None,
-        on_catalog: Callable[[Catalog], Awaitable[None]] | None = None,
-        catalog_version: int | None = None,
+        on_catalog: Callable[[Catalog, Catalog], Awaitable[None]] | None = None,
+        catalog: Catalog | None = None,
         ejection_s: float = 10.0,
     ) -> None:
         self.models = {m.name: m for m in models}
@@ -106,13 +106,14 @@ class Router:
         self._on_replica = on_replica
         # The tables the route table carries the version of (None known: version 0, the
         # controller's before any change): the API keys (``on_keys``) and the models and
-        # tenants in force (``on_catalog``).
+        # tenants in force (``on_catalog``: given the whole catalog and the answer it came
+        # from, a delta or itself; ``catalog``: the one held, which deltas merge into).
         followed: dict[str, Followed] = {}
         if on_keys is not None:
             followed["keys"] = Followed("/v1/keys", KeyTable.model_validate_json, on_keys, keys_version or 0)
         if on_catalog is not None:
             followed["catalog"] = Followed("/v1/catalog", Catalog.model_validate_json, on_catalog,
-                                           catalog_version or 0)
+                                           catalog.version if catalog else 0, merge=Catalog.merged, table=catalog)
         self.feed = ControllerFeed(pool_url, activator_id, on_table=self.apply, report=self.report_body,
                                    followed=followed, token=token, report_interval_s=report_interval_s)
         # Kept for a removed model too: its requests in flight still end here.
@@ -134,6 +135,22 @@ class Router:
         """The models in force changed (the catalog): new ones get routes; a removed
         one's waiting requests are told it does not exist, its requests in flight finish."""
         self.models = {m.name: m for m in models}
+        self._added(models)
+        self._gone([name for name in self._routes if name not in self.models])
+
+    def change_models(self, changed: list[Model], removed: list[str]) -> None:
+        """A delta of the catalog: only the models ``changed`` (added or changed) and
+        ``removed`` differ from those held, as :meth:`set_models` would take them in (a
+        change costs the models it names, not the 10,000 in force)."""
+        for m in changed:
+            self.models[m.name] = m
+        for name in removed:
+            self.models.pop(name, None)
+        self._added(changed)
+        self._gone([name for name in removed if name in self._routes and name not in self.models])
+
+    def _added(self, models: list[Model]) -> None:
+        """Routes for the models of ``models`` that have none yet."""
         held = self.feed.table.models if self.feed.table is not None else {}
         for m in models:
             if m.name not in self._routes:
@@ -142,11 +159,14 @@ class Router:
                 # it again only when it changes, so take it from the table held.
                 if (entry := held.get(m.name)) is not None:
                     self._take(m.name, entry, self.clock())
-        for name, r in self._routes.items():
-            if name not in self.models:
-                gone = NotFound(f"the model {name!r} does not exist", param="model")
-                r.cold.fail_all(gone)
-                r.fair.fail_all(gone)
+
+    def _gone(self, names: list[str]) -> None:
+        """Models no longer in force: their waiting requests are told so."""
+        for name in names:
+            r = self._routes[name]
+            gone = NotFound(f"the model {name!r} does not exist", param="model")
+            r.cold.fail_all(gone)
+            r.fair.fail_all(gone)
 
     def apply(self, table: RouteTable) -> None:
         """Take in a route table from the controller (a whole one, or a delta: only the
