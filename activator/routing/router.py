@@ -134,39 +134,31 @@ class Router:
     def set_models(self, models: list[Model]) -> None:
         """The models in force changed (the catalog): new ones get routes; a removed
         one's waiting requests are told it does not exist, its requests in flight finish."""
-        self.models = {m.name: m for m in models}
-        self._added(models)
-        self._gone([name for name in self._routes if name not in self.models])
+        names = {m.name for m in models}
+        self.models = {}
+        self.change_models(models, [name for name in self._routes if name not in names])
 
     def change_models(self, changed: list[Model], removed: list[str]) -> None:
         """A delta of the catalog: only the models ``changed`` (added or changed) and
-        ``removed`` differ from those held, as :meth:`set_models` would take them in (a
+        ``removed`` differ from those held, taken in as :meth:`set_models` takes them (a
         change costs the models it names, not the 10,000 in force)."""
         for m in changed:
             self.models[m.name] = m
         for name in removed:
             self.models.pop(name, None)
-        self._added(changed)
-        self._gone([name for name in removed if name in self._routes and name not in self.models])
-
-    def _added(self, models: list[Model]) -> None:
-        """Routes for the models of ``models`` that have none yet."""
         held = self.feed.table.models if self.feed.table is not None else {}
-        for m in models:
+        for m in changed:
             if m.name not in self._routes:
                 self._routes[m.name] = self._new_routes(m.name)
                 # Its route came before its catalog did (and went nowhere): a delta sends
                 # it again only when it changes, so take it from the table held.
                 if (entry := held.get(m.name)) is not None:
                     self._take(m.name, entry, self.clock())
-
-    def _gone(self, names: list[str]) -> None:
-        """Models no longer in force: their waiting requests are told so."""
-        for name in names:
-            r = self._routes[name]
-            gone = NotFound(f"the model {name!r} does not exist", param="model")
-            r.cold.fail_all(gone)
-            r.fair.fail_all(gone)
+        for name in removed:
+            if (r := self._routes.get(name)) is not None and name not in self.models:
+                gone = NotFound(f"the model {name!r} does not exist", param="model")
+                r.cold.fail_all(gone)
+                r.fair.fail_all(gone)
 
     def apply(self, table: RouteTable) -> None:
         """Take in a route table from the controller (a whole one, or a delta: only the

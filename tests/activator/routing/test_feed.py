@@ -242,7 +242,7 @@ async def test_catalog_changes_come_as_deltas_and_merge_into_what_a_whole_fetch_
         routes_controller: RoutesController) -> None:
     c = routes_controller
     cfg = make_config()
-    c.catalogs = CatalogFeed(1, cfg)
+    c.catalogs = catalogs = CatalogFeed(1, cfg)
     await c.publish()
     seen: list[tuple[Catalog, Catalog]] = []
     f = catalog_watcher(c.url, seen)
@@ -250,21 +250,21 @@ async def test_catalog_changes_come_as_deltas_and_merge_into_what_a_whole_fetch_
     await f.start()
     try:
         await until("the whole catalog", lambda: followed.held == 1)
-        new = {"uri": "s3://thaw/models/new", "shape": "cpu-local"}
+        new: dict[str, object] = {"uri": "s3://thaw/models/new", "shape": "cpu-local"}
         steps: list[dict[str, dict[str, object] | None]] = [
             {"new": new}, {"other": {"max_context_tokens": 1024}}, {"other": None},
             {"a": {**new, "uri": "s3://thaw/models/a"}, "b": {**new, "uri": "s3://thaw/models/b"}},
             {"new": None, "a": {"max_context_tokens": 512}}]
         for version, step in enumerate(steps, start=2):
             cfg = models(cfg, **step)
-            c.catalogs.changed(version, cfg)
+            catalogs.changed(version, cfg)
             await c.publish()
-            await until(f"version {version} taken", lambda: followed.held == c.catalogs.version,
+            await until(f"version {version} taken", lambda: followed.held == catalogs.version,
                         detail=lambda: str(c.fetches))
             table, answer = seen[-1]
             assert answer.base_version == version - 1 and sorted([*by_name(answer), *answer.removed]) == sorted(step)
             # Merged, it is what a whole fetch gives.
-            whole = c.catalogs.catalog()
+            whole = catalogs.catalog()
             assert by_name(table) == by_name(whole) and table.tenants == whole.tenants and table.version == version
         assert c.fetches[0] == (-1, None) and all(since == base for since, base in c.fetches[1:])
     finally:
