@@ -97,13 +97,20 @@ def create_app(
         cfg = apply_catalog(cfg, known_catalog)
         auth.update_catalog(cfg.tenants, cfg.models)
 
-    async def on_catalog(catalog: Catalog) -> None:
+    async def on_catalog(catalog: Catalog, answer: Catalog | None = None) -> None:
+        """``catalog``: the whole one in force; ``answer``: the controller's answer it was
+        merged from (a delta: the router takes in only the models it names)."""
         live = apply_catalog(service.cfg, catalog)
         service.use_config(live)
         auth.update_catalog(live.tenants, live.models)
-        routes.set_models(live.models)
+        delta = answer if answer is not None and answer.base_version is not None else None
+        if delta is not None:
+            routes.change_models(delta.models, delta.removed)
+        else:
+            routes.set_models(live.models)
         log.info("catalog_updated", version=catalog.version, models=len(catalog.models),
-                 tenants=len(catalog.tenants))
+                 tenants=len(catalog.tenants), changed=len(delta.models) if delta else None,
+                 removed=len(delta.removed) if delta else None)
         try:
             await asyncio.to_thread(catalog_cache.save, catalog)
         except OSError as exc:
@@ -112,7 +119,7 @@ def create_app(
     routes = Router(cfg.models, pool_url, activator_id, token=token, on_replica=on_replica,
                     ejection_s=cfg.server.replica_ejection_s,
                     on_keys=on_keys, keys_version=known_keys.version if known_keys else None,
-                    on_catalog=on_catalog, catalog_version=known_catalog.version if known_catalog else None)
+                    on_catalog=on_catalog, catalog=known_catalog)
     tokens = TokenCounter(store_fetcher) if store_fetcher is not None else None
     # limits.backend redis: shared by every activator; while Redis is away, this one's
     # share is the limit over the activators the controller hears from.

@@ -869,11 +869,42 @@ class ApplyReply(_Msg):
 
 class Catalog(_Msg):
     """``GET /v1/catalog``: the models and tenants in force, as activators serve them;
-    ``version`` moves on every change (the route table carries it)."""
+    ``version`` moves on every change (the route table carries it). The models' order
+    means nothing (a model is known by its name).
+
+    A delta (``base_version`` set; ``GET /v1/catalog?since=V&delta=true`` from a watcher
+    that holds a recent version) is the catalog at ``version`` as changes to the one at
+    ``base_version``: ``models`` holds only the models changed since then (each whole, as
+    it is now), ``removed`` the models gone; ``tenants`` are whole (they are few).
+    ``merged`` applies one (docs/REQUEST_PATH.md, "The catalog feed")."""
 
     version: NonNegativeInt
     models: list[Model]
     tenants: list[Tenant]
+    # A delta: the version it applies to (None: the whole catalog), and the models it removes.
+    base_version: NonNegativeInt | None = None
+    removed: list[str] = []
+
+    def body(self) -> bytes:
+        """Its JSON as ``GET /v1/catalog`` answers it: a whole catalog without the delta's
+        fields, so an activator from before deltas (its catalog forbids unknown fields)
+        reads it still."""
+        return self.model_dump_json(exclude={"base_version", "removed"} if self.base_version is None
+                                    else None).encode()
+
+    def merged(self, update: Catalog) -> Catalog | None:
+        """The whole catalog ``update`` makes of this one: ``update`` itself when whole; a
+        delta applied when it is made from this very version, else None (the holder asks
+        for the whole catalog). A model changed keeps its place, a new one comes last."""
+        if update.base_version is None:
+            return update
+        if update.base_version != self.version or self.base_version is not None:
+            return None
+        models = {m.name: m for m in self.models}
+        models.update((m.name, m) for m in update.models)
+        for name in update.removed:
+            models.pop(name, None)
+        return update.model_copy(update={"models": list(models.values()), "base_version": None, "removed": []})
 
 
 # -- the Files API's index (activators -> the controller) --------------------------------

@@ -6,7 +6,8 @@ The feed holds the whole table (``table``) only to merge the controller's deltas
 it: each answer goes to ``on_table`` (``Router.apply``) as it came, a delta naming only
 the models that changed. A delta on a version this activator does not hold is dropped
 and the whole table asked for. While the controller is away the activator keeps serving
-from the last table.
+from the last table. The catalog is fetched as deltas the same way (``Followed.merge``;
+docs/REQUEST_PATH.md, "The catalog feed").
 """
 
 from __future__ import annotations
@@ -29,15 +30,45 @@ log = get_logger()
 
 @dataclass
 class Followed:
-    """A table the controller versions in the route table (``GET path``)."""
+    """A table the controller versions in the route table (``GET path``).
+
+    ``on`` is given each whole table taken. A table the controller answers with deltas
+    (``merge``: the whole table a delta makes of the one held, None when the delta was
+    made from another version) is asked for with ``since=<held>&delta=true``, and ``on``
+    is given the answer it was merged from too (a delta, or the same whole table)."""
 
     path: str
     parse: Callable[[bytes], Any]
-    on: Callable[[Any], Awaitable[None]]
+    on: Callable[..., Awaitable[None]]
     # The version this activator holds, and the one the last route table named.
     held: int = 0
     listed: int = 0
     wanted: asyncio.Event = field(default_factory=asyncio.Event)
+    merge: Callable[[Any, Any], Any | None] | None = None
+    # The whole table held (``merge``: what deltas merge into; None: none yet), and
+    # whether the next fetch asks for the whole table (a delta did not fit it).
+    table: Any = None
+    whole: bool = False
+
+    def params(self) -> dict[str, Any] | None:
+        """The fetch's query: the version held, for a table that merges deltas."""
+        if self.merge is None:
+            return None
+        return {"since": -1 if self.table is None or self.whole else self.held, "delta": "true"}
+
+    def take(self, update: Any) -> Any | None:
+        """The whole table ``update`` makes (None: a delta that does not fit the table
+        held; the next fetch asks for the whole table)."""
+        if self.merge is None:
+            return update
+        if self.table is not None:
+            table = self.merge(self.table, update)
+        else:
+            table = update if update.base_version is None else None  # a delta needs a table held
+        self.whole = table is None
+        if table is not None:
+            self.table = table
+        return table
 
 
 class ControllerFeed:
@@ -159,15 +190,21 @@ class ControllerFeed:
             await f.wanted.wait()
             f.wanted.clear()
             try:
-                r = await self.controllers.request(self._http, "GET", f.path, timeout=5.0)
+                r = await self.controllers.request(self._http, "GET", f.path, params=f.params(), timeout=5.0)
                 r.raise_for_status()
-                table = f.parse(r.content)
+                update = f.parse(r.content)
             except (httpx.HTTPError, ValueError) as exc:
                 log.warning("table_fetch_failed", path=f.path, error=str(exc) or type(exc).__name__)
                 await asyncio.sleep(0.5)
                 f.wanted.set()
                 continue
-            await f.on(table)
+            table = f.take(update)
+            if table is None:
+                log.info("table_delta_dropped", path=f.path, held=f.held, base=update.base_version,
+                         version=update.version)
+                f.wanted.set()
+                continue
+            await (f.on(table) if f.merge is None else f.on(table, update))
             f.held = table.version
             if f.listed != table.version:
                 f.wanted.set()  # it moved again while this fetch ran

@@ -94,8 +94,8 @@ class Router:
         on_replica: OnReplica | None = None,
         on_keys: Callable[[KeyTable], Awaitable[None]] | None = None,
         keys_version: int | None = None,
-        on_catalog: Callable[[Catalog], Awaitable[None]] | None = None,
-        catalog_version: int | None = None,
+        on_catalog: Callable[[Catalog, Catalog], Awaitable[None]] | None = None,
+        catalog: Catalog | None = None,
         ejection_s: float = 10.0,
     ) -> None:
         self.models = {m.name: m for m in models}
@@ -106,13 +106,14 @@ class Router:
         self._on_replica = on_replica
         # The tables the route table carries the version of (None known: version 0, the
         # controller's before any change): the API keys (``on_keys``) and the models and
-        # tenants in force (``on_catalog``).
+        # tenants in force (``on_catalog``: given the whole catalog and the answer it came
+        # from, a delta or itself; ``catalog``: the one held, which deltas merge into).
         followed: dict[str, Followed] = {}
         if on_keys is not None:
             followed["keys"] = Followed("/v1/keys", KeyTable.model_validate_json, on_keys, keys_version or 0)
         if on_catalog is not None:
             followed["catalog"] = Followed("/v1/catalog", Catalog.model_validate_json, on_catalog,
-                                           catalog_version or 0)
+                                           catalog.version if catalog else 0, merge=Catalog.merged, table=catalog)
         self.feed = ControllerFeed(pool_url, activator_id, on_table=self.apply, report=self.report_body,
                                    followed=followed, token=token, report_interval_s=report_interval_s)
         # Kept for a removed model too: its requests in flight still end here.
@@ -133,17 +134,28 @@ class Router:
     def set_models(self, models: list[Model]) -> None:
         """The models in force changed (the catalog): new ones get routes; a removed
         one's waiting requests are told it does not exist, its requests in flight finish."""
-        self.models = {m.name: m for m in models}
+        names = {m.name for m in models}
+        self.models = {}
+        self.change_models(models, [name for name in self._routes if name not in names])
+
+    def change_models(self, changed: list[Model], removed: list[str]) -> None:
+        """A delta of the catalog: only the models ``changed`` (added or changed) and
+        ``removed`` differ from those held, taken in as :meth:`set_models` takes them (a
+        change costs the models it names, not the 10,000 in force)."""
+        for m in changed:
+            self.models[m.name] = m
+        for name in removed:
+            self.models.pop(name, None)
         held = self.feed.table.models if self.feed.table is not None else {}
-        for m in models:
+        for m in changed:
             if m.name not in self._routes:
                 self._routes[m.name] = self._new_routes(m.name)
                 # Its route came before its catalog did (and went nowhere): a delta sends
                 # it again only when it changes, so take it from the table held.
                 if (entry := held.get(m.name)) is not None:
                     self._take(m.name, entry, self.clock())
-        for name, r in self._routes.items():
-            if name not in self.models:
+        for name in removed:
+            if (r := self._routes.get(name)) is not None and name not in self.models:
                 gone = NotFound(f"the model {name!r} does not exist", param="model")
                 r.cold.fail_all(gone)
                 r.fair.fail_all(gone)

@@ -1,7 +1,7 @@
 """The catalog the controller sends (the models and tenants in force): a deployed model
 is listed and served, a tenant's private model is another tenant's 404, a removed one
-is 404 and its waiting requests are told so, and the last catalog holds across a
-restart without the controller."""
+is 404 and its waiting requests are told so, whole or in a delta, and the last catalog
+holds across a restart without the controller."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.waiting import until
 from thaw.config import ThawConfig
 from thaw.embedded_store import free_port
 from thaw.wire import Catalog, RouteTable
+from warm_pool.registry.catalog import CatalogFeed
 
 
 def catalog(cfg: ThawConfig, version: int, *extra: dict[str, Any], drop: tuple[str, ...] = ()) -> Catalog:
@@ -104,3 +105,47 @@ async def test_a_tenant_made_at_run_time_works_whichever_table_comes_first(tmp_p
         # Removed from the catalog: refused again.
         await routes.feed.followed["catalog"].on(catalog(cfg, 3))
         assert (await client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})).status_code == 401
+
+
+async def test_a_delta_changes_only_the_models_it_names_and_the_whole_catalog_is_kept(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path)
+    app = create_app(cfg, f"http://127.0.0.1:{free_port()}", activator_id="c3")
+    routes = app.state.routes
+    followed = routes.feed.followed["catalog"]
+    every = {"Authorization": f"Bearer {KEY}"}
+    # The controller's side: version 2 holds the config's models, 3 adds a private one.
+    held = catalog(cfg, 2)
+    controller = CatalogFeed(2, cfg.model_copy(update={"models": held.models}))
+    added = catalog(cfg, 3, PRIVATE)
+    controller.changed(3, cfg.model_copy(update={"models": [*held.models, added.models[-1]]}))
+    async with app.router.lifespan_context(app), \
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://act") as client:
+        await followed.on(held, held)
+        delta = controller.answer(2, delta=True)
+        assert [m.name for m in delta.models] == ["acme-chat"]
+        merged = held.merged(delta)
+        assert merged is not None
+        await followed.on(merged, delta)
+        assert "acme-chat" in routes.model_names() and routes.models["acme-chat"] == added.models[-1]
+        # "other" removed by a delta: a request waiting for it is told it no longer exists.
+        waiting = asyncio.create_task(client.post(
+            "/v1/chat/completions", headers=every,
+            json={"model": "other", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
+        await until("a request waiting for other", lambda: routes.status("other").cold_queue, 2)
+        controller.changed(4, cfg.model_copy(update={"models": [m for m in merged.models if m.name != "other"]}))
+        delta = controller.answer(3, delta=True)
+        assert (delta.models, delta.removed) == ([], ["other"])
+        last = merged.merged(delta)
+        assert last is not None
+        await followed.on(last, delta)
+        gone = await waiting
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
+        assert sorted(routes.models) == ["acme-chat", "demo"]
+        assert ids(await client.get("/v1/models", headers=every)) == ["thaw-demo"]
+    # What is kept on disk is the whole catalog, its JSON as the controller's.
+    kept = (cfg.activator_dir("c3") / "catalog.json").read_bytes()
+    assert kept == controller.catalog().body() and Catalog.model_validate_json(kept) == last
+    # A restart holds it: the next fetch asks for a delta from its version.
+    again = create_app(cfg, f"http://127.0.0.1:{free_port()}", activator_id="c3")
+    f = again.state.routes.feed.followed["catalog"]
+    assert f.held == 4 and f.table == last and f.params() == {"since": 4, "delta": "true"}

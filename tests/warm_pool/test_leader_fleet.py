@@ -55,7 +55,7 @@ async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
 
     catalogs: list[Catalog] = []
 
-    async def on_catalog(catalog: Catalog) -> None:
+    async def on_catalog(catalog: Catalog, answer: Catalog) -> None:
         catalogs.append(catalog)
         watcher.set_models(list(catalog.models))
 

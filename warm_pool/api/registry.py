@@ -108,5 +108,7 @@ async def apply(body: ApplyRequest, parts: Parts, who: Actor) -> Response:
 
 
 @router.get("/v1/catalog", response_model=Catalog)
-async def catalog(parts: Parts) -> Response:
-    return reply(parts.model_admin.catalog())
+async def catalog(parts: Parts, since: int = Query(-1, description="the version the watcher holds"),
+                  delta: bool = Query(False, description="the watcher merges deltas: only the models changed "
+                                      "since `since`, when the controller still has those changes")) -> Response:
+    return Response(parts.model_admin.catalogs.body(since, delta=delta), media_type="application/json")

@@ -81,7 +81,7 @@ class Applier:
                 raise RegistryRefused(f"the registry changed while this was checked ({exc}); apply again", 409) \
                     from None
             await reg.reload(version)
-            await reg.tenants_changed(tenants, cfg, version)
+            await reg.tenants_changed(tenants, cfg, version, anew=True)
         for name in batch.tenant_removals:
             await self.tenants.revoke_keys(name, who)
         self.events.record("apply", "operator", outcome="done",

@@ -40,6 +40,7 @@ from thaw.wire import (
 )
 from warm_pool.events import EventLog
 from warm_pool.registry import in_force
+from warm_pool.registry.catalog import CatalogFeed
 from warm_pool.registry.in_force import compose, current_spec
 from warm_pool.registry.store import RegistryStore, StaleRevision, TenantRow
 
@@ -148,6 +149,8 @@ class ModelRegistry:
                                            created_at=clock(), who="config", change="import")
                              for m in base.models], list(base.tenants), clock())
         self._take(*self._read())
+        # What activators fetch; read anew, no change before this version is known.
+        self.catalogs = CatalogFeed(self.version, self.cfg)
         if seeded:
             log.info("registry_seeded", models=[m.name for m in base.models])
         else:
@@ -188,6 +191,7 @@ class ModelRegistry:
         one before it may have changed models and tenants since this one read them)."""
         async with self.lock:
             self._take(*await asyncio.to_thread(self._read))
+            self.catalogs.restart(self.version, self.cfg)
             await self._on_change(self.cfg)
 
     # -- reading ----------------------------------------------------------------------
@@ -195,8 +199,8 @@ class ModelRegistry:
         return ModelRecords(version=self.version, models=sorted(self.records.values(), key=lambda r: r.name))
 
     def catalog(self) -> Catalog:
-        """The models and tenants activators serve (``GET /v1/catalog``)."""
-        return Catalog(version=self.version, models=self.cfg.models, tenants=self.cfg.tenants)
+        """The models and tenants activators serve (the whole of ``GET /v1/catalog``)."""
+        return self.catalogs.catalog()
 
     def revision(self, name: str) -> int | None:
         """The current revision of model ``name`` (None: not deployed)."""
@@ -282,6 +286,7 @@ class ModelRegistry:
             self._hold_one(record.model_copy(update={"revision": None, "removed_at": self._clock(),
                                                      "removed_by": who}))
             self.cfg = cfg
+            self.catalogs.changed(self.version, cfg)
             self.events.record("model", "operator", model=name, outcome="removed",
                                inputs={"who": who, "revision": record.revision})
             await self._on_change(cfg)
@@ -291,11 +296,17 @@ class ModelRegistry:
         """The config in force were ``tenants`` the tenants (raises ``ConfigError``)."""
         return in_force.with_tenants(self.cfg, tenants)
 
-    async def tenants_changed(self, tenants: builtins.list[Tenant], cfg: ThawConfig, version: int) -> None:
+    async def tenants_changed(self, tenants: builtins.list[Tenant], cfg: ThawConfig, version: int, *,
+                              anew: bool = False) -> None:
         """The tenants changed (``warm_pool.registry.tenants``, holding :attr:`lock`): ``cfg`` is
-        :meth:`with_tenants`'s answer for them, ``version`` the registry's."""
+        :meth:`with_tenants`'s answer for them, ``version`` the registry's; ``anew``: every
+        model of ``cfg`` was read anew too (``thaw apply``), so the catalog's history starts over."""
         self.base = self.written.model_copy(update={"tenants": tenants})
         self.cfg, self.version = cfg, version
+        if anew:
+            self.catalogs.restart(version, cfg)
+        else:
+            self.catalogs.changed(version, cfg)
         await self._on_change(cfg)
 
     def _spec(self, name: str) -> dict[str, Any]:
@@ -371,6 +382,7 @@ class ModelRegistry:
         self._hold_one(ModelRecord(name=name, revision=revision.revision,
                                    revisions=[*(record.revisions if record else []), revision]))
         self.cfg = candidate.cfg
+        self.catalogs.changed(self.version, candidate.cfg)
         self.events.record("model", "operator", model=name, outcome=change,
                            inputs={"who": who, "revision": revision.revision, "based_on": based_on,
                                    "from_revision": from_revision, "weights_sha256": weights.manifest_sha256})

@@ -1,5 +1,6 @@
 """The activator's link to the controller: demand signals, what a route table says of
-the versions it follows, and the route feed's deltas merged into the table it holds."""
+the versions it follows, the route feed's deltas merged into the table it holds, and the
+catalog's the same way."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import uvicorn
 from fastapi import FastAPI, Query, Request, Response
 
 from activator.routing.feed import ControllerFeed, Followed
+from tests.activator.support import make_config
 from tests.waiting import until
+from thaw.config import Model, ThawConfig
 from thaw.embedded_store import free_port
-from thaw.wire import ActivityReport, ModelRoute, ReplicaRoute, RouteTable
+from thaw.wire import ActivityReport, Catalog, ModelRoute, ReplicaRoute, RouteTable
+from warm_pool.registry.catalog import CatalogFeed
 from warm_pool.routes import RouteFeed
 
 
@@ -91,10 +95,16 @@ class RoutesController:
     feed: RouteFeed
     polls: list[tuple[int, int | None]] = field(default_factory=list)
     forged: RouteTable | None = None
+    # The catalog behind ``GET /v1/catalog`` (None: none), each fetch's ``since`` and the
+    # answer's base version, and the answer to the next fetch.
+    catalogs: CatalogFeed | None = None
+    fetches: list[tuple[int, int | None]] = field(default_factory=list)
+    forged_catalog: Catalog | None = None
 
     async def publish(self, **replicas: list[str]) -> int:
         await self.feed.publish({m: ModelRoute(served_name=m, replicas=[replica(w) for w in ws])
-                                 for m, ws in replicas.items()}, activators=1, keys_version=0)
+                                 for m, ws in replicas.items()}, activators=1, keys_version=0,
+                                catalog_version=self.catalogs.version if self.catalogs else 0)
         return self.feed.table.version
 
 
@@ -116,6 +126,15 @@ async def routes_controller() -> AsyncIterator[RoutesController]:
         assert table is not None
         c.polls.append((since, table.base_version))
         return Response(table.body(), media_type="application/json")
+
+    @app.get("/v1/catalog")
+    async def catalog(since: int = Query(-1), delta: bool = Query(False)) -> Response:
+        assert c.catalogs is not None
+        answer = c.catalogs.answer(since, delta=delta)
+        if c.forged_catalog is not None:
+            answer, c.forged_catalog = c.forged_catalog, None
+        c.fetches.append((since, answer.base_version))
+        return Response(answer.body(), media_type="application/json")
 
     @app.post("/v1/reports")
     async def reports() -> Response:
@@ -189,5 +208,88 @@ async def test_a_delta_on_another_version_than_the_one_held_makes_the_next_poll_
         # The forged delta was dropped (the router never saw it); the poll after it had no version.
         assert c.polls[1] == (held, held + 4) and c.polls[2] == (-1, None)
         assert [t.base_version for t in seen] == [None, None]
+    finally:
+        await f.close()
+
+
+def models(cfg: ThawConfig, **changes: dict[str, object] | None) -> ThawConfig:
+    """``cfg`` with each model named changed (new fields over its own, or a new model's
+    whole entry) or removed (None): new objects for those only, as the registry makes them."""
+    held = {m.name: m for m in cfg.models}
+    for name, fields in changes.items():
+        if fields is None:
+            held.pop(name)
+        else:
+            old = held.get(name)
+            held[name] = Model.model_validate({**(old.model_dump() if old else {}), "name": name, **fields})
+    return cfg.model_copy(update={"models": list(held.values())})
+
+
+def catalog_watcher(url: str, seen: list[tuple[Catalog, Catalog]]) -> ControllerFeed:
+    async def on(table: Catalog, answer: Catalog) -> None:
+        seen.append((table, answer))
+
+    followed = {"catalog": Followed("/v1/catalog", Catalog.model_validate_json, on, merge=Catalog.merged)}
+    return ControllerFeed(url, "a1", on_table=lambda table: None,
+                          report=lambda: ActivityReport(activator_id="a1", models={}), followed=followed)
+
+
+def by_name(c: Catalog) -> dict[str, Model]:
+    return {m.name: m for m in c.models}
+
+
+async def test_catalog_changes_come_as_deltas_and_merge_into_what_a_whole_fetch_gives(
+        routes_controller: RoutesController) -> None:
+    c = routes_controller
+    cfg = make_config()
+    c.catalogs = catalogs = CatalogFeed(1, cfg)
+    await c.publish()
+    seen: list[tuple[Catalog, Catalog]] = []
+    f = catalog_watcher(c.url, seen)
+    followed = f.followed["catalog"]
+    await f.start()
+    try:
+        await until("the whole catalog", lambda: followed.held == 1)
+        new: dict[str, object] = {"uri": "s3://thaw/models/new", "shape": "cpu-local"}
+        steps: list[dict[str, dict[str, object] | None]] = [
+            {"new": new}, {"other": {"max_context_tokens": 1024}}, {"other": None},
+            {"a": {**new, "uri": "s3://thaw/models/a"}, "b": {**new, "uri": "s3://thaw/models/b"}},
+            {"new": None, "a": {"max_context_tokens": 512}}]
+        for version, step in enumerate(steps, start=2):
+            cfg = models(cfg, **step)
+            catalogs.changed(version, cfg)
+            await c.publish()
+            await until(f"version {version} taken", lambda: followed.held == catalogs.version,
+                        detail=lambda: str(c.fetches))
+            table, answer = seen[-1]
+            assert answer.base_version == version - 1 and sorted([*by_name(answer), *answer.removed]) == sorted(step)
+            # Merged, it is what a whole fetch gives.
+            whole = catalogs.catalog()
+            assert by_name(table) == by_name(whole) and table.tenants == whole.tenants and table.version == version
+        assert c.fetches[0] == (-1, None) and all(since == base for since, base in c.fetches[1:])
+    finally:
+        await f.close()
+
+
+async def test_a_catalog_delta_on_another_version_than_the_one_held_makes_the_next_fetch_whole(
+        routes_controller: RoutesController) -> None:
+    c = routes_controller
+    cfg = make_config()
+    c.catalogs = CatalogFeed(1, cfg)
+    await c.publish()
+    seen: list[tuple[Catalog, Catalog]] = []
+    f = catalog_watcher(c.url, seen)
+    followed = f.followed["catalog"]
+    await f.start()
+    try:
+        await until("the whole catalog", lambda: followed.held == 1)
+        c.forged_catalog = Catalog(version=3, base_version=2, models=[], tenants=[])
+        c.catalogs.changed(2, models(cfg, other=None))
+        await c.publish()
+        await until("the whole catalog again", lambda: followed.held == 2, detail=lambda: str(c.fetches))
+        # The forged delta was dropped (``on`` never saw it); the fetch after it asked for the whole.
+        assert c.fetches == [(-1, None), (1, 2), (-1, None)]
+        assert [(t.version, a.base_version) for t, a in seen] == [(1, None), (2, None)]
+        assert sorted(by_name(seen[-1][0])) == ["demo"]
     finally:
         await f.close()

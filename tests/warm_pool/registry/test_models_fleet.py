@@ -28,7 +28,7 @@ async def test_deploy_reaches_every_activator_serves_on_demand_and_rm_releases(
     seen: dict[str, list[Catalog]] = {"a": [], "b": []}
 
     def watcher(name: str) -> Router:
-        async def on_catalog(catalog: Catalog) -> None:
+        async def on_catalog(catalog: Catalog, answer: Catalog) -> None:
             seen[name].append(catalog)
             w.set_models(list(catalog.models))
 
