@@ -66,6 +66,9 @@ log = get_logger()
 
 # How often stored responses past their retention are deleted.
 RESPONSES_PURGE_INTERVAL_S = 3600.0
+# How often, at most, the keep-alive histograms are saved (a crash loses at most this
+# much of what they learnt; a clean stop saves them).
+KEEPALIVE_SAVE_S = 10.0
 
 
 class PoolManager:
@@ -102,7 +105,9 @@ class PoolManager:
         self.epoch = epoch
         self.state = PolicyState(epoch=epoch, models={
             name: ModelState(idle_histogram=h) for name, h in p.store.load_histograms(self.cfg).items()})
-        self._saved_histograms = {n: ms.idle_histogram for n, ms in self.state.models.items()}
+        self._saved_histograms = {n: ms.idle_histogram for n, ms in self.state.models.items()
+                                  if ms.idle_histogram.total()}
+        self._keepalive_saved_at = float("-inf")
         budgets, clock, wake = p.budgets, p.clock, p.wake.set
         self.fleet = FleetFacts(config=lambda: budgets.cfg, clock=clock, epoch=epoch, metrics=p.metrics, wake=wake)
         self.instances = InstanceWatch(p.providers, self.fleet, clock=clock,
@@ -208,6 +213,8 @@ class PoolManager:
         await self.stop_deciding()
         await self.actuator.cancel()
         await self._flush_events()
+        if self.adopted and self.leading:
+            await self._save_keepalive(now=True)
         if p.leadership is not None:
             await p.leadership.close()
         await self.instances.close()
@@ -216,8 +223,16 @@ class PoolManager:
         p.model_admin.store.close()
 
     # -- what outlives a restart -----------------------------------------------------
-    async def _save_keepalive(self) -> None:
-        current = {n: ms.idle_histogram for n, ms in self.state.models.items()}
+    async def _save_keepalive(self, *, now: bool = False) -> None:
+        """The models' keep-alive histograms into the state database: those that learnt
+        something, at most every ``KEEPALIVE_SAVE_S`` (each save writes them all: with
+        thousands of models, once per change of any was most of a deploy's cost), and
+        at once when ``now`` (a clean stop)."""
+        at = self.clock()
+        if not now and at - self._keepalive_saved_at < KEEPALIVE_SAVE_S:
+            return
+        self._keepalive_saved_at = at
+        current = {n: ms.idle_histogram for n, ms in self.state.models.items() if ms.idle_histogram.total()}
         if current == self._saved_histograms:
             return
         try:
