@@ -17,8 +17,10 @@ At each size (models x workers), on loopback, it starts:
 
 Then it measures, in this order:
 
-- **deploy**: every model created through ``POST /v1/admin/models`` (8 at a time), the
-  seconds each took, and how that grows from the first tenth to the last;
+- **deploy**: the models through the registry's API: above ``--deploy-sample`` (1,000),
+  the rest first in one ``POST /v1/admin/apply``, then the sample one by one through
+  ``POST /v1/admin/models`` (8 at a time): the seconds each took with the registry
+  (nearly) full, and how that grows from the first tenth to the last;
 - **idle**: the controller's turn of the loop (``thaw_pool_step_seconds``) over
   ``--idle-s`` with nothing to do, and every process's memory (RSS) and CPU;
 - **burst**: ``--burst`` models at zero (each its own), one streaming request each, all
@@ -62,6 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activators", type=int, default=4, help="activator processes (default 4)")
     p.add_argument("--burst", type=int, default=1000,
                    help="models at zero that each get one request within a second (at most the workers; default 1000)")
+    p.add_argument("--deploy-sample", type=int, default=1000,
+                   help="models deployed one by one at each size, after the rest in one apply (default 1000)")
     p.add_argument("--load-s", type=float, default=1.0, help="a simulated engine's load, seconds (default 1)")
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds of the idle sample (default 10)")
     p.add_argument("--work-dir", type=Path, default=None, help="keep the run's files here (default: a temp dir)")
@@ -287,17 +291,31 @@ class Plane:
         return out
 
     # -- the scenarios -----------------------------------------------------------------------
-    def deploy(self) -> dict[str, Any]:
-        """Every model through the registry's API, ``DEPLOY_CONCURRENCY`` at a time."""
+    def spec(self) -> dict[str, Any]:
+        return {"uri": self.model_uri, "shape": SHAPE, "max_context_tokens": 256,
+                "autoscaling": {"idle_grace_s": 3600, "activation_timeout_s": 120}}
+
+    def deploy(self, sample: int) -> dict[str, Any]:
+        """The models through the registry's API: all but the last ``sample`` in one
+        ``POST /v1/admin/apply`` (a whole file of models), then those one by one through
+        ``POST /v1/admin/models``, ``DEPLOY_CONCURRENCY`` at a time: each deploy's cost
+        with the registry (nearly) full."""
         import httpx
 
         names = [f"m{i:05d}" for i in range(self.models)]
+        bulk, names = names[:max(len(names) - sample, 0)], names[max(len(names) - sample, 0):]
+        out: dict[str, Any] = {}
+        if bulk:
+            t0 = time.perf_counter()
+            r = httpx.post(f"{self.controller_url}/v1/admin/apply", headers=self.headers, timeout=1800,
+                           json={"models": [{"name": n, **self.spec()} for n in bulk]})
+            r.raise_for_status()
+            out["applied"] = {"models": len(bulk), "wall_s": round(time.perf_counter() - t0, 2)}
         took = [0.0] * len(names)
         failed: list[str] = []
 
         async def one(client: httpx.AsyncClient, i: int, gate: asyncio.Semaphore) -> None:
-            body = {"name": names[i], "spec": {"uri": self.model_uri, "shape": SHAPE, "max_context_tokens": 256,
-                                               "autoscaling": {"idle_grace_s": 3600, "activation_timeout_s": 120}}}
+            body = {"name": names[i], "spec": self.spec()}
             async with gate:
                 t0 = time.perf_counter()
                 r = await client.post("/v1/admin/models", json=body)
@@ -316,7 +334,7 @@ class Plane:
         if failed:
             raise RuntimeError(f"{len(failed)} deploys failed, e.g. {failed[:3]}")
         tenth = max(1, len(took) // 10)
-        return {"models": len(names), "wall_s": round(wall, 2), "per_s": round(len(names) / wall, 1),
+        return {**out, "models": len(names), "wall_s": round(wall, 2), "per_s": round(len(names) / wall, 1),
                 "p50_s": percentile(took, 50), "p99_s": percentile(took, 99),
                 "first_tenth_p50_s": percentile(took[:tenth], 50), "last_tenth_p50_s": percentile(took[-tenth:], 50)}
 
@@ -487,8 +505,9 @@ def run(args: argparse.Namespace) -> int:
             try:
                 plane.start_controller_and_fleet()
                 row: dict[str, Any] = {"models": models, "workers": workers, "activators": args.activators}
-                row["deploy"] = plane.deploy()
-                _log(f"deployed {models} models in {row['deploy']['wall_s']} s")
+                row["deploy"] = plane.deploy(args.deploy_sample)
+                _log(f"deployed {models} models ({row['deploy'].get('applied')} applied at once, then "
+                     f"{row['deploy']['models']} one by one in {row['deploy']['wall_s']} s)")
                 plane.start_activators()
                 row["idle"] = plane.idle(args.idle_s)
                 row["burst"] = plane.burst(min(args.burst, workers, models))
@@ -502,7 +521,8 @@ def run(args: argparse.Namespace) -> int:
     report = {"benchmark": "control-plane", "runs": runs, "growth": growth(runs), "model": model,
               "environment": _environment(),
               "settings": {"sizes": args.sizes, "activators": args.activators, "burst": args.burst,
-                           "load_s": args.load_s, "idle_s": args.idle_s, "wall_s": round(time.time() - started, 1)}}
+                           "load_s": args.load_s, "idle_s": args.idle_s, "deploy_sample": args.deploy_sample,
+                           "wall_s": round(time.time() - started, 1)}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     _log(f"wrote {args.out}")
