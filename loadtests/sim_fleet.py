@@ -74,6 +74,9 @@ class SimWorker:
     # Counters the harness reads (GET /stats).
     assigns: int = 0
     releases: int = 0
+    # While set, its heartbeats are not sent: a worker cut off from the controllers (or
+    # one a takeover's new leader hears from late).
+    silent: bool = False
 
     def status(self) -> WorkerStatus:
         a = self.assignment
@@ -127,6 +130,8 @@ class SimFleet:
             w.changed.clear()
             body = w.status().model_dump_json()
             try:
+                if w.silent:
+                    raise httpx.ConnectError("this simulated worker is cut off from the controllers")
                 r = await self.controllers.request(self._http, "POST", HEARTBEAT_PATH, content=body,
                                                    headers={"content-type": "application/json"})
                 if r.status_code == 200:
