@@ -2,13 +2,15 @@
 bench control-plane`): each speaks the worker protocol to the real controller and
 activators, and only its engine is simulated.
 
-    python -m loadtests.sim_fleet --port P --controller URL --token T --workers 1000 [--load-s 1.0]
+    python -m loadtests.sim_fleet --port P --controller URL[,URL] --token T --workers 1000 [--load-s 1.0]
 
 Per worker, as ``worker/`` does it:
 
 - heartbeats (a :class:`thaw.wire.WorkerStatus` to ``/v1/workers/heartbeat``) every
   interval the controller's reply asks for, and at once on every state change; the
   reply's term fences control calls of an older leader (409, as ``worker/fence.py``);
+  among several controllers they go to the leader (``thaw.controllers``), so a
+  takeover at fleet size can be measured;
 - its control API under ``/w/<worker id>``: ``POST /assign`` (202; the same assignment
   again is a no-op; any other while not standing by is a 409), ``POST /release``
   (draining until its requests in flight end, then standby), ``GET /state``; what a
@@ -38,7 +40,7 @@ import httpx
 from pydantic import ValidationError
 
 from loadtests.fast_upstream import Upstream, _send, serve_connection
-from thaw.controllers import TERM_HEADER
+from thaw.controllers import TERM_HEADER, Controllers
 from thaw.wire import (
     AssignRequest,
     HeartbeatReply,
@@ -72,6 +74,9 @@ class SimWorker:
     # Counters the harness reads (GET /stats).
     assigns: int = 0
     releases: int = 0
+    # While set, its heartbeats are not sent: a worker cut off from the controllers (or
+    # one a takeover's new leader hears from late).
+    silent: bool = False
 
     def status(self) -> WorkerStatus:
         a = self.assignment
@@ -97,7 +102,8 @@ class SimFleet:
                  first_heartbeat_within_s: float = 2.0) -> None:
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
-        self.controller_url = controller_url.rstrip("/")
+        # ``URL[,URL]``: heartbeats go to the leader among the controllers.
+        self.controllers = Controllers(controller_url)
         self.token = token
         self.load_s = load_s
         self.workers = {wid: SimWorker(wid, shape, f"{self.base}/w/{wid}", f"{self.base}/e/{wid}")
@@ -124,8 +130,10 @@ class SimFleet:
             w.changed.clear()
             body = w.status().model_dump_json()
             try:
-                r = await self._http.post(self.controller_url + HEARTBEAT_PATH, content=body,
-                                          headers={"content-type": "application/json"})
+                if w.silent:
+                    raise httpx.ConnectError("this simulated worker is cut off from the controllers")
+                r = await self.controllers.request(self._http, "POST", HEARTBEAT_PATH, content=body,
+                                                   headers={"content-type": "application/json"})
                 if r.status_code == 200:
                     reply = HeartbeatReply.model_validate_json(r.content)
                     self.interval_s = reply.interval_s
@@ -269,7 +277,7 @@ class SimFleet:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--controller", required=True, help="the controller's URL")
+    p.add_argument("--controller", required=True, help="the controller's URL (URL,URL: several, one leads)")
     p.add_argument("--token", required=True, help="the cluster token")
     p.add_argument("--workers", type=int, default=100)
     p.add_argument("--shape", default="sim")

@@ -259,7 +259,14 @@ class PoolManager:
     def heartbeat(self, status: WorkerStatus) -> HeartbeatReply:
         """A worker's heartbeat (:meth:`FleetFacts.heartbeat`: raises ``UnknownInstance``),
         answered with this leader's term."""
+        known = self.fleet.facts.get(status.worker_id)
         reply = self.fleet.heartbeat(status)
+        if self.adopted and (known is None or known.status is None) and status.model is not None \
+                and status.state in (WorkerState.READY, WorkerState.LOADING):
+            # Serving when first heard, after the adoption (a static pool's worker that
+            # reached a new leader late): adopted as those found at the adoption are, its
+            # idle grace from now, not let go as a replica never used.
+            self.traffic.adopted([status.model], self.clock())
         return reply if self.term is None else reply.model_copy(update={"term": self.term})
 
     # -- the loop -------------------------------------------------------------------

@@ -103,7 +103,13 @@ class Traffic:
             cur = out.get(name, ModelActivity())
             last = max(filter(None, (cur.last_request_at, at)), default=None)
             out[name] = ModelActivity(cur.queued, cur.in_flight, last)
-        for name, at in self.demand_at.items():
+        for name, at in list(self.demand_at.items()):
+            if now - at > REPORT_TTL_S:
+                # As old as a report that no longer counts: the activators' reports have
+                # said since what it said (a request came), or nobody does. Kept, every
+                # model ever signalled would cost each tick (1,000 after a burst).
+                del self.demand_at[name]
+                continue
             cur = out.get(name, ModelActivity())
             # A demand signal counts as one queued request until a report covers it.
             recent = now - at < 2.0 and not cur.queued

@@ -5,17 +5,14 @@ call of an older leader's term."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import pytest
 
 from loadtests.sim_fleet import SimFleet
 from tests import waiting
+from tests.warm_pool.at_scale import sim_fleet
 from tests.warm_pool.in_process import TOKEN, controller, fleet_config, states, until
 from thaw.controllers import TERM_HEADER
 from thaw.embedded_store import free_port
@@ -25,27 +22,13 @@ from warm_pool.providers.static import StaticProvider
 WORKERS = 3
 
 
-@contextlib.asynccontextmanager
-async def sim_fleet(controller_url: str, **kw: Any) -> AsyncIterator[SimFleet]:
-    fleet = SimFleet(free_port(), controller_url, TOKEN, workers=WORKERS, shape="cpu-local", **kw)
-    ready = asyncio.Event()
-    task = asyncio.create_task(fleet.serve(ready))
-    await asyncio.wait_for(ready.wait(), 10)
-    try:
-        yield fleet
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 async def test_simulated_workers_register_serve_and_are_released_when_idle() -> None:
     base = fleet_config()
     pool = base.pools[0].model_copy(update={"standby_min": WORKERS, "standby_max": WORKERS, "max_instances": WORKERS})
     cfg = base.model_copy(update={"pools": [pool]})
     port = free_port()
     async with controller(cfg, StaticProvider(), port, adopt_grace_s=1.0) as c, \
-            sim_fleet(c.url, load_s=0.2, first_heartbeat_within_s=0.2) as fleet:
+            sim_fleet(c.url, WORKERS, load_s=0.2, first_heartbeat_within_s=0.2) as fleet:
         m = c.manager
         await until("every simulated worker adopted, standing by",
                     lambda: m.adopted and list(states(m).values()) == ["standby"] * WORKERS, m)

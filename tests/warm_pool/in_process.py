@@ -25,7 +25,7 @@ from warm_pool.app import create_pool_app
 from warm_pool.assembly import build_pool
 from warm_pool.fleet.control import HttpWorkerControl
 from warm_pool.manager import PoolManager
-from warm_pool.providers.provider import Instance, InstanceState
+from warm_pool.providers.provider import Instance, InstanceState, Provider
 from worker.api import create_app
 from worker.host import OnEvent
 from worker.settings import AgentSettings
@@ -164,7 +164,7 @@ class Controller:
 
 
 @asynccontextmanager
-async def controller(cfg: ThawConfig, provider: InProcessProvider, port: int, **kw: Any) -> AsyncIterator[Controller]:
+async def controller(cfg: ThawConfig, provider: Provider, port: int, **kw: Any) -> AsyncIterator[Controller]:
     """The controller's app (with the cluster token) serving ``provider``'s shape."""
     m = build_pool(cfg, {p.shape: provider for p in cfg.pools}, HttpWorkerControl(TOKEN),  # type: ignore[misc]
                    poll_interval_s=0.05, adopt_grace_s=kw.pop("adopt_grace_s", 0.3), refresh_interval_s=0.2, **kw)

@@ -253,6 +253,35 @@ async def test_adoption_waits_for_every_running_worker_to_report() -> None:
     assert "i-w-standby" not in provider.terminated and "i-w-ready" not in provider.terminated
 
 
+async def test_a_worker_first_heard_after_the_adoption_keeps_its_replica_as_one_found_at_it() -> None:
+    """A static pool's workers are known by their heartbeats alone, so a new leader adopts
+    once its grace has passed; a serving worker whose first heartbeat comes later (it was
+    still trying the dead leader) holds a model this leader never saw used. Its idle
+    grace starts when it is first heard, as for one found at the adoption: a takeover
+    must not let go of a replica it found serving (it was released at once, as if never
+    used)."""
+    clock = Clock()
+    control = FakeControl(clock)
+    m = await manager(config("static", standby=1), StaticProvider(), control, clock)
+    beat(m, "w-standby", S.STANDBY, clock)
+    clock.t += m.adopt_grace_s
+    await step(m)
+    assert m.adopted and m.traffic.adopted_serving == {}
+    clock.t += 5
+    late = {"model": "demo", "assignment_id": "demo-old-1", "engine_url": "http://w-late:9000",
+            "served_model_name": "thaw-demo"}
+    beat(m, "w-late", S.READY, clock, **late)
+    await step(m)
+    assert control.calls == [] and views(m)["w-late"] == "ready"
+    # Its idle grace (60 s) runs from when it was heard: kept at 59 s, released at 61 s.
+    for dt, calls in ((59, []), (2, ["release"])):
+        clock.t += dt
+        beat(m, "w-late", S.READY, clock, **late)
+        beat(m, "w-standby", S.STANDBY, clock)
+        await step(m)
+        assert [c[0] for c in control.calls] == calls
+
+
 async def test_standby_time_lent_to_batch_is_counted_and_shown() -> None:
     clock = Clock()
     provider, control = FakeProvider(clock), FakeControl(clock)

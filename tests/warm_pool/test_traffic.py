@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from warm_pool.policy.decide import ModelActivity
-from warm_pool.traffic import Traffic
+from warm_pool.traffic import REPORT_TTL_S, Traffic
 
 
 def test_arrivals_are_the_differences_of_each_activators_counter() -> None:
@@ -34,3 +34,15 @@ def test_a_model_first_reported_by_a_known_activator_counts_all_its_arrivals() -
     traffic.report("a", {"tail": ModelActivity(queued=1, last_request_at=99.0)}, arrivals={"hot": 7, "tail": 1})
     taken = traffic.take({})
     assert taken["tail"].arrivals == 1 and taken["hot"].arrivals == 0
+
+
+def test_a_demand_signal_counts_as_queued_until_reported_and_is_forgotten_with_the_reports_of_its_age() -> None:
+    traffic = Traffic(clock=lambda: 100.0, wake=lambda: None)
+    traffic.demand("cold")
+    # A request waits at zero: queued, until a report covers it or 2 s pass.
+    assert traffic.activity(101.0)["cold"] == ModelActivity(queued=1, last_request_at=100.0)
+    assert traffic.activity(103.0)["cold"] == ModelActivity(last_request_at=100.0)
+    # As old as a report that no longer counts (REPORT_TTL_S): forgotten, so the models
+    # of a burst long past cost no tick anything.
+    assert traffic.activity(100.0 + REPORT_TTL_S + 0.1) == {}
+    assert traffic.demand_at == {}
