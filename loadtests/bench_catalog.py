@@ -37,21 +37,16 @@ from activator.auth import Authenticator
 from activator.catalog import CatalogCache
 from activator.keys import TableCache
 from activator.routing.router import Router
-from loadtests.bench_registry_change import base_config, entries
+from loadtests.bench_registry_change import base_config, entries, timed
 from thaw.config import ThawConfig
 from thaw.wire import Catalog
 from warm_pool.registry.catalog import CatalogFeed
 from warm_pool.registry.in_force import with_change, with_models
 
 
-def timed(fn: Callable[[], object], repeat: int) -> float:
+def timed_ms(fn: Callable[[], object], repeat: int) -> float:
     """The median milliseconds of ``repeat`` calls."""
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
+    return timed(fn, repeat) * 1000
 
 
 def measure(base: ThawConfig, n: int, repeat: int, directory: Path) -> dict[str, Any]:
@@ -97,15 +92,15 @@ def measure(base: ThawConfig, n: int, repeat: int, directory: Path) -> dict[str,
     assert merged is not None
     row = {
         "models": n, "whole_bytes": len(whole_body), "delta_bytes": len(delta_body),
-        "whole_ms": timed(lambda: Catalog(version=2, models=deployed.models, tenants=deployed.tenants).body(),
+        "whole_ms": timed_ms(lambda: Catalog(version=2, models=deployed.models, tenants=deployed.tenants).body(),
                           repeat),
         "delta_ms": statistics.median(delta() for _ in range(repeat)),
-        "take_whole_ms": timed(take_whole, repeat),
-        "take_delta_ms": timed(take_delta, repeat),
-        "parse_whole_ms": timed(lambda: Catalog.model_validate_json(whole_body), repeat),
-        "parse_delta_ms": timed(lambda: Catalog.model_validate_json(delta_body), repeat),
-        "save_whole_ms": timed(lambda: before.save(merged), repeat),
-        "save_kept_ms": timed(lambda: after.save(merged), repeat),
+        "take_whole_ms": timed_ms(take_whole, repeat),
+        "take_delta_ms": timed_ms(take_delta, repeat),
+        "parse_whole_ms": timed_ms(lambda: Catalog.model_validate_json(whole_body), repeat),
+        "parse_delta_ms": timed_ms(lambda: Catalog.model_validate_json(delta_body), repeat),
+        "save_whole_ms": timed_ms(lambda: before.save(merged), repeat),
+        "save_kept_ms": timed_ms(lambda: after.save(merged), repeat),
     }
     asyncio.run(router.close())
     return row
