@@ -72,6 +72,9 @@ class Judging:
         if changed is None:
             return None
         changed |= workers | activity | self._watch
+        # A model with batch lines waits for a standby any worker's change may free: it
+        # is judged while its lines wait (batch models are few).
+        changed |= {n for n, lines in snap.batch_demand.items() if lines}
         for old, new in zip(old_inputs, inputs, strict=False):
             changed |= _changed_keys(old, new)
         while self._wakes and self._wakes[0][0] <= now:

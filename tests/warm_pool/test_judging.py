@@ -135,3 +135,25 @@ def test_a_changed_model_entry_is_judged_and_a_changed_pool_judges_all() -> None
     assert judging.select(snap, ThawConfig.model_validate(data), 2.0) == {"m4"}
     data["pools"][0]["standby_max"] = data["pools"][0]["standby_max"] + 1
     assert judging.select(snap, ThawConfig.model_validate(data), 3.0) is None
+
+
+def test_a_model_with_batch_lines_waiting_is_judged_when_a_standby_frees_up() -> None:
+    # bulk's lines wait (its batch demand unchanged) while solo holds the only worker;
+    # when solo's replica is released the standby goes to bulk's batch work.
+    cfg = config(3, standby_min=0, standby_max=0, max_instances=1)
+    judging, state = Judging(), PolicyState()
+    lines = {"m1": 40}
+
+    def tick(now: float, workers: tuple[WorkerView, ...]) -> list[Decision]:
+        nonlocal state
+        snap = Snapshot(workers, batch_demand=lines)
+        names = judging.select(snap, cfg, now)
+        decisions, state = decide(snap, state, cfg, now, only=names)
+        judging.judged(names, snap, state, decisions, now)
+        return decisions
+
+    busy = (WorkerView("w0", "gpu", "ready", model="m0", assignment_id="a"),)
+    tick(0.0, busy)
+    tick(1.0, busy)
+    freed = (WorkerView("w0", "gpu", "standby"),)
+    assert [(type(d), d.model, d.batch) for d in tick(2.0, freed) if isinstance(d, Assign)] == [(Assign, "m1", True)]
