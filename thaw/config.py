@@ -1008,7 +1008,10 @@ class ThawConfig(_Strict):
             **m.engine.extra, "enable_lora": True, "max_loras": lora.max_loras, "max_lora_rank": lora.max_lora_rank}})
 
     def model(self, name: str) -> Model | None:
-        """The model of this name or served name (the first in order that has it)."""
+        """The model of this name or served name (the first in order that has it; None
+        for anything that is not a name, as a request's ``model`` field may be)."""
+        if not isinstance(name, str):
+            return None
         return _models_index(self.models).by_name.get(name)
 
 

@@ -188,3 +188,15 @@ def test_an_adapter_of_an_adapter_is_refused() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(data)
     assert any("base 'a1' is an adapter itself" in p for p in info.value.problems)
+
+
+def test_a_model_is_found_by_name_or_served_name_and_a_non_name_finds_none() -> None:
+    cfg = parse_config({
+        "shapes": [{"name": "cpu", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 8, "price_per_hour_usd": 0}],
+        "models": [{"name": "a", "uri": "s3://thaw/a", "shape": "cpu", "served_name": "alpha"},
+                   {"name": "b", "uri": "s3://thaw/b", "shape": "cpu"},
+                   {"name": "a-lora", "base": "a", "adapter_uri": "s3://thaw/a-lora"}]})
+    assert cfg.model("a") is cfg.model("alpha") is cfg.models[0] and cfg.model("b") is cfg.models[1]
+    assert cfg.model("nope") is None and [m.name for m in cfg.adapters_of("a")] == ["a-lora"]
+    # A request's "model" that is not a string (the fuzzer sends {}) finds no model.
+    assert cfg.model({}) is None and cfg.model(None) is None  # type: ignore[arg-type]
