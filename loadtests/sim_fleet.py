@@ -17,7 +17,9 @@ Per worker, as ``worker/`` does it:
   simulated engine cannot do (``/sleep``, ``/prebuild``, ``/engines``, adapters) is a
   409 naming why;
 - its engine under ``/e/<worker id>``, ready ``--load-s`` after the assignment: it
-  streams completions as :mod:`loadtests.fast_upstream` does, counting those in flight.
+  streams completions as :mod:`loadtests.fast_upstream` does, counting those in flight;
+  a completion sent to a worker with no engine (released, or still loading) has its
+  connection dropped, as a real worker's closed engine port refuses it.
 
 Workers register themselves on a local pool (a local pool admits a worker no provider
 launched), so the controller's provider launches nothing while the pool has standbys.
@@ -233,7 +235,10 @@ class SimFleet:
             return _send(w, 404, {"error": {"message": f"no route {method} /{op}", "type": "not_found"}})
         a = worker.assignment
         if worker.state not in (WorkerState.READY, WorkerState.DRAINING) or a is None:
-            return _send(w, 503, {"error": {"message": f"engine of {wid} is not serving", "type": "unavailable"}})
+            # No engine runs there (released and drained, or not loaded yet): a real
+            # worker's engine port refuses the connection, which the activator retries on
+            # another replica; so the connection is dropped, not answered.
+            raise ConnectionResetError(f"no engine runs on {wid}")
         try:
             req = json.loads(body or b"{}")
         except ValueError:

@@ -96,7 +96,14 @@ class Traffic:
                 del self.reports[rid]
                 continue
             for name, a in rep.models.items():
-                cur = out.get(name, ModelActivity())
+                cur = out.get(name)
+                if cur is None:
+                    # One activator's word as it came (a model is mostly reported by one):
+                    # no new object each tick for each model every report names (every
+                    # model it ever had a request for), and a tick that compares with the
+                    # last one finds it the same object.
+                    out[name] = a
+                    continue
                 last = max(filter(None, (cur.last_request_at, a.last_request_at)), default=None)
                 out[name] = ModelActivity(cur.queued + a.queued, cur.in_flight + a.in_flight, last)
         for name, at in self.adopted_serving.items():

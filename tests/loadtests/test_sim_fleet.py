@@ -48,6 +48,11 @@ async def test_simulated_workers_register_serve_and_are_released_when_idle() -> 
         await until("the replica released and every worker standing by",
                     lambda: fleet.stats()["releases"] == 1 and list(states(m).values()) == ["standby"] * WORKERS, m)
         assert fleet.stats()["assigns"] == 1 and fleet.heartbeats["refused"] == 0
+        # No engine runs there now: a request to it has its connection dropped, as a real
+        # worker's closed engine port refuses it (the activator retries another replica).
+        async with httpx.AsyncClient(timeout=10) as http:
+            with pytest.raises(httpx.TransportError):
+                await http.post(f"{replica.url}/v1/chat/completions", json=body)
 
 
 @pytest.mark.parametrize("busy", [False, True])

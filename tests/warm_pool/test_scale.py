@@ -45,6 +45,9 @@ MODELS, WORKERS = 1000, 50
 # (warm_pool.policy.evict.CAPACITY_GRACE_S), and a refusal is retried anyway.
 CLIENTS = 40
 TOKENS = 3
+# How long a client retries a model refused for capacity: a model still refused after
+# this is an answer that fails the test, not a test that never ends.
+REFUSED_FOR_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -58,15 +61,17 @@ class Answer:
 
 async def ask(http: aiohttp.ClientSession, base: str, model: str) -> Answer:
     """One streamed chat completion of ``model``, retried as a client should on a 503
-    ``pool_at_capacity`` (after its Retry-After). (aiohttp, not httpx: a thousand
-    streams through httpx's connection pool cost this one-process test seconds of CPU.)"""
+    ``pool_at_capacity`` (after its Retry-After), for up to REFUSED_FOR_S; then the
+    refusal is its answer. (aiohttp, not httpx: a thousand streams through httpx's
+    connection pool cost this one-process test seconds of CPU.)"""
     body = {"model": served(model), "stream": True, "max_tokens": TOKENS,
             "messages": [{"role": "user", "content": "hi"}]}
     refusals = 0
+    deadline = time.monotonic() + REFUSED_FOR_S
     while True:
         async with http.post(f"{base}/v1/chat/completions", json=body) as r:
             raw = [line.decode().rstrip("\n") async for line in r.content]
-        if r.status == 503 and '"pool_at_capacity"' in "".join(raw):
+        if r.status == 503 and '"pool_at_capacity"' in "".join(raw) and time.monotonic() < deadline:
             refusals += 1
             await asyncio.sleep(float(r.headers["Retry-After"]))  # not a poll: the client honours Retry-After
             continue
@@ -76,10 +81,11 @@ async def ask(http: aiohttp.ClientSession, base: str, model: str) -> Answer:
 
 
 async def test_a_thousand_models_at_zero_on_fifty_workers_each_answer_their_request(tmp_path: Path) -> None:
-    # A keep-alive of 2 s (replicas let go soon after their request) and heartbeats every
-    # 5 s (a change of state is sent at once): what a thousand models cost the one core
-    # this test has is their cold starts, not idle bookkeeping.
-    cfg = scale_config(tmp_path, models=MODELS, workers=WORKERS, idle_grace_s=2.0, heartbeat_s=5.0)
+    # Keep-alives of ten minutes: a replica is given up only for a waiting model (a full
+    # pool's idle replicas are held by nothing else). Heartbeats every 5 s (a change of
+    # state is sent at once): what a thousand models cost this test is their cold starts,
+    # not idle bookkeeping.
+    cfg = scale_config(tmp_path, models=MODELS, workers=WORKERS, idle_grace_s=600, heartbeat_s=5.0)
     async with controller(cfg, StaticProvider(), free_port(), adopt_grace_s=3.0) as c, \
             sim_fleet(c.url, WORKERS, load_s=0.05) as fleet, activator(cfg, c.url) as act:
         m = c.manager
@@ -87,15 +93,24 @@ async def test_a_thousand_models_at_zero_on_fifty_workers_each_answer_their_requ
                     lambda: m.adopted and list(states(m).values()) == ["standby"] * WORKERS, m, timeout_s=60)
         queue = [name(i) for i in range(MODELS)]
         answers: list[Answer] = []
+        asking: set[str] = set()
 
         async def client() -> None:
             while queue:
-                answers.append(await ask(http, act, queue.pop(0)))
+                model = queue.pop(0)
+                asking.add(model)
+                answers.append(await ask(http, act, model))
+                asking.discard(model)
 
         started = time.monotonic()
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {API_KEY}"},
                                          timeout=aiohttp.ClientTimeout(total=180)) as http:
-            await asyncio.gather(*(client() for _ in range(CLIENTS)))
+            try:
+                async with asyncio.timeout(300):
+                    await asyncio.gather(*(client() for _ in range(CLIENTS)))
+            except TimeoutError:
+                pytest.fail(f"{len(answers)} of {MODELS} answered in 300 s; still asking for {sorted(asking)[:10]}: "
+                            f"{m.status().model_dump_json()[:4000]}")
         took = time.monotonic() - started
         stats = fleet.stats()
         evicted = [e for e in m.parts.event_log.events if e.kind == "release" and e.reason == "evicted"]
@@ -105,11 +120,13 @@ async def test_a_thousand_models_at_zero_on_fifty_workers_each_answer_their_requ
     wrong = [(a.model, a.status) for a in answers if a.status != 200 or not a.done or len(a.chunks) != TOKENS
              or any(ch["model"] != served(a.model) for ch in a.chunks)]
     assert wrong == [], f"{len(wrong)} of {MODELS} not answered whole by their model: {wrong[:10]}"
-    # Twenty times the models the fleet has: most placed on a worker whose idle replica
-    # was evicted for them, each eviction logged with the model it made room for.
+    # Twenty times the models the fleet has, and nothing but an eviction frees a worker
+    # (keep-alives of ten minutes): every model after the first fifty took a worker whose
+    # idle replica was evicted for it (1,000 - 50 = 950 at least), each eviction logged
+    # with the model it made room for.
     metric = m.parts.registry.get_sample_value("thaw_pool_decisions_total", {"kind": "release", "reason": "evicted"})
     assert stats["assigns"] >= MODELS and stats["releases"] >= MODELS - WORKERS, stats
-    assert metric is not None and metric >= MODELS // 4, (metric, stats)
+    assert metric is not None and metric >= MODELS - WORKERS, (metric, stats)
     # (The log keeps its last 5,000 events: the most recent evictions.)
     assert evicted and all(e.inputs["for_model"] not in (None, e.model) for e in evicted)
     print(f"{MODELS} models on {WORKERS} workers in {took:.1f} s: {metric:.0f} evictions, "

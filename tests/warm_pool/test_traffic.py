@@ -46,3 +46,15 @@ def test_a_demand_signal_counts_as_queued_until_reported_and_is_forgotten_with_t
     # of a burst long past cost no tick anything.
     assert traffic.activity(100.0 + REPORT_TTL_S + 0.1) == {}
     assert traffic.demand_at == {}
+
+
+def test_a_model_one_activator_reports_is_taken_as_it_came_and_one_several_report_is_summed() -> None:
+    traffic = Traffic(clock=lambda: 100.0, wake=lambda: None)
+    alone = ModelActivity(queued=1, in_flight=2, last_request_at=99.0)
+    traffic.report("a", {"m": alone, "n": ModelActivity(in_flight=1, last_request_at=98.0)})
+    traffic.report("b", {"n": ModelActivity(queued=2, last_request_at=99.5)})
+    out = traffic.activity(100.0)
+    # The very object reported: every tick between two reports finds it unchanged by
+    # identity (judging compares each model's activity with the last tick's).
+    assert out["m"] is alone and traffic.activity(100.5)["m"] is alone
+    assert out["n"] == ModelActivity(queued=2, in_flight=1, last_request_at=99.5)  # 0 + 2, 1 + 0, the later

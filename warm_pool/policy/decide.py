@@ -312,6 +312,11 @@ class ModelState:
     # its grace (``warm_pool.policy.evict``). The route table's failure kind "capacity": activators
     # answer its requests 503 at once. None: an instance will come, or none wait.
     at_capacity: str | None = None
+    # Its replica was evicted for a waiting model in this idle period: its keep-alive
+    # bet was lost to a request that was there, so it is let go until its next request
+    # (not put back on the next free standby, where the next waiting model would evict
+    # it again; nor judged on every tick for the rest of its keep-alive).
+    evicted: bool = False
 
 
 @dataclass(frozen=True)
@@ -847,9 +852,11 @@ def _model(t: _Tick, m: Model) -> None:
         replicas = [w for w in replicas if w.revision not in stale]
         ready = [w for w in replicas if w.state == "ready"]
     ms = track(ms, act, m, t.cfg, now, t.idle_pools)
+    if ms.evicted and (act.demand or act.arrivals):
+        ms = evolve(ms, evicted=False)  # a request again: its next idle period is a new bet
     window = ms.keep_alive
     assert window is not None  # track judged it
-    keep_warm = ms.idle_since is not None and keep_alive_decision(window, ms.idle_since, now).keep
+    keep_warm = ms.idle_since is not None and not ms.evicted and keep_alive_decision(window, ms.idle_since, now).keep
     result, scale = autoscale(ms.scale, current=max(len(replicas), len(outdated)), now=now, a=a,
                               demand_now=act.demand, keep_warm=keep_warm, loading=len(replicas) - len(ready))
     at_zero_since = None
@@ -974,6 +981,9 @@ def _make_room(t: _Tick) -> None:
         since = [(name, t.models[name].at_zero_since or t.now) for name in waiting]
         releases, refused = make_room(pool, since, supply, idle, t.now)
         t.decisions.extend(releases)
+        for r in releases:
+            if r.model is not None:
+                t.models[r.model] = evolve(t.models[r.model], evicted=True)
         for name, why in refused.items():
             if (ms := t.models[name]).at_capacity != why:
                 t.models[name] = evolve(ms, at_capacity=why)

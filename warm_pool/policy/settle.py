@@ -25,9 +25,9 @@ from warm_pool.policy.prewarm import scheduled_replicas
 
 def keeps_warm(ms: ModelState, now: float) -> bool:
     """The keep-alive policy's word for an idle model now (a model never judged has no
-    window and is not idle)."""
+    window and is not idle; one evicted in this idle period is let go)."""
     window = ms.keep_alive
-    if ms.idle_since is None or window is None:
+    if ms.idle_since is None or window is None or ms.evicted:
         return False
     return keep_alive_decision(window, ms.idle_since, now).keep
 

@@ -25,6 +25,7 @@ from warm_pool.policy.decide import (
 )
 from warm_pool.policy.decisions import Assign, Launch, Pack, Release
 from warm_pool.policy.evict import CAPACITY_GRACE_S as GRACE
+from warm_pool.policy.settle import settled
 from warm_pool.routes import route_table
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "thaw.yaml"
@@ -266,3 +267,31 @@ def test_a_failed_load_in_backoff_is_told_before_capacity() -> None:
                                                 last_failure_kind="engine", at_capacity=FULL.format(1))})
     route = route_table(cfg, {}, {}, state, NOW)["b"]
     assert (route.failure_kind, route.error) == ("engine", "boom")
+
+
+def test_an_evicted_model_is_let_go_until_its_next_request() -> None:
+    # a's replica (kept 600 s, idle 300 s) is evicted for b. Its keep-alive bet was lost
+    # to a request that was there: it is not put back on a standby that comes free
+    # (where the next waiting model would evict it again, least recently used as it
+    # still is), it is no launch the pool is asked for, and it is settled (a tick need
+    # not judge it) until a request for it comes.
+    full, grown = config("abc", max_instances=2), config("abc", max_instances=3)
+    busy_c = ModelActivity(in_flight=1, last_request_at=NOW)
+    ds, state = step(full, (ready("w1", "a"), ready("w2", "c")), {"a": idle(NOW - 300), "b": WAITING, "c": busy_c})
+    assert evictions(ds) == [("w1", "a", "b")]
+    drained = (WorkerView("w1", "cpu-local", WorkerState.STANDBY), ready("w2", "c"))
+    ds, state = step(full, drained, {"a": idle(NOW - 300), "b": WAITING, "c": busy_c}, state, NOW + 1)
+    assert [(d.worker_id, d.model) for d in ds if isinstance(d, Assign)] == [("w1", "b")]
+    # The pool may grow by one (max_instances 3) and a standby registers: a does not take
+    # it (beyond the standby band of 0, it is let go).
+    workers = (ready("w1", "b"), ready("w2", "c"), WorkerView("w3", "cpu-local", WorkerState.STANDBY))
+    activity = {"a": idle(NOW - 300), "b": idle(NOW + 2), "c": busy_c}
+    ds, state = step(grown, workers, activity, state, NOW + 5)
+    assert not [d for d in ds if isinstance(d, Assign | Launch)] and state.models["a"].unmet == 0
+    assert settled(state.models["a"], grown.models[0], serving=0, demand=0, now=NOW + 5, shape_changed=False,
+                   band_for=None)[0]
+    # Its next request: a new bet. It takes the standby.
+    ds, state = step(grown, workers, activity | {"a": ModelActivity(queued=1, last_request_at=NOW + 6)}, state,
+                     NOW + 6)
+    assert [(d.worker_id, d.model, d.reason) for d in ds if isinstance(d, Assign)] == [("w3", "a", "demand")]
+    assert not state.models["a"].evicted
