@@ -52,9 +52,8 @@ class Judging:
         self._band_for: dict[str, int | None] = {}
         self._wakes: list[tuple[float, str]] = []
         self._wake_at: dict[str, tuple[float, ...]] = {}
-        # Models judged over the last tick, and ticks that judged every model.
+        # Models judged over the last tick (thaw_pool_models_judged).
         self.last_judged = 0
-        self.full_ticks = 0
 
     # -- before the tick ---------------------------------------------------------------
     def select(self, snap: Snapshot, cfg: ThawConfig, now: float) -> set[str] | None:
@@ -102,8 +101,8 @@ class Judging:
         return changed
 
     def _workers(self, workers: Iterable[WorkerView]) -> set[str]:
-        """The models whose workers changed since the last tick, and the models waiting
-        on the shapes of workers that changed."""
+        """The models (and adapters) whose workers' views changed since the last tick
+        (the models waiting at zero are judged every tick anyway: never settled)."""
         views = {w.id: w for w in workers}
         changed: set[str] = set()
         for wid in views.keys() | self._views.keys():
@@ -132,7 +131,6 @@ class Judging:
         next tick) and when the settled ones must be looked at again."""
         judged = self._by_name.keys() if names is None else names
         self.last_judged = len(judged)
-        self.full_ticks += names is None
         acted = {model for d in decisions if isinstance(model := getattr(d, "model", None), str)}
         demand = self._demand(snap.activity)
         for name in judged:
