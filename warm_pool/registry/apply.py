@@ -17,12 +17,16 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from thaw.config import ConfigError, Model, Tenant, ThawConfig
+from thaw.objstore import WeightsCheck
 from thaw.wire import ApplyReply, ApplyRequest, ModelRevision, PlannedChange
 from warm_pool.events import EventLog
 from warm_pool.registry.in_force import current_spec, with_models
 from warm_pool.registry.models import ModelRegistry, RegistryRefused
 from warm_pool.registry.store import Batch, StaleRevision, TenantConflict
 from warm_pool.registry.tenants import TenantAdmin
+
+# Store checks of one apply made at once (each a few round trips to the store, in a thread).
+STORE_CHECKS = 16
 
 
 def differences(now: dict[str, Any], then: dict[str, Any]) -> dict[str, list[Any]]:
@@ -92,14 +96,13 @@ class Applier:
                            changes: list[PlannedChange], batch: Batch, note: str | None, dry_run: bool) -> None:
         reg = self.registry
         wanted = {e["name"]: e for e in entries}
+        checked = await self._check_stores([m for name in wanted if (m := cfg.model(name)) is not None], cfg)
         for name, entry in wanted.items():
             model = cfg.model(name)
             assert model is not None
             record = reg.records.get(name)
             current = now_cfg.model(name) if record is not None and record.revision is not None else None
-            # Every model's weights are checked: the same settings over weights pushed
-            # again to the same URI are a change too (the manifest's hash differs).
-            weights = await reg.check_store(model, cfg)
+            weights = checked[name]
             fields = differences(_resolved(current) if current else {}, _resolved(model))
             if current is not None and record is not None:
                 held = next(r.weights_sha256 for r in record.revisions if r.revision == record.revision)
@@ -124,6 +127,24 @@ class Applier:
                 assert record.revision is not None
                 changes.append(PlannedChange(kind="model", name=m.name, action="remove"))
                 batch.removals.append((m.name, record.revision))
+
+    async def _check_stores(self, models: list[Model], cfg: ThawConfig) -> dict[str, WeightsCheck]:
+        """Every model's weights as the store holds them, ``STORE_CHECKS`` at a time (one
+        by one, a file of 10,000 models took minutes of round trips). Every model's are
+        checked: the same settings over weights pushed again to the same URI are a change
+        too (the manifest's hash differs). A refusal names the first model refused in the
+        file's order, as one by one would."""
+        gate = asyncio.Semaphore(STORE_CHECKS)
+
+        async def one(model: Model) -> WeightsCheck:
+            async with gate:
+                return await self.registry.check_store(model, cfg)
+
+        found = await asyncio.gather(*(one(m) for m in models), return_exceptions=True)
+        for got in found:
+            if isinstance(got, BaseException):
+                raise got
+        return {m.name: w for m, w in zip(models, found, strict=True)}  # type: ignore[misc]
 
     @staticmethod
     def _plan_tenants(tenants: list[Tenant], in_force: dict[str, Tenant], changes: list[PlannedChange],

@@ -112,3 +112,21 @@ async def test_a_refused_apply_changes_nothing(models: list[dict[str, Any]] | No
         await m.parts.applier.apply(request(models, tenants), "ops")
     assert says in str(info.value), str(info.value)
     assert (m.parts.model_admin.catalog(), m.parts.model_admin.list()) == before
+
+
+@pytest.mark.parametrize("first", ["missing", "huge"])
+async def test_the_store_checks_run_at_once_and_the_first_refused_in_the_file_is_named(
+        first: str, state_db: StateDb) -> None:
+    reader = FakeStoreReader(sizes={"s3://thaw/models/missing": None, "s3://thaw/models/huge": 40 * 2**30})  # type: ignore[dict-item]
+    m = manager(state_db(), reader)
+    others = [{"name": f"ok{i}", "uri": f"s3://thaw/models/ok{i}", "shape": "cpu-local"} for i in range(40)]
+    second = "huge" if first == "missing" else "missing"
+    models = [DEMO, *others[:20], {"name": "a", "uri": f"s3://thaw/models/{first}", "shape": "cpu-local"},
+              *others[20:], {"name": "b", "uri": f"s3://thaw/models/{second}", "shape": "cpu-local"}]
+    with pytest.raises(RegistryRefused) as info:
+        await m.parts.applier.apply(request(models), "ops")
+    assert ("no manifest" if first == "missing" else "do not fit") in str(info.value), str(info.value)
+    # Every model's weights were read, the refused ones too, whatever the order they came back in.
+    assert len(reader.checked) == len(models)
+    done = await m.parts.applier.apply(request([DEMO, *others]), "ops")
+    assert [c.name for c in done.changes] == [m["name"] for m in [DEMO, *others]]  # the file's order
