@@ -24,8 +24,11 @@ router = APIRouter()
 @router.get("/healthz")
 async def healthz(parts: Parts) -> dict[str, Any]:
     feed = parts.routes.feed
-    # The route table's version it acts on: the controller's /healthz names the newest.
-    return {"ok": True, "pool_connected": feed.connected, "routes_version": feed.version}
+    catalog = feed.followed.get("catalog")
+    # The route table's version it acts on, and the model catalog's it holds: the
+    # controller's /healthz names the newest of each.
+    return {"ok": True, "pool_connected": feed.connected, "routes_epoch": feed.epoch, "routes_version": feed.version,
+            "catalog_version": catalog.held if catalog is not None else None}
 
 
 @router.get("/metrics", response_class=PlainTextResponse,

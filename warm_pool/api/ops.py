@@ -22,7 +22,7 @@ FOLLOWER_PATHS = frozenset({"/healthz", "/metrics", "/v1/leader"})
 async def healthz(manager: Manager) -> dict[str, object]:
     return {"ok": True, "epoch": manager.epoch, "adopted": manager.adopted,
             "role": "leader" if manager.leading else "follower", "leader": manager.leader_url,
-            "routes_version": manager.feed.table.version}
+            "routes_version": manager.feed.table.version, "catalog_version": manager.feed.table.catalog_version}
 
 
 @router.get("/v1/leader", response_model=LeaderView)

@@ -60,6 +60,7 @@ async def test_the_only_controller_leads(tmp_path: Path) -> None:
                    controller_id="me", epoch="e1")
     async with client(m) as c:
         assert (await c.get("/healthz")).json() == {"ok": True, "epoch": "e1", "adopted": False,
-                                                    "role": "leader", "leader": None, "routes_version": 0}
+                                                    "role": "leader", "leader": None, "routes_version": 0,
+                                                    "catalog_version": 0}
         assert (await c.get("/v1/leader")).json() == {"controller": "me", "url": "http://me", "leading": True,
                                                       "leader_url": "http://me", "term": None}
