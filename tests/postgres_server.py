@@ -10,6 +10,7 @@ from loadtests.postgres import MISSING, PostgresUnavailable
 
 __all__ = ["MISSING", "PostgresServer"]
 
+
 class PostgresServer(postgres.PostgresServer):
     """:class:`loadtests.postgres.PostgresServer`, its failures a failed test with the reason."""
 
