@@ -2,13 +2,14 @@
 size, with every worker simulated (:mod:`loadtests.sim_fleet`).
 
     thaw bench control-plane --out bench_control_plane.json [--sizes 100x10 1000x100 10000x1000]
-                             [--activators 4] [--burst 1000]
+                             [--activators 4] [--burst 1000] [--state sqlite|postgres]
 
 At each size (models x workers), on loopback, it starts:
 
 - an embedded store holding the demo model (every model's weights: the registry checks
   each deploy against the store's manifest);
-- the real controller (`thaw controller`, SQLite state) with one static pool of the
+- the real controller (`thaw controller`) on SQLite, or two on a private PostgreSQL
+  (``--state postgres``: one leads, the other follows), with one static pool of the
   simulated workers' shape (workers that register themselves: it launches nothing),
   its standby band and cap the fleet's size, so every worker stands by;
 - the simulated fleet (one process, each worker heartbeating and answering the control
@@ -29,7 +30,17 @@ Then it measures, in this order:
   assignment and when the last was placed; the loop's turns meanwhile; and, polled
   every 25 ms from each service's ``/healthz``, how long each new route table took to
   reach every activator;
-- **operators**: ``thaw models ls`` and ``thaw pool status --json`` at full size.
+- **latency**: what an activator adds to a hot request, with every model in its tables:
+  ``--latency-pairs`` streamed completions of a ready model straight to its replica and
+  through an activator, one pair at a time;
+- **churn**: ``--churn-per-min`` deploys, updates and removes a minute for ``--churn-s``,
+  while ``--traffic-rps`` requests a second stream to the models the burst made ready:
+  each change's time, when every activator had the catalog it made, the loop's turns;
+- **operators**: ``thaw models ls`` and ``thaw pool status --json`` at full size;
+- **takeover**: the leader SIGKILLed under the same traffic; the follower (PostgreSQL)
+  or a new controller on the same SQLite file takes over: until it leads, has adopted
+  the fleet, routes every replica the old one routed, and every activator follows it;
+  the workers assigned or released meanwhile (none should be).
 
 Growth between sizes is reported as exponents (``log(b/a) / log(size_b/size_a)``).
 """
@@ -68,6 +79,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="models deployed one by one at each size, after the rest in one apply (default 1000)")
     p.add_argument("--load-s", type=float, default=1.0, help="a simulated engine's load, seconds (default 1)")
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds of the idle sample (default 10)")
+    p.add_argument("--state", choices=["sqlite", "postgres"], default="sqlite",
+                   help="the controller's state: SQLite (one controller; the takeover is a restart) or a private "
+                        "PostgreSQL (two controllers, one following; default sqlite)")
+    p.add_argument("--latency-pairs", type=int, default=300,
+                   help="hot requests straight to a replica and through an activator, one pair at a time (default 300)")
+    p.add_argument("--churn-s", type=float, default=60.0, help="seconds of churn (default 60; 0: none)")
+    p.add_argument("--churn-per-min", type=float, default=100.0,
+                   help="deploys, updates and removes a minute in the churn (default 100)")
+    p.add_argument("--traffic-rps", type=float, default=20.0,
+                   help="requests a second to the ready models during the churn and the takeover (default 20)")
+    p.add_argument("--no-takeover", action="store_true", help="skip the controller takeover")
     p.add_argument("--work-dir", type=Path, default=None, help="keep the run's files here (default: a temp dir)")
 
 
@@ -160,7 +182,7 @@ class Plane:
     """One size's processes and the clients to them."""
 
     def __init__(self, work: Path, store: Any, model_uri: str, models: int, workers: int, activators: int,
-                 load_s: float) -> None:
+                 load_s: float, state_url: str | None = None) -> None:
         import yaml
 
         from thaw.config import hash_api_key, parse_config
@@ -168,7 +190,11 @@ class Plane:
 
         self.work, self.models, self.workers = work, models, workers
         self.model_uri, self.load_s = model_uri, load_s
-        self.controller_port, self.fleet_port = free_port(), free_port()
+        # SQLite: one controller (a takeover is a restart). PostgreSQL (``state_url``):
+        # two sharing it, "a" leading and "b" following until a's lease runs out.
+        self.controller_ports = {"a": free_port()} if state_url is None else {"a": free_port(), "b": free_port()}
+        self.controller_port, self.fleet_port = self.controller_ports["a"], free_port()
+        self.controller_urls = {n: f"http://127.0.0.1:{p}" for n, p in self.controller_ports.items()}
         self.activator_ports = [free_port() for _ in range(activators)]
         self.data_dir = work / "data"
         self.token = "bench-control-plane-token"
@@ -179,7 +205,9 @@ class Plane:
             # process takes in heartbeats).
             "cluster": {"token": self.token, "heartbeat_interval_s": heartbeat_s(workers),
                         "worker_timeout_s": 6 * heartbeat_s(workers)},
-            "controller": {"host": "127.0.0.1", "port": self.controller_port},
+            "controller": {"host": "127.0.0.1", "port": self.controller_port}
+            if state_url is None else {"host": "127.0.0.1", "urls": list(self.controller_urls.values())},
+            **({} if state_url is None else {"state": {"backend": "postgres", "url": state_url}}),
             "object_store": {"kind": "s3", "endpoint_url": store.endpoint_url, "bucket": store.bucket,
                              "region": store.region,
                              "credentials": {"source": "file", "file": str(store.credentials_file)}},
@@ -196,7 +224,10 @@ class Plane:
         self.config_path = work / "thaw-control-plane.yaml"
         self.config_path.write_text(yaml.safe_dump(cfg))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.controller_url = f"http://127.0.0.1:{self.controller_port}"
+        self.leader = "a"
+        self.controller_url = self.controller_urls["a"]
+        # Every client is given the followers first: each finds the leader itself.
+        self.controllers_arg = ",".join(reversed(self.controller_urls.values()))
         self.activator_urls = [f"http://127.0.0.1:{p}" for p in self.activator_ports]
         self.headers = {"Authorization": f"Bearer {self.token}"}
 
@@ -220,15 +251,24 @@ class Plane:
                 raise RuntimeError(f"{name} not ready after {timeout_s:.0f} s: {tail(log)}")
             time.sleep(0.2)
 
+    def start_controller(self, name: str) -> None:
+        port = self.controller_ports[name]
+        self._start(f"controller-{name}", [sys.executable, "-m", "thaw.cli.main", "controller", "--config",
+                                           str(self.config_path), "--port", str(port),
+                                           "--url", self.controller_urls[name]],
+                    f"{self.controller_urls[name]}/healthz")
+
     def start_controller_and_fleet(self) -> None:
-        thaw = [sys.executable, "-m", "thaw.cli.main"]
         # The fleet first: its workers register within the controller's adoption grace.
         self._start("fleet", [sys.executable, "-m", "loadtests.sim_fleet", "--port", str(self.fleet_port),
-                              "--controller", self.controller_url, "--token", self.token,
+                              "--controller", self.controllers_arg, "--token", self.token,
                               "--workers", str(self.workers), "--shape", SHAPE, "--load-s", str(self.load_s)],
                     f"http://127.0.0.1:{self.fleet_port}/stats")
-        self._start("controller", [*thaw, "controller", "--config", str(self.config_path)],
-                    f"{self.controller_url}/healthz")
+        self.start_controller("a")
+        if "b" in self.controller_urls:  # b follows: a leads, it asked first
+            self.wait("controller a leading", lambda: self.health(self.controller_urls["a"])["role"] == "leader", 60)
+            self.start_controller("b")
+
         def standing_by() -> bool:
             state = self.state()
             return bool(state["adopted"]) and sum(1 for w in state["workers"] if w["state"] == "standby") == self.workers
@@ -239,7 +279,8 @@ class Plane:
         thaw = [sys.executable, "-m", "thaw.cli.main"]
         for i, port in enumerate(self.activator_ports):
             self._start(f"activator-{i}", [*thaw, "activator", "--config", str(self.config_path), "--port", str(port),
-                                           "--id", f"bench-a{i}"], f"http://127.0.0.1:{port}/healthz")
+                                           "--controller", self.controllers_arg, "--id", f"bench-a{i}"],
+                        f"http://127.0.0.1:{port}/healthz")
         version = self.health(self.controller_url)["routes_version"]
         self.wait("every activator on the controller's route table",
                   lambda: all(self.health(u)["routes_version"] >= version for u in self.activator_urls), 120)
@@ -355,7 +396,7 @@ class Plane:
         names = [f"m{i:05d}" for i in range(n)]
         sent: dict[str, float] = {}
         results: list[dict[str, Any]] = []
-        versions = RouteVersions(self)
+        versions = Versions(self)
         before = self.scrape()
 
         async def one(client: httpx.AsyncClient, i: int, at: float) -> None:
@@ -413,6 +454,157 @@ class Plane:
             "route_propagation": versions.report(),
         }
 
+    def ready_models(self) -> dict[str, str]:
+        """Each model with a ready replica in the leader's route table: its replica's URL."""
+        table = self.get(f"{self.controller_url}/v1/routes")
+        return {name: route["replicas"][0]["url"] for name, route in sorted(table["models"].items())
+                if route.get("replicas")}
+
+    def latency(self, pairs: int) -> dict[str, Any]:
+        """What the activator adds to a hot request: ``pairs`` streamed completions of one
+        ready model, each straight to its replica and then through an activator, one at a
+        time on kept-alive connections; the added time is each pair's difference."""
+        import httpx
+
+        ready = self.ready_models()
+        if not ready:
+            return {"skipped": "no model has a ready replica"}
+        model, upstream = next(iter(ready.items()))
+        body = {"model": model, "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        key = {"Authorization": f"Bearer {API_KEY}"}
+
+        def once(client: httpx.Client, url: str, headers: dict[str, str]) -> float:
+            t0 = time.perf_counter()
+            with client.stream("POST", url, json=body, headers=headers) as r:
+                r.raise_for_status()
+                for _ in r.iter_bytes():
+                    pass
+            return time.perf_counter() - t0
+
+        direct, through = [], []
+        with httpx.Client(timeout=30) as client:
+            for i in range(pairs + 20):  # the first 20 pairs warm both paths and are not counted
+                d = once(client, f"{upstream}/v1/chat/completions", {})
+                t = once(client, f"{self.activator_urls[0]}/v1/chat/completions", key)
+                if i >= 20:
+                    direct.append(d)
+                    through.append(t)
+        added = [t - d for d, t in zip(direct, through, strict=True)]
+        return {"pairs": pairs, "models_in_tables": self.models, "direct_p50_s": percentile(direct, 50),
+                "through_p50_s": percentile(through, 50), "added_p50_s": percentile(added, 50),
+                "added_p99_s": percentile(added, 99)}
+
+    def churn(self, seconds: float, per_minute: float, traffic_rps: float) -> dict[str, Any]:
+        """Deploys, updates and removes in turn, ``per_minute`` of them, for ``seconds``,
+        while ``traffic_rps`` requests a second stream to the models that are ready (a long
+        tail): each change's time, when every activator had the catalog it made, the loop's
+        turns meanwhile and how the traffic fared."""
+        import httpx
+
+        gap = 60.0 / per_minute
+        took: dict[str, list[float]] = {"deploy": [], "update": [], "remove": []}
+        failed: list[str] = []
+        deployed: list[str] = []
+        versions = Versions(self, "catalog_version")
+        before = self.scrape()
+        with versions, Traffic(self, traffic_rps) as traffic, \
+                httpx.Client(base_url=self.controller_url, headers=self.headers, timeout=120) as client:
+            start = time.monotonic()
+            for k in range(int(seconds / gap)):
+                time.sleep(max(start + k * gap - time.monotonic(), 0.0))
+                kind = ("deploy", "update", "remove")[k % 3]
+                if kind == "remove" and not deployed:
+                    kind = "deploy"
+                t0 = time.perf_counter()
+                if kind == "deploy":
+                    name = f"c{k:05d}"
+                    r = client.post("/v1/admin/models", json={"name": name, "spec": self.spec()})
+                    if r.status_code == 201:
+                        deployed.append(name)
+                elif kind == "update":
+                    # A model of the long tail, its keep-alive changed: a revision, no roll.
+                    name = f"m{(k * 7919) % self.models:05d}"
+                    revision = client.get(f"/v1/admin/models/{name}").json()["revision"]
+                    t0 = time.perf_counter()
+                    r = client.patch(f"/v1/admin/models/{name}", json={
+                        "revision": revision, "spec": {"autoscaling": {"idle_grace_s": 3599 - k % 2}}})
+                else:
+                    name = deployed.pop(0)
+                    r = client.delete(f"/v1/admin/models/{name}")
+                took[kind].append(time.perf_counter() - t0)
+                if r.status_code >= 300:
+                    failed.append(f"{kind} {name}: {r.status_code} {r.text[:200]}")
+            wall = time.monotonic() - start
+            # The last change's catalog reaching every activator is part of the run.
+            newest = self.health(self.controller_url)["catalog_version"]
+            self.wait("every activator on the newest catalog", lambda: all(
+                (self.health(u)["catalog_version"] or 0) >= newest for u in self.activator_urls), 60, every_s=0.05)
+        after = self.scrape()
+        changes = sum(len(v) for v in took.values())
+        return {"seconds": round(wall, 1), "changes": changes, "per_minute": round(changes / wall * 60, 1),
+                "failed": failed[:20],
+                **{f"{k}_p50_s": percentile(v, 50) for k, v in took.items()},
+                **{f"{k}_p99_s": percentile(v, 99) for k, v in took.items()},
+                "catalog_propagation": versions.report(), **loop_figures(before, after),
+                "traffic": traffic.report()}
+
+    def takeover(self, traffic_rps: float) -> dict[str, Any]:
+        """The leader is killed (SIGKILL) while ``traffic_rps`` requests a second stream to
+        the ready models: on PostgreSQL the follower takes over when the lease runs out;
+        on SQLite the controller starts again on its data. How long until the new one
+        leads, has adopted the fleet, routes every replica the old one routed and every
+        activator follows it; whether any worker was assigned or released because of it."""
+        import signal
+
+        def replicas(url: str) -> set[tuple[str, str, str]]:
+            table = self.get(f"{url}/v1/routes")
+            return {(name, r["worker_id"], r["assignment_id"]) for name, route in table["models"].items()
+                    for r in route.get("replicas", [])}
+
+        before = replicas(self.controller_url)
+        fleet_before = self.get(f"http://127.0.0.1:{self.fleet_port}/stats")
+        old = self.procs[f"controller-{self.leader}"]
+        with Traffic(self, traffic_rps) as traffic:
+            killed = time.time()
+            os.killpg(old.pid, signal.SIGKILL)
+            old.wait(30)
+            if "b" in self.controller_urls:
+                self.leader = "b" if self.leader == "a" else "a"
+            else:
+                self.start_controller("a")
+            self.controller_url = self.controller_urls[self.leader]
+            marks: dict[str, float] = {}
+
+            def health() -> dict[str, Any]:
+                try:
+                    return self.health(self.controller_url)
+                except Exception:  # noqa: BLE001 - not up yet
+                    return {}
+
+            def leads() -> bool:
+                h = health()
+                if h.get("role") == "leader":
+                    marks.setdefault("leads", time.time())
+                return bool(h.get("role") == "leader" and h.get("adopted"))
+
+            self.wait("a new leader that has adopted the fleet", leads, 300, every_s=0.05)
+            marks["adopted"] = time.time()
+            self.wait("the new leader routing every replica the old one routed",
+                      lambda: replicas(self.controller_url) >= before, 300, every_s=0.1)
+            marks["routes_kept"] = time.time()
+            epoch = self.health(self.controller_url)["epoch"]
+            self.wait("every activator on the new leader's route table", lambda: all(
+                self.health(u)["routes_epoch"] == epoch for u in self.activator_urls), 300, every_s=0.05)
+            marks["activators_follow"] = time.time()
+        fleet_after = self.get(f"http://127.0.0.1:{self.fleet_port}/stats")
+        after = replicas(self.controller_url)
+        return {"state": "postgres" if "b" in self.controller_urls else "sqlite (a restart)",
+                "replicas_before": len(before), "replicas_kept": len(before & after),
+                **{f"{k}_s": round(t - killed, 2) for k, t in marks.items()},
+                "assigns_meanwhile": fleet_after["assigns"] - fleet_before["assigns"],
+                "releases_meanwhile": fleet_after["releases"] - fleet_before["releases"],
+                "traffic": traffic.report()}
+
     def operators(self) -> dict[str, Any]:
         out: dict[str, dict[str, Any]] = {}
         for name, args in (("models_ls", ["models", "ls", "--json"]), ("pool_status", ["pool", "status", "--json"])):
@@ -427,18 +619,78 @@ class Plane:
         return out
 
 
-class RouteVersions:
-    """Polls the controller's and each activator's ``/healthz`` every 25 ms (in a thread)
-    while in use: when each route table version was first seen at the controller and at
-    every activator."""
+class Traffic:
+    """``rps`` streamed requests a second (in a thread of its own), each to one of the
+    models ready when it started, through the activators in turn, while in use: how many
+    were answered, and their times to first token."""
 
-    def __init__(self, plane: Plane) -> None:
-        self.plane = plane
+    def __init__(self, plane: Plane, rps: float) -> None:
+        self.plane, self.rps = plane, rps
+        self.models = list(plane.ready_models()) if rps > 0 else []
+        self.rows: list[tuple[int | None, float | None, str | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def __enter__(self) -> Traffic:
+        if self.models:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    async def _one(self, client: Any, k: int) -> None:
+        import httpx
+
+        model = self.models[(k * 7919) % len(self.models)]
+        url = self.plane.activator_urls[k % len(self.plane.activator_urls)]
+        body = {"model": model, "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        t0, status, ttft, error = time.perf_counter(), None, None, None
+        try:
+            async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
+                                     headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+                status = r.status_code
+                async for line in r.aiter_lines():
+                    if line.startswith("data: ") and ttft is None:
+                        ttft = time.perf_counter() - t0
+        except httpx.HTTPError as exc:
+            error = str(exc) or type(exc).__name__
+        self.rows.append((status, ttft, error))
+
+    async def _run(self) -> None:
+        import httpx
+
+        tasks = []
+        async with httpx.AsyncClient(timeout=120) as client:
+            start, k = time.monotonic(), 0
+            while not self._stop.is_set():
+                tasks.append(asyncio.create_task(self._one(client, k)))
+                k += 1
+                await asyncio.sleep(max(start + k / self.rps - time.monotonic(), 0.0))
+            await asyncio.gather(*tasks)
+
+    def report(self) -> dict[str, Any]:
+        ok = [ttft for status, ttft, _ in self.rows if status == 200 and ttft is not None]
+        failed = [f"{status} {error or ''}".strip() for status, ttft, error in self.rows
+                  if status != 200 or ttft is None]
+        return {"rps": self.rps, "models": len(self.models), "sent": len(self.rows), "answered": len(ok),
+                "failed": failed[:10], "ttft_p50_s": percentile(ok, 50), "ttft_p99_s": percentile(ok, 99)}
+
+
+class Versions:
+    """Polls the controller's and each activator's ``/healthz`` every 25 ms (in a thread)
+    while in use: when each version of ``key`` (``routes_version``, ``catalog_version``)
+    was first seen at the controller and at every activator."""
+
+    def __init__(self, plane: Plane, key: str = "routes_version") -> None:
+        self.plane, self.key = plane, key
         self.first: dict[str, dict[int, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
-    def __enter__(self) -> RouteVersions:
+    def __enter__(self) -> Versions:
         self._thread.start()
         return self
 
@@ -455,7 +707,7 @@ class RouteVersions:
             while not self._stop.wait(0.025):
                 for name, url in urls.items():
                     with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                        v = int(client.get(f"{url}/healthz").json()["routes_version"])
+                        v = int(client.get(f"{url}/healthz").json()[self.key])
                         self.first.setdefault(name, {}).setdefault(v, time.time())
 
     def report(self) -> dict[str, Any]:
@@ -496,37 +748,74 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--activators must be at least 1")
     started = time.time()
     runs = []
-    with _work_dir(args) as work, _store(argparse.Namespace(s3_endpoint_url=None, s3_credentials_file=None,
-                                                            bucket="thaw"), work) as store:
+    with contextlib.ExitStack() as stack:
+        work = stack.enter_context(_work_dir(args))
+        store = stack.enter_context(_store(argparse.Namespace(s3_endpoint_url=None, s3_credentials_file=None,
+                                                              bucket="thaw"), work))
+        pg = stack.enter_context(_postgres()) if args.state == "postgres" else None
         uri, model = _ensure_model(store, "tiny", work)
         for models, workers in sizes:
-            _log(f"{models} models, {workers} workers, {args.activators} activators")
-            plane = Plane(work / f"{models}x{workers}", store, uri, models, workers, args.activators, args.load_s)
+            _log(f"{models} models, {workers} workers, {args.activators} activators, {args.state}")
+            state_url = pg.database(f"plane_{models}x{workers}") if pg is not None else None
+            plane = Plane(work / f"{models}x{workers}", store, uri, models, workers, args.activators, args.load_s,
+                          state_url)
             try:
-                plane.start_controller_and_fleet()
-                row: dict[str, Any] = {"models": models, "workers": workers, "activators": args.activators}
-                row["deploy"] = plane.deploy(args.deploy_sample)
-                _log(f"deployed {models} models ({row['deploy'].get('applied')} applied at once, then "
-                     f"{row['deploy']['models']} one by one in {row['deploy']['wall_s']} s)")
-                plane.start_activators()
-                row["idle"] = plane.idle(args.idle_s)
-                row["burst"] = plane.burst(min(args.burst, workers, models))
-                _log(f"burst: {row['burst']['answered']}/{row['burst']['models']} answered, "
-                     f"placed {row['burst']['all_placed_after_last_request_s']} s after the last request")
-                row["operators"] = plane.operators()
-                row["resources"] = plane.resources()
-                runs.append(row)
+                runs.append(one_size(plane, args))
             finally:
                 plane.stop()
     report = {"benchmark": "control-plane", "runs": runs, "growth": growth(runs), "model": model,
               "environment": _environment(),
-              "settings": {"sizes": args.sizes, "activators": args.activators, "burst": args.burst,
+              "settings": {"sizes": args.sizes, "state": args.state, "activators": args.activators,
+                           "burst": args.burst, "latency_pairs": args.latency_pairs, "churn_s": args.churn_s,
+                           "churn_per_min": args.churn_per_min, "traffic_rps": args.traffic_rps,
                            "load_s": args.load_s, "idle_s": args.idle_s, "deploy_sample": args.deploy_sample,
                            "wall_s": round(time.time() - started, 1)}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     _log(f"wrote {args.out}")
     return 0
+
+
+def one_size(plane: Plane, args: argparse.Namespace) -> dict[str, Any]:
+    """Every scenario at one size, in order; the takeover last (it replaces the leader)."""
+    models, workers = plane.models, plane.workers
+    plane.start_controller_and_fleet()
+    row: dict[str, Any] = {"models": models, "workers": workers, "activators": args.activators, "state": args.state}
+    row["deploy"] = plane.deploy(args.deploy_sample)
+    _log(f"deployed {models} models ({row['deploy'].get('applied')} applied at once, then "
+         f"{row['deploy']['models']} one by one in {row['deploy']['wall_s']} s)")
+    plane.start_activators()
+    row["idle"] = plane.idle(args.idle_s)
+    row["burst"] = plane.burst(min(args.burst, workers, models))
+    _log(f"burst: {row['burst']['answered']}/{row['burst']['models']} answered, "
+         f"placed {row['burst']['all_placed_after_last_request_s']} s after the last request")
+    if args.latency_pairs > 0:
+        row["latency"] = plane.latency(args.latency_pairs)
+        _log(f"latency: {row['latency']}")
+    if args.churn_s > 0:
+        row["churn"] = plane.churn(args.churn_s, args.churn_per_min, args.traffic_rps)
+        _log(f"churn: {row['churn']['changes']} changes, {len(row['churn']['failed'])} failed, "
+             f"catalog to every activator p99 {row['churn']['catalog_propagation']['p99_s']} s")
+    row["operators"] = plane.operators()
+    row["resources"] = plane.resources()
+    if not args.no_takeover:
+        row["takeover"] = plane.takeover(args.traffic_rps)
+        _log(f"takeover: {row['takeover']}")
+    return row
+
+
+@contextlib.contextmanager
+def _postgres() -> Iterator[Any]:
+    from loadtests.postgres import PostgresServer
+
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        with contextlib.suppress(Exception):
+            server.stop()
+        server.remove()
 
 
 def growth(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -548,7 +837,7 @@ def growth(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "burst_step_mean": exponent(pick(a, "burst", "step_mean_s"), pick(b, "burst", "step_mean_s"),
                                         a["models"], b["models"]),
             "deploy_p50": exponent(pick(a, "deploy", "p50_s"), pick(b, "deploy", "p50_s"), a["models"], b["models"]),
-            "controller_rss": exponent(pick(a, "resources", "controller", "rss_mib"),
-                                       pick(b, "resources", "controller", "rss_mib"), a["models"], b["models"]),
+            "controller_rss": exponent(pick(a, "resources", "controller-a", "rss_mib"),
+                                       pick(b, "resources", "controller-a", "rss_mib"), a["models"], b["models"]),
         })
     return out

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from loadtests.bench_control_plane import (
-    RouteVersions,
+    Traffic,
+    Versions,
     bucket_quantile,
     exponent,
     histogram,
@@ -70,10 +71,20 @@ def test_growth_exponents() -> None:
 
 def test_route_propagation_waits_for_the_last_activator_to_hold_each_version() -> None:
     plane = SimpleNamespace(controller_url="c", activator_urls=["a0", "a1"])
-    rv = RouteVersions(plane)  # type: ignore[arg-type]
+    rv = Versions(plane)  # type: ignore[arg-type]
     rv.first = {"controller": {1: 10.0, 2: 20.0, 3: 30.0},
                 # a1 skipped version 2: it holds it once it has 3.
                 "activator-0": {1: 10.1, 2: 20.2, 3: 30.05},
                 "activator-1": {1: 10.3, 3: 30.5}}
     got = rv.report()
     assert got["versions"] == 3 and got["p50_s"] == pytest.approx(0.5) and got["p99_s"] == pytest.approx(10.5)
+
+
+def test_traffic_counts_an_answer_only_with_a_streamed_token() -> None:
+    plane = SimpleNamespace(activator_urls=["a0"], ready_models=lambda: {"m1": "u"})
+    t = Traffic(plane, 0)  # type: ignore[arg-type]
+    t.models = ["m1"]
+    t.rows = [(200, 0.01, None), (200, 0.03, None), (200, None, None), (503, None, None), (None, None, "reset")]
+    got = t.report()
+    assert (got["sent"], got["answered"]) == (5, 2) and got["ttft_p50_s"] == 0.01 and got["ttft_p99_s"] == 0.03
+    assert got["failed"] == ["200", "503", "None reset"]
