@@ -409,6 +409,8 @@ class Plane:
                 async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
                                          headers={"Authorization": f"Bearer {API_KEY}"}) as r:
                     row["status"] = r.status_code
+                    if r.status_code != 200:  # what the refusal said (its kind and cause)
+                        row["error"] = (await r.aread()).decode(errors="replace")[:300]
                     async for line in r.aiter_lines():
                         if line.startswith("data: ") and row["ttft_s"] is None:
                             row["ttft_s"] = round(time.time() - t0, 4)

@@ -12,8 +12,8 @@ follower's word) is followed too.
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any
+from collections.abc import Awaitable, Generator
+from typing import Any, Protocol
 
 import httpx
 
@@ -38,6 +38,13 @@ def parse_urls(text: str | list[str]) -> list[str]:
 def is_not_leader(r: httpx.Response) -> bool:
     """A follower's answer (503 ``not_leader``)."""
     return r.status_code == 503 and r.headers.get("X-Thaw-Role") == "follower"
+
+
+class Requester(Protocol):
+    """What :meth:`Controllers.request` sends through: an ``httpx.AsyncClient``, or a
+    harness's cheaper client of the same call (``loadtests.bare_client``)."""
+
+    def request(self, method: str, url: str, **kw: Any) -> Awaitable[httpx.Response]: ...
 
 
 class Controllers:
@@ -101,7 +108,7 @@ class Controllers:
         assert answer is not None
         return answer
 
-    async def request(self, http: httpx.AsyncClient, method: str, path: str, **kw: Any) -> httpx.Response:
+    async def request(self, http: httpx.AsyncClient | Requester, method: str, path: str, **kw: Any) -> httpx.Response:
         """``method path`` at the leader (see the module's docstring)."""
         tries = self._tries(method)
         url = next(tries)
