@@ -69,7 +69,7 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
         app.add_middleware(ClusterAuth, token=token, also=admin_key)
         fastapi_openapi = app.openapi
         app.openapi = lambda: app.openapi_schema or document_cluster_auth(fastapi_openapi())  # type: ignore[method-assign]
-    app.middleware("http")(ops.follow_the_leader)  # the outermost: added last
+    app.add_middleware(ops.FollowTheLeader)  # the outermost: added last
     return app
 
 

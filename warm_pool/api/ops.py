@@ -1,16 +1,20 @@
 """The operators' liveness (``/healthz``) and where the leader is (``/v1/leader``), and
-what a follower answers to everything else (``follow_the_leader``)."""
+what a follower answers to everything else (``FollowTheLeader``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from thaw.controllers import LEADER_HEADER
 from thaw.wire import ErrorReply, LeaderView
-from warm_pool.api.parts import Manager, manager_of
+from warm_pool.api.parts import Manager
+
+if TYPE_CHECKING:
+    from warm_pool.manager import PoolManager
 
 router = APIRouter()
 
@@ -34,18 +38,27 @@ async def leader(manager: Manager) -> LeaderView:
                       term=lead.term if lead is not None else manager.term)
 
 
-async def follow_the_leader(request: Request, call_next: Any) -> Response:
-    """A follower decides nothing and holds nothing a caller needs: it says where the
-    leader is (thaw.controllers follows it), before any credential is checked (its own
-    copy of the admin keys may be behind the leader's)."""
-    manager = manager_of(request)
-    if manager.leading or request.url.path in FOLLOWER_PATHS:
-        return await call_next(request)  # type: ignore[no-any-return]
-    leader = manager.leader_url
-    headers = {"Retry-After": "1", "X-Thaw-Role": "follower"}
-    if leader:
-        headers[LEADER_HEADER] = leader
-    message = (f"this controller follows; the leader is at {leader}" if leader
-               else "this controller follows and no controller leads now (a takeover is under way); retry")
-    return JSONResponse(ErrorReply(error=message, leader=leader).model_dump(exclude_none=True),
-                        status_code=503, headers=headers)
+class FollowTheLeader:
+    """ASGI middleware, the outermost: a follower decides nothing and holds nothing a
+    caller needs, so it says where the leader is (thaw.controllers follows it), before
+    any credential is checked (its own copy of the admin keys may be behind the
+    leader's). Plain ASGI: every heartbeat and demand signal crosses it, and Starlette's
+    ``BaseHTTPMiddleware`` cost a seventh of the controller's loop in a burst at fleet
+    size."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        manager: PoolManager | None = scope["app"].state.manager if scope["type"] == "http" else None
+        if manager is None or manager.leading or scope["path"] in FOLLOWER_PATHS:
+            await self.app(scope, receive, send)
+            return
+        leader = manager.leader_url
+        headers = {"Retry-After": "1", "X-Thaw-Role": "follower"}
+        if leader:
+            headers[LEADER_HEADER] = leader
+        message = (f"this controller follows; the leader is at {leader}" if leader
+                   else "this controller follows and no controller leads now (a takeover is under way); retry")
+        await JSONResponse(ErrorReply(error=message, leader=leader).model_dump(exclude_none=True),
+                           status_code=503, headers=headers)(scope, receive, send)

@@ -3,6 +3,7 @@ HTTP implementation (with the cluster token). Unit tests use an in-memory fake."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
@@ -43,10 +44,18 @@ class WorkerControl(Protocol):
     async def close(self) -> None: ...
 
 
+# Control calls in flight at once. A burst assigns a thousand workers in one tick, and
+# httpx's pool scans every request waiting in it for each one it places (quadratic: a
+# third of the controller's loop in such a burst); beyond this many they wait here, in
+# order, each for a few milliseconds of a worker's answer.
+CONTROL_CALLS = 64
+
+
 class HttpWorkerControl:
     def __init__(self, token: str, *, timeout_s: float = 10.0) -> None:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=2.0), headers=bearer(token))
         self._term: Callable[[], int | None] = lambda: None
+        self._calls = asyncio.Semaphore(CONTROL_CALLS)
 
     def fence(self, term: Callable[[], int | None]) -> None:
         """Send the leader's term with every call (``worker.fence``): a worker that has
@@ -58,9 +67,10 @@ class HttpWorkerControl:
 
     async def _call(self, control_url: str, path: str, body: BaseModel) -> WorkerStatus:
         try:
-            term = self._term()
-            r = await self._http.post(f"{control_url.rstrip('/')}{path}", json=body.model_dump(mode="json"),
-                                      headers={TERM_HEADER: str(term)} if term is not None else None)
+            async with self._calls:
+                term = self._term()
+                r = await self._http.post(f"{control_url.rstrip('/')}{path}", json=body.model_dump(mode="json"),
+                                          headers={TERM_HEADER: str(term)} if term is not None else None)
         except httpx.HTTPError as exc:
             raise ControlError(f"{path} to {control_url}: {exc or type(exc).__name__}") from None
         if r.status_code >= 400:
