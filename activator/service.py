@@ -192,6 +192,7 @@ class CompletionService:
         req = parse_request(kind, body)
         stream = ctx.stream = bool(req.stream)
         client_wants_usage = bool(req.stream_options and req.stream_options.include_usage) if stream else True
+        self.routes.warm(model.name)  # a model at zero starts while this request is admitted
         await self.admit(principal.tenant, principal, model, kind, body, ctx)
         # The engine's prefix cache is shared by every request: salted per tenant, one
         # tenant's cached prompts cannot speed up (and so reveal themselves to) another's.

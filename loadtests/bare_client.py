@@ -119,3 +119,43 @@ class BareClient:
 def _close(conn: Connection) -> None:
     with contextlib.suppress(Exception):
         conn[1].close()
+
+
+async def first_event(url: str, body: bytes, headers: dict[str, str], *,
+                      timeout_s: float = 300.0) -> tuple[int | None, float | None, str | None]:
+    """POST ``body`` to ``url`` on a connection of its own and read the streamed answer to
+    its end: its status, the seconds from the send to the first server-sent event
+    (``data: ``; None if none came), and what went wrong (a refusal's body, or the
+    transport's error). A harness's thousand streams at once, each on its own socket: no
+    pool to wait in, and ``time`` starts when the request is written."""
+    import time
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    lines = [f"POST {parts.path or '/'} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}",
+             "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+    status: int | None = None
+    first: float | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+                await writer.drain()
+                t0 = time.perf_counter()
+                status = int((await reader.readuntil(b"\r\n")).split(b" ", 2)[1])
+                rest = b""
+                while chunk := await reader.read(65536):
+                    if first is None and b"data: " in rest[-8:] + chunk:
+                        first = time.perf_counter() - t0
+                    if status != 200 and len(rest) < 4096:
+                        rest += chunk
+                    elif status == 200:
+                        rest = chunk[-8:]
+            finally:
+                _close((reader, writer))
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError) as exc:
+        return status, first, f"{type(exc).__name__}: {exc}"
+    if status != 200:
+        return status, None, rest.split(b"\r\n\r\n", 1)[-1].decode(errors="replace")[:300]
+    return status, first, None

@@ -213,6 +213,19 @@ class Router:
                            loading=r.replicas.loading, cold_queue=len(r.cold), fair_queue=len(r.fair),
                            failure_kind=r.replicas.failure_kind)
 
+    def warm(self, model: str) -> None:
+        """A valid request for ``model`` is being admitted: if it has no usable replica
+        (and is neither backing off nor refused for capacity, which its wait will say),
+        demand is signalled now, so the cold start runs while the request is counted and
+        admitted. The model's tokenizer is fetched from the store on its first request
+        (seconds: a burst of 1,000 models at zero waited on it before any was signalled).
+        A request refused after (too long for the context, over its tenant's limits) has
+        woken the model for nothing; its replica idles out like any other."""
+        r = self._routes[model]
+        now = self.clock()
+        if not r.replicas.usable and not r.replicas.backing_off(now) and not r.replicas.at_capacity():
+            self.feed.signal_demand(model)
+
     # -- a request's life, as the service reports it (the only writers of these counts) --
     def arrive(self, model: str, now: float) -> bool:
         """A request for ``model`` arrived: counted; whether it finds no ready replica

@@ -645,3 +645,29 @@ async def test_a_replica_that_dies_after_its_headers_before_any_body_is_retried(
         r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
                               headers={"Authorization": f"Bearer {KEY}"})
         assert r.status_code >= 500 and r.json()["error"]["message"]
+
+
+async def test_a_model_at_zero_is_woken_before_its_request_is_counted(
+        activator: tuple[Any, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch) -> None:
+    app, client = activator
+    signalled: list[str] = []
+    monkeypatch.setattr(app.state.routes.feed, "signal_demand", signalled.append)
+    loaded = asyncio.Event()
+
+    class SlowTokenizers:
+        """The model's tokenizer, still being fetched from the store."""
+
+        async def get(self, uri: str) -> None:
+            await loaded.wait()
+
+    app.state.service.tokens = SlowTokenizers()
+    app.state.routes.apply(table(1, []))  # the model at zero
+    request = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT,
+                                              headers={"Authorization": f"Bearer {KEY}"}))
+    try:
+        await until("demand signalled while the tokenizer loads", lambda: bool(signalled))
+        assert not loaded.is_set() and signalled[0] == "demo"
+        loaded.set()
+    finally:
+        request.cancel()
+        await asyncio.gather(request, return_exceptions=True)

@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from loadtests.bare_client import BareClient
+from loadtests.bare_client import BareClient, first_event
 from tests.warm_pool.in_process import serve
 from thaw.controllers import LEADER_HEADER, Controllers
 from thaw.embedded_store import free_port
@@ -30,6 +30,19 @@ def app(role: str = "leader", leader: str = "") -> FastAPI:
             return JSONResponse({"error": "follower"}, 503, headers={"X-Thaw-Role": "follower", LEADER_HEADER: leader})
         return JSONResponse({"got": (await request.body()).decode(), "auth": request.headers.get("authorization"),
                              "query": str(request.url.query)}, headers={"X-Seen": "yes"})
+
+    @a.post("/events", response_model=None)
+    async def events(request: Request) -> StreamingResponse | JSONResponse:
+        if (await request.body()) != b"go":
+            return JSONResponse({"error": "no such model"}, 404)
+
+        async def stream() -> AsyncIterator[bytes]:
+            await asyncio.sleep(0.2)
+            for i in range(3):
+                yield f"data: {i}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
 
     @a.get("/chunks")
     async def chunks() -> StreamingResponse:
@@ -119,3 +132,13 @@ async def test_controllers_follow_the_leader_through_it() -> None:
                 assert r.status_code == 200 and r.json()["got"] == "hb" and controllers.url == leader
             finally:
                 await client.aclose()
+
+
+async def test_first_event_times_a_stream_and_says_why_a_refusal_was_refused() -> None:
+    async with running(app()) as url:
+        status, ttft, error = await first_event(f"{url}/events", b"go", {})
+        assert status == 200 and error is None and ttft is not None and 0.2 <= ttft < 10
+        status, ttft, error = await first_event(f"{url}/events", b"nope", {})
+        assert status == 404 and ttft is None and error is not None and "no such model" in error
+    status, ttft, error = await first_event(url + "/events", b"go", {}, timeout_s=5)
+    assert status is None and error is not None and ttft is None  # nothing listens there now

@@ -64,16 +64,30 @@ class FleetFacts:
         self._pack_refused: dict[str, float] = {}
         # Each worker's last view: its facts, boot and heartbeat timeouts, until when it holds.
         self._derived: dict[str, tuple[WorkerFacts, float, float, float, WorkerView]] = {}
+        # Each host's packed engines known here (kept by observe and forget): a heartbeat
+        # prunes its host's, not a scan of the fleet (a thousand workers' heartbeats each
+        # scanning a thousand facts was a few percent of the controller in a burst).
+        self._hosted: dict[str, set[str]] = {}
 
     # -- facts (the one place they change) -----------------------------------------
     def observe(self, worker_id: str, shape: str, **changes: Any) -> WorkerFacts:
         cur = self.facts.get(worker_id) or WorkerFacts(worker_id, shape)
         new = replace(cur, **changes)
         self.facts[worker_id] = new
+        if new.host is not None:
+            self._hosted.setdefault(new.host, set()).add(worker_id)
         return new
 
     def forget(self, worker_id: str) -> None:
-        self.facts.pop(worker_id, None)
+        f = self.facts.pop(worker_id, None)
+        if f is not None and f.host is not None and (engines := self._hosted.get(f.host)) is not None:
+            engines.discard(worker_id)
+            if not engines:
+                del self._hosted[f.host]
+
+    def engines_of(self, host_id: str) -> list[str]:
+        """The packed engines known to run on ``host_id``."""
+        return sorted(self._hosted.get(host_id, ()))
 
     def engine_gone(self, worker_id: str) -> None:
         """A packed engine went away: forgotten, and its late heartbeats refused."""
@@ -94,9 +108,8 @@ class FleetFacts:
         heartbeats refused until :meth:`terminated`. Returns its last facts."""
         last = self.facts.get(worker_id)
         self.forget(worker_id)
-        for wid, f in list(self.facts.items()):
-            if f.host == worker_id:  # its packed engines go with its instance
-                self.engine_gone(wid)
+        for wid in self.engines_of(worker_id):  # its packed engines go with its instance
+            self.engine_gone(wid)
         self.gone.add(worker_id)
         return last
 
@@ -182,10 +195,10 @@ class FleetFacts:
         """Forget the packed engines a worker no longer lists (released and gone), but
         not one just asked for, which it may not have listed yet."""
         listed = set(status.engines)
-        for wid, f in list(self.facts.items()):
-            if f.host != host_id or wid in listed or wid in self.busy:
+        for wid in self.engines_of(host_id):
+            if wid in listed or wid in self.busy:
                 continue
-            i = f.intent
+            i = self.facts[wid].intent
             if i is not None and i.kind == "assign" and now - i.at < INTENT_TTL_S:
                 continue
             log.info("packed_engine_gone", worker_id=wid, host=host_id)
@@ -205,8 +218,9 @@ class FleetFacts:
             timeout = float("inf")
         out = {}
         derived: dict[str, tuple[WorkerFacts, float, float, float, WorkerView]] = {}
+        shapes = {s.name: s for s in cfg.shapes}
         for wid, f in self.facts.items():
-            shape = cfg.shape(f.shape)
+            shape = shapes.get(f.shape)
             boot = shape.boot_timeout_s if shape else 600.0
             # The last view, while its facts are the same object and no time its rules
             # compare with has come (with 1,000 workers, deriving every view each turn
