@@ -16,6 +16,7 @@ as ``AutoTokenizer`` does for a model without remote code: the class it names wh
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import tempfile
 import threading
@@ -316,12 +317,18 @@ def _samples(tok: Any) -> list[str]:
 
 
 class TokenCounter:
-    """Per-model tokenizers, loaded once from the store; None when the model has none."""
+    """Per-model tokenizers, loaded once from the store; None when the model has none.
+
+    Models whose tokenizer files are the same bytes (fine-tunes of one base, the same
+    weights under many names) share one tokenizer: with thousands of models, one per
+    model would hold gigabytes (a Llama 3 tokenizer is tens of MB in memory) and build
+    each again (hundreds of milliseconds of CPU)."""
 
     def __init__(self, fetch: FileFetcher) -> None:
         self._fetch = fetch
         self._cache: dict[str, ModelTokenizer | None] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._by_digest: dict[str, ModelTokenizer] = {}
 
     async def get(self, uri: str) -> ModelTokenizer | None:
         if uri in self._cache:
@@ -352,7 +359,15 @@ class TokenCounter:
             if "tokenizer.json" not in files:
                 log.warning("tokenizer_missing", uri=uri)
                 return None
-            return build_tokenizer(files)
+            digest = hashlib.sha256()
+            for name in sorted(files):
+                digest.update(f"{name}\0{len(files[name])}\0".encode())
+                digest.update(files[name])
+            key = digest.hexdigest()
+            tok = self._by_digest.get(key)
+            if tok is None:
+                tok = self._by_digest.setdefault(key, build_tokenizer(files))
+            return tok
         except Exception as exc:  # a bad tokenizer must not take the API down
             log.warning("tokenizer_unusable", uri=uri, error=str(exc))
             return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -148,3 +150,20 @@ def test_prompt_chars_is_a_cheap_size_of_the_prompt() -> None:
     assert prompt_chars("completions", {"prompt": "abcd"}) == 4
     assert prompt_chars("completions", {"prompt": ["ab", "c", [1, 2]]}) == 3
     assert prompt_chars("completions", {"prompt": [1, 2, 3]}) == 0 and prompt_chars("chat", {}) == 0
+
+
+async def test_models_with_the_same_tokenizer_files_share_one_tokenizer(tmp_path: Path, demo_model_dir: Path) -> None:
+    serve = fetcher(demo_model_dir)
+    other = tmp_path / "other"
+    shutil.copytree(demo_model_dir, other)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
+    serve_other = fetcher(other)
+
+    def fetch(uri: str, name: str) -> bytes | None:
+        return serve_other(uri, name) if uri.endswith("/other") else serve(uri, name)
+
+    counter = TokenCounter(fetch)
+    a, b, c = [await counter.get(u) for u in ("s3://b/ft-1", "s3://b/ft-2", "s3://b/other")]
+    assert a is not None and a is b  # the same files: one tokenizer
+    assert c is not None and c is not a  # one file differs: its own
