@@ -69,6 +69,8 @@ RESPONSES_PURGE_INTERVAL_S = 3600.0
 # How often, at most, the keep-alive histograms are saved (a crash loses at most this
 # much of what they learnt; a clean stop saves them).
 KEEPALIVE_SAVE_S = 10.0
+# The longest the loop rests after a turn (as long as the turn took, up to this).
+TURN_REST_MAX_S = 1.0
 
 
 class PoolManager:
@@ -272,6 +274,7 @@ class PoolManager:
     # -- the loop -------------------------------------------------------------------
     async def _run(self) -> None:
         while not self._closing:
+            t0 = time.perf_counter()
             try:
                 await self.step()
             except asyncio.CancelledError:
@@ -279,6 +282,11 @@ class PoolManager:
             except Exception:
                 log.exception("pool_tick_failed")
             self.steps += 1
+            # Woken again at once (every worker's state change wakes it), turns would run
+            # back to back and starve the API on the same loop: the heartbeats, demand
+            # signals and route polls a burst brings waited seconds behind them. The
+            # loop rests as long as its turn took, so turns take at most half of it.
+            await asyncio.sleep(min(time.perf_counter() - t0, TURN_REST_MAX_S))
             await wait_event(self.parts.wake, self.poll_interval_s)
             self.parts.wake.clear()
 
