@@ -80,11 +80,14 @@ class SimWorker:
     # While set, its heartbeats are not sent: a worker cut off from the controllers (or
     # one a takeover's new leader hears from late).
     silent: bool = False
+    # The statuses it has given (WorkerStatus.seq).
+    seq: int = 0
 
     def status(self) -> WorkerStatus:
         a = self.assignment
         ready = self.state is WorkerState.READY
-        return WorkerStatus(
+        self.seq += 1
+        return WorkerStatus(seq=self.seq,
             worker_id=self.worker_id, instance_id=f"sim-{self.worker_id}", shape=self.shape, state=self.state,
             control_url=self.control_url, model=a.model if a else None,
             assignment_id=a.assignment_id if a else None, revision=a.revision if a else None,

@@ -295,6 +295,10 @@ class WorkerStatus(_Msg):
     engine_url: str | None = None
     started_at: float
     state_since: float
+    # The worker's count of the statuses it has given since it started (0: not counted).
+    # A heartbeat sent before the answer to a control call can arrive after it: the
+    # controller takes no status older (lower) than the one it holds from the same start.
+    seq: NonNegativeInt = 0
     phases: Phases = Phases()
     # The current assignment's snapshot restore (and capture); None without an assignment.
     snapshot: SnapshotView | None = None

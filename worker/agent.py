@@ -33,6 +33,7 @@ shutdown.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import shutil
 import time
 from collections.abc import Callable
@@ -97,6 +98,9 @@ class Agent:
         self._facts = Facts()
         self._state = derive_state(self._facts)
         self._state_since = self.started_at
+        # Each status given is numbered (WorkerStatus.seq): the controller drops one that
+        # arrives after a later one.
+        self._seq = itertools.count(1)
         self.metrics.set_state(self._state)
         self._tasks = Tasks()
         # Starts an engine host (a process group; see worker.host).
@@ -180,7 +184,7 @@ class Agent:
         return worker_status(self.settings, self._facts, self._state, started_at=self.started_at,
                              state_since=self._state_since, engine_url=self._engine.url,
                              cached=self._caches.cached, load_bytes_per_s=dict(self._caches.load_rates),
-                             engines=self.packed_engines(), adapters=self.adapters.views())
+                             engines=self.packed_engines(), adapters=self.adapters.views(), seq=next(self._seq))
 
     # -- lifecycle ----------------------------------------------------------------
 

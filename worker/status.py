@@ -12,7 +12,7 @@ from worker.state import Facts, Prebuilt, WorkerState
 
 def worker_status(settings: AgentSettings, f: Facts, state: WorkerState, *, started_at: float, state_since: float,
                   engine_url: str | None, cached: list[CachedWeights], load_bytes_per_s: dict[str, float],
-                  engines: list[str], adapters: list[AdapterView]) -> WorkerStatus:
+                  engines: list[str], adapters: list[AdapterView], seq: int = 0) -> WorkerStatus:
     """The status; what belongs to an assignment is left out without one, and the
     engine's URL is shown only while it is ready (the routes send requests to it)."""
     s = settings
@@ -31,6 +31,7 @@ def worker_status(settings: AgentSettings, f: Facts, state: WorkerState, *, star
         engine_url=engine_url if state is WorkerState.READY else None,
         started_at=started_at,
         state_since=state_since,
+        seq=seq,
         phases=Phases(
             assigned=a.assigned_at if a else None,
             # When the restore finished, or was skipped (then it took no time).

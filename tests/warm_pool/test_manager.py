@@ -706,3 +706,28 @@ async def test_stored_responses_past_their_retention_are_deleted() -> None:
     clock.t += 2 * 86400  # 31 days after the first: past responses.retention_days (30)
     await step(m)
     assert m.parts.responses.get("acme", "resp_old00001") is None and m.parts.responses.get("acme", "resp_new00001") is not None
+
+
+async def test_a_heartbeat_sent_before_an_assignment_was_answered_does_not_undo_it() -> None:
+    clock = Clock()
+    control = FakeControl(clock)
+    m = await manager(config("static", standby=1), StaticProvider(), control, clock)
+    beat(m, "w-a", S.STANDBY, clock, seq=1)
+    clock.t += m.adopt_grace_s
+    await step(m)
+    # The worker's next heartbeat (seq 2, standby) is on its way when it is assigned and
+    # answers (seq 3, loading); the heartbeat arrives last.
+    m.fleet.answered("w-a", WorkerStatus(worker_id="w-a", instance_id="i-w-a", shape="gpu", state=S.LOADING,
+                                         control_url="http://w-a", started_at=0.0, state_since=clock(), seq=3,
+                                         model="demo", assignment_id="demo-1"))
+    beat(m, "w-a", S.STANDBY, clock, seq=2)
+    assert m.fleet.facts["w-a"].status is not None and m.fleet.facts["w-a"].status.seq == 3
+    assert views(m)["w-a"] == "loading"
+    assert 'thaw_pool_heartbeats_total{outcome="stale"} 1.0' in metrics_text(m)
+    # A worker started again counts from 1: its first heartbeat is news.
+    m.heartbeat(WorkerStatus(worker_id="w-a", instance_id="i-w-a", shape="gpu", state=S.STANDBY,
+                             control_url="http://w-a", started_at=5.0, state_since=clock(), seq=1))
+    assert views(m)["w-a"] == "standby"
+    # An uncounted status (an older worker: seq 0) is always taken.
+    beat(m, "w-a", S.LOADING, clock, model="demo", assignment_id="demo-2")
+    assert views(m)["w-a"] == "loading"

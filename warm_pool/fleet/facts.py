@@ -38,6 +38,13 @@ class UnknownInstance(Exception):
     """A heartbeat from an instance that no provider of this cluster launched (403)."""
 
 
+def is_older(status: WorkerStatus, held: WorkerStatus | None) -> bool:
+    """Whether ``status`` was given before ``held`` by the same start of the same worker
+    (``WorkerStatus.seq``; 0, an uncounted status, is never older)."""
+    return (held is not None and status.seq > 0 and held.seq > status.seq
+            and status.instance_id == held.instance_id and status.started_at == held.started_at)
+
+
 class FleetFacts:
     """One :class:`WorkerFacts` per worker (``facts``), changed only through
     :meth:`observe` and :meth:`forget`, and the sets that keep workers gone."""
@@ -123,7 +130,7 @@ class FleetFacts:
     def answered(self, worker_id: str, status: WorkerStatus) -> None:
         """A worker's answer to a control call: its status, as a heartbeat's."""
         f = self.facts.get(worker_id)
-        if f is not None and worker_id not in self.gone:
+        if f is not None and worker_id not in self.gone and not is_older(status, f.status):
             self.observe(worker_id, f.shape, status=status, heard_at=self.clock())
 
     def control_url(self, worker_id: str) -> str | None:
@@ -163,6 +170,13 @@ class FleetFacts:
             log.info("worker_registered", worker_id=status.worker_id, instance_id=status.instance_id,
                      shape=status.shape, control_url=status.control_url)
         prev = f.status if f is not None else None
+        if is_older(status, prev):
+            # Sent before the status held (the answer to a control call came first): a
+            # sign of life, not news; taken, it would undo the assignment just answered
+            # and the worker would be assigned again.
+            self.observe(status.worker_id, status.shape, heard_at=now)
+            self.metrics.heartbeats.labels("stale").inc()
+            return HeartbeatReply(controller_epoch=self.epoch, interval_s=cfg.cluster.heartbeat_interval_s)
         self.observe(status.worker_id, status.shape, status=status, heard_at=now)
         self._prune_engines(status.worker_id, status, now)
         self.metrics.heartbeats.labels("accepted").inc()
@@ -184,6 +198,10 @@ class FleetFacts:
             raise UnknownInstance(f"packed engine {status.worker_id!r} runs in worker {host_id!r}, which this "
                                   f"controller does not know (yet) on instance {status.instance_id!r}")
         prev = self.facts.get(status.worker_id)
+        if prev is not None and is_older(status, prev.status):
+            self.observe(status.worker_id, status.shape, heard_at=now, host=host_id)
+            self.metrics.heartbeats.labels("stale").inc()
+            return HeartbeatReply(controller_epoch=self.epoch, interval_s=self._config().cluster.heartbeat_interval_s)
         self.observe(status.worker_id, status.shape, status=status, heard_at=now, host=host_id)
         self.metrics.heartbeats.labels("accepted").inc()
         if prev is None or prev.status is None or prev.status.state != status.state \
