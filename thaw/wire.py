@@ -360,8 +360,24 @@ class ActivityReport(_Msg):
     models: dict[str, ModelActivityReport]
 
 
+# Models one demand signal may name.
+MAX_DEMAND_MODELS = 1000
+
+
 class DemandSignal(_Msg):
-    model: str
+    """``POST /v1/demand``: requests wait for these models at zero. An activator sends
+    the models that came to wait while its last signal was on its way in one (a burst
+    of a thousand models was a thousand requests to the controller)."""
+
+    models: Annotated[list[str], Field(min_length=1, max_length=MAX_DEMAND_MODELS)]
+
+
+class DemandReply(_Msg):
+    """The answer to a demand signal: the models signalled, and those the controller does
+    not serve (removed meanwhile, or never deployed)."""
+
+    accepted: int
+    unknown: list[str] = []
 
 
 class ColdStartRecord(_Msg):

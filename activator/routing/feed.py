@@ -13,6 +13,7 @@ docs/REQUEST_PATH.md, "The catalog feed").
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,9 +24,13 @@ from pydantic import BaseModel
 from thaw.auth import bearer
 from thaw.controllers import Controllers
 from thaw.log import get_logger
-from thaw.wire import ActivityReport, ColdStartRecord, DemandSignal, RouteTable
+from thaw.wire import MAX_DEMAND_MODELS, ActivityReport, ColdStartRecord, DemandSignal, RouteTable
 
 log = get_logger()
+
+# Demand signals on their way to the controller at once (each names every model that
+# came to wait since the last one left).
+DEMAND_SENDERS = 4
 
 
 @dataclass
@@ -109,6 +114,8 @@ class ControllerFeed:
         self._tasks: list[asyncio.Task[None]] = []
         self._side: set[asyncio.Task[Any]] = set()
         self._demand_in_flight: set[str] = set()
+        self._demand_pending: dict[str, None] = {}  # waiting for a sender, in order
+        self._demand_senders = 0
         self.demand_coalesced = 0
 
     async def start(self) -> None:
@@ -212,15 +219,33 @@ class ControllerFeed:
     # -- telling the controller ---------------------------------------------------------
     def signal_demand(self, model: str) -> None:
         """Tell the controller a request waits for ``model``; one signal in flight per
-        model at most (a burst of waiting requests is one signal, not one each)."""
+        model at most (a burst of waiting requests is one signal, not one each). At most
+        ``DEMAND_SENDERS`` signals are on their way at once; the models that come to wait
+        meanwhile go together in the next (a burst of a thousand models at zero is a few
+        requests to the controller, not a thousand)."""
         if model in self._demand_in_flight:
             self.demand_coalesced += 1
             return
         self._demand_in_flight.add(model)
-        task = asyncio.create_task(self._post("/v1/demand", DemandSignal(model=model)))
-        self._side.add(task)
-        task.add_done_callback(self._side.discard)
-        task.add_done_callback(lambda _: self._demand_in_flight.discard(model))
+        self._demand_pending[model] = None
+        if self._demand_senders < DEMAND_SENDERS:
+            self._demand_senders += 1
+            task = asyncio.create_task(self._send_demand())
+            self._side.add(task)
+            task.add_done_callback(self._side.discard)
+
+    async def _send_demand(self) -> None:
+        try:
+            while self._demand_pending:
+                batch = list(itertools.islice(self._demand_pending, MAX_DEMAND_MODELS))
+                for name in batch:
+                    del self._demand_pending[name]
+                try:
+                    await self._post("/v1/demand", DemandSignal(models=batch))
+                finally:
+                    self._demand_in_flight.difference_update(batch)
+        finally:
+            self._demand_senders -= 1
 
     def demand_in_flight(self, model: str) -> bool:
         """Whether a demand signal for ``model`` is on its way."""

@@ -19,7 +19,22 @@ async def test_a_malformed_request_names_each_fields_problem(tmp_path: Path) -> 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c",
                                  headers={"Authorization": f"Bearer {TOKEN}"}) as c:
         r = await c.post("/v1/demand", json={})
-        assert r.status_code == 422 and r.json() == {"error": "invalid request: model: Field required"}
+        assert r.status_code == 422 and r.json() == {"error": "invalid request: models: Field required"}
+        r = await c.post("/v1/demand", json={"models": []})
+        assert r.status_code == 422 and "models: List should have at least 1 item" in r.json()["error"]
+
+
+async def test_a_demand_signal_names_many_models_and_says_which_are_unknown(tmp_path: Path) -> None:
+    m = build_pool(registry_config(), {}, HttpWorkerControl(TOKEN), state_dir=tmp_path)
+    app = create_pool_app(m, TOKEN, manage_lifecycle=False)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c",
+                                 headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        served = m.cfg.models[0]
+        r = await c.post("/v1/demand", json={"models": [served.resolved_served_name, "gone", served.name]})
+        assert r.status_code == 202 and r.json() == {"accepted": 1, "unknown": ["gone"]}
+        assert set(m.traffic.demand_at) == {served.name}  # by its served name too: one model
+        r = await c.post("/v1/demand", json={"models": ["gone", "never"]})
+        assert r.status_code == 404 and r.json()["error"] == "unknown models 'gone', 'never'"
 
 
 async def test_an_admin_key_opens_the_registry_and_nothing_else(tmp_path: Path) -> None:

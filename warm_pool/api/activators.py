@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
-from thaw.wire import ActivityReport, ColdStartRecord, DemandSignal, RouteTable
+from thaw.wire import ActivityReport, ColdStartRecord, DemandReply, DemandSignal, RouteTable
 from warm_pool.api.errors import NotFound, refusal_doc
 from warm_pool.api.parts import Manager
 from warm_pool.policy.decide import ModelActivity
@@ -25,13 +25,22 @@ async def report(body: ActivityReport, manager: Manager) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/v1/demand", status_code=202, responses={404: refusal_doc("No such model in the config")})
+@router.post("/v1/demand", status_code=202, response_model=DemandReply,
+             responses={404: refusal_doc("None of the models is in the config")})
 async def demand(body: DemandSignal, manager: Manager) -> JSONResponse:
-    model = manager.cfg.model(body.model)
-    if model is None:
-        raise NotFound(f"unknown model {body.model!r}")
-    manager.traffic.demand(model.name)
-    return JSONResponse({"accepted": True}, status_code=202)
+    known: dict[str, None] = {}  # by name (a model may be named by its served name too)
+    unknown: list[str] = []
+    for name in dict.fromkeys(body.models):
+        model = manager.cfg.model(name)
+        if model is None:
+            unknown.append(name)
+        else:
+            known[model.name] = None
+    if not known:
+        raise NotFound(f"unknown model{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}")
+    for name in known:
+        manager.traffic.demand(name)
+    return JSONResponse(DemandReply(accepted=len(known), unknown=unknown).model_dump(), status_code=202)
 
 
 @router.post("/v1/cold_starts", status_code=204)

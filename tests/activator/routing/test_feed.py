@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Query, Request, Response
 
-from activator.routing.feed import ControllerFeed, Followed
+from activator.routing.feed import DEMAND_SENDERS, ControllerFeed, Followed
 from tests.activator.support import make_config
 from tests.waiting import until
 from thaw.config import Model, ThawConfig
@@ -23,14 +23,18 @@ from warm_pool.routes import RouteFeed
 
 
 @pytest.fixture
-async def controller() -> AsyncIterator[tuple[str, list[str]]]:
-    """A controller that takes 0.3 s to answer a demand signal, and records them."""
+async def controller() -> AsyncIterator[tuple[str, list[str], list[list[str]]]]:
+    """A controller that takes 0.3 s to answer a demand signal, and records them (the
+    models signalled, and each signal's)."""
     seen: list[str] = []
+    signals: list[list[str]] = []
     app = FastAPI()
 
     @app.post("/v1/demand")
     async def demand(request: Request) -> Response:
-        seen.append((await request.json())["model"])
+        models = (await request.json())["models"]
+        seen.extend(models)
+        signals.append(models)
         await asyncio.sleep(0.3)
         return Response(status_code=202)
 
@@ -39,7 +43,7 @@ async def controller() -> AsyncIterator[tuple[str, list[str]]]:
     task = asyncio.create_task(server.serve())
     await until("the controller started", lambda: server.started)
     try:
-        yield f"http://127.0.0.1:{port}", seen
+        yield f"http://127.0.0.1:{port}", seen, signals
     finally:
         server.should_exit = True
         server.force_exit = True
@@ -51,8 +55,9 @@ def feed(url: str, followed: dict[str, Followed] | None = None) -> ControllerFee
                           report=lambda: ActivityReport(activator_id="a1", models={}), followed=followed)
 
 
-async def test_demand_signals_are_coalesced_one_in_flight_per_model(controller: tuple[str, list[str]]) -> None:
-    url, seen = controller
+async def test_demand_signals_are_coalesced_one_in_flight_per_model(
+        controller: tuple[str, list[str], list[list[str]]]) -> None:
+    url, seen, _ = controller
     f = feed(url)
     try:
         # Twenty requests wait at zero within a few milliseconds: one signal goes out.
@@ -64,6 +69,37 @@ async def test_demand_signals_are_coalesced_one_in_flight_per_model(controller: 
         await until("the signal answered", lambda: not f.demand_in_flight("demo"))
         f.signal_demand("demo")
         await until("a second signal", lambda: seen == ["demo", "demo"])
+    finally:
+        await f.close()
+
+
+async def test_models_waiting_while_signals_are_on_their_way_go_together_in_the_next(
+        controller: tuple[str, list[str], list[list[str]]]) -> None:
+    url, seen, signals = controller
+    f = feed(url)
+    try:
+        # 500 models come to wait within a few milliseconds; each signal takes 0.3 s.
+        names = [f"m{i:03d}" for i in range(500)]
+        for name in names:
+            f.signal_demand(name)
+        await until("every model signalled", lambda: sorted(seen) == names)
+        # A signal leaves when the loop next turns, with every model waiting by then:
+        # here all of them, in one request (one each, it was 500).
+        assert len(seen) == len(names) and f.demand_coalesced == 0
+        assert len(signals) <= DEMAND_SENDERS, [len(s) for s in signals]
+        await until("every signal answered", lambda: not any(f.demand_in_flight(n) for n in names))
+    finally:
+        await f.close()
+    # Models that come to wait while the senders are all out go together in the next.
+    signals.clear()
+    seen.clear()
+    f = feed(url)
+    try:
+        for i in range(DEMAND_SENDERS + 50):
+            f.signal_demand(f"n{i}")
+            await asyncio.sleep(0)  # each on its own turn of the loop: a sender leaves
+        await until("every model signalled", lambda: len(seen) == DEMAND_SENDERS + 50)
+        assert len(signals) < DEMAND_SENDERS + 50, [len(s) for s in signals]
     finally:
         await f.close()
 
