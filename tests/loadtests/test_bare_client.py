@@ -5,7 +5,6 @@ closed them, chunked bodies, transport errors as httpx's, and the leader followe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 import httpx
@@ -14,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from loadtests.bare_client import BareClient, first_event
-from tests.warm_pool.in_process import serve
+from tests.warm_pool.in_process import serve, serving
 from thaw.controllers import LEADER_HEADER, Controllers
 from thaw.embedded_store import free_port
 
@@ -55,20 +54,9 @@ def app(role: str = "leader", leader: str = "") -> FastAPI:
     return a
 
 
-@contextlib.asynccontextmanager
-async def running(application: FastAPI) -> AsyncIterator[str]:
-    port = free_port()
-    server, task = await serve(application, port)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
-
-
 async def test_answers_as_httpx_does_on_one_kept_alive_connection() -> None:
     a = app()
-    async with running(a) as url:
+    async with serving(a) as url:
         client = BareClient({"Authorization": "Bearer t"})
         try:
             for i in range(5):
@@ -88,7 +76,7 @@ async def test_answers_as_httpx_does_on_one_kept_alive_connection() -> None:
 async def test_a_connection_the_server_closed_is_replaced_and_a_dead_server_is_a_connect_error() -> None:
     client = BareClient()
     try:
-        async with running(app()) as url:
+        async with serving(app()) as url:
             assert (await client.request("POST", f"{url}/echo", content="a")).status_code == 200
         # The server is gone: the kept-alive connection fails, and so does a new one.
         with pytest.raises(httpx.ConnectError):
@@ -122,9 +110,9 @@ async def test_a_silent_server_is_a_read_error_within_the_timeout() -> None:
 
 
 async def test_controllers_follow_the_leader_through_it() -> None:
-    async with running(app()) as leader, running(app("follower", "")) as follower:
+    async with serving(app()) as leader, serving(app("follower", "")) as follower:
         follower_app_told = app("follower", leader)
-        async with running(follower_app_told) as telling:
+        async with serving(follower_app_told) as telling:
             client = BareClient()
             try:
                 controllers = Controllers(f"{telling},{follower},{leader}")
@@ -135,7 +123,7 @@ async def test_controllers_follow_the_leader_through_it() -> None:
 
 
 async def test_first_event_times_a_stream_and_says_why_a_refusal_was_refused() -> None:
-    async with running(app()) as url:
+    async with serving(app()) as url:
         status, ttft, error = await first_event(f"{url}/events", b"go", {})
         assert status == 200 and error is None and ttft is not None and 0.2 <= ttft < 10
         status, ttft, error = await first_event(f"{url}/events", b"nope", {})

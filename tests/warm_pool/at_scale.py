@@ -17,7 +17,7 @@ import yaml
 
 from activator.app import create_app
 from loadtests.sim_fleet import SimFleet
-from tests.warm_pool.in_process import EXAMPLE, TOKEN, serve
+from tests.warm_pool.in_process import EXAMPLE, TOKEN, serving
 from thaw.config import ThawConfig, hash_api_key, parse_config
 from thaw.embedded_store import free_port
 from thaw.wire import RouteTable
@@ -76,14 +76,8 @@ async def sim_fleet(controller_url: str, workers: int, **kw: Any) -> AsyncIterat
 async def activator(cfg: ThawConfig, controller_url: str) -> AsyncIterator[str]:
     """The activator's app (`thaw activator`'s, its route feed and reports to
     ``controller_url`` with the cluster token) on a loopback port: its base URL."""
-    app = create_app(cfg, controller_url, activator_id="scale-act", token=TOKEN)
-    port = free_port()
-    server, task = await serve(app, port)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with serving(create_app(cfg, controller_url, activator_id="scale-act", token=TOKEN)) as url:
+        yield url
 
 
 def ready_replicas(table: RouteTable | None) -> set[tuple[str, str, str, str | None]]:

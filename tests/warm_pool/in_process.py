@@ -77,6 +77,18 @@ async def serve(app: Any, port: int) -> tuple[uvicorn.Server, asyncio.Task[None]
     return server, task
 
 
+@asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """``app`` served on a free loopback port until the block ends: its base URL."""
+    port = free_port()
+    server, task = await serve(app, port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
 @dataclass
 class InProcessProvider:
     """Worker agents as in-process uvicorn servers, each with its own fake world. Like a
