@@ -519,12 +519,14 @@ class Plane:
                     if r.status_code == 201:
                         deployed.append(name)
                 elif kind == "update":
-                    # A model of the long tail, its keep-alive changed: a revision, no roll.
+                    # A model of the long tail, its keep-alive changed (to a value no
+                    # change before set: the same settings again are refused): a new
+                    # revision, no roll.
                     name = f"m{(k * 7919) % self.models:05d}"
                     revision = client.get(f"/v1/admin/models/{name}").json()["revision"]
                     t0 = time.perf_counter()
                     r = client.patch(f"/v1/admin/models/{name}", json={
-                        "revision": revision, "spec": {"autoscaling": {"idle_grace_s": 3599 - k % 2}}})
+                        "revision": revision, "spec": {"autoscaling": {"idle_grace_s": 3000 + k}}})
                 else:
                     name = deployed.pop(0)
                     r = client.delete(f"/v1/admin/models/{name}")
