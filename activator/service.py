@@ -38,7 +38,7 @@ from activator.protocol import Kind, parse_request, tenant_cache_salt
 from activator.recording import RequestRecorder
 from activator.replica_choice import prefix_key
 from activator.routing.replicas import Replica, cold_start_tier
-from activator.routing.router import Acquired, Router
+from activator.routing.router import Acquired, Router, wakes
 from activator.throttle import FailedAuthThrottle
 from activator.tokens import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -192,7 +192,8 @@ class CompletionService:
         req = parse_request(kind, body)
         stream = ctx.stream = bool(req.stream)
         client_wants_usage = bool(req.stream_options and req.stream_options.include_usage) if stream else True
-        self.routes.warm(model.name)  # a model at zero starts while this request is admitted
+        if wakes(self.routes.replicas(model.name), self.clock()):  # it starts while this request is admitted
+            self.routes.feed.signal_demand(model.name)
         await self.admit(principal.tenant, principal, model, kind, body, ctx)
         # The engine's prefix cache is shared by every request: salted per tenant, one
         # tenant's cached prompts cannot speed up (and so reveal themselves to) another's.

@@ -51,20 +51,27 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from loadtests import plane_scenarios
+from loadtests.plane_measures import (
+    API_KEY,
+    Versions,
+    exponent,
+    histogram,
+    loop_figures,
+    percentile,
+)
+
 SHAPE = "sim"
-API_KEY = "thaw-bench-key"
 DEPLOY_CONCURRENCY = 8
 
 
@@ -111,71 +118,6 @@ def parse_size(text: str) -> tuple[int, int]:
     if models < 1 or workers < 1:
         raise SystemExit(f"--sizes: {text!r} needs at least one model and one worker")
     return models, workers
-
-
-def percentile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    return round(s[max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))], 4)
-
-
-def exponent(a: float | None, b: float | None, size_a: int, size_b: int) -> float | None:
-    """How ``a`` at ``size_a`` grows to ``b`` at ``size_b``: 1 is linear."""
-    if not a or not b or size_a == size_b:
-        return None
-    return round(math.log(b / a) / math.log(size_b / size_a), 2)
-
-
-def histogram(metrics_text: str, name: str) -> dict[float, float]:
-    """A Prometheus histogram's cumulative bucket counts (``le`` -> count)."""
-    out = {}
-    for line in metrics_text.splitlines():
-        if line.startswith(f"{name}_bucket{{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            out[math.inf if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
-    return out
-
-
-def counter(metrics_text: str, name: str) -> float:
-    """A Prometheus counter's (or a histogram's ``_sum``/``_count``) value; 0 when absent."""
-    for line in metrics_text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def loop_figures(before: str, after: str) -> dict[str, Any]:
-    """The controller's loop between two scrapes of its metrics: its turns (whole, and
-    the policy's part), the models each judged, database statements per turn."""
-    out: dict[str, Any] = {}
-    for key, name in (("step", "thaw_pool_step_seconds"), ("policy", "thaw_pool_policy_seconds"),
-                      ("judged", "thaw_pool_models_judged")):
-        b, a = histogram(before, name), histogram(after, name)
-        n = counter(after, f"{name}_count") - counter(before, f"{name}_count")
-        unit = "" if key == "judged" else "_s"
-        out[f"{key}_p50{unit}"] = bucket_quantile(b, a, 0.5)
-        out[f"{key}_p99{unit}"] = bucket_quantile(b, a, 0.99)
-        out[f"{key}_mean{unit}"] = round((counter(after, f"{name}_sum") - counter(before, f"{name}_sum")) / n, 4) \
-            if n else None
-        if key == "step":
-            out["turns"] = n
-    statements = counter(after, "thaw_pool_db_statements_total") - counter(before, "thaw_pool_db_statements_total")
-    out["db_statements_per_turn"] = round(statements / out["turns"], 2) if out["turns"] else None
-    return out
-
-
-def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
-    """The ``q`` quantile of what a histogram counted between two reads, as the upper
-    bound of its bucket (Prometheus' histogram_quantile without the interpolation)."""
-    delta = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
-    total = delta[-1][1] if delta else 0.0
-    if total <= 0:
-        return None
-    for le, n in delta:
-        if n >= q * total:
-            return le
-    return None
 
 
 class Plane:
@@ -457,153 +399,6 @@ class Plane:
         return {name: route["replicas"][0]["url"] for name, route in sorted(table["models"].items())
                 if route.get("replicas")}
 
-    def latency(self, pairs: int) -> dict[str, Any]:
-        """What the activator adds to a hot request: ``pairs`` streamed completions of one
-        ready model, each straight to its replica and then through an activator, one at a
-        time on kept-alive connections; the added time is each pair's difference."""
-        import httpx
-
-        ready = self.ready_models()
-        if not ready:
-            return {"skipped": "no model has a ready replica"}
-        model, upstream = next(iter(ready.items()))
-        body = {"model": model, "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-        key = {"Authorization": f"Bearer {API_KEY}"}
-
-        def once(client: httpx.Client, url: str, headers: dict[str, str]) -> float:
-            t0 = time.perf_counter()
-            with client.stream("POST", url, json=body, headers=headers) as r:
-                r.raise_for_status()
-                for _ in r.iter_bytes():
-                    pass
-            return time.perf_counter() - t0
-
-        direct, through = [], []
-        with httpx.Client(timeout=30) as client:
-            for i in range(pairs + 20):  # the first 20 pairs warm both paths and are not counted
-                d = once(client, f"{upstream}/v1/chat/completions", {})
-                t = once(client, f"{self.activator_urls[0]}/v1/chat/completions", key)
-                if i >= 20:
-                    direct.append(d)
-                    through.append(t)
-        added = [t - d for d, t in zip(direct, through, strict=True)]
-        return {"pairs": pairs, "models_in_tables": self.models, "direct_p50_s": percentile(direct, 50),
-                "through_p50_s": percentile(through, 50), "added_p50_s": percentile(added, 50),
-                "added_p99_s": percentile(added, 99)}
-
-    def churn(self, seconds: float, per_minute: float, traffic_rps: float) -> dict[str, Any]:
-        """Deploys, updates and removes in turn, ``per_minute`` of them, for ``seconds``,
-        while ``traffic_rps`` requests a second stream to the models that are ready (a long
-        tail): each change's time, when every activator had the catalog it made, the loop's
-        turns meanwhile and how the traffic fared."""
-        import httpx
-
-        gap = 60.0 / per_minute
-        took: dict[str, list[float]] = {"deploy": [], "update": [], "remove": []}
-        failed: list[str] = []
-        deployed: list[str] = []
-        versions = Versions(self, "catalog_version")
-        before = self.scrape()
-        with versions, Traffic(self, traffic_rps) as traffic, \
-                httpx.Client(base_url=self.controller_url, headers=self.headers, timeout=120) as client:
-            start = time.monotonic()
-            for k in range(int(seconds / gap)):
-                time.sleep(max(start + k * gap - time.monotonic(), 0.0))
-                kind = ("deploy", "update", "remove")[k % 3]
-                if kind == "remove" and not deployed:
-                    kind = "deploy"
-                t0 = time.perf_counter()
-                if kind == "deploy":
-                    name = f"c{k:05d}"
-                    r = client.post("/v1/admin/models", json={"name": name, "spec": self.spec()})
-                    if r.status_code == 201:
-                        deployed.append(name)
-                elif kind == "update":
-                    # A model of the long tail, its keep-alive changed (to a value no
-                    # change before set: the same settings again are refused): a new
-                    # revision, no roll.
-                    name = f"m{(k * 7919) % self.models:05d}"
-                    revision = client.get(f"/v1/admin/models/{name}").json()["revision"]
-                    t0 = time.perf_counter()
-                    r = client.patch(f"/v1/admin/models/{name}", json={
-                        "revision": revision, "spec": {"autoscaling": {"idle_grace_s": 3000 + k}}})
-                else:
-                    name = deployed.pop(0)
-                    r = client.delete(f"/v1/admin/models/{name}")
-                took[kind].append(time.perf_counter() - t0)
-                if r.status_code >= 300:
-                    failed.append(f"{kind} {name}: {r.status_code} {r.text[:200]}")
-            wall = time.monotonic() - start
-            # The last change's catalog reaching every activator is part of the run.
-            newest = self.health(self.controller_url)["catalog_version"]
-            self.wait("every activator on the newest catalog", lambda: all(
-                (self.health(u)["catalog_version"] or 0) >= newest for u in self.activator_urls), 60, every_s=0.05)
-        after = self.scrape()
-        changes = sum(len(v) for v in took.values())
-        return {"seconds": round(wall, 1), "changes": changes, "per_minute": round(changes / wall * 60, 1),
-                "failed": failed[:20],
-                **{f"{k}_p50_s": percentile(v, 50) for k, v in took.items()},
-                **{f"{k}_p99_s": percentile(v, 99) for k, v in took.items()},
-                "catalog_propagation": versions.report(), **loop_figures(before, after),
-                "traffic": traffic.report()}
-
-    def takeover(self, traffic_rps: float) -> dict[str, Any]:
-        """The leader is killed (SIGKILL) while ``traffic_rps`` requests a second stream to
-        the ready models: on PostgreSQL the follower takes over when the lease runs out;
-        on SQLite the controller starts again on its data. How long until the new one
-        leads, has adopted the fleet, routes every replica the old one routed and every
-        activator follows it; whether any worker was assigned or released because of it."""
-        import signal
-
-        def replicas(url: str) -> set[tuple[str, str, str]]:
-            table = self.get(f"{url}/v1/routes")
-            return {(name, r["worker_id"], r["assignment_id"]) for name, route in table["models"].items()
-                    for r in route.get("replicas", [])}
-
-        before = replicas(self.controller_url)
-        fleet_before = self.get(f"http://127.0.0.1:{self.fleet_port}/stats")
-        old = self.procs[f"controller-{self.leader}"]
-        with Traffic(self, traffic_rps) as traffic:
-            killed = time.time()
-            os.killpg(old.pid, signal.SIGKILL)
-            old.wait(30)
-            if "b" in self.controller_urls:
-                self.leader = "b" if self.leader == "a" else "a"
-            else:
-                self.start_controller("a")
-            self.controller_url = self.controller_urls[self.leader]
-            marks: dict[str, float] = {}
-
-            def health() -> dict[str, Any]:
-                try:
-                    return self.health(self.controller_url)
-                except Exception:  # noqa: BLE001 - not up yet
-                    return {}
-
-            def leads() -> bool:
-                h = health()
-                if h.get("role") == "leader":
-                    marks.setdefault("leads", time.time())
-                return bool(h.get("role") == "leader" and h.get("adopted"))
-
-            self.wait("a new leader that has adopted the fleet", leads, 300, every_s=0.05)
-            marks["adopted"] = time.time()
-            self.wait("the new leader routing every replica the old one routed",
-                      lambda: replicas(self.controller_url) >= before, 300, every_s=0.1)
-            marks["routes_kept"] = time.time()
-            epoch = self.health(self.controller_url)["epoch"]
-            self.wait("every activator on the new leader's route table", lambda: all(
-                self.health(u)["routes_epoch"] == epoch for u in self.activator_urls), 300, every_s=0.05)
-            marks["activators_follow"] = time.time()
-        fleet_after = self.get(f"http://127.0.0.1:{self.fleet_port}/stats")
-        after = replicas(self.controller_url)
-        return {"state": "postgres" if "b" in self.controller_urls else "sqlite (a restart)",
-                "replicas_before": len(before), "replicas_kept": len(before & after),
-                **{f"{k}_s": round(t - killed, 2) for k, t in marks.items()},
-                "assigns_meanwhile": fleet_after["assigns"] - fleet_before["assigns"],
-                "releases_meanwhile": fleet_after["releases"] - fleet_before["releases"],
-                "traffic": traffic.report()}
-
     def operators(self) -> dict[str, Any]:
         out: dict[str, dict[str, Any]] = {}
         for name, args in (("models_ls", ["models", "ls", "--json"]), ("pool_status", ["pool", "status", "--json"])):
@@ -616,115 +411,6 @@ class Plane:
             if r.returncode != 0:
                 out[name]["stderr"] = r.stderr[-500:]
         return out
-
-
-class Traffic:
-    """``rps`` streamed requests a second (in a thread of its own), each to one of the
-    models ready when it started, through the activators in turn, while in use: how many
-    were answered, and their times to first token."""
-
-    def __init__(self, plane: Plane, rps: float) -> None:
-        self.plane, self.rps = plane, rps
-        self.models = list(plane.ready_models()) if rps > 0 else []
-        self.rows: list[tuple[int | None, float | None, str | None]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    def __enter__(self) -> Traffic:
-        if self.models:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    async def _one(self, client: Any, k: int) -> None:
-        import httpx
-
-        model = self.models[(k * 7919) % len(self.models)]
-        url = self.plane.activator_urls[k % len(self.plane.activator_urls)]
-        body = {"model": model, "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-        t0, status, ttft, error = time.perf_counter(), None, None, None
-        try:
-            async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
-                                     headers={"Authorization": f"Bearer {API_KEY}"}) as r:
-                status = r.status_code
-                async for line in r.aiter_lines():
-                    if line.startswith("data: ") and ttft is None:
-                        ttft = time.perf_counter() - t0
-        except httpx.HTTPError as exc:
-            error = str(exc) or type(exc).__name__
-        self.rows.append((status, ttft, error))
-
-    async def _run(self) -> None:
-        import httpx
-
-        tasks = []
-        async with httpx.AsyncClient(timeout=120) as client:
-            start, k = time.monotonic(), 0
-            while not self._stop.is_set():
-                tasks.append(asyncio.create_task(self._one(client, k)))
-                k += 1
-                await asyncio.sleep(max(start + k / self.rps - time.monotonic(), 0.0))
-            await asyncio.gather(*tasks)
-
-    def report(self) -> dict[str, Any]:
-        ok = [ttft for status, ttft, _ in self.rows if status == 200 and ttft is not None]
-        failed = [f"{status} {error or ''}".strip() for status, ttft, error in self.rows
-                  if status != 200 or ttft is None]
-        return {"rps": self.rps, "models": len(self.models), "sent": len(self.rows), "answered": len(ok),
-                "failed": failed[:10], "ttft_p50_s": percentile(ok, 50), "ttft_p99_s": percentile(ok, 99)}
-
-
-class Versions:
-    """Polls the controller's and each activator's ``/healthz`` every 25 ms (in a thread)
-    while in use: when each version of ``key`` (``routes_version``, ``catalog_version``)
-    was first seen at the controller and at every activator."""
-
-    def __init__(self, plane: Plane, key: str = "routes_version") -> None:
-        self.plane, self.key = plane, key
-        self.first: dict[str, dict[int, float]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def __enter__(self) -> Versions:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _poll(self) -> None:
-        import httpx
-
-        urls = {"controller": self.plane.controller_url,
-                **{f"activator-{i}": u for i, u in enumerate(self.plane.activator_urls)}}
-        with httpx.Client(timeout=5) as client:
-            while not self._stop.wait(0.025):
-                for name, url in urls.items():
-                    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                        v = int(client.get(f"{url}/healthz").json()[self.key])
-                        self.first.setdefault(name, {}).setdefault(v, time.time())
-
-    def report(self) -> dict[str, Any]:
-        at_controller = self.first.get("controller", {})
-        lags = []
-        for v, t in at_controller.items():
-            seen = []
-            for name, versions in self.first.items():
-                if name == "controller":
-                    continue
-                # An activator that skipped v (a newer table came first) has it at its next.
-                later = [tt for vv, tt in versions.items() if vv >= v]
-                if later:
-                    seen.append(min(later))
-            if len(seen) == len(self.plane.activator_urls):
-                lags.append(max(max(seen) - t, 0.0))
-        return {"versions": len(at_controller), "p50_s": percentile(lags, 50), "p99_s": percentile(lags, 99),
-                "poll_s": 0.025}
 
 
 @contextlib.contextmanager
@@ -789,16 +475,16 @@ def one_size(plane: Plane, args: argparse.Namespace) -> dict[str, Any]:
     _log(f"burst: {row['burst']['answered']}/{row['burst']['models']} answered, "
          f"placed {row['burst']['all_placed_after_last_request_s']} s after the last request")
     if args.latency_pairs > 0:
-        row["latency"] = plane.latency(args.latency_pairs)
+        row["latency"] = plane_scenarios.latency(plane, args.latency_pairs)
         _log(f"latency: {row['latency']}")
     if args.churn_s > 0:
-        row["churn"] = plane.churn(args.churn_s, args.churn_per_min, args.traffic_rps)
+        row["churn"] = plane_scenarios.churn(plane, args.churn_s, args.churn_per_min, args.traffic_rps)
         _log(f"churn: {row['churn']['changes']} changes, {len(row['churn']['failed'])} failed, "
              f"catalog to every activator p99 {row['churn']['catalog_propagation']['p99_s']} s")
     row["operators"] = plane.operators()
     row["resources"] = plane.resources()
     if not args.no_takeover:
-        row["takeover"] = plane.takeover(args.traffic_rps)
+        row["takeover"] = plane_scenarios.takeover(plane, args.traffic_rps)
         _log(f"takeover: {row['takeover']}")
     return row
 

@@ -81,6 +81,16 @@ class _ModelRoutes:
     activity: ModelActivity = field(default_factory=ModelActivity)
 
 
+def wakes(replicas: ModelReplicas, now: float) -> bool:
+    """Whether a request for a model with these replicas should signal demand before it
+    is admitted: no usable replica, and no backoff or capacity refusal (its wait says
+    those). The model's tokenizer is fetched from the store on its first request
+    (seconds: a burst of 1,000 models at zero waited on it before any was signalled); a
+    request refused after (too long for the context, over its tenant's limits) has woken
+    the model for nothing, and its replica idles out like any other."""
+    return not replicas.usable and not replicas.backing_off(now) and not replicas.at_capacity()
+
+
 class Router:
     def __init__(
         self,
@@ -212,19 +222,6 @@ class Router:
         return ModelStatus(state=r.replicas.state(self.clock()), ready=len(r.replicas.usable),
                            loading=r.replicas.loading, cold_queue=len(r.cold), fair_queue=len(r.fair),
                            failure_kind=r.replicas.failure_kind)
-
-    def warm(self, model: str) -> None:
-        """A valid request for ``model`` is being admitted: if it has no usable replica
-        (and is neither backing off nor refused for capacity, which its wait will say),
-        demand is signalled now, so the cold start runs while the request is counted and
-        admitted. The model's tokenizer is fetched from the store on its first request
-        (seconds: a burst of 1,000 models at zero waited on it before any was signalled).
-        A request refused after (too long for the context, over its tenant's limits) has
-        woken the model for nothing; its replica idles out like any other."""
-        r = self._routes[model]
-        now = self.clock()
-        if not r.replicas.usable and not r.replicas.backing_off(now) and not r.replicas.at_capacity():
-            self.feed.signal_demand(model)
 
     # -- a request's life, as the service reports it (the only writers of these counts) --
     def arrive(self, model: str, now: float) -> bool:

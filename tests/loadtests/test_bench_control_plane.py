@@ -1,6 +1,6 @@
-"""The arithmetic of `thaw bench control-plane` (loadtests/bench_control_plane.py): sizes,
-quantiles from a histogram's buckets, growth exponents and route propagation from the
-versions each service was first seen with. (The simulated workers it drives are tested
+"""The arithmetic of `thaw bench control-plane` (loadtests/bench_control_plane.py and
+plane_measures.py): sizes, quantiles from a histogram's buckets, growth exponents, route
+propagation from the versions each service was first seen with, and the traffic's count. (The simulated workers it drives are tested
 against the real controller in test_sim_fleet.py.)"""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadtests.bench_control_plane import (
+from loadtests.bench_control_plane import parse_size
+from loadtests.plane_measures import (
     Traffic,
     Versions,
     bucket_quantile,
     exponent,
     histogram,
     loop_figures,
-    parse_size,
 )
 
 METRICS = """# HELP thaw_pool_step_seconds Time spent in one turn of the control loop

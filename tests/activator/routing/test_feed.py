@@ -97,7 +97,7 @@ async def test_models_waiting_while_signals_are_on_their_way_go_together_in_the_
     try:
         for i in range(DEMAND_SENDERS + 50):
             f.signal_demand(f"n{i}")
-            await asyncio.sleep(0)  # each on its own turn of the loop: a sender leaves
+            await asyncio.sleep(0)  # not a poll: each on its own turn of the loop, so a sender leaves
         await until("every model signalled", lambda: len(seen) == DEMAND_SENDERS + 50)
         assert len(signals) < DEMAND_SENDERS + 50, [len(s) for s in signals]
     finally:
