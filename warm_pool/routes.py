@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from thaw.config import Model, ThawConfig
 from thaw.wire import ModelRoute, Phases, ReplicaRoute, RouteTable, WorkerState, WorkerStatus
 from warm_pool.fleet.view import WorkerFacts
+from warm_pool.history import ChangeHistory
 from warm_pool.policy.decide import PolicyState, WorkerView
 
 
@@ -249,10 +249,10 @@ class RouteFeed:
         self.table = RouteTable(epoch=epoch, version=0, models={})
         self._changed = asyncio.Condition()
         self._closed = False
-        # The models changed by each of the last versions (version, names), oldest first,
-        # every version since the first; and those changed since the current version was
-        # published without moving it (they count as the next version's).
-        self._history: deque[tuple[int, frozenset[str]]] = deque(maxlen=history)
+        # The models changed by each of the last versions since the first table (version
+        # 1, which has no table before it to change); and those changed since the current
+        # version was published without moving it (they count as the next version's).
+        self._history = ChangeHistory(1, history)
         self._pending: set[str] = set()
 
     async def publish(self, models: dict[str, ModelRoute], *, activators: int, keys_version: int,
@@ -271,7 +271,7 @@ class RouteFeed:
             if moves or self.table.version == 0:
                 version = self.table.version + 1
                 if self.table.version > 0:  # the first table has no table before it to change
-                    self._history.append((version, frozenset(self._pending)))
+                    self._history.record(version, frozenset(self._pending))
                 self._pending = set()
                 self.table = table.model_copy(update={"version": version})
                 self._changed.notify_all()
@@ -284,14 +284,9 @@ class RouteFeed:
         changed after it was published, so the watcher's copy of it, taken at any time,
         merges into this table exactly); else the whole table."""
         t = self.table
-        oldest = self._history[0][0] - 1 if self._history else t.version
-        if not delta or epoch != self.epoch or not 0 < oldest <= since <= t.version:
+        if not delta or epoch != self.epoch or not self._history.covers(since, t.version):
             return t
-        names = set(self._pending)
-        for version, changed in reversed(self._history):
-            if version <= since:
-                break
-            names |= changed
+        names = self._pending | self._history.since(since)
         return t.model_copy(update={"base_version": since,
                                     "models": {n: t.models[n] for n in names if n in t.models},
                                     "removed": sorted(n for n in names if n not in t.models)})

@@ -17,10 +17,9 @@ is made once per version, however many activators ask.
 
 from __future__ import annotations
 
-from collections import deque
-
 from thaw.config import Model, ThawConfig
 from thaw.wire import Catalog
+from warm_pool.history import ChangeHistory
 
 # How many versions back a fetch is answered with a delta (older: the whole catalog).
 HISTORY_VERSIONS = 256
@@ -41,10 +40,7 @@ class CatalogFeed:
         self._whole = Catalog(version=version, models=cfg.models, tenants=cfg.tenants)
         self._body: bytes | None = None
         self._by_name: dict[str, Model] = {m.name: m for m in cfg.models}
-        # The models changed by each of the last versions (version, names), oldest first,
-        # and the version the oldest of them was made from.
-        self._history: deque[tuple[int, frozenset[str]]] = deque(maxlen=self._size)
-        self._start = version
+        self._history = ChangeHistory(version, self._size)
 
     def changed(self, version: int, cfg: ThawConfig) -> None:
         """Version ``version`` of the registry serves ``cfg``, one change past the last.
@@ -55,9 +51,7 @@ class CatalogFeed:
         if version <= self.version:  # not past the last: nothing known of what it changed
             self.restart(version, cfg)
             return
-        if len(self._history) == self._size:
-            self._start = self._history[0][0]  # the oldest change is forgotten: its version is the start
-        self._history.append((version, names))
+        self._history.record(version, names)
         self.version, self._by_name = version, by_name
         self._whole = Catalog(version=version, models=cfg.models, tenants=cfg.tenants)
         self._body = None
@@ -70,13 +64,9 @@ class CatalogFeed:
         """The catalog for a watcher that holds version ``since``: with ``delta``, and that
         version one the history covers, only the models changed since (and the tenants);
         else the whole catalog."""
-        if not delta or not self._start <= since <= self.version:
+        if not delta or not self._history.covers(since, self.version):
             return self._whole
-        names: set[str] = set()
-        for version, changed in reversed(self._history):
-            if version <= since:
-                break
-            names |= changed
+        names = self._history.since(since)
         by_name = self._by_name
         return Catalog(version=self.version, models=[by_name[n] for n in sorted(names) if n in by_name],
                        tenants=self._whole.tenants, base_version=since,
