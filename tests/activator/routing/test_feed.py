@@ -5,6 +5,7 @@ catalog's the same way."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -261,13 +262,25 @@ def models(cfg: ThawConfig, **changes: dict[str, object] | None) -> ThawConfig:
     return cfg.model_copy(update={"models": list(held.values())})
 
 
-def catalog_watcher(url: str, seen: list[tuple[Catalog, Catalog]]) -> ControllerFeed:
+@contextlib.asynccontextmanager
+async def catalog_watcher(c: RoutesController, cfg: ThawConfig,
+                          seen: list[tuple[Catalog, Catalog]]) -> AsyncIterator[Followed]:
+    """``c`` serving version 1 of a catalog of ``cfg``, and a feed following it that has
+    taken it whole (each table taken and the answer it came from into ``seen``)."""
     async def on(table: Catalog, answer: Catalog) -> None:
         seen.append((table, answer))
 
-    followed = {"catalog": Followed("/v1/catalog", Catalog.model_validate_json, on, merge=Catalog.merged)}
-    return ControllerFeed(url, "a1", on_table=lambda table: None,
-                          report=lambda: ActivityReport(activator_id="a1", models={}), followed=followed)
+    c.catalogs = CatalogFeed(1, cfg)
+    await c.publish()
+    followed = Followed("/v1/catalog", Catalog.model_validate_json, on, merge=Catalog.merged)
+    f = ControllerFeed(c.url, "a1", on_table=lambda table: None,
+                       report=lambda: ActivityReport(activator_id="a1", models={}), followed={"catalog": followed})
+    await f.start()
+    try:
+        await until("the whole catalog", lambda: followed.held == 1)
+        yield followed
+    finally:
+        await f.close()
 
 
 def by_name(c: Catalog) -> dict[str, Model]:
@@ -278,14 +291,10 @@ async def test_catalog_changes_come_as_deltas_and_merge_into_what_a_whole_fetch_
         routes_controller: RoutesController) -> None:
     c = routes_controller
     cfg = make_config()
-    c.catalogs = catalogs = CatalogFeed(1, cfg)
-    await c.publish()
     seen: list[tuple[Catalog, Catalog]] = []
-    f = catalog_watcher(c.url, seen)
-    followed = f.followed["catalog"]
-    await f.start()
-    try:
-        await until("the whole catalog", lambda: followed.held == 1)
+    async with catalog_watcher(c, cfg, seen) as followed:
+        assert c.catalogs is not None
+        catalogs = c.catalogs
         new: dict[str, object] = {"uri": "s3://thaw/models/new", "shape": "cpu-local"}
         steps: list[dict[str, dict[str, object] | None]] = [
             {"new": new}, {"other": {"max_context_tokens": 1024}}, {"other": None},
@@ -303,22 +312,15 @@ async def test_catalog_changes_come_as_deltas_and_merge_into_what_a_whole_fetch_
             whole = catalogs.catalog()
             assert by_name(table) == by_name(whole) and table.tenants == whole.tenants and table.version == version
         assert c.fetches[0] == (-1, None) and all(since == base for since, base in c.fetches[1:])
-    finally:
-        await f.close()
 
 
 async def test_a_catalog_delta_on_another_version_than_the_one_held_makes_the_next_fetch_whole(
         routes_controller: RoutesController) -> None:
     c = routes_controller
     cfg = make_config()
-    c.catalogs = CatalogFeed(1, cfg)
-    await c.publish()
     seen: list[tuple[Catalog, Catalog]] = []
-    f = catalog_watcher(c.url, seen)
-    followed = f.followed["catalog"]
-    await f.start()
-    try:
-        await until("the whole catalog", lambda: followed.held == 1)
+    async with catalog_watcher(c, cfg, seen) as followed:
+        assert c.catalogs is not None
         c.forged_catalog = Catalog(version=3, base_version=2, models=[], tenants=[])
         c.catalogs.changed(2, models(cfg, other=None))
         await c.publish()
@@ -327,5 +329,3 @@ async def test_a_catalog_delta_on_another_version_than_the_one_held_makes_the_ne
         assert c.fetches == [(-1, None), (1, 2), (-1, None)]
         assert [(t.version, a.base_version) for t, a in seen] == [(1, None), (2, None)]
         assert sorted(by_name(seen[-1][0])) == ["demo"]
-    finally:
-        await f.close()
