@@ -11,22 +11,32 @@ come from the store or a disk copy) is the proof against a wrong or tampered obj
 The worker's copy in its own memory (``/dev/shm``) was written by the worker itself
 after that check; what can go wrong with it later is accidental: a flipped bit, a
 file overwritten or cut short, a bug. CRC-32 catches every error confined to 32
-consecutive bits (one flipped byte always) and all but one in 2^32 of any other, at
-about 4 GB/s a core with zlib against about 0.8 GB/s for sha256 here, and the tensors
-are checked on every core at once (zlib releases the GIL). It is not a defence against
-someone who can write the worker's memory: they could change the engine directly.
+consecutive bits (one flipped byte always) and all but one in 2^32 of any other. It is
+summed with ISA-L's CRC-32 (``isal``: the same polynomial and values as zlib's, about
+13 GB/s a core on this machine against zlib's 3.6 and sha256's 1.5), on every core at
+once (it releases the GIL); where ``isal`` is not installed (a GPU machine given only
+the project's files), zlib's. It is not a defence against someone who can write the
+worker's memory: they could change the engine directly.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-import zlib
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from weight_streaming.safetensors_header import SafetensorsHeader
+
+try:
+    from isal.isal_zlib import crc32
+
+    CRC32_IMPL = "isal"
+except ImportError:  # pragma: no cover - every set-up installs isal
+    from zlib import crc32  # type: ignore[assignment]
+
+    CRC32_IMPL = "zlib"
 
 if TYPE_CHECKING:
     import torch
@@ -73,7 +83,7 @@ class TensorCrcs:
                 return
             lo, hi = max(b, offset), min(e, end)
             if hi > lo:
-                self._crcs[name] = zlib.crc32(view[lo - offset: hi - offset], self._crcs[name])
+                self._crcs[name] = crc32(view[lo - offset: hi - offset], self._crcs[name])
             if e > end:
                 return
             self._next += 1
@@ -135,4 +145,4 @@ def crc32_of(t: torch.Tensor) -> int:
     flat = t.detach().reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
-    return zlib.crc32(flat.view(torch.uint8).numpy().data)
+    return crc32(flat.view(torch.uint8).numpy().data)

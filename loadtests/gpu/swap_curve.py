@@ -240,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(args.out, args.budget_s + (time.perf_counter() - gpu_bench.T0))
     report.data["settings"] = {"sizes_gb": args.sizes_gb, "reps": args.reps, "dir": args.dir,
                                "device": str(device)}
-    env: dict[str, Any] = {"torch": torch.__version__, "cpu_count": os.cpu_count()}
+    from weight_streaming.tensor_check import CRC32_IMPL
+
+    env: dict[str, Any] = {"torch": torch.__version__, "cpu_count": os.cpu_count(), "crc32": CRC32_IMPL}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     report.data["environment"] = env
