@@ -33,6 +33,7 @@ import json
 import os
 import time
 from collections.abc import Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -253,16 +254,18 @@ class FileByFileWeights:
     into a live engine: see ``worker.engine_host.swap_core``).
 
     Iterating yields ``(name, tensor)``; each file is read whole (parallel ranged GETs,
-    through the cache tiers, checked like any load) and its tensors are handed over
-    and forgotten before the next file is read, so the memory this needs beyond the
-    engine's own is the largest file, not the model. With ``verify_tensors`` (the
-    default), every tensor of a file is checked against the manifest before any is
-    handed over (``weight_streaming.tensor_check``), and every tensor the manifest lists
-    must come; a copy in a cache tier that fails is evicted. After the last tensor,
-    :attr:`summary` says what was read from where (as :func:`load_summary`) and how
-    long the checks took (``verify_s``). A failure raises :class:`ThawLoadError` from
-    the iteration: what was handed over before it is already in the engine (the caller
-    must not serve it).
+    through the cache tiers, checked like any load) and checked, on a thread of its
+    own, one file ahead of the engine: while the engine takes file ``i``'s tensors
+    (vLLM-CPU rebuilds and repacks each layer), file ``i + 1`` is read. So the memory
+    this needs beyond the engine's own is the two largest files, not the model. With
+    ``verify_tensors`` (the default), every tensor of a file is checked against the
+    manifest before any is handed over (``weight_streaming.tensor_check``), and every
+    tensor the manifest lists must come; a copy in a cache tier that fails is evicted.
+    After the last tensor, :attr:`summary` says what was read from where (as
+    :func:`load_summary`), how long reading (``read_s``) and the checks (``verify_s``)
+    took on their thread, and how long the engine waited for them (``wait_s``). A
+    failure raises :class:`ThawLoadError` from the iteration: what was handed over
+    before it is already in the engine (the caller must not serve it).
     """
 
     def __init__(self, uri: str, options: StreamOptions = StreamOptions()) -> None:
@@ -270,9 +273,10 @@ class FileByFileWeights:
         self.options = options
         self.summary: dict[str, Any] | None = None
         # Time reading (or mapping) the files, and the tensor checks: their time, and
-        # how many tensors passed.
+        # how many tensors passed; and the time the engine waited for both.
         self._read_s = 0.0
         self._verify_s = 0.0
+        self._wait_s = 0.0
         self._verified = 0
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -295,7 +299,8 @@ class FileByFileWeights:
         total = sum(sources.values())
         self.summary = {"bytes": total, "seconds": round(time.perf_counter() - t0, 4),
                         "sources": {k: v for k, v in sources.items() if v}, "read_s": round(self._read_s, 4),
-                        "verify_s": round(self._verify_s, 4), "tensors_verified": self._verified}
+                        "verify_s": round(self._verify_s, 4), "wait_s": round(self._wait_s, 4),
+                        "tensors_verified": self._verified}
 
     def _from_s3(self) -> Generator[tuple[str, torch.Tensor], None, dict[str, int]]:
         """The tensors; returns the bytes read from each source."""
@@ -313,7 +318,9 @@ class FileByFileWeights:
         host = next((t for t in tiers if t.name == "host"), None) if "host" in unhashed else None
         objs = resolve_objects(client, self.uri, concurrency=o.concurrency)
         sources: dict[str, int] = {}
-        for obj in objs:
+
+        def read(obj: S3Object) -> dict[str, torch.Tensor]:
+            """One file's tensors, read and checked (on the read-ahead thread)."""
             t0 = time.perf_counter()
             mapped = self._mapped(host, obj) if host is not None else None
             if host is not None and mapped is not None:
@@ -328,7 +335,24 @@ class FileByFileWeights:
             self._read_s += time.perf_counter() - t0
             if digests and digests.get(obj.key):
                 self._check(tensors, source, obj, digests[obj.key], tiers)
-            yield from _drain(tensors)
+            return tensors
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="thaw-read-ahead") as ahead:
+            pending = ahead.submit(read, objs[0]) if objs else None
+            try:
+                for i in range(len(objs)):
+                    assert pending is not None
+                    t0 = time.perf_counter()
+                    tensors = pending.result()
+                    self._wait_s += time.perf_counter() - t0
+                    pending = ahead.submit(read, objs[i + 1]) if i + 1 < len(objs) else None
+                    yield from _drain(tensors)
+                    del tensors
+            finally:
+                # Stopped early (a failure here or in the engine): the file being read
+                # ahead is let finish (a load cannot be cut short) and dropped.
+                if pending is not None:
+                    pending.cancel()
         files = [(obj.bucket, obj.key, obj.etag, obj.size) for obj in objs if obj.etag]
         for t in tiers:
             try:

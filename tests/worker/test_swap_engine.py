@@ -28,6 +28,7 @@ from tests.conftest import BUCKET
 from tests.faults.support import flip_byte
 from tests.waiting import wait_until
 from tests.worker.agent_process import Agent, running_agent
+from tests.worker.shards import split_in_two_shards
 from thaw.config import EngineArgs
 from thaw.demo_model import build_demo_model
 from thaw.engine_class import engine_class_of
@@ -44,23 +45,6 @@ PROMPT = "The quick brown fox jumps over the lazy dog and then it runs into the 
 LACKING = "model.layers.1.self_attn.v_proj.weight"
 # Long enough for several prefix-cache blocks.
 LONG = " ".join(f"Line {i}: the river carries old leaves past the mill at dawn." for i in range(14))
-
-
-def split_in_two_shards(d: Path) -> str:
-    """Rewrite ``d``'s one safetensors file as two shards with an index (as checkpoints
-    above a shard size are); returns the second shard's name."""
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(str(d / "model.safetensors"))
-    names = sorted(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
-    for shard, part in shards.items():
-        save_file({n: tensors[n] for n in part}, str(d / shard), metadata={"format": "pt"})
-    (d / "model.safetensors").unlink()
-    (d / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {n: shard for shard, part in shards.items() for n in part}}))
-    return "model-00002-of-00002.safetensors"
 
 
 @pytest.fixture(scope="module")

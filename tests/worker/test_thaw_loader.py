@@ -271,3 +271,59 @@ def test_a_swap_checks_every_tensor_and_refuses_a_corrupt_host_copy_naming_it(
 
 def _non_weight_bytes(manifest: Any) -> int:
     return sum(f.size for f in manifest.files if not f.path.endswith(".safetensors"))
+
+
+def test_a_swap_reads_the_next_file_while_the_engine_takes_the_last_and_a_failing_one_stops_it(
+    vllm_loader: Any, store_env: None, s3: S3Endpoint, demo_model_dir: Path, s3_prefix: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FileByFileWeights reads one file ahead: the second shard's read begins while the
+    engine still holds the first shard's first tensor (the consumer waits for it there,
+    so without the read-ahead this test would time out). Every tensor comes, as pushed.
+    A second shard that fails its sha256 in the store fails the iteration, naming it,
+    after the first shard's tensors were handed over."""
+    import shutil
+    import threading
+
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.faults.support import flip_byte
+    from tests.waiting import wait_until
+    from tests.worker.shards import split_in_two_shards
+
+    model = tmp_path / "model"
+    shutil.copytree(demo_model_dir, model)
+    second = split_in_two_shards(model)
+    expected = {**load_file(str(model / "model-00001-of-00002.safetensors")), **load_file(str(model / second))}
+    first_names = set(load_file(str(model / "model-00001-of-00002.safetensors")))
+    push_model(s3.client(), model, s3_prefix)
+
+    reads: list[str] = []
+    real_load_s3 = vllm_loader.load_s3
+
+    def recording_load_s3(client: Any, objs: Any, **kw: Any) -> Any:
+        reads.extend(o.key.rsplit("/", 1)[-1] for o in objs)
+        return real_load_s3(client, objs, **kw)
+
+    monkeypatch.setattr(vllm_loader, "load_s3", recording_load_s3)
+    options = vllm_loader.StreamOptions(verify_sha256=True)
+    weights = vllm_loader.FileByFileWeights(s3_prefix, options)
+    got: dict[str, torch.Tensor] = {}
+    for name, t in weights:
+        if not got:
+            wait_until("the second shard's read begun", lambda: second in reads, timeout_s=60)
+            assert threading.current_thread() is threading.main_thread()
+        got[name] = t.clone()
+    assert set(got) == set(expected) and all(torch.equal(got[n], expected[n]) for n in expected)
+    summary = weights.summary
+    assert summary is not None and summary["tensors_verified"] == len(expected)
+    assert 0 <= summary["wait_s"] <= summary["seconds"] and summary["read_s"] > 0
+
+    bucket, prefix = parse_s3_uri(s3_prefix)
+    flip_byte(s3.client(), bucket, f"{prefix}/{second}")
+    handed: list[str] = []
+    with pytest.raises(vllm_loader.ThawLoadError, match=rf"{second}: sha256"):
+        for name, _ in vllm_loader.FileByFileWeights(s3_prefix, options):
+            handed.append(name)
+    assert set(handed) == first_names

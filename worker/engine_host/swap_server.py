@@ -217,7 +217,10 @@ class SwapServer:
         t["total_s"] = time.perf_counter() - t0
         self.open = True
         load = result.get("load") if isinstance(result, dict) else None
-        for part in ("read_s", "verify_s"):  # parts of weights_s: reading the files, checking the tensors
+        # Of weights_s: reading the files and checking their tensors, on the loader's
+        # read-ahead thread (overlapping the engine's reload), and the time the reload
+        # waited for them (weights_s less wait_s is the engine's own).
+        for part in ("read_s", "verify_s", "wait_s"):
             if isinstance(load, dict) and isinstance(load.get(part), int | float):
                 t[part] = load[part]
         return {k: round(v, 4) for k, v in t.items()}, load
