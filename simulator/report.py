@@ -3,11 +3,11 @@ cold starts and decisions it hands back (``simulator.sim``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from simulator.samples import Samples, percentiles
 from thaw.wire import TIERS as WIRE_TIERS
 from warm_pool.policy.decisions import Decision
 from warm_pool.policy.keepalive import IdleHistogram
@@ -29,7 +29,8 @@ class ModelStats:
     requests: int = 0
     cold_starts: int = 0
     cold_waiters: int = 0
-    ttfts: list[float] = field(default_factory=list)
+    # Every request's time to first token (in bounded memory: simulator.samples).
+    ttfts: Samples = field(default_factory=Samples)
     slo_met: int = 0
     activation_timeouts: int = 0
     queue_full: int = 0
@@ -68,15 +69,6 @@ class SimResult:
 def tier_order(tier: str) -> tuple[int, str]:
     """Sort key: the tiers in the order of :data:`TIERS` (unknown ones last)."""
     return (TIERS.index(tier) if tier in TIERS else len(TIERS), tier)
-
-
-def percentiles(values: list[float]) -> dict[str, float | None]:
-    """p50, p90, p99 by nearest rank (None when there are none)."""
-    if not values:
-        return {"p50": None, "p90": None, "p99": None}
-    s = sorted(values)
-    n = len(s)
-    return {f"p{q}": s[min(n - 1, max(0, math.ceil(q / 100 * n) - 1))] for q in (50, 90, 99)}
 
 
 def summary(models: Iterable[SimModel], standby_s: Mapping[str, float], standby_usd: Mapping[str, float],
@@ -132,7 +124,7 @@ def _row(st: ModelStats) -> dict[str, Any]:
         "replica_seconds": round(st.replica_s, 3),
         "asleep_seconds": round(st.asleep_s, 3),
         "usd": round(st.usd, 6),
-        "ttft_s": percentiles(st.ttfts),
+        "ttft_s": st.ttfts.percentiles(),
         "slo_met_share": st.slo_met / n if n else 0.0,
         "activation_timeouts": st.activation_timeouts,
     }
