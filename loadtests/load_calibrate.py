@@ -746,7 +746,7 @@ def run_simulation(cfg_dict: Mapping[str, Any], trace_file: Path, costs_file: Pa
     result = sim.run()
     write(out_dir, result, inputs, time.perf_counter() - t0,
           {"command": "thaw load calibrate", "trace_file": str(trace_file), "costs_file": str(costs_file)})
-    cold = [i for i in range(len(trace)) if sim.traffic.req_cold[i]]
+    cold = sim.traffic.cold_requests
     return sim_outcome(result, trace, ttft, cold), trace
 
 

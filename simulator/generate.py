@@ -183,7 +183,8 @@ def _spread(rng: np.random.Generator, rate: float, sigma: float, n: int) -> np.n
     return rate * rng.lognormal(-sigma * sigma / 2.0, sigma, n)
 
 
-def _tokens(rng: np.random.Generator, mean: int, sigma: float, n: int) -> np.ndarray:
+def draw_tokens(rng: np.random.Generator, mean: int, sigma: float, n: int) -> np.ndarray:
+    """``n`` token counts, lognormal of mean ``mean`` and log-sd ``sigma``, rounded, at least 1."""
     if sigma == 0:
         return np.full(n, mean, dtype=np.int64)
     draws = rng.lognormal(math.log(mean) - sigma * sigma / 2.0, sigma, n)
@@ -194,5 +195,5 @@ def _finish(rng: np.random.Generator, t: np.ndarray, model: np.ndarray, n_models
             input_tokens: int, output_tokens: int, token_sigma: float, source: str) -> Trace:
     n = len(t)
     return from_columns(t, model, np.zeros(n, dtype=np.int64),
-                  _tokens(rng, input_tokens, token_sigma, n), _tokens(rng, output_tokens, token_sigma, n),
+                  draw_tokens(rng, input_tokens, token_sigma, n), draw_tokens(rng, output_tokens, token_sigma, n),
                   model_names(n_models), [DEFAULT_TENANT], source)

@@ -41,11 +41,11 @@ class Samples:
 
     __slots__ = ("_exact", "_hist", "_max")
 
-    def __init__(self, values: Iterable[float] = (), *, exact_max: int = EXACT_MAX) -> None:
+    def __init__(self, values: Iterable[float] = (), *, exact_max: int | None = None) -> None:
         self._exact: array[float] | None = array("d", values)
         self._hist: dict[int, int] = {}
-        self._max = exact_max
-        if len(self._exact) > exact_max:
+        self._max = EXACT_MAX if exact_max is None else exact_max
+        if len(self._exact) > self._max:
             self._fold()
 
     def __len__(self) -> int:

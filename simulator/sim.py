@@ -68,7 +68,7 @@ are not here (``warm_pool.policy.decide``).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from simulator.changes import Changes
 from simulator.clock import ADAPTER, DONE, INF, WORKER, Clock
@@ -83,6 +83,7 @@ from simulator.report import (
     summary,
     tier_order,
 )
+from simulator.stream import TraceStream
 from simulator.traces import Trace
 from simulator.traffic import Traffic, build_models
 from thaw.config import ThawConfig
@@ -98,7 +99,7 @@ class Simulator:
     the config decide everything (the seed only matters to traces drawn at random).
     ``on_admit`` hears each request's index and TTFT as it is admitted."""
 
-    def __init__(self, cfg: ThawConfig, costs: CostModel, trace: Trace, *, tick_s: float = 1.0,
+    def __init__(self, cfg: ThawConfig, costs: CostModel, trace: Trace | TraceStream, *, tick_s: float = 1.0,
                  exact: bool = False, ttft_slo_s: float = 5.0, record_decisions: bool = False,
                  histograms: Mapping[str, IdleHistogram] | None = None,
                  on_admit: Callable[[int, float], None] | None = None) -> None:
@@ -106,6 +107,11 @@ class Simulator:
         if missing:
             raise ValueError(f"trace models not in the config: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
         self.trace = trace
+        # A whole trace is read as one chunk; a stream a chunk at a time.
+        self._chunks: Callable[[], Iterator[Trace]] = (lambda: iter((trace,))) if isinstance(trace, Trace) \
+            else trace.chunks
+        self.requests = 0  # how many arrived (a stream's length is known at its end)
+        self.last_arrival_s = 0.0
         classes = engine_classes(cfg, costs)
         engine_bytes = engine_sizes(cfg, costs)
         # Only models of a class their pool pre-builds keep their engine (as on the controller).
@@ -114,8 +120,7 @@ class Simulator:
         self.changes = Changes()
         self.fleet = Fleet(cfg, self.clock, self.changes)
         # Trace model index -> simulated model.
-        self.traffic = Traffic(trace, [by_name[name] for name in trace.models], self.clock, self.changes,
-                               on_admit)
+        self.traffic = Traffic([by_name[name] for name in trace.models], self.clock, self.changes, on_admit)
         effects = Effects(self.fleet, by_name, engine_bytes, self.clock, [])
         self.controller = Controller(cfg, self.models, self.fleet, self.changes, effects, tick_s=tick_s,
                                      exact=exact, classes=classes, engine_bytes=engine_bytes,
@@ -127,8 +132,10 @@ class Simulator:
                 self.fleet.new_worker(pool.shape, "standby").started_at = -INF
 
     def run(self) -> SimResult:
-        tr, clock, traffic, controller, changes = self.trace, self.clock, self.traffic, self.controller, self.changes
-        times, n, i = tr.t, len(tr), 0
+        clock, traffic, controller, changes = self.clock, self.traffic, self.controller, self.changes
+        chunks = self._chunks()
+        first, times, n = self._next_chunk(chunks, 0)
+        i = 0
         heap = clock.heap
         while True:
             ta = times[i] if i < n else INF
@@ -146,11 +153,15 @@ class Simulator:
                 elif kind == ADAPTER:
                     self._adapter_event(obj, arg, t)
                 else:
-                    traffic.timeout(obj, arg)
+                    traffic.timeout(obj)
             elif ta <= tt:
                 clock.now = ta
                 traffic.arrive(i, ta)
                 i += 1
+                if i >= n:  # the chunk is read: the next (the trace's end: none)
+                    self.last_arrival_s = ta
+                    first, times, n = self._next_chunk(chunks, first + n)
+                    i = 0
                 # Requests of one instant arrive together: the controller, woken by
                 # their demand, sees them all (not the first alone).
                 if changes.kick_pending and (i >= n or times[i] > ta):
@@ -161,12 +172,23 @@ class Simulator:
                     break
                 clock.now = tt
                 controller.grid_tick(tt)
-        end = max(clock.now, tr.duration_s)
+        self.requests = first
+        end = max(clock.now, self.last_arrival_s)
         self.fleet.close(end)
         f = self.fleet
         return SimResult(summary(self.models, f.standby_s, f.standby_usd, f.instance_s), controller.decisions,
                          traffic.cold_records, controller.ticks, controller.judged, end,
                          {name: ms.idle_histogram for name, ms in controller.ms.items() if ms.idle_histogram.total()})
+
+    def _next_chunk(self, chunks: Iterator[Trace], first: int) -> tuple[int, list[float], int]:
+        """The next chunk with requests, read by the traffic: its first request's index in
+        the trace, its times and its length (0 at the trace's end)."""
+        for chunk in chunks:
+            if len(chunk):
+                self.traffic.read(chunk, first)
+                return first, chunk.t, len(chunk)
+        self.traffic.read(None, first)
+        return first, [], 0
 
     def _worker_event(self, w: SimWorker, epoch: int, t: float) -> None:
         """A worker's step (boot, load, release, build) ends, unless it changed since."""

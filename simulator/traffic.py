@@ -16,8 +16,20 @@ from simulator.traces import Trace
 from thaw.config import Model, ThawConfig
 from thaw.wire import MAX_TTFT_SAMPLES
 
-# Request states.
+# A waiting request's states.
 WAITING, ADMITTED, TIMED_OUT, REFUSED = 0, 1, 2, 3
+
+
+class Waiting:
+    """A request that found no free slot and waits in its model's queue: what it needs
+    once the trace has moved on (a streamed trace keeps only the chunk it is reading)."""
+
+    __slots__ = ("i", "t", "input_tokens", "output_tokens", "m", "state", "cold")
+
+    def __init__(self, i: int, t: float, input_tokens: int, output_tokens: int, m: SimModel, cold: bool) -> None:
+        self.i, self.t, self.input_tokens, self.output_tokens, self.m = i, t, input_tokens, output_tokens, m
+        self.state = WAITING
+        self.cold = cold  # it found no ready replica: it waits on a cold start
 
 
 class SimModel:
@@ -41,7 +53,7 @@ class SimModel:
         self.group: tuple[SimModel, ...] = (self,)
         self.ready: list[SimWorker] = []
         self.serving = 0  # loading + ready workers
-        self.queue: deque[int] = deque()
+        self.queue: deque[Waiting] = deque()
         self.queued = 0  # live entries of queue (timed-out ones are removed lazily)
         self.in_flight = 0
         self.arrivals = 0
@@ -93,19 +105,29 @@ def build_models(cfg: ThawConfig, costs: CostModel, ttft_slo_s: float,
 
 class Traffic:
     """The trace's requests as they arrive, wait, are admitted and answered; the cold
-    starts they open and see closed. ``on_admit`` hears each request's TTFT as it is
-    admitted (a calibration compares them with a live run's)."""
+    starts they open and see closed. Requests arrive from one chunk of the trace at a
+    time (:meth:`read`; ``i`` is a request's index in the whole trace); one that waits
+    carries what it needs (:class:`Waiting`). ``on_admit`` hears each request's TTFT as
+    it is admitted, and then :attr:`cold_requests` lists the requests that found no
+    ready replica (a calibration compares both with a live run's)."""
 
-    def __init__(self, trace: Trace, trace_models: list[SimModel], clock: Clock, changes: Changes,
+    def __init__(self, trace_models: list[SimModel], clock: Clock, changes: Changes,
                  on_admit: Callable[[int, float], None] | None = None) -> None:
-        self.trace, self.trace_models = trace, trace_models
+        self.trace_models = trace_models
         self.clock, self.changes = clock, changes
         self.on_admit = on_admit
-        n = len(trace)
-        self.req_state = bytearray(n)
-        self.req_cold = bytearray(n)
+        self.cold_requests: list[int] = []
         self.open_requests = 0
         self.cold_records: list[ColdStart] = []
+        self.read(None, 0)
+
+    def read(self, chunk: Trace | None, first: int) -> None:
+        """Requests now arrive from ``chunk``, whose first request is the trace's ``first``."""
+        self.first = first
+        self.t = chunk.t if chunk else []
+        self.model = chunk.model if chunk else []
+        self.input_tokens = chunk.input_tokens if chunk else []
+        self.output_tokens = chunk.output_tokens if chunk else []
 
     def pick(self, m: SimModel) -> SimWorker | None:
         best = None
@@ -114,32 +136,36 @@ class Traffic:
                 best = w
         return best
 
-    def admit(self, m: SimModel, w: SimWorker, i: int, t: float) -> None:
-        tr = self.trace
-        self.req_state[i] = ADMITTED
+    def admit(self, m: SimModel, w: SimWorker, i: int, arrived: float, input_tokens: int, output_tokens: int,
+              cold: bool, t: float) -> None:
+        """Request ``i`` (arrived at ``arrived``) is sent to ``w`` at ``t``."""
         w.inflight += 1
         m.in_flight += 1
         done: SimWorker | LoadedAdapter = w
         if m.base is not None:
             done = w.adapters[m]
             done.inflight += 1
-        prefill = tr.input_tokens[i] / m.prefill_tps
-        ttft = t - tr.t[i] + prefill
+        prefill = input_tokens / m.prefill_tps
+        ttft = t - arrived + prefill
         st = m.stats
         st.ttfts.append(ttft)
         if ttft <= m.slo_s:
             st.slo_met += 1
-        if not self.req_cold[i] and len(m.hot_ttfts) < MAX_TTFT_SAMPLES:
+        if not cold and len(m.hot_ttfts) < MAX_TTFT_SAMPLES:
             m.hot_ttfts.append(ttft)
-        self.clock.push(t + prefill + tr.output_tokens[i] * m.tpot_s, DONE, done)
+        self.clock.push(t + prefill + output_tokens * m.tpot_s, DONE, done)
         if self.on_admit is not None:
             self.on_admit(i, ttft)
+
+    def _admit_waiting(self, m: SimModel, w: SimWorker, r: Waiting, t: float) -> None:
+        r.state = ADMITTED
+        self.admit(m, w, r.i, r.t, r.input_tokens, r.output_tokens, r.cold, t)
 
     def drain_queue(self, m: SimModel, t: float) -> None:
         q = m.queue
         while q:
-            i = q[0]
-            if self.req_state[i] != WAITING:
+            r = q[0]
+            if r.state != WAITING:
                 q.popleft()
                 continue
             w = self.pick(m)
@@ -147,12 +173,12 @@ class Traffic:
                 return
             q.popleft()
             m.queued -= 1
-            self.admit(m, w, i, t)
+            self._admit_waiting(m, w, r, t)
 
-    def _head(self, m: SimModel) -> int | None:
+    def _head(self, m: SimModel) -> Waiting | None:
         """The request first in ``m``'s queue (ones timed out dropped), None: none."""
         q = m.queue
-        while q and self.req_state[q[0]] != WAITING:
+        while q and q[0].state != WAITING:
             q.popleft()
         return q[0] if q else None
 
@@ -167,20 +193,21 @@ class Traffic:
             return
         sharing = [m, *(a for a, rec in w.adapters.items() if rec.state == "ready")]
         while w.inflight < m.max_conc:
-            first: tuple[int, SimModel] | None = None
+            first: Waiting | None = None
             for x in sharing:
-                i = self._head(x) if x.queued else None
-                if i is not None and (first is None or i < first[0]):
-                    first = (i, x)
+                r = self._head(x) if x.queued else None
+                if r is not None and (first is None or r.i < first.i):
+                    first = r
             if first is None:
                 return
-            i, x = first
+            x = first.m
             x.queue.popleft()
             x.queued -= 1
-            self.admit(x, w, i, t)
+            self._admit_waiting(x, w, first, t)
 
-    def arrive(self, i: int, t: float) -> None:
-        m = self.trace_models[self.trace.model[i]]
+    def arrive(self, k: int, t: float) -> None:
+        """Request ``k`` of the chunk being read arrives at ``t``."""
+        m = self.trace_models[self.model[k]]
         m.stats.requests += 1
         m.arrivals += 1
         m.last_request_at = t
@@ -189,23 +216,24 @@ class Traffic:
             w = self.pick(m)
             if w is not None:
                 self.open_requests += 1
-                self.admit(m, w, i, t)
+                self.admit(m, w, self.first + k, t, self.input_tokens[k], self.output_tokens[k], False, t)
                 return
         if m.at_capacity and not m.ready:
             # Its pool is full and nothing can be evicted: 503 at once, as the activators answer.
-            self.req_state[i] = REFUSED
             m.stats.capacity_refusals += 1
             return
         if m.queued >= m.max_queue:
-            self.req_state[i] = REFUSED
             m.stats.queue_full += 1
             return
-        m.queue.append(i)
+        cold = not m.ready
+        r = Waiting(self.first + k, t, self.input_tokens[k], self.output_tokens[k], m, cold)
+        m.queue.append(r)
         m.queued += 1
         self.open_requests += 1
-        self.clock.push(t + m.timeout_s, TIMEOUT, m, i)
-        if not m.ready:
-            self.req_cold[i] = 1
+        self.clock.push(t + m.timeout_s, TIMEOUT, r)
+        if cold:
+            if self.on_admit is not None:
+                self.cold_requests.append(r.i)
             m.stats.cold_waiters += 1
             if not m.cold_open:
                 m.cold_open, m.cold_since, m.cold_tier = True, t, None
@@ -234,9 +262,10 @@ class Traffic:
             self.clock.after(w, w.model.costs.release_s)
         self.open_requests -= 1
 
-    def timeout(self, m: SimModel, i: int) -> None:
-        if self.req_state[i] == WAITING:
-            self.req_state[i] = TIMED_OUT
+    def timeout(self, r: Waiting) -> None:
+        if r.state == WAITING:
+            m = r.m
+            r.state = TIMED_OUT
             m.queued -= 1
             m.stats.activation_timeouts += 1
             self.open_requests -= 1
@@ -247,9 +276,9 @@ class Traffic:
     def refuse_waiting(self, m: SimModel) -> None:
         """``m``'s pool can give it no instance: every request waiting for it is answered
         503 at once (the activators' answer to the failure kind "capacity")."""
-        for i in m.queue:
-            if self.req_state[i] == WAITING:
-                self.req_state[i] = REFUSED
+        for r in m.queue:
+            if r.state == WAITING:
+                r.state = REFUSED
                 m.stats.capacity_refusals += 1
                 self.open_requests -= 1
         m.queue.clear()

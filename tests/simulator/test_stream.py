@@ -1,0 +1,129 @@
+"""Traces read a chunk at a time: the same run as the whole trace, the production-scale
+day drawn the same way whichever chunk is asked for, and a stream whose length does not
+change the memory a run holds."""
+
+from __future__ import annotations
+
+import json
+import math
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simulator import samples as samples_mod
+from simulator.run import with_trace_models
+from simulator.sim import Simulator
+from simulator.stream import ProductionDay, chunked, read_stream
+from tests.simulator.support import config, costs, equivalence_cfg, trace
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(variant=st.integers(0, 11), rows=st.sampled_from([1, 2, 7, 1000]), exact=st.booleans(),
+       arrivals=st.lists(st.tuples(st.sampled_from([0.0, 1.0, 5.0, 30.0, 31.0, 200.0, 201.5, 400.0]),
+                                   st.integers(0, 3), st.integers(1, 4000), st.integers(1, 400)),
+                         min_size=1, max_size=50))
+def test_a_trace_read_in_chunks_runs_as_the_whole_trace(variant: int, rows: int, exact: bool,
+                                                        arrivals: list[tuple[float, int, int, int]]) -> None:
+    """Arrivals of one instant split across chunks still wake the controller once; what
+    waits in a queue across a chunk's end keeps its arrival and tokens."""
+    cfg = equivalence_cfg(variant)
+    tr = trace([(t, f"m{m}", i, o) for t, m, i, o in arrivals])
+    c = costs(cfg, load_s=7, prefill=2000, tpot_s=0.05, release_s=2)
+    whole = Simulator(cfg, c, tr, exact=exact, record_decisions=True).run()
+    streamed_sim = Simulator(cfg, c, chunked(tr, rows), exact=exact, record_decisions=True)
+    streamed = streamed_sim.run()
+    assert streamed.decisions == whole.decisions and streamed.summary == whole.summary
+    assert streamed.cold_starts == whole.cold_starts and streamed.end_s == whole.end_s
+    assert streamed_sim.requests == len(tr)
+
+
+def test_on_admit_hears_trace_indexes_across_chunks() -> None:
+    cfg = config(max_concurrency_per_replica=1)
+    tr = trace([(0.0, "m0", 10, 10), (0.0, "m0", 10, 10), (50.0, "m0", 10, 10), (60.0, "m0", 10, 10)])
+    heard: dict[int, float] = {}
+    sim = Simulator(cfg, costs(cfg), chunked(tr, 1), on_admit=heard.__setitem__)
+    sim.run()
+    assert sorted(heard) == [0, 1, 2, 3] and sim.traffic.cold_requests == [0, 1]
+
+
+def test_the_production_day_is_the_same_whichever_chunk_is_drawn() -> None:
+    day = ProductionDay(big_rps=50.0, tail_models=30, tail_rate_per_hour=600.0, duration_s=35.0, chunk_s=10.0, seed=3)
+    chunks = list(day.chunks())
+    assert len(chunks) == 4 and chunks[3].t and chunks[3].t[-1] < 35.0
+    assert day.chunk(2) == chunks[2] and ProductionDay.from_json(day.to_json()).chunk(1) == chunks[1]
+    assert ProductionDay(big_rps=50.0, tail_models=30, tail_rate_per_hour=600.0, duration_s=35.0, chunk_s=10.0,
+                         seed=4).chunk(1) != chunks[1]
+    for k, ch in enumerate(chunks):
+        assert ch.models == day.models and all(10.0 * k <= t <= 10.0 * (k + 1) for t in ch.t)
+        assert ch.t == sorted(ch.t) and min(ch.input_tokens) >= 1 and min(ch.output_tokens) >= 1
+
+
+def test_the_production_day_follows_the_day_at_its_rates() -> None:
+    """An hour at the peak and an hour at the trough: the busy model's counts are its
+    rate x (1 ± a) within 5 sigma, the tail's its mean over models."""
+    day = ProductionDay(big_rps=40.0, tail_models=200, tail_rate_per_hour=60.0, chunk_s=600.0, seed=1)
+    a = (4 - 1) / (4 + 1)
+    for hour, factor in ((14, 1 + a), (2, 1 - a)):
+        k0 = int(hour * 3600 / 600)
+        chunks = [day.chunk(k) for k in range(k0, k0 + 6)]
+        model = np.concatenate([np.asarray(c.model) for c in chunks])
+        big = int(np.sum(model == 0))
+        want = 40.0 * 3600 * _hour_mean(hour, a)
+        assert abs(big - want) < 5 * math.sqrt(want), (hour, big, want)
+        assert abs(_hour_mean(hour, a) - factor) < 0.02  # the hour is at the peak, or the trough
+    assert day.mean_rps == pytest.approx(40.0 + 200 * 60.0 / 3600)
+    assert day.models[0] == "llama-70b" and day.models[1:3] == ["m000", "m001"]
+
+
+def _hour_mean(hour: int, a: float) -> float:
+    """The mean of 1 + a cos(2 pi (t - 14 h) / 24 h) over [hour, hour + 1) h."""
+    w = 2 * math.pi / 24
+    return 1 + a * (math.sin(w * (hour + 1 - 14)) - math.sin(w * (hour - 14))) / w
+
+
+def test_a_description_reads_back_and_other_files_are_not_streams(tmp_path: Path) -> None:
+    day = ProductionDay(big_rps=5.0, tail_models=3, seed=9)
+    path = tmp_path / "day.json"
+    path.write_text(json.dumps(day.to_json()))
+    assert read_stream(path) == day
+    csv = tmp_path / "t.csv"
+    csv.write_text("timestamp,model,tenant,input_tokens,output_tokens\n0,m,default,1,1\n")
+    assert read_stream(csv) is None
+    other = tmp_path / "other.json"
+    other.write_text('{"models": []}')
+    assert read_stream(other) is None
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**day.to_json(), "big_rps": -1}))
+    with pytest.raises(ValueError, match=r"bad.json: big_rps must be a positive number"):
+        read_stream(bad)
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({**day.to_json(), "rps": 3}))
+    with pytest.raises(ValueError, match=r"unknown parameters of the production scenario: \['rps'\]"):
+        read_stream(unknown)
+
+
+def test_a_longer_stream_holds_no_more_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four times the duration, the same peak of memory: chunks are read and dropped,
+    and TTFT samples fold into their histogram."""
+    monkeypatch.setattr(samples_mod, "EXACT_MAX", 500)
+
+    def peak(duration_s: float) -> tuple[int, int]:
+        day = ProductionDay(big_rps=6.0, tail_models=4, tail_rate_per_hour=1800.0, duration_s=duration_s,
+                            chunk_s=60.0, peak_hour=0.0)
+        cfg = with_trace_models(config(max_concurrency_per_replica=64, standby_min=2, standby_max=4), day, "m0")
+        sim = Simulator(cfg, costs(cfg), day)
+        tracemalloc.start()
+        try:
+            sim.run()
+            return tracemalloc.get_traced_memory()[1], sim.requests
+        finally:
+            tracemalloc.stop()
+
+    short, n_short = peak(600.0)
+    long, n_long = peak(2400.0)
+    assert n_long > 3.5 * n_short
+    assert long < 1.25 * short, (short, long)
