@@ -118,7 +118,7 @@ def load_gaps(path: Path, config: Path, template: str) -> Gaps:
     """The trace's idle gaps as the oracle counts them, its requests timed by the cost
     model of ``config`` with its models from ``template``."""
     inputs = prepare(parse_config(yaml.safe_load(config.read_text())), read_trace(path), template=template)
-    return gaps_of(inputs.trace, inputs.costs)
+    return gaps_of(inputs.whole, inputs.costs)
 
 
 def trace_gaps(path: Path, config: Path, template: str) -> dict[str, np.ndarray]:

@@ -12,12 +12,14 @@ arguments.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from simulator import generate
+from simulator.stream import ProductionDay
 from simulator.traces import (
     FORMATS,
     Trace,
@@ -92,6 +94,35 @@ def add_gen_arguments(p: argparse.ArgumentParser) -> None:
                        help=f"log-sd of the lognormal token counts (default {generate.TOKEN_SIGMA})")
         k.add_argument("--seed", type=int, default=0, help="same seed, same trace (default 0)")
         k.add_argument("--out", required=True, metavar="FILE.csv")
+    add_production_arguments(kinds.add_parser(
+        "production", help="A day of one busy model at 10,000 requests a second beside a long tail "
+                           "(a description the simulator draws as it reads: no requests are written).",
+        description="Write the description of the production-scale scenario (simulator.stream.ProductionDay): "
+                    "one busy model at a diurnal mean rate beside a long tail of low-traffic models, drawn "
+                    "chunk by chunk by `thaw simulate --trace FILE.json`, the same requests for the same "
+                    "description."))
+
+
+def add_production_arguments(p: argparse.ArgumentParser) -> None:
+    d = ProductionDay()
+    p.add_argument("--duration", default="1d", help="e.g. 1d, 6h (default 1d)")
+    p.add_argument("--big-model", default=d.big_model, help=f"the busy model's name (default {d.big_model})")
+    p.add_argument("--big-rps", type=float, default=d.big_rps,
+                   help=f"the busy model's mean requests a second over the day (default {d.big_rps:g})")
+    p.add_argument("--peak-to-trough", type=float, default=d.peak_to_trough,
+                   help=f"peak rate / trough rate (default {d.peak_to_trough:g})")
+    p.add_argument("--peak-hour", type=float, default=d.peak_hour,
+                   help=f"hour of the peak, t=0 is midnight (default {d.peak_hour:g})")
+    p.add_argument("--tail-models", type=int, default=d.tail_models,
+                   help=f"low-traffic models beside it, m000, m001, ... (default {d.tail_models})")
+    p.add_argument("--tail-rate-per-hour", type=float, default=d.tail_rate_per_hour,
+                   help=f"the tail's mean requests an hour per model (default {d.tail_rate_per_hour:g})")
+    p.add_argument("--tail-sigma", type=float, default=d.tail_sigma,
+                   help=f"log-sd of the tail's rates across models (default {d.tail_sigma:g})")
+    p.add_argument("--input-tokens", type=int, default=d.input_tokens, help="mean input tokens (default 1024)")
+    p.add_argument("--output-tokens", type=int, default=d.output_tokens, help="mean output tokens (default 256)")
+    p.add_argument("--seed", type=int, default=0, help="same seed, same requests (default 0)")
+    p.add_argument("--out", required=True, metavar="FILE.json")
 
 
 def add_convert_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,6 +151,8 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trace_command == "gen" and args.gen_kind == "production":
+        return _production(args)
     handler: Callable[[argparse.Namespace], Trace] = _COMMANDS[args.trace_command]
     try:
         trace = handler(args)
@@ -132,6 +165,24 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         return fail(f"cannot write {args.out}: {exc.strerror or exc}", EXIT_FAILED)
     print(f"wrote {args.out}: {summary(trace)}")
+    return EXIT_OK
+
+
+def _production(args: argparse.Namespace) -> int:
+    try:
+        day = ProductionDay(duration_s=parse_duration_s(args.duration), big_model=args.big_model,
+                            big_rps=args.big_rps, peak_to_trough=args.peak_to_trough, peak_hour=args.peak_hour,
+                            tail_models=args.tail_models, tail_rate_per_hour=args.tail_rate_per_hour,
+                            tail_sigma=args.tail_sigma, input_tokens=args.input_tokens,
+                            output_tokens=args.output_tokens, seed=args.seed)
+    except ValueError as exc:
+        return fail(str(exc), EXIT_INVALID)
+    try:
+        Path(args.out).write_text(json.dumps(day.to_json(), indent=1) + "\n")
+    except OSError as exc:
+        return fail(f"cannot write {args.out}: {exc.strerror or exc}", EXIT_FAILED)
+    print(f"wrote {args.out}: about {day.mean_rps * day.duration_s:,.0f} requests, {len(day.models):,} models, "
+          f"over {_human_s(day.duration_s)}, drawn as `thaw simulate --trace {args.out}` reads it")
     return EXIT_OK
 
 

@@ -162,5 +162,5 @@ def run_compare(args: argparse.Namespace, inputs: Inputs) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(format_comparison({k: r["summary"] for k, r in runs.items()}), flush=True)
-    print(f"2 runs of {len(inputs.trace):,} requests in {wall_s:.1f} s; wrote {path}", file=sys.stderr)
+    print(f"2 runs of {len(inputs.whole):,} requests in {wall_s:.1f} s; wrote {path}", file=sys.stderr)
     return EXIT_OK

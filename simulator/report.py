@@ -64,6 +64,7 @@ class SimResult:
     end_s: float
     # Each model's keep-alive histogram at the end (what a controller would keep).
     histograms: dict[str, IdleHistogram] = field(default_factory=dict)
+    last_arrival_s: float = 0.0  # the trace's duration (of a stream: known once read)
 
 
 def tier_order(tier: str) -> tuple[int, str]:

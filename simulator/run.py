@@ -12,6 +12,7 @@ from typing import Any
 
 from simulator.costs import CostModel, cost_model, read_overrides
 from simulator.sim import SimResult, Simulator, engine_classes, engine_sizes
+from simulator.stream import TraceStream
 from simulator.traces import Trace
 from thaw.config import NAME_PATTERN, ThawConfig
 from warm_pool.policy.keepalive import IdleHistogram, histograms_from_json, histograms_to_json
@@ -24,7 +25,7 @@ class SimError(ValueError):
     pass
 
 
-def with_trace_models(cfg: ThawConfig, trace: Trace, template: str | None) -> ThawConfig:
+def with_trace_models(cfg: ThawConfig, trace: Trace | TraceStream, template: str | None) -> ThawConfig:
     """``cfg`` with a model for every trace model it lacks, each a copy of ``template``
     (a configured model's name) under the trace's name: of an adapter, an adapter of
     the same base."""
@@ -52,15 +53,23 @@ def with_trace_models(cfg: ThawConfig, trace: Trace, template: str | None) -> Th
 @dataclass(frozen=True)
 class Inputs:
     cfg: ThawConfig
-    trace: Trace
+    trace: Trace | TraceStream  # a stream runs as one simulation (no sweep, oracle or packing comparison)
     costs: CostModel
     ttft_slo_s: float = DEFAULT_TTFT_SLO_S
     tick_s: float = 1.0
     # Keep-alive histograms every run starts from (--keepalive-from).
     histograms: Mapping[str, IdleHistogram] = field(default_factory=dict)
 
+    @property
+    def whole(self) -> Trace:
+        """The trace, read whole: what a sweep's report, the oracle and a packing
+        comparison need (a stream is refused before them: ``thaw.cli.simulate``)."""
+        if not isinstance(self.trace, Trace):
+            raise SimError(f"{self.trace.source}: a trace drawn as it is read runs as one simulation")
+        return self.trace
 
-def prepare(cfg: ThawConfig, trace: Trace, *, template: str | None = None, catalog_model: str = "llama-3.1-8b",
+
+def prepare(cfg: ThawConfig, trace: Trace | TraceStream, *, template: str | None = None, catalog_model: str = "llama-3.1-8b",
             costs_file: Path | None = None, ttft_slo_s: float = DEFAULT_TTFT_SLO_S,
             tick_s: float = 1.0) -> Inputs:
     full = with_trace_models(cfg, trace, template)
@@ -86,11 +95,11 @@ def write(out_dir: Path, result: SimResult, inputs: Inputs, wall_s: float, meta:
     (out_dir / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
     run = {
         **meta,
-        "trace": {"source": inputs.trace.source, "requests": len(inputs.trace),
-                  "models": len(inputs.trace.models), "duration_s": inputs.trace.duration_s},
+        "trace": {"source": inputs.trace.source, "requests": result.summary["requests"],
+                  "models": len(inputs.trace.models), "duration_s": result.last_arrival_s},
         "simulated_s": result.end_s,
         "wall_s": round(wall_s, 3),
-        "requests_per_s": round(len(inputs.trace) / wall_s, 1) if wall_s > 0 else None,
+        "requests_per_s": round(result.summary["requests"] / wall_s, 1) if wall_s > 0 else None,
         "ticks": result.ticks,
         "ttft_slo_s": inputs.ttft_slo_s,
         "tick_s": inputs.tick_s,

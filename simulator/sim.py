@@ -178,7 +178,8 @@ class Simulator:
         f = self.fleet
         return SimResult(summary(self.models, f.standby_s, f.standby_usd, f.instance_s), controller.decisions,
                          traffic.cold_records, controller.ticks, controller.judged, end,
-                         {name: ms.idle_histogram for name, ms in controller.ms.items() if ms.idle_histogram.total()})
+                         {name: ms.idle_histogram for name, ms in controller.ms.items() if ms.idle_histogram.total()},
+                         self.last_arrival_s)
 
     def _next_chunk(self, chunks: Iterator[Trace], first: int) -> tuple[int, list[float], int]:
         """The next chunk with requests, read by the traffic: its first request's index in

@@ -457,7 +457,7 @@ def format_table(points: Sequence[Point], oracle: Sequence[dict[str, Any]] | Non
 
 
 def trace_info(inputs: Inputs, trace_file: str | None) -> dict[str, Any]:
-    tr = inputs.trace
+    tr = inputs.whole
     return {"file": trace_file, "source": tr.source, "requests": len(tr), "models": len(tr.models),
             "duration_s": tr.duration_s}
 
@@ -631,7 +631,7 @@ def _write(out: Path, png: Path, points: Sequence[Point], axes: Axes, inputs: In
            meta: dict[str, Any]) -> dict[str, Any]:
     """Write sweep.json and the plot; the document written."""
     out.mkdir(parents=True, exist_ok=True)
-    g = gaps_of(inputs.trace, inputs.costs)
+    g = gaps_of(inputs.whole, inputs.costs)
     doc = sweep_document(points, axes, inputs, meta, g)
     (out / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
     plot_frontier(points, png, _title(meta["trace"]), ([p["oracle"] for p in doc["points"]], g))

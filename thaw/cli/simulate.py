@@ -21,7 +21,8 @@ from simulator.run import (
     write_histograms,
 )
 from simulator.sim import engine_classes, tier_order
-from simulator.traces import FORMATS, TraceError, read_trace
+from simulator.stream import TraceStream, read_stream
+from simulator.traces import FORMATS, Trace, TraceError, read_trace
 from thaw.config import ConfigError, load_config
 from thaw.exits import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 
@@ -111,11 +112,24 @@ def load_inputs(args: argparse.Namespace) -> Inputs | int:
     except ConfigError as exc:
         return gen_cli.fail(str(exc), EXIT_INVALID)
     try:
-        trace = read_trace(args.trace, args.format, seed=args.seed, servegen_model_per=args.servegen_model_per)
-    except (TraceError, OSError) as exc:
-        return gen_cli.fail(str(exc), EXIT_FAILED)
-    if not len(trace):
-        return gen_cli.fail(f"{args.trace}: the trace has no requests", EXIT_INVALID)
+        stream = read_stream(args.trace) if args.format is None else None
+    except ValueError as exc:
+        return gen_cli.fail(str(exc), EXIT_INVALID)
+    except OSError as exc:
+        return gen_cli.fail(f"{args.trace}: {exc.strerror or exc}", EXIT_FAILED)
+    trace: Trace | TraceStream
+    if stream is not None:
+        if args.sweep or args.compare_packing or args.oracle:
+            return gen_cli.fail(f"{args.trace} describes a trace drawn as it is read: it runs as one simulation "
+                                "(not --sweep, --compare-packing or --oracle)", EXIT_INVALID)
+        trace = stream
+    else:
+        try:
+            trace = read_trace(args.trace, args.format, seed=args.seed, servegen_model_per=args.servegen_model_per)
+        except (TraceError, OSError) as exc:
+            return gen_cli.fail(str(exc), EXIT_FAILED)
+        if not len(trace):
+            return gen_cli.fail(f"{args.trace}: the trace has no requests", EXIT_INVALID)
     try:
         return prepare(cfg, trace, template=args.model_template, catalog_model=args.catalog_model,
                        costs_file=args.costs, ttft_slo_s=args.ttft_slo_s, tick_s=args.tick_s)
@@ -156,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         code = sweep.run_sweep(args, inputs)
         if code != EXIT_OK or not args.oracle:
             return code
-        return oracle.run_oracle(args, inputs.trace, inputs.costs)
+        return oracle.run_oracle(args, inputs.whole, inputs.costs)
     if args.compare_packing:
         from simulator import packing
 
@@ -164,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     if args.oracle:
         from simulator import oracle
 
-        return oracle.run_oracle(args, inputs.trace, inputs.costs)
+        return oracle.run_oracle(args, inputs.whole, inputs.costs)
     result, wall_s = simulate(inputs, exact=args.exact)
     if args.keepalive_to is not None:
         write_histograms(args.keepalive_to, inputs.cfg, result.histograms)
@@ -180,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({k: v for k, v in s.items() if k != "per_model"}))
     tiers = ", ".join(f"{tier} {n}" for tier, n in sorted(s["cold_starts_by_tier"].items(),
                                                           key=lambda kv: tier_order(kv[0])))
-    print(f"{s['requests']} requests in {wall_s:.2f} s ({len(inputs.trace) / wall_s:,.0f}/s): "
+    print(f"{s['requests']} requests in {wall_s:.2f} s ({s['requests'] / wall_s:,.0f}/s): "
           f"{s['cold_starts']} cold starts{f' ({tiers})' if tiers else ''}, cold share {s['cold_start_share']:.2%}, "
           f"TTFT p99 {p['p99'] if p['p99'] is not None else float('nan'):.2f} s, ${s['usd']:.2f}, "
           f"{s['evictions']} evictions, {s['capacity_refusals']} refused at capacity; "
