@@ -103,25 +103,27 @@ def add_gen_arguments(p: argparse.ArgumentParser) -> None:
                     "description."))
 
 
+# The production scenario's numeric flags: flag, ProductionDay's field (argparse's
+# dest), type, what it is.
+_PRODUCTION_FLAGS: tuple[tuple[str, str, type, str], ...] = (
+    ("--big-rps", "big_rps", float, "the busy model's mean requests a second over the day"),
+    ("--peak-to-trough", "peak_to_trough", float, "peak rate / trough rate"),
+    ("--peak-hour", "peak_hour", float, "hour of the peak, t=0 is midnight"),
+    ("--tail-models", "tail_models", int, "low-traffic models beside it, m000, m001, ..."),
+    ("--tail-rate-per-hour", "tail_rate_per_hour", float, "the tail's mean requests an hour per model"),
+    ("--tail-sigma", "tail_sigma", float, "log-sd of the tail's rates across models"),
+    ("--input-tokens", "input_tokens", int, "mean input tokens"),
+    ("--output-tokens", "output_tokens", int, "mean output tokens"),
+    ("--seed", "seed", int, "same seed, same requests"),
+)
+
+
 def add_production_arguments(p: argparse.ArgumentParser) -> None:
     d = ProductionDay()
     p.add_argument("--duration", default="1d", help="e.g. 1d, 6h (default 1d)")
     p.add_argument("--big-model", default=d.big_model, help=f"the busy model's name (default {d.big_model})")
-    p.add_argument("--big-rps", type=float, default=d.big_rps,
-                   help=f"the busy model's mean requests a second over the day (default {d.big_rps:g})")
-    p.add_argument("--peak-to-trough", type=float, default=d.peak_to_trough,
-                   help=f"peak rate / trough rate (default {d.peak_to_trough:g})")
-    p.add_argument("--peak-hour", type=float, default=d.peak_hour,
-                   help=f"hour of the peak, t=0 is midnight (default {d.peak_hour:g})")
-    p.add_argument("--tail-models", type=int, default=d.tail_models,
-                   help=f"low-traffic models beside it, m000, m001, ... (default {d.tail_models})")
-    p.add_argument("--tail-rate-per-hour", type=float, default=d.tail_rate_per_hour,
-                   help=f"the tail's mean requests an hour per model (default {d.tail_rate_per_hour:g})")
-    p.add_argument("--tail-sigma", type=float, default=d.tail_sigma,
-                   help=f"log-sd of the tail's rates across models (default {d.tail_sigma:g})")
-    p.add_argument("--input-tokens", type=int, default=d.input_tokens, help="mean input tokens (default 1024)")
-    p.add_argument("--output-tokens", type=int, default=d.output_tokens, help="mean output tokens (default 256)")
-    p.add_argument("--seed", type=int, default=0, help="same seed, same requests (default 0)")
+    for flag, field, kind, help_ in _PRODUCTION_FLAGS:
+        p.add_argument(flag, type=kind, default=getattr(d, field), help=f"{help_} (default {getattr(d, field):g})")
     p.add_argument("--out", required=True, metavar="FILE.json")
 
 
@@ -171,10 +173,7 @@ def run(args: argparse.Namespace) -> int:
 def _production(args: argparse.Namespace) -> int:
     try:
         day = ProductionDay(duration_s=parse_duration_s(args.duration), big_model=args.big_model,
-                            big_rps=args.big_rps, peak_to_trough=args.peak_to_trough, peak_hour=args.peak_hour,
-                            tail_models=args.tail_models, tail_rate_per_hour=args.tail_rate_per_hour,
-                            tail_sigma=args.tail_sigma, input_tokens=args.input_tokens,
-                            output_tokens=args.output_tokens, seed=args.seed)
+                            **{field: getattr(args, field) for _, field, _, _ in _PRODUCTION_FLAGS})
     except ValueError as exc:
         return fail(str(exc), EXIT_INVALID)
     try:
