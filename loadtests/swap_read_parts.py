@@ -51,9 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     store = EmbeddedStore(work / "store", s3_port=free_port(), bucket="bench")
     endpoint = store.start(timeout_s=90)
     samples: dict[str, list[float]] = {name: [] for name, _ in STEPS}
+    # The reader finds the store in the environment, as an engine does; set for this run
+    # only (a caller's own store, a test's, stays as it was).
+    env = {**endpoint.env(), "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0"}
+    saved = {k: os.environ.get(k) for k in env}
     try:
-        os.environ.update(endpoint.env())
-        os.environ["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] = "0"
+        os.environ.update(env)
         build_demo_model(work / "model", size=args.size)
         uri = "s3://bench/swap-read-parts"
         push_model(endpoint.client(), work / "model", uri)
@@ -76,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.rmtree(disk, ignore_errors=True)
                 print(f"rep {rep + 1}/{args.reps} {name:24s} {samples[name][-1]:6.2f} s", flush=True)
     finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         store.stop()
         shutil.rmtree(work, ignore_errors=True)
     steps = {name: {"median_s": round(statistics.median(s), 4), "gbps": round(nbytes / statistics.median(s) / 1e9, 3),

@@ -99,6 +99,7 @@ class Effects:
         m = w.model
         if w.state == "ready" and m is not None:
             m.ready.remove(w)
+            w.ready_seq = -1  # its entries in the model's slot heap are void
         return m
 
     def launch(self, d: Launch, t: float) -> None:

@@ -61,7 +61,7 @@ class SimWorker:
     """An instance, or an engine packed into one (``inside``): its state, the model it
     serves, the weights and engine it keeps, and its view as the controller reads it."""
 
-    __slots__ = ("id", "shape", "price", "state", "model", "aid", "since", "entered", "inflight",
+    __slots__ = ("id", "shape", "price", "state", "model", "aid", "since", "entered", "inflight", "ready_seq",
                  "epoch", "tier", "view", "releasing", "host", "disk", "cached", "engine", "engine_of",
                  "built", "built_at", "park", "inside", "packed", "mem", "cap", "adapters", "started_at",
                  "ready_at")
@@ -81,6 +81,8 @@ class SimWorker:
         self.since: float | None = None
         self.entered = now
         self.inflight = 0
+        # Its place in its model's ready replicas (simulator.traffic's slot heap); -1: none.
+        self.ready_seq = -1
         self.epoch = 0  # bumps on every change: a scheduled transition of an older epoch is void
         self.tier = "s3"
         # When the instance was last launched or started, and when its engine last became

@@ -211,7 +211,7 @@ class Simulator:
                 w.inside.hold(m, None, disk_gib)
             else:
                 w.hold(m, shape.host_cache_gib, disk_gib)
-            m.ready.append(w)
+            self.traffic.became_ready(m, w)
             if m.cold_open:
                 self.traffic.cold_start_ends(m, m.cold_tier or w.tier, t)
             self.traffic.drain_queue(m, t)

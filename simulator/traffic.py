@@ -3,6 +3,7 @@ ready replicas' slots, admission, timeouts and the cold starts requests wait on.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -40,7 +41,7 @@ class SimModel:
                  "arrivals", "hot_ttfts", "last_request_at", "cold_open", "cold_since", "cold_tier",
                  "slo_s", "prefill_tps", "tpot_s", "max_conc", "max_queue", "timeout_s",
                  "band_for", "deadline_key", "deadline_times", "schedule_next", "stats", "base", "adapters",
-                 "group", "at_capacity")
+                 "group", "at_capacity", "slots")
 
     def __init__(self, idx: int, m: Model, costs: ModelCosts, slo_s: float, cls: str | None = None) -> None:
         self.idx, self.name, self.cfg, self.a, self.costs = idx, m.name, m, m.autoscaling, costs
@@ -52,6 +53,11 @@ class SimModel:
         self.adapters: list[SimModel] = []
         self.group: tuple[SimModel, ...] = (self,)
         self.ready: list[SimWorker] = []
+        # A model's own ready replicas by (requests in flight, place in ready), lazily:
+        # (inflight, ready_seq, worker) pushed on every change, stale ones dropped when
+        # they come to the top (Traffic.pick). Unused for an adapter (its ready are its
+        # base's engines holding it).
+        self.slots: list[tuple[int, int, SimWorker]] = []
         self.serving = 0  # loading + ready workers
         self.queue: deque[Waiting] = deque()
         self.queued = 0  # live entries of queue (timed-out ones are removed lazily)
@@ -117,6 +123,7 @@ class Traffic:
         self.clock, self.changes = clock, changes
         self.on_admit = on_admit
         self.cold_requests: list[int] = []
+        self._ready_seq = 0  # places in models' rotations, in the order replicas became ready
         self.open_requests = 0
         self.cold_records: list[ColdStart] = []
         self.read(None, 0)
@@ -129,17 +136,47 @@ class Traffic:
         self.input_tokens = chunk.input_tokens if chunk else []
         self.output_tokens = chunk.output_tokens if chunk else []
 
+    def became_ready(self, m: SimModel, w: SimWorker) -> None:
+        """``w``'s engine is ready for ``m`` (its own model): last in its rotation."""
+        self._ready_seq += 1
+        w.ready_seq = self._ready_seq
+        m.ready.append(w)
+        heapq.heappush(m.slots, (w.inflight, w.ready_seq, w))
+
     def pick(self, m: SimModel) -> SimWorker | None:
-        best = None
-        for w in m.ready:
-            if w.inflight < m.max_conc and (best is None or w.inflight < best.inflight):
-                best = w
-        return best
+        """The ready replica with the fewest requests in flight, the first in ``m.ready``
+        of those (None: every one is full). For a model of its own, from its slot heap
+        (a scan of hundreds of replicas per request was most of a busy model's cost);
+        for an adapter, a scan of its base's engines holding it."""
+        if m.base is not None:
+            best = None
+            for w in m.ready:
+                if w.inflight < m.max_conc and (best is None or w.inflight < best.inflight):
+                    best = w
+            return best
+        h = m.slots
+        if len(h) > 4 * len(m.ready) + 64:  # mostly stale: rebuilt from the replicas
+            h[:] = [(w.inflight, w.ready_seq, w) for w in m.ready]
+            heapq.heapify(h)
+        while h:
+            inflight, seq, w = h[0]
+            if w.ready_seq != seq or w.inflight != inflight:
+                heapq.heappop(h)
+                continue
+            return w if inflight < m.max_conc else None
+        return None
+
+    @staticmethod
+    def _load_changed(w: SimWorker) -> None:
+        """``w``'s requests in flight changed: its entry in its model's slot heap."""
+        if w.ready_seq >= 0 and w.model is not None:
+            heapq.heappush(w.model.slots, (w.inflight, w.ready_seq, w))
 
     def admit(self, m: SimModel, w: SimWorker, i: int, arrived: float, input_tokens: int, output_tokens: int,
               cold: bool, t: float) -> None:
         """Request ``i`` (arrived at ``arrived``) is sent to ``w`` at ``t``."""
         w.inflight += 1
+        self._load_changed(w)
         m.in_flight += 1
         done: SimWorker | LoadedAdapter = w
         if m.base is not None:
@@ -252,6 +289,7 @@ class Traffic:
             if of.state == "unloading" and of.inflight == 0:
                 self.clock.push(t + m.costs.adapter_unload_s, ADAPTER, of, of.epoch)
         w.inflight -= 1
+        self._load_changed(w)
         m.in_flight -= 1
         m.last_request_at = t
         self.changes.touched.add(m)

@@ -150,9 +150,16 @@ def s3_client_from_env(max_pool_connections: int) -> Any:
     import botocore.config
 
     virtual = os.environ.get("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "1").lower() not in ("0", "false")
+    # Keys in the environment are passed as they are now: boto3's default session keeps
+    # the first credentials it resolves for the life of the process.
+    keys = {arg: os.environ[var] for arg, var in (("aws_access_key_id", "AWS_ACCESS_KEY_ID"),
+                                                  ("aws_secret_access_key", "AWS_SECRET_ACCESS_KEY"),
+                                                  ("aws_session_token", "AWS_SESSION_TOKEN"))
+            if os.environ.get(var)}
     return boto3.client(
         "s3",
         endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
+        **keys,
         region_name=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
         config=botocore.config.Config(
             s3={"addressing_style": "virtual" if virtual else "path"},

@@ -8,6 +8,7 @@ import json
 import math
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -165,3 +166,42 @@ def test_the_cli_writes_a_description_and_simulates_it(tmp_path: Path, capsys: p
     assert "runs as one simulation" in capsys.readouterr().err
     assert main(["simulate", "gen", "production", "--big-rps", "0", "--out", str(day_file)]) == 2
     assert "big_rps must be a positive number" in capsys.readouterr().err
+
+
+def _scan(m: Any) -> Any:
+    """The ready replica with the fewest requests in flight, the first of those in
+    ``m.ready`` (the rule the slot heap keeps)."""
+    best = None
+    for w in m.ready:
+        if w.inflight < m.max_conc and (best is None or w.inflight < best.inflight):
+            best = w
+    return best
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(variant=st.integers(0, 11), conc=st.integers(1, 4),
+       arrivals=st.lists(st.tuples(st.floats(0, 300, allow_nan=False), st.integers(0, 3), st.integers(1, 4000),
+                                   st.integers(1, 400)), min_size=1, max_size=80))
+def test_the_slot_heap_picks_as_a_scan_of_the_ready_replicas(variant: int, conc: int,
+                                                            arrivals: list[tuple[float, int, int, int]]) -> None:
+    """Every pick of a run, from the heap, is the replica a scan of ``m.ready`` picks."""
+    from simulator.traffic import Traffic
+
+    cfg = equivalence_cfg(variant)
+    cfg = cfg.model_copy(update={"models": [m.model_copy(update={"autoscaling": m.autoscaling.model_copy(
+        update={"max_concurrency_per_replica": conc})}) for m in cfg.models]})
+    tr = trace([(round(t, 3), f"m{m}", i, o) for t, m, i, o in arrivals])
+    sim = Simulator(cfg, costs(cfg, load_s=7, prefill=2000, tpot_s=0.05, release_s=2), tr)
+    picks = 0
+    heap_pick = Traffic.pick
+
+    def checked(self: Traffic, m: Any) -> Any:
+        nonlocal picks
+        got = heap_pick(self, m)
+        assert got is _scan(m)
+        picks += 1
+        return got
+
+    sim.traffic.pick = checked.__get__(sim.traffic)  # type: ignore[method-assign]
+    sim.run()
+    assert picks >= 1
