@@ -748,9 +748,9 @@ class _Bench:
         return seconds, {}
 
     def _runai(self, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        from loadtests.environ import environment
+
+        with environment(env):
             from runai_model_streamer import SafetensorsStreamer
 
             paths = [o.uri for o in self.objects]
@@ -764,12 +764,6 @@ class _Bench:
             n = sum(t.nbytes for t in tensors.values())
             del tensors
             return seconds, {"tensor_bytes": n}
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
     def runai(self) -> tuple[float, dict[str, Any]]:
         return self._runai({
