@@ -33,6 +33,7 @@ from simulator.traces import DEFAULT_TENANT, Trace
 # What a stream's JSON description starts with, and the one kind there is.
 STREAM_KEY = "thaw_trace_stream"
 PRODUCTION = "production"
+DESCRIPTION_MAX_BYTES = 64 * 1024
 
 
 class TraceStream(Protocol):
@@ -190,14 +191,15 @@ def read_stream(path: str | Path) -> TraceStream | None:
     ``ValueError`` naming the file."""
     p = Path(path)
     with p.open("rb") as f:
-        head = f.read(1)
-        if head != b"{":
-            return None
-        f.seek(0)
-        try:
-            body = json.load(f)
-        except ValueError:
-            return None
+        # A description is a few hundred bytes: a larger file (a JSONL trace starts with
+        # "{" too) is not read here, only by its reader.
+        text = f.read(DESCRIPTION_MAX_BYTES + 1)
+    if not text.startswith(b"{") or len(text) > DESCRIPTION_MAX_BYTES:
+        return None
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
     if not isinstance(body, dict) or STREAM_KEY not in body:
         return None
     if body[STREAM_KEY] != PRODUCTION:

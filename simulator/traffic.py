@@ -109,6 +109,16 @@ def build_models(cfg: ThawConfig, costs: CostModel, ttft_slo_s: float,
     return models, by_name
 
 
+def least_loaded(m: SimModel) -> SimWorker | None:
+    """The rule a pick follows, by a scan of ``m.ready``: the replica with the fewest
+    requests in flight, the first of those; None when every one is full."""
+    best = None
+    for w in m.ready:
+        if w.inflight < m.max_conc and (best is None or w.inflight < best.inflight):
+            best = w
+    return best
+
+
 class Traffic:
     """The trace's requests as they arrive, wait, are admitted and answered; the cold
     starts they open and see closed. Requests arrive from one chunk of the trace at a
@@ -131,7 +141,6 @@ class Traffic:
     def read(self, chunk: Trace | None, first: int) -> None:
         """Requests now arrive from ``chunk``, whose first request is the trace's ``first``."""
         self.first = first
-        self.t = chunk.t if chunk else []
         self.model = chunk.model if chunk else []
         self.input_tokens = chunk.input_tokens if chunk else []
         self.output_tokens = chunk.output_tokens if chunk else []
@@ -144,16 +153,11 @@ class Traffic:
         heapq.heappush(m.slots, (w.inflight, w.ready_seq, w))
 
     def pick(self, m: SimModel) -> SimWorker | None:
-        """The ready replica with the fewest requests in flight, the first in ``m.ready``
-        of those (None: every one is full). For a model of its own, from its slot heap
-        (a scan of hundreds of replicas per request was most of a busy model's cost);
-        for an adapter, a scan of its base's engines holding it."""
+        """:func:`least_loaded`'s replica. For a model of its own, from its slot heap (a
+        scan of hundreds of replicas per request was most of a busy model's cost); for an
+        adapter, by the scan of its base's engines holding it."""
         if m.base is not None:
-            best = None
-            for w in m.ready:
-                if w.inflight < m.max_conc and (best is None or w.inflight < best.inflight):
-                    best = w
-            return best
+            return least_loaded(m)
         h = m.slots
         if len(h) > 4 * len(m.ready) + 64:  # mostly stale: rebuilt from the replicas
             h[:] = [(w.inflight, w.ready_seq, w) for w in m.ready]

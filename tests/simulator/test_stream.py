@@ -94,6 +94,9 @@ def test_a_description_reads_back_and_other_files_are_not_streams(tmp_path: Path
     csv = tmp_path / "t.csv"
     csv.write_text("timestamp,model,tenant,input_tokens,output_tokens\n0,m,default,1,1\n")
     assert read_stream(csv) is None
+    jsonl = tmp_path / "mooncake.jsonl"  # starts with "{" too, and is no description
+    jsonl.write_text("".join(f'{{"timestamp": {i}, "input_length": 10, "output_length": 5}}\n' for i in range(3000)))
+    assert read_stream(jsonl) is None
     other = tmp_path / "other.json"
     other.write_text('{"models": []}')
     assert read_stream(other) is None
@@ -168,16 +171,6 @@ def test_the_cli_writes_a_description_and_simulates_it(tmp_path: Path, capsys: p
     assert "big_rps must be a positive number" in capsys.readouterr().err
 
 
-def _scan(m: Any) -> Any:
-    """The ready replica with the fewest requests in flight, the first of those in
-    ``m.ready`` (the rule the slot heap keeps)."""
-    best = None
-    for w in m.ready:
-        if w.inflight < m.max_conc and (best is None or w.inflight < best.inflight):
-            best = w
-    return best
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(variant=st.integers(0, 11), conc=st.integers(1, 4),
        arrivals=st.lists(st.tuples(st.floats(0, 300, allow_nan=False), st.integers(0, 3), st.integers(1, 4000),
@@ -185,7 +178,7 @@ def _scan(m: Any) -> Any:
 def test_the_slot_heap_picks_as_a_scan_of_the_ready_replicas(variant: int, conc: int,
                                                             arrivals: list[tuple[float, int, int, int]]) -> None:
     """Every pick of a run, from the heap, is the replica a scan of ``m.ready`` picks."""
-    from simulator.traffic import Traffic
+    from simulator.traffic import Traffic, least_loaded
 
     cfg = equivalence_cfg(variant)
     cfg = cfg.model_copy(update={"models": [m.model_copy(update={"autoscaling": m.autoscaling.model_copy(
@@ -198,7 +191,7 @@ def test_the_slot_heap_picks_as_a_scan_of_the_ready_replicas(variant: int, conc:
     def checked(self: Traffic, m: Any) -> Any:
         nonlocal picks
         got = heap_pick(self, m)
-        assert got is _scan(m)
+        assert got is least_loaded(m)
         picks += 1
         return got
 
