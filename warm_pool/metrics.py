@@ -12,8 +12,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from thaw.config import ThawConfig
+from thaw.config import Model, ThawConfig
 from warm_pool.db import Db
+from warm_pool.policy.autoscaler import ttft_p90
 from warm_pool.policy.decide import ModelState, PolicyState, WorkerView
 
 
@@ -98,11 +99,12 @@ class ModelGauges(Collector):
         if self.latest is not None:
             now, cfg, state = self.latest
             for m in cfg.models:
-                _model_samples(families, m.name, state.models.get(m.name), now)
+                _model_samples(families, m, state.models.get(m.name), now)
         yield from families.values()
 
 
-def _model_samples(f: dict[str, GaugeMetricFamily], name: str, ms: ModelState | None, now: float) -> None:
+def _model_samples(f: dict[str, GaugeMetricFamily], m: Model, ms: ModelState | None, now: float) -> None:
+    name = m.name
     f["thaw_model_backoff_seconds"].add_metric([name], max((ms.backoff_until - now) if ms else 0.0, 0.0))
     r = ms.last_scale if ms else None
     if r is not None:
@@ -111,8 +113,10 @@ def _model_samples(f: dict[str, GaugeMetricFamily], name: str, ms: ModelState | 
         f["thaw_autoscaler_demand"].add_metric([name, "stable"], r.metrics.stable_demand)
         f["thaw_autoscaler_demand"].add_metric([name, "panic"], r.metrics.panic_demand)
         f["thaw_autoscaler_arrivals_per_second"].add_metric([name], r.metrics.arrivals_per_s)
-        f["thaw_autoscaler_ttft_p90_seconds"].add_metric(
-            [name], r.metrics.ttft_p90_s if r.metrics.ttft_p90_s is not None else 0.0)
+        p90 = r.metrics.ttft_p90_s
+        if p90 is None and ms is not None:  # not needed by its decision: found for the gauge
+            p90 = ttft_p90(ms.scale, now, m.autoscaling)
+        f["thaw_autoscaler_ttft_p90_seconds"].add_metric([name], p90 if p90 is not None else 0.0)
         f["thaw_autoscaler_panic"].add_metric([name], 1 if r.panic else 0)
     w = ms.keep_alive if ms else None
     if w is not None:

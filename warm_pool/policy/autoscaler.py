@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, TypeVar
 
 from thaw.config import Autoscaling
@@ -50,7 +51,7 @@ def evolve(obj: _T, **changes: Any) -> _T:
 @dataclass(frozen=True)
 class Observation:
     """One second of traffic: the demand (queued + in flight) the last tick in it saw,
-    the arrivals, and the TTFTs of hot requests.
+    the arrivals, and the TTFTs of hot requests (in ascending order).
 
     Demand is a step function sampled by the controller's ticks: a second's value holds
     until the next observed second. So the windows' means depend neither on how often
@@ -68,7 +69,9 @@ class WindowMetrics:
     stable_demand: float  # mean concurrency (queued + in flight) over the stable window
     panic_demand: float  # the same over the panic window
     arrivals_per_s: float  # over the stable window
-    ttft_p90_s: float | None  # hot requests' TTFT p90 over the stable window (None: none seen)
+    # Hot requests' TTFT p90 over the stable window (None: none seen, or the model has no
+    # TTFT SLO, when nothing decides on it: ttft_p90 finds it for the gauge).
+    ttft_p90_s: float | None
 
 
 @dataclass(frozen=True)
@@ -103,11 +106,13 @@ def observe(state: ScaleState, now: float, demand: int, arrivals: int, ttfts: tu
     newest older second, whose demand holds into the window."""
     sec = math.floor(now)
     obs = list(state.observations)
+    # Each second's TTFTs sorted: a window's p90 then sorts runs already in order.
     if obs and obs[-1].second == sec:
         last = obs[-1]
-        obs[-1] = Observation(sec, float(demand), last.arrivals + arrivals, last.ttfts + ttfts)
+        obs[-1] = Observation(sec, float(demand), last.arrivals + arrivals,
+                              tuple(sorted(last.ttfts + ttfts)) if ttfts else last.ttfts)
     else:
-        obs.append(Observation(sec, float(demand), arrivals, ttfts))
+        obs.append(Observation(sec, float(demand), arrivals, tuple(sorted(ttfts))))
     oldest = sec - math.ceil(window_s)
     first_inside = next((i for i, o in enumerate(obs) if o.second > oldest), len(obs))
     return evolve(state, observations=tuple(obs[max(first_inside - 1, 0):]))
@@ -132,15 +137,25 @@ def mean_demand(observations: tuple[Observation, ...], now: float, window_s: flo
 
 
 def window_metrics(state: ScaleState, now: float, a: Autoscaling) -> WindowMetrics:
-    """Mean demand over both windows, arrivals per second and the TTFT p90 (of the
-    samples since the last TTFT-driven step) over the stable one."""
+    """Mean demand over both windows, arrivals per second and, for a model with a TTFT
+    SLO, the TTFT p90 over the stable one (:func:`ttft_p90`; a busy model's window holds
+    thousands of samples, and only the SLO's rule reads it)."""
     start = math.floor(now) - math.ceil(a.stable_window_s)
     stable = [o for o in state.observations if o.second > start]
-    ttfts = sorted(t for o in stable if o.second >= state.ttft_since for t in o.ttfts)
-    p90 = ttfts[min(len(ttfts) - 1, math.ceil(0.9 * len(ttfts)) - 1)] if ttfts else None
     return WindowMetrics(mean_demand(state.observations, now, a.stable_window_s),
                          mean_demand(state.observations, now, a.panic_window_s),
-                         sum(o.arrivals for o in stable) / a.stable_window_s, p90)
+                         sum(o.arrivals for o in stable) / a.stable_window_s,
+                         ttft_p90(state, now, a) if a.ttft_slo_s is not None else None)
+
+
+def ttft_p90(state: ScaleState, now: float, a: Autoscaling) -> float | None:
+    """Hot requests' TTFT p90 over the stable window, of the samples since the last
+    TTFT-driven step (None: none)."""
+    start = math.floor(now) - math.ceil(a.stable_window_s)
+    # Runs in order (each second's, sorted when observed): timsort merges them.
+    ttfts = sorted(chain.from_iterable(o.ttfts for o in state.observations
+                                       if o.second > start and o.second >= state.ttft_since))
+    return ttfts[min(len(ttfts) - 1, math.ceil(0.9 * len(ttfts)) - 1)] if ttfts else None
 
 
 def desired(m: WindowMetrics, current: int, a: Autoscaling, *, in_panic: bool = False,

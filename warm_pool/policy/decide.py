@@ -1105,13 +1105,15 @@ def _meet_grant(t: _Tick, pool: Pool, g: PoolGrant, lent: set[str], assigned_now
     # launch for demand that a model takes the moment it stands by (removed then, if
     # still in excess). Ones holding weights go last, those in memory the very last:
     # they are the fast cold starts of the models they hold.
-    idle_standby = sorted((w for w in standby if w.state == "standby" and w.id not in lent),
-                          key=lambda w: w.id, reverse=True)
-    wanted = {snap.model_classes[n] for n in pool.prebuild if n in snap.model_classes}
-    idle_standby.sort(key=lambda w: _held(w, wanted))
-    if any(w.state in ("launching", "starting") for w in standby):
-        # Not for one still booting: it becomes the excess once it stands by.
-        idle_standby = [w for w in idle_standby if not w.cached and w.prebuilt_class is None]
+    idle_standby: list[WorkerView] = []
+    if plan.stop_running or plan.terminate_running:  # (the order is only needed then)
+        idle_standby = sorted((w for w in standby if w.state == "standby" and w.id not in lent),
+                              key=lambda w: w.id, reverse=True)
+        wanted = {snap.model_classes[n] for n in pool.prebuild if n in snap.model_classes}
+        idle_standby.sort(key=lambda w: _held(w, wanted))
+        if any(w.state in ("launching", "starting") for w in standby):
+            # Not for one still booting: it becomes the excess once it stands by.
+            idle_standby = [w for w in idle_standby if not w.cached and w.prebuilt_class is None]
     for w in idle_standby[: plan.stop_running]:
         decisions.append(Stop(w.id, "excess_standby"))
     for w in idle_standby[plan.stop_running: plan.stop_running + plan.terminate_running]:

@@ -14,6 +14,7 @@ from warm_pool.policy.autoscaler import (
     desired,
     observe,
     steady_band,
+    ttft_p90,
     window_metrics,
 )
 
@@ -117,7 +118,10 @@ def test_windows_average_demand_per_tick_and_count_arrivals() -> None:
     assert w.stable_demand == pytest.approx(2.8, abs=0.15)
     # 216 arrivals in the window's 54 s of demand 2 (4 a second) / 60 s
     assert w.arrivals_per_s == pytest.approx(216 / 60, abs=0.1)
-    assert w.ttft_p90_s == 0.2
+    # No TTFT SLO: the p90 is not computed for the decision, only on request.
+    assert w.ttft_p90_s is None
+    assert ttft_p90(s, t, A) == 0.2
+    assert window_metrics(s, t, A.model_copy(update={"ttft_slo_s": 1.0})).ttft_p90_s == 0.2
     assert len(s.observations) <= 62  # a second each: the window's, and the one before it
 
 
