@@ -37,8 +37,9 @@ from simulator.costs import CostModel, ModelCosts
 from simulator.run import with_trace_models
 from simulator.sim import Simulator
 from simulator.stream import ProductionDay
-from simulator.traces import Trace, window
+from simulator.traces import Trace, read_trace, window
 from thaw.config import ThawConfig
+from warm_pool.policy.decisions import Stop, Terminate
 
 # One L40S instance per replica, a 90 s boot, 13 s loads (an 8B model): the figures of
 # examples/simulate.yaml, written out so that the benchmark needs no file.
@@ -59,14 +60,16 @@ _COSTS = ModelCosts(weights_gib=15.0, standby_load_s=13.0, asleep_load_s=1.0, re
 # The production scenario's fleet: the 70B model on 8 x H100 instances (100 to 600
 # replicas of 256 requests each; 120 instances standing by when the day starts, as a
 # running fleet would have them, so that its floor is up 40 s in), the tail on one
-# L40S each.
+# L40S each, in a pool large enough for it (up to 1,200 instances, no budget: the tail
+# keeps about 700 models warm at its 300 s idle grace).
 _PRODUCTION_CONFIG = {
     "shapes": [{"name": "p5-48xlarge", "gpu_type": "h100-80gb", "gpu_count": 8, "gpu_memory_gib": 640,
                 "host_memory_gib": 2048, "price_per_hour_usd": 55.04, "boot_s": 300},
                *_CONFIG["shapes"]],
     "pools": [{"shape": "p5-48xlarge", "standby_min": 120, "standby_max": 160, "max_instances": 600,
                "standby_margin": 0.5, "standby_hold_s": 300},
-              *_CONFIG["pools"]],
+              {"shape": "g6e-xlarge", "standby_min": 8, "standby_max": 64, "max_instances": 1200,
+               "budget_usd_per_hour": None, "standby_margin": 0.5, "standby_hold_s": 300}],
     "models": [{"name": "llama-70b", "uri": "s3://thaw/models/llama-70b", "shape": "p5-48xlarge",
                 "max_context_tokens": 8192,
                 "autoscaling": {"min_replicas": 100, "max_replicas": 600, "target_concurrency": 192,
@@ -92,12 +95,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline-hours", type=float, default=2.0,
                    help="slice of the trace on which exact mode (the baseline) and fast mode both run")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--fidelity-traces", nargs="*", default=[], metavar="FILE[@MODEL]",
+                   help="traces (any format thaw simulate reads; @MODEL keeps one model of a multi-model "
+                        "one) whose first --fidelity-trace-hours both modes run, each model served as the "
+                        "template")
+    p.add_argument("--fidelity-trace-hours", type=float, default=1.0)
 
 
 def _run(cfg: ThawConfig, costs: CostModel, trace: Trace | ProductionDay, *, exact: bool) -> tuple[Any, float]:
     t0 = time.perf_counter()
     result = Simulator(cfg, costs, trace, exact=exact, record_decisions=True).run()
     return result, time.perf_counter() - t0
+
+
+def fidelity(fast: Any, exact: Any) -> dict[str, Any]:
+    """The fast mode against the exact mode on one trace: whether they decided alike (all
+    decisions; all but the stops and ends of instances, which can move with a drained
+    replica's end: ``simulator.lanes``), how many decisions only one made, and each
+    TTFT percentile's relative difference."""
+    def moves(r: Any) -> list[Any]:
+        return [(t, d) for t, d in r.decisions if not isinstance(d, Stop | Terminate)]
+    f, e = set(fast.decisions), set(exact.decisions)
+    diffs: dict[str, float | None] = {
+        q: (None if exact.summary["ttft_s"][q] in (None, 0) or fast.summary["ttft_s"][q] is None
+            else round(fast.summary["ttft_s"][q] / exact.summary["ttft_s"][q] - 1.0, 6)) for q in ("p50", "p90", "p99")}
+    return {"requests": exact.summary["requests"], "decisions": len(exact.decisions),
+            "same_decisions": fast.decisions == exact.decisions,
+            "same_launches_releases_assignments": moves(fast) == moves(exact),
+            "decisions_only_one_made": len(f ^ e),
+            "usd_fast_over_exact_minus_1": round(fast.summary["usd"] / exact.summary["usd"] - 1.0, 6)
+            if exact.summary["usd"] else None,
+            "ttft_fast_over_exact_minus_1": diffs}
+
+
+def traces_fidelity(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Both modes on the first hours of each of ``--fidelity-traces``."""
+    out = []
+    for spec in args.fidelity_traces:
+        path, _, model = str(spec).partition("@")
+        trace = window(read_trace(path, model=model or None), 0.0, args.fidelity_trace_hours * 3600)
+        cfg = with_trace_models(ThawConfig.model_validate(_CONFIG), trace, "template")
+        costs = CostModel({m.name: _COSTS for m in cfg.models})
+        fast, fast_s = _run(cfg, costs, trace, exact=False)
+        exact, exact_s = _run(cfg, costs, trace, exact=True)
+        row = {"trace": Path(path).name + (f"@{model}" if model else ""), "hours": args.fidelity_trace_hours, "models": len(trace.models),
+               "fast_s": round(fast_s, 3), "exact_s": round(exact_s, 3), **fidelity(fast, exact)}
+        print(f"fidelity on {row['trace']}: {row}")
+        out.append(row)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,7 +154,10 @@ def run(args: argparse.Namespace) -> int:
         ok = ok and out["cold_heavy"]["baseline"]["same_decisions"]
     if "production" in args.scenarios:
         out["production"] = production(args)
-        ok = ok and out["production"]["fidelity"]["same_decisions"]
+        ok = ok and out["production"]["fidelity"]["same_launches_releases_assignments"]
+    if args.fidelity_traces:
+        out["fidelity_traces"] = traces_fidelity(args)
+        ok = ok and all(r["same_launches_releases_assignments"] for r in out["fidelity_traces"])
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0 if ok else 1
@@ -133,11 +181,9 @@ def production(args: argparse.Namespace) -> dict[str, Any]:
     part, part_cfg, part_costs = inputs(args.fidelity_minutes / 60.0)
     fast, fast_s = _run(part_cfg, part_costs, part, exact=False)
     exact, exact_s = _run(part_cfg, part_costs, part, exact=True)
-    diffs: dict[str, float | None] = {q: (None if exact.summary["ttft_s"][q] in (None, 0) or fast.summary["ttft_s"][q] is None else
-                 round(fast.summary["ttft_s"][q] / exact.summary["ttft_s"][q] - 1.0, 6)) for q in ("p50", "p90", "p99")}
+    fid = fidelity(fast, exact)
     rate = sim.requests / wall_s
     day_s = day.mean_rps * 86_400.0 / rate
-    same = fast.decisions == exact.decisions
     out: dict[str, Any] = {
         "requests": sim.requests,
         "wall_s": round(wall_s, 3),
@@ -151,18 +197,12 @@ def production(args: argparse.Namespace) -> dict[str, Any]:
                                      "capacity_refusals")},
         "big_model": {k: big.get(k) for k in ("requests", "ttft_s", "cold_starts", "replica_seconds", "queue_full",
                                               "activation_timeouts", "slo_met_share")},
-        "fidelity": {
-            "minutes": args.fidelity_minutes,
-            "requests": fast.summary["requests"],
-            "fast_s": round(fast_s, 3),
-            "exact_s": round(exact_s, 3),
-            "same_decisions": same,
-            "ttft_fast_over_exact_minus_1": diffs,
-        },
+        "fidelity": {"minutes": args.fidelity_minutes, "fast_s": round(fast_s, 3), "exact_s": round(exact_s, 3),
+                     **fid},
     }
     print(f"production: {sim.requests:,} requests in {wall_s:.1f} s, {rate:,.0f} requests/s "
           f"(a day at this rate: {day_s / 3600:.1f} h); on {args.fidelity_minutes:g} min, "
-          f"same decisions as exact: {same}, TTFT differences {diffs}")
+          f"fidelity {fid}")
     return out
 
 

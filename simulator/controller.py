@@ -109,13 +109,18 @@ class Controller:
             return grid
         ch = self.changes
         if ch.dirty or self.watch or ch.pools_dirty or ch.touched:
-            at = math.ceil(now / self.tick_s - 1e-9) * self.tick_s
-            # Never a tick before now (an event a hair past a grid point is the next
-            # tick's, as the controller's ticks see it).
-            return max(grid, at if at >= now else at + self.tick_s)
+            return self.tick_due(now)
         if self.deadlines:
             return max(grid, math.ceil(self.deadlines[0][0] / self.tick_s - 1e-9) * self.tick_s)
         return INF
+
+    def tick_due(self, at: float) -> float:
+        """The tick that sees what happens at ``at`` (the default mode's): the first grid
+        point at or after it, never before the next grid tick."""
+        g = math.ceil(at / self.tick_s - 1e-9) * self.tick_s
+        # Never a tick before the event (one a hair past a grid point is the next tick's,
+        # as the controller's ticks see it).
+        return max(self.next_grid * self.tick_s, g if g >= at else g + self.tick_s)
 
     def grid_tick(self, t: float) -> None:
         """The tick due at ``t`` on the controller's grid; the next one is a grid step on."""

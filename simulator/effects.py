@@ -100,6 +100,8 @@ class Effects:
         if w.state == "ready" and m is not None:
             m.ready.remove(w)
             w.ready_seq = -1  # its entries in the model's slot heap are void
+            if m.lane is not None:
+                m.lane.leave(w)  # its requests in flight finish on the event heap
         return m
 
     def launch(self, d: Launch, t: float) -> None:

@@ -21,35 +21,34 @@ import numpy as np
 # Values kept as they are, per Samples (8 MiB); past it, the histogram.
 EXACT_MAX = 1 << 20
 BUCKETS_PER_DOUBLING = 1024
-# The bucket of 0 (and of anything at or under 0): below every other.
-_ZERO = -(1 << 40)
-
-
 def bucket_of(x: float) -> int:
-    """The histogram bucket of a value (``_ZERO`` for 0 and below)."""
-    return math.floor(math.log2(x) * BUCKETS_PER_DOUBLING) if x > 0 else _ZERO
+    """The histogram bucket of a value above 0 (values at or under 0 are counted apart)."""
+    return math.floor(math.log2(x) * BUCKETS_PER_DOUBLING)
 
 
 def bucket_value(k: int) -> float:
-    """A bucket's representative value: its geometric middle (0 for ``_ZERO``)."""
-    return 0.0 if k == _ZERO else 2.0 ** ((k + 0.5) / BUCKETS_PER_DOUBLING)
+    """A bucket's representative value: its geometric middle."""
+    return 2.0 ** ((k + 0.5) / BUCKETS_PER_DOUBLING)
 
 
 class Samples:
     """Values added one at a time (:meth:`append`) or in bulk (:meth:`add_many`);
-    :meth:`percentiles` p50/p90/p99 by nearest rank."""
+    :meth:`percentiles` p50/p90/p99 by nearest rank. Folded, the histogram is an array
+    of counts over the buckets from ``_lo`` on (grown as values come), and zeros apart."""
 
-    __slots__ = ("_exact", "_hist", "_max")
+    __slots__ = ("_exact", "_counts", "_lo", "_zeros", "_max")
 
     def __init__(self, values: Iterable[float] = (), *, exact_max: int | None = None) -> None:
         self._exact: array[float] | None = array("d", values)
-        self._hist: dict[int, int] = {}
+        self._counts = np.zeros(0, dtype=np.int64)
+        self._lo = 0
+        self._zeros = 0
         self._max = EXACT_MAX if exact_max is None else exact_max
         if len(self._exact) > self._max:
             self._fold()
 
     def __len__(self) -> int:
-        return len(self._exact) if self._exact is not None else sum(self._hist.values())
+        return len(self._exact) if self._exact is not None else int(self._counts.sum()) + self._zeros
 
     @property
     def exact(self) -> bool:
@@ -63,8 +62,12 @@ class Samples:
             if len(ex) > self._max:
                 self._fold()
             return
+        if x <= 0:
+            self._zeros += 1
+            return
         k = bucket_of(x)
-        self._hist[k] = self._hist.get(k, 0) + 1
+        self._grow(k, k)
+        self._counts[k - self._lo] += 1
 
     def add_many(self, xs: np.ndarray) -> None:
         """Add every value of a float array."""
@@ -85,8 +88,11 @@ class Samples:
             return
         if self._exact is not None:
             self._fold()
-        for k, n in other._hist.items():
-            self._hist[k] = self._hist.get(k, 0) + n
+        self._zeros += other._zeros
+        if len(other._counts):
+            self._grow(other._lo, other._lo + len(other._counts) - 1)
+            at = other._lo - self._lo
+            self._counts[at:at + len(other._counts)] += other._counts
 
     def values(self) -> list[float]:
         """Every value in the order added (exact only)."""
@@ -101,17 +107,29 @@ class Samples:
         n = len(self)
         if not n:
             return {"p50": None, "p90": None, "p99": None}
-        ranks = {q: min(n, max(1, math.ceil(q / 100 * n))) for q in (50, 90, 99)}
+        cum = np.cumsum(self._counts)
         out: dict[str, float | None] = {}
-        seen = 0
-        pending = sorted(ranks.items(), key=lambda kv: kv[1])
-        for k in sorted(self._hist):
-            seen += self._hist[k]
-            while pending and pending[0][1] <= seen:
-                out[f"p{pending.pop(0)[0]}"] = bucket_value(k)
-            if not pending:
-                break
-        return {f"p{q}": out[f"p{q}"] for q in (50, 90, 99)}
+        for q in (50, 90, 99):
+            rank = min(n, max(1, math.ceil(q / 100 * n)))
+            if rank <= self._zeros:
+                out[f"p{q}"] = 0.0
+            else:
+                k = int(np.searchsorted(cum, rank - self._zeros, "left"))
+                out[f"p{q}"] = bucket_value(k + self._lo)
+        return out
+
+    def _grow(self, lo: int, hi: int) -> None:
+        """Make room for buckets ``lo`` to ``hi``."""
+        c = self._counts
+        if not len(c):
+            self._lo, self._counts = lo, np.zeros(hi - lo + 1, dtype=np.int64)
+            return
+        if lo >= self._lo and hi < self._lo + len(c):
+            return
+        new_lo = min(lo, self._lo)
+        grown = np.zeros(max(hi, self._lo + len(c) - 1) - new_lo + 1, dtype=np.int64)
+        grown[self._lo - new_lo:self._lo - new_lo + len(c)] = c
+        self._lo, self._counts = new_lo, grown
 
     def _fold(self) -> None:
         ex = self._exact
@@ -120,13 +138,15 @@ class Samples:
         self._count(np.frombuffer(ex, dtype=np.float64) if len(ex) else np.empty(0))
 
     def _count(self, xs: np.ndarray) -> None:
-        pos = xs > 0
-        keys = np.full(len(xs), _ZERO, dtype=np.int64)
-        keys[pos] = np.floor(np.log2(xs[pos]) * BUCKETS_PER_DOUBLING).astype(np.int64)
-        uniq, counts = np.unique(keys, return_counts=True)
-        h = self._hist
-        for k, n in zip(uniq.tolist(), counts.tolist(), strict=True):
-            h[k] = h.get(k, 0) + n
+        pos = xs[xs > 0]
+        self._zeros += len(xs) - len(pos)
+        if not len(pos):
+            return
+        keys = np.floor(np.log2(pos) * BUCKETS_PER_DOUBLING).astype(np.int64)
+        lo, hi = int(keys.min()), int(keys.max())
+        self._grow(lo, hi)
+        at = lo - self._lo
+        self._counts[at:at + hi - lo + 1] += np.bincount(keys - lo, minlength=hi - lo + 1)
 
 
 def percentiles(values: Iterable[float]) -> dict[str, float | None]:

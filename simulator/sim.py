@@ -83,12 +83,15 @@ from simulator.report import (
     summary,
     tier_order,
 )
-from simulator.stream import TraceStream
+from simulator.stream import Columns, TraceStream, chunked
 from simulator.traces import Trace
 from simulator.traffic import Traffic, build_models
 from thaw.config import ThawConfig
 from warm_pool.policy.decide import kept_classes
 from warm_pool.policy.keepalive import IdleHistogram
+
+# A whole trace is read this many requests at a time.
+CHUNK_ROWS = 4096
 
 # What callers import from here (defined beside the part they belong to).
 __all__ = ["SUMMARY_KEYS", "TIERS", "SimResult", "Simulator", "engine_classes", "engine_sizes", "tier_order"]
@@ -107,11 +110,13 @@ class Simulator:
         if missing:
             raise ValueError(f"trace models not in the config: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
         self.trace = trace
-        # A whole trace is read as one chunk; a stream a chunk at a time.
-        self._chunks: Callable[[], Iterator[Trace]] = (lambda: iter((trace,))) if isinstance(trace, Trace) \
-            else trace.chunks
+        # A trace is read a chunk at a time (a busy model may take a lane as each starts).
+        self._chunks: Callable[[], Iterator[Columns]] = (chunked(trace, CHUNK_ROWS).arrays
+                                                         if isinstance(trace, Trace) else trace.arrays)
         self.requests = 0  # how many arrived (a stream's length is known at its end)
         self.last_arrival_s = 0.0
+        self._first = 0  # the trace's index of the next chunk's first request
+        self._ended = False
         classes = engine_classes(cfg, costs)
         engine_bytes = engine_sizes(cfg, costs)
         # Only models of a class their pool pre-builds keep their engine (as on the controller).
@@ -120,7 +125,8 @@ class Simulator:
         self.changes = Changes()
         self.fleet = Fleet(cfg, self.clock, self.changes)
         # Trace model index -> simulated model.
-        self.traffic = Traffic([by_name[name] for name in trace.models], self.clock, self.changes, on_admit)
+        self.traffic = Traffic([by_name[name] for name in trace.models], self.clock, self.changes, on_admit,
+                               lanes=not exact)
         effects = Effects(self.fleet, by_name, engine_bytes, self.clock, [])
         self.controller = Controller(cfg, self.models, self.fleet, self.changes, effects, tick_s=tick_s,
                                      exact=exact, classes=classes, engine_bytes=engine_bytes,
@@ -134,45 +140,61 @@ class Simulator:
     def run(self) -> SimResult:
         clock, traffic, controller, changes = self.clock, self.traffic, self.controller, self.changes
         chunks = self._chunks()
-        first, times, n = self._next_chunk(chunks, 0)
+        times, n = self._next_chunk(chunks)
         i = 0
         heap = clock.heap
         while True:
             ta = times[i] if i < n else INF
             te = heap[0][0] if heap else INF
-            if i >= n and not traffic.open_requests:
+            tl = traffic.lanes_at
+            if i >= n and self._ended and not traffic.open_requests:
                 break
             tt = controller.next_tick(clock.now)
-            if te <= ta and te <= tt:
+            if te <= ta and te <= tt and te <= tl:
                 t, kind, _, obj, arg = heapq.heappop(heap)
                 clock.now = t
                 if kind == DONE:
                     traffic.done(obj, t)
-                elif kind == WORKER:
+                    continue
+                if kind == WORKER:
                     self._worker_event(obj, arg, t)
                 elif kind == ADAPTER:
                     self._adapter_event(obj, arg, t)
                 else:
                     traffic.timeout(obj)
+                    continue
+            elif tl <= ta and tl <= tt:
+                # A lane's window ends: brought up to date (or stopped before an arrival
+                # that finds every slot full).
+                clock.now = max(clock.now, traffic.barrier(tl))
             elif ta <= tt:
                 clock.now = ta
                 traffic.arrive(i, ta)
                 i += 1
-                if i >= n:  # the chunk is read: the next (the trace's end: none)
-                    self.last_arrival_s = ta
-                    first, times, n = self._next_chunk(chunks, first + n)
+                if i >= n and traffic.consumed:  # the chunk is read: the next (the trace's end: none)
+                    times, n = self._next_chunk(chunks)
                     i = 0
                 # Requests of one instant arrive together: the controller, woken by
                 # their demand, sees them all (not the first alone).
-                if changes.kick_pending and (i >= n or times[i] > ta):
-                    changes.kick_pending = False
-                    controller.tick(ta)
+                if not (changes.kick_pending and (i >= n or times[i] > ta)):
+                    continue
+                changes.kick_pending = False
+                traffic.catch_up(ta)
+                controller.tick(ta)
             else:
                 if tt == INF:
                     break
                 clock.now = tt
+                traffic.catch_up(tt)
                 controller.grid_tick(tt)
-        self.requests = first
+            # Lanes may have stopped, or their models' replicas changed.
+            if traffic.restream(i):
+                times, n, i = traffic.times, len(traffic.times), 0
+            if i >= n and traffic.consumed and not self._ended:
+                times, n = self._next_chunk(chunks)
+                i = 0
+            traffic.replan(controller.tick_due)
+        self.requests = self._first
         end = max(clock.now, self.last_arrival_s)
         self.fleet.close(end)
         f = self.fleet
@@ -181,15 +203,21 @@ class Simulator:
                          {name: ms.idle_histogram for name, ms in controller.ms.items() if ms.idle_histogram.total()},
                          self.last_arrival_s)
 
-    def _next_chunk(self, chunks: Iterator[Trace], first: int) -> tuple[int, list[float], int]:
-        """The next chunk with requests, read by the traffic: its first request's index in
-        the trace, its times and its length (0 at the trace's end)."""
+    def _next_chunk(self, chunks: Iterator[Columns]) -> tuple[list[float], int]:
+        """Read the next chunk with requests (none: the trace's end); the times of those
+        of its requests that arrive one at a time, and how many."""
+        traffic = self.traffic
+        if traffic.chunk_end != INF:
+            self.last_arrival_s = traffic.chunk_end
         for chunk in chunks:
             if len(chunk):
-                self.traffic.read(chunk, first)
-                return first, chunk.t, len(chunk)
-        self.traffic.read(None, first)
-        return first, [], 0
+                traffic.read(chunk, self._first)
+                self._first += len(chunk)
+                traffic.replan(self.controller.tick_due)
+                return traffic.times, len(traffic.times)
+        traffic.read(None, self._first)
+        self._ended = True
+        return [], 0
 
     def _worker_event(self, w: SimWorker, epoch: int, t: float) -> None:
         """A worker's step (boot, load, release, build) ends, unless it changed since."""
@@ -203,6 +231,8 @@ class Simulator:
             if m.cls is not None:
                 # Its engine (built now, or swapped into) can take another model of its class.
                 w.keep_engine(m.cls, m)
+            if m.lane is not None:
+                m.lane.catch_up(t, arrivals_at_t=False)  # before it joins the rotation
             w.ready_at = t
             fleet.set(w, "ready", t)
             shape = fleet.shapes[w.shape]

@@ -36,8 +36,31 @@ PRODUCTION = "production"
 DESCRIPTION_MAX_BYTES = 64 * 1024
 
 
+@dataclass(frozen=True, eq=False)
+class Columns:
+    """A chunk's requests as arrays: what the simulator reads (a :class:`Trace`'s lists
+    are for files and people; a day of them is built and read a chunk at a time)."""
+
+    t: np.ndarray  # float64 seconds, ascending
+    model: np.ndarray  # int64 codes of the stream's models
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    @classmethod
+    def of(cls, tr: Trace) -> Columns:
+        return cls(np.asarray(tr.t, dtype=np.float64), np.asarray(tr.model, dtype=np.int64),
+                   np.asarray(tr.input_tokens, dtype=np.int64), np.asarray(tr.output_tokens, dtype=np.int64))
+
+    def rows(self, lo: int, hi: int) -> Columns:
+        return Columns(self.t[lo:hi], self.model[lo:hi], self.input_tokens[lo:hi], self.output_tokens[lo:hi])
+
+
 class TraceStream(Protocol):
-    """A trace in time-ordered chunks (see the module docstring)."""
+    r"""A trace in time-ordered chunks (see the module docstring): as :class:`Trace`\ s,
+    or as :class:`Columns` (the same requests)."""
 
     @property
     def models(self) -> list[str]: ...
@@ -46,6 +69,7 @@ class TraceStream(Protocol):
     @property
     def source(self) -> str: ...
     def chunks(self) -> Iterator[Trace]: ...
+    def arrays(self) -> Iterator[Columns]: ...
 
 
 @dataclass(frozen=True)
@@ -73,6 +97,11 @@ class Chunked:
             hi = lo + self.rows
             yield Trace(tr.t[lo:hi], tr.model[lo:hi], tr.tenant[lo:hi], tr.input_tokens[lo:hi],
                         tr.output_tokens[lo:hi], tr.models, tr.tenants, tr.source)
+
+    def arrays(self) -> Iterator[Columns]:
+        cols = Columns.of(self.trace)
+        for lo in range(0, len(cols), self.rows):
+            yield cols.rows(lo, lo + self.rows)
 
 
 def chunked(trace: Trace, rows: int) -> Chunked:
@@ -134,13 +163,26 @@ class ProductionDay:
         return self.big_rps + self.tail_models * self.tail_rate_per_hour / 3600.0
 
     def chunks(self) -> Iterator[Trace]:
+        for cols in self.arrays():
+            yield self._trace(cols)
+
+    def arrays(self) -> Iterator[Columns]:
         tail_rates, tail_peaks = self._tail()
         n_chunks = math.ceil(self.duration_s / self.chunk_s)
         for k in range(n_chunks):
-            yield self.chunk(k, tail_rates, tail_peaks)
+            yield self.columns(k, tail_rates, tail_peaks)
 
-    def chunk(self, k: int, tail_rates: np.ndarray | None = None, tail_peaks: np.ndarray | None = None) -> Trace:
+    def chunk(self, k: int) -> Trace:
         """Chunk ``k``: the requests of ``[k * chunk_s, (k + 1) * chunk_s)`` (cut at ``duration_s``)."""
+        return self._trace(self.columns(k))
+
+    def _trace(self, cols: Columns) -> Trace:
+        n = len(cols)
+        return Trace(cols.t.tolist(), cols.model.tolist(), [0] * n, cols.input_tokens.tolist(),
+                     cols.output_tokens.tolist(), self.models, self.tenants, self.source)
+
+    def columns(self, k: int, tail_rates: np.ndarray | None = None, tail_peaks: np.ndarray | None = None) -> Columns:
+        """Chunk ``k`` as arrays."""
         if tail_rates is None or tail_peaks is None:
             tail_rates, tail_peaks = self._tail()
         t0 = k * self.chunk_s
@@ -152,15 +194,20 @@ class ProductionDay:
         # Thinning: a Poisson process at each model's peak rate, each arrival kept with
         # the day's rate at its time over the peak's.
         counts = rng.poisson(rates * (1.0 + a) * (t1 - t0))
+        # The busy model's times drawn in order (uniform order statistics: spacings of
+        # exponentials, normalised), the tail's as they come.
+        n0 = int(counts[0])
+        u = np.cumsum(rng.exponential(size=n0 + 1))
         model = np.repeat(np.arange(len(rates)), counts)
-        t = rng.uniform(t0, t1, len(model))
+        t = np.concatenate([t0 + (t1 - t0) * (u[:n0] / u[n0]), rng.uniform(t0, t1, len(model) - n0)])
         keep = rng.random(len(t)) * (1.0 + a) < 1.0 + a * np.cos(2.0 * np.pi * (t - peaks[model]) / DAY_S)
         t, model = np.round(t[keep], 6), model[keep]
+        # One long run in order and the tail's few: the stable sort merges them.
         order = np.argsort(t, kind="stable")
         t, model = t[order], model[order]
         n = len(t)
-        return Trace(t.tolist(), model.tolist(), [0] * n, draw_tokens(rng, self.input_tokens, self.token_sigma, n).tolist(),
-                     draw_tokens(rng, self.output_tokens, self.token_sigma, n).tolist(), self.models, self.tenants, self.source)
+        return Columns(t, model, draw_tokens(rng, self.input_tokens, self.token_sigma, n),
+                       draw_tokens(rng, self.output_tokens, self.token_sigma, n))
 
     def _tail(self) -> tuple[np.ndarray, np.ndarray]:
         """The tail's mean rates (per s) and daily peak times (s), drawn once from the seed."""

@@ -8,12 +8,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from simulator.changes import Changes
-from simulator.clock import ADAPTER, DONE, TIMEOUT, Clock
+from simulator.clock import ADAPTER, DONE, INF, TIMEOUT, Clock
 from simulator.costs import CostModel, ModelCosts
 from simulator.fleet import LoadedAdapter, SimWorker
+from simulator.lanes import LANE_MIN_ARRIVALS, Lane
 from simulator.report import ColdStart, ModelStats
-from simulator.traces import Trace
+from simulator.stream import Columns
 from thaw.config import Model, ThawConfig
 from thaw.wire import MAX_TTFT_SAMPLES
 
@@ -41,7 +44,7 @@ class SimModel:
                  "arrivals", "hot_ttfts", "last_request_at", "cold_open", "cold_since", "cold_tier",
                  "slo_s", "prefill_tps", "tpot_s", "max_conc", "max_queue", "timeout_s",
                  "band_for", "deadline_key", "deadline_times", "schedule_next", "stats", "base", "adapters",
-                 "group", "at_capacity", "slots")
+                 "group", "at_capacity", "slots", "lane")
 
     def __init__(self, idx: int, m: Model, costs: ModelCosts, slo_s: float, cls: str | None = None) -> None:
         self.idx, self.name, self.cfg, self.a, self.costs = idx, m.name, m, m.autoscaling, costs
@@ -83,6 +86,12 @@ class SimModel:
         # last tick that judged it): a request that finds no ready replica is refused.
         self.at_capacity = False
         self.stats = ModelStats()
+        self.lane: Lane | None = None  # its hot requests in bulk (simulator.lanes), while it has one
+
+    @property
+    def plain(self) -> bool:
+        """Neither an adapter nor a base of adapters: its replicas' slots are its own."""
+        return self.base is None and not self.adapters
 
 
 def build_models(cfg: ThawConfig, costs: CostModel, ttft_slo_s: float,
@@ -128,7 +137,9 @@ class Traffic:
     ready replica (a calibration compares both with a live run's)."""
 
     def __init__(self, trace_models: list[SimModel], clock: Clock, changes: Changes,
-                 on_admit: Callable[[int, float], None] | None = None) -> None:
+                 on_admit: Callable[[int, float], None] | None = None, *, lanes: bool = False) -> None:
+        """``lanes``: a busy model's hot requests go by a lane (``simulator.lanes``; never
+        with ``on_admit``, which hears each request)."""
         self.trace_models = trace_models
         self.clock, self.changes = clock, changes
         self.on_admit = on_admit
@@ -136,21 +147,143 @@ class Traffic:
         self._ready_seq = 0  # places in models' rotations, in the order replicas became ready
         self.open_requests = 0
         self.cold_records: list[ColdStart] = []
+        self.lanes_on = lanes and on_admit is None
+        self.laned = 0  # requests admitted by lanes
+        self.lanes: list[Lane] = []
+        self.lanes_at = INF  # the first moment a lane must be brought up to date
+        self._stopped: list[np.ndarray] = []  # rows of lanes stopped since the stream was last built
+        self._trace_idx: dict[SimModel, list[int]] = {}
+        for k, m in enumerate(trace_models):
+            self._trace_idx.setdefault(m, []).append(k)
         self.read(None, 0)
 
-    def read(self, chunk: Trace | None, first: int) -> None:
-        """Requests now arrive from ``chunk``, whose first request is the trace's ``first``."""
+    # -- the chunk being read: one request at a time, or by lanes -------------------------
+
+    def read(self, chunk: Columns | None, first: int) -> None:
+        """Requests now arrive from ``chunk``, whose first request is the trace's ``first``:
+        a busy model's by its lane, the others one at a time (:attr:`times`,
+        :meth:`arrive`)."""
         self.first = first
-        self.model = chunk.model if chunk else []
-        self.input_tokens = chunk.input_tokens if chunk else []
-        self.output_tokens = chunk.output_tokens if chunk else []
+        n = len(chunk) if chunk is not None else 0
+        self.chunk_end = INF
+        if chunk is None or not n:
+            self._cols = (np.empty(0), np.empty(0, dtype=np.int64), np.empty(0), np.empty(0))
+            for lane in self.lanes:
+                lane.take(self._cols[1], *self._cols[:1], *self._cols[2:])
+            self._build_stream(self._cols[1])
+            return
+        t, model = chunk.t, chunk.model
+        self._cols = (t, model, chunk.input_tokens, chunk.output_tokens)
+        self.chunk_end = float(t[-1])
+        if not self.lanes_on:
+            self._build_stream(np.arange(n))
+            return
+        self._start_lanes(np.bincount(model, minlength=len(self.trace_models)))
+        laned = np.zeros(len(self.trace_models), dtype=bool)
+        for lane in self.lanes:
+            idx = self._trace_idx[lane.m]
+            laned[idx] = True
+            rows = np.flatnonzero(model == idx[0]) if len(idx) == 1 else np.flatnonzero(np.isin(model, idx))
+            lane.take(rows, t[rows], self._cols[2][rows], self._cols[3][rows])
+        self._build_stream(np.flatnonzero(~laned[model]) if self.lanes else np.arange(n))
+
+    def _build_stream(self, rows: np.ndarray) -> None:
+        """The requests that arrive one at a time: these rows of the chunk, in order."""
+        t, model, inp, out = self._cols
+        self._rows = rows
+        self.times: list[float] = t[rows].tolist()
+        self.model: list[int] = model[rows].tolist()
+        self.input_tokens: list[int] = inp[rows].tolist()
+        self.output_tokens: list[int] = out[rows].tolist()
+        self.index: list[int] = (rows + self.first).tolist()
+
+    def _start_lanes(self, counts: np.ndarray) -> None:
+        """Models busy in the chunk, with a ready replica and no queue, take a lane; the
+        requests they have in flight on ready replicas leave the event heap for it."""
+        new: dict[SimModel, Lane] = {}
+        for k in np.flatnonzero(counts >= LANE_MIN_ARRIVALS).tolist():
+            m = self.trace_models[k]
+            if m.lane is None and m not in new and m.plain and m.ready and not m.queued:
+                new[m] = Lane(m, self)
+        if not new:
+            return
+        heap, kept = self.clock.heap, []
+        adopted: dict[SimModel, tuple[list[float], list[SimWorker]]] = {m: ([], []) for m in new}
+        for e in heap:
+            w = e[3]
+            if e[1] == DONE and isinstance(w, SimWorker) and w.model in new and w.ready_seq >= 0:
+                done, ws = adopted[w.model]
+                done.append(e[0])
+                ws.append(w)
+            else:
+                kept.append(e)
+        heap[:] = kept
+        heapq.heapify(heap)
+        for m, lane in new.items():
+            lane.adopt(*adopted[m])
+            m.lane = lane
+            self.lanes.append(lane)
+
+    def stopped(self, lane: Lane) -> None:
+        """``lane`` stopped: its model's later requests arrive one at a time."""
+        self.lanes.remove(lane)
+        lane.m.lane = None
+        self._stopped.append(lane.stop())
+
+    def restream(self, i: int) -> bool:
+        """Rebuild the stream when lanes stopped: the requests from its ``i``-th on and the
+        stopped lanes' rows, in order (True: rebuilt, it starts again at 0)."""
+        if not self._stopped:
+            return False
+        rows = np.union1d(self._rows[i:], np.concatenate(self._stopped))
+        self._stopped.clear()
+        self._build_stream(rows)
+        return True
+
+    @property
+    def consumed(self) -> bool:
+        """Every lane has handled its arrivals of the chunk."""
+        return all(lane.consumed for lane in self.lanes)
+
+    def replan(self, tick_due: Callable[[float], float]) -> None:
+        """Each lane's next moment to be brought up to date (``tick_due``: the tick that
+        would see something happening at a time)."""
+        at = INF
+        for lane in self.lanes:
+            if not lane.planned:
+                lane.plan(tick_due, self.chunk_end)
+            at = min(at, lane.at)
+        self.lanes_at = at
+
+    def catch_up(self, t: float) -> float:
+        """Every lane brought up to ``t`` (something reads or changes them then); the
+        last of their requests' events (-INF: none)."""
+        last = -INF
+        for lane in self.lanes:
+            last = max(last, lane.catch_up(t))
+        return last
+
+    def barrier(self, t: float) -> float:
+        """The lanes due at ``t``: brought up to it, those whose next arrival finds every
+        slot full stopped just before it; the last of their requests' events."""
+        last = -INF
+        for lane in [x for x in self.lanes if x.at <= t]:
+            if lane.full:
+                last = max(last, lane.catch_up(t, arrivals_at_t=False))
+                self.stopped(lane)
+            else:
+                last = max(last, lane.catch_up(t))
+        return last
 
     def became_ready(self, m: SimModel, w: SimWorker) -> None:
         """``w``'s engine is ready for ``m`` (its own model): last in its rotation."""
         self._ready_seq += 1
         w.ready_seq = self._ready_seq
         m.ready.append(w)
-        heapq.heappush(m.slots, (w.inflight, w.ready_seq, w))
+        if m.lane is not None:
+            m.lane.join(w)
+        else:
+            heapq.heappush(m.slots, (w.inflight, w.ready_seq, w))
 
     def pick(self, m: SimModel) -> SimWorker | None:
         """:func:`least_loaded`'s replica. For a model of its own, from its slot heap (a
@@ -247,7 +380,7 @@ class Traffic:
             self._admit_waiting(x, w, first, t)
 
     def arrive(self, k: int, t: float) -> None:
-        """Request ``k`` of the chunk being read arrives at ``t``."""
+        """Request ``k`` of the stream (:attr:`times`) arrives at ``t``."""
         m = self.trace_models[self.model[k]]
         m.stats.requests += 1
         m.arrivals += 1
@@ -257,7 +390,7 @@ class Traffic:
             w = self.pick(m)
             if w is not None:
                 self.open_requests += 1
-                self.admit(m, w, self.first + k, t, self.input_tokens[k], self.output_tokens[k], False, t)
+                self.admit(m, w, self.index[k], t, self.input_tokens[k], self.output_tokens[k], False, t)
                 return
         if m.at_capacity and not m.ready:
             # Its pool is full and nothing can be evicted: 503 at once, as the activators answer.
@@ -267,7 +400,7 @@ class Traffic:
             m.stats.queue_full += 1
             return
         cold = not m.ready
-        r = Waiting(self.first + k, t, self.input_tokens[k], self.output_tokens[k], m, cold)
+        r = Waiting(self.index[k], t, self.input_tokens[k], self.output_tokens[k], m, cold)
         m.queue.append(r)
         m.queued += 1
         self.open_requests += 1

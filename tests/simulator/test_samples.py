@@ -52,7 +52,7 @@ def test_a_folded_histogram_does_not_grow_with_the_count() -> None:
     rng = np.random.default_rng(0)
     for _ in range(20):
         s.add_many(rng.uniform(0.5, 2.0, 100_000))  # two doublings: at most 2,048 buckets
-    assert len(s) == 2_000_000 and len(s._hist) <= 2 * samples_mod.BUCKETS_PER_DOUBLING + 1
+    assert len(s) == 2_000_000 and len(s._counts) <= 2 * samples_mod.BUCKETS_PER_DOUBLING + 1
     with pytest.raises(ValueError, match="folded"):
         s.values()
 

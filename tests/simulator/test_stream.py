@@ -121,7 +121,8 @@ def test_a_longer_stream_holds_no_more_memory_per_request(monkeypatch: pytest.Mo
     def peak(duration_s: float) -> tuple[int, int]:
         day = ProductionDay(big_rps=60.0, tail_models=4, tail_rate_per_hour=1800.0, duration_s=duration_s,
                             chunk_s=60.0, peak_hour=0.0, token_sigma=0.0)
-        cfg = with_trace_models(config(max_concurrency_per_replica=64, standby_min=2, standby_max=4), day, "m0")
+        cfg = with_trace_models(config(max_concurrency_per_replica=64, standby_min=2, standby_max=4, max_instances=8), day,
+                                "m0")
         sim = Simulator(cfg, costs(cfg, prefill=100_000, tpot_s=0.0001), day)
         tracemalloc.start()
         try:
