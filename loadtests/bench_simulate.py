@@ -15,9 +15,12 @@ rates follow the day, spread lognormally across models), then:
 ``--scenarios`` picks what runs: ``cold-heavy`` (the above) and ``production``: the
 production-scale day (``simulator.stream.ProductionDay``: one 70B model at a diurnal mean
 of 10,000 requests a second beside 1,000 low-traffic models), read as a stream, with
-its day starting at midnight (its trough), for its first ``--production-hours``; and on its first
-``--fidelity-minutes`` the fast mode against the exact mode: the same decisions, and
-each TTFT percentile's relative difference.
+its day starting at midnight (its trough), for its first ``--production-hours``, on the
+fleet of ``examples/simulate-production.yaml``; and on its first ``--fidelity-minutes``
+the fast mode against the exact mode (:func:`fidelity`: the same decisions, those other
+than the stops and ends of instances, the cost and each TTFT percentile's relative
+difference). ``--fidelity-traces`` adds the same comparison on the first hours of trace
+files (the shared traces, say).
 
 One process, one core. Writes the figures, the trace and the machine as JSON.
 """
@@ -33,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from simulator import generate
-from simulator.costs import CostModel, ModelCosts
+from simulator.costs import CostModel, ModelCosts, cost_model, read_overrides
 from simulator.run import with_trace_models
 from simulator.sim import Simulator
 from simulator.stream import ProductionDay
 from simulator.traces import Trace, read_trace, window
-from thaw.config import ThawConfig
+from thaw.config import ThawConfig, load_config
 from warm_pool.policy.decisions import Stop, Terminate
 
 # One L40S instance per replica, a 90 s boot, 13 s loads (an 8B model): the figures of
@@ -57,28 +60,11 @@ _COSTS = ModelCosts(weights_gib=15.0, standby_load_s=13.0, asleep_load_s=1.0, re
                     prefill_tokens_per_s=10_000.0, tpot_s=0.05, source="bench: an 8B model on one L40S")
 
 
-# The production scenario's fleet: the 70B model on 8 x H100 instances (100 to 600
-# replicas of 256 requests each; 120 instances standing by when the day starts, as a
-# running fleet would have them, so that its floor is up 40 s in), the tail on one
-# L40S each, in a pool large enough for it (up to 1,200 instances, no budget: the tail
-# keeps about 700 models warm at its 300 s idle grace).
-_PRODUCTION_CONFIG = {
-    "shapes": [{"name": "p5-48xlarge", "gpu_type": "h100-80gb", "gpu_count": 8, "gpu_memory_gib": 640,
-                "host_memory_gib": 2048, "price_per_hour_usd": 55.04, "boot_s": 300},
-               *_CONFIG["shapes"]],
-    "pools": [{"shape": "p5-48xlarge", "standby_min": 120, "standby_max": 160, "max_instances": 600,
-               "standby_margin": 0.5, "standby_hold_s": 300},
-              {"shape": "g6e-xlarge", "standby_min": 8, "standby_max": 64, "max_instances": 1200,
-               "budget_usd_per_hour": None, "standby_margin": 0.5, "standby_hold_s": 300}],
-    "models": [{"name": "llama-70b", "uri": "s3://thaw/models/llama-70b", "shape": "p5-48xlarge",
-                "max_context_tokens": 8192,
-                "autoscaling": {"min_replicas": 100, "max_replicas": 600, "target_concurrency": 192,
-                                "max_concurrency_per_replica": 256, "max_queue_length": 4096,
-                                "idle_grace_s": 600}},
-               *_CONFIG["models"]],
-}
-_BIG_COSTS = ModelCosts(weights_gib=140.0, standby_load_s=40.0, asleep_load_s=5.0, release_s=5.0,
-                        prefill_tokens_per_s=40_000.0, tpot_s=0.02, source="bench: a 70B model on 8 x H100")
+# The production scenario's fleet and its two models' figures: the files of the worked
+# day in docs/OPERATIONS.md (examples/simulate-production.yaml says what they are).
+_EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+PRODUCTION_CONFIG = _EXAMPLES / "simulate-production.yaml"
+PRODUCTION_COSTS = _EXAMPLES / "simulate-production-costs.json"
 SCENARIOS = ("cold-heavy", "production")
 
 
@@ -168,8 +154,8 @@ def production(args: argparse.Namespace) -> dict[str, Any]:
     and the fast mode against the exact mode on ``--fidelity-minutes``."""
     def inputs(hours: float) -> tuple[ProductionDay, ThawConfig, CostModel]:
         day = ProductionDay(duration_s=hours * 3600.0, seed=args.seed)
-        cfg = with_trace_models(ThawConfig.model_validate(_PRODUCTION_CONFIG), day, "template")
-        return day, cfg, CostModel({m.name: _BIG_COSTS if m.name == "llama-70b" else _COSTS for m in cfg.models})
+        cfg = with_trace_models(load_config(PRODUCTION_CONFIG), day, "template")
+        return day, cfg, cost_model(cfg, overrides=read_overrides(PRODUCTION_COSTS))
 
     day, cfg, costs = inputs(args.production_hours)
     t0 = time.perf_counter()

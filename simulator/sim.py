@@ -51,13 +51,17 @@ where its decision can change (its inputs moved out of the band that keeps its r
 count, a worker of it changed, a keep-alive or pool deadline passed) and otherwise only
 does the tick's bookkeeping (``warm_pool.policy.decide.track``). A base and its adapters are
 judged as one (the base's activity includes its adapters', an adapter's replicas are
-its base's engines): all of them when any one's decision can change. The two modes
-make the same decisions (tests/simulator/test_sim.py), the default one many times
-faster.
+its base's engines): all of them when any one's decision can change. The default mode
+also takes a busy model's hot requests a window at a time (``simulator.lanes``): the same
+admissions and TTFTs, only which replica serves which request differs, which can move
+the end of a released replica's drain. The two modes make the same decisions
+(tests/simulator/test_sim.py; with lanes, tests/simulator/test_lanes.py: all but when a
+drained instance is stopped or ended), the default one many times faster.
 
 The parts, each owning its state: ``simulator.clock`` (time and the events ahead),
 ``simulator.fleet`` (workers and engines, their changes of state, their time and cost),
-``simulator.traffic`` (requests, queues, cold starts), ``simulator.changes`` (what changed
+``simulator.traffic`` (requests, queues, cold starts), ``simulator.lanes`` (a busy
+model's hot requests in bulk), ``simulator.changes`` (what changed
 since the last tick), ``simulator.controller`` (the ticks: whom to judge, ``decide``, the
 wake-ups), ``simulator.effects`` (each decision's effect), ``simulator.report`` (the
 answer). :class:`Simulator` wires them and runs the event loop; a worker's or an

@@ -8,6 +8,7 @@ from pathlib import Path
 from simulator import generate
 from simulator.traces import write_generic
 from thaw.cli.main import main
+from thaw.config import load_config
 
 
 def test_both_scenarios_report_their_rates_and_the_fidelity(tmp_path: Path) -> None:
@@ -27,3 +28,13 @@ def test_both_scenarios_report_their_rates_and_the_fidelity(tmp_path: Path) -> N
     [row] = report["fidelity_traces"]
     assert row["trace"] == "busy.csv" and row["requests"] > 1000 and row["same_launches_releases_assignments"]
     assert all(abs(d) <= 0.02 for d in row["ttft_fast_over_exact_minus_1"].values() if d is not None)
+
+
+def test_the_worked_days_two_configs_differ_only_in_the_70b_pools_budget() -> None:
+    # docs/OPERATIONS.md runs both; the budget file is the other with one key added.
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    base = load_config(examples / "simulate-production.yaml").model_dump()
+    budget = load_config(examples / "simulate-production-budget.yaml").model_dump()
+    assert budget["pools"][0].pop("budget_usd_per_hour") == 1100
+    base["pools"][0].pop("budget_usd_per_hour")
+    assert budget == base
