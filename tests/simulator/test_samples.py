@@ -59,3 +59,22 @@ def test_a_folded_histogram_does_not_grow_with_the_count() -> None:
 
 def test_none_are_none() -> None:
     assert Samples().percentiles() == {"p50": None, "p90": None, "p99": None}
+
+
+def test_folded_histograms_merge_across_their_ranges() -> None:
+    # Each folded over its own range of buckets (and its own zeros): the merge is the
+    # histogram of all of them, whichever starts lower.
+    rng = np.random.default_rng(5)
+    low, high = rng.uniform(0.001, 0.01, 2000), rng.uniform(50.0, 900.0, 3000)
+    zeros = np.zeros(6000)
+    a, b = Samples(exact_max=100), Samples(exact_max=100)
+    a.add_many(high)
+    b.add_many(np.concatenate([low, zeros]))
+    a.extend(b)
+    values = np.concatenate([high, low, zeros]).tolist()
+    assert len(a) == len(values)
+    want, got = percentiles(values), a.percentiles()
+    assert got["p50"] == 0.0 == want["p50"]  # more than half are zeros
+    for q in ("p90", "p99"):
+        w, g = want[q], got[q]
+        assert w is not None and g is not None and abs(g - w) <= HALF_WIDTH * w * (1 + 1e-9)
