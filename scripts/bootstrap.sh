@@ -17,8 +17,9 @@ pick_python() {
 
 # Some tests run real Debian servers, installed here when missing and this user may
 # (root, or sudo without a password): redis-server (limits shared across activators),
-# postgresql (the controller's state on PostgreSQL), and tcmalloc, which CPU engines are
-# started with (worker.allocator).
+# postgresql (the controller's state on PostgreSQL), tcmalloc, which CPU engines are
+# started with (worker.allocator), and nftables (partitions and loss between the network
+# namespaces of tests/netfaults).
 install_debian_package() {  # PACKAGE FOUND_CMD WHAT_NEEDS_IT
     local package=$1 found=$2 why=$3
     eval "$found" >/dev/null 2>&1 && return 0
@@ -43,6 +44,7 @@ install_debian_package() {  # PACKAGE FOUND_CMD WHAT_NEEDS_IT
     install_debian_package redis-server "command -v redis-server" "shared-limits"
     install_debian_package postgresql "ls /usr/lib/postgresql/*/bin/initdb" "PostgreSQL state"
     install_debian_package libtcmalloc-minimal4 "ls /usr/lib/*/libtcmalloc_minimal.so.4" "CPU engine allocator"
+    install_debian_package nftables "command -v nft" "network faults (tests/netfaults)"
 } </dev/null &
 DEBIAN_PACKAGES=$!
 
