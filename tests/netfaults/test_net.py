@@ -97,3 +97,28 @@ def test_rate_limits_and_a_closed_net_leaves_nothing() -> None:
     finally:
         n.close()
     assert n.leftovers() == [] and all(p.poll() is not None for p in n.procs)
+
+
+def test_a_delay_proxy_holds_each_chunk_for_the_delay_it_is_told(net: Net) -> None:
+    # a -> proxy on c -> b's server: b's line reaches a no sooner than the delay.
+    proxy = net.popen("c", [sys.executable, "-m", "tests.netfaults.delay", "8000", net.hosts["b"].ip, "7777"],
+                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proxy.stdin is not None and proxy.stdout is not None
+    assert proxy.stdout.readline().strip() == "listening"
+    timed = ("import socket, sys, time; t = time.monotonic(); c = socket.create_connection((sys.argv[1], 8000), "
+             "timeout=2); line = c.recv(6); print(line.decode().strip(), time.monotonic() - t)")
+
+    def fetch() -> tuple[str, float]:
+        out = subprocess.run(["ip", "netns", "exec", net.hosts["a"].name, sys.executable, "-c", timed,
+                              net.hosts["c"].ip], capture_output=True, text=True, check=True).stdout.split()
+        return out[0], float(out[1])
+
+    assert fetch()[0] == "hello"
+    proxy.stdin.write("delay 0.3\n")
+    proxy.stdin.flush()
+    assert proxy.stdout.readline().strip() == "delay 0.3"
+    line, took = fetch()
+    assert line == "hello" and took >= 0.3
+    net.cut("c", "b")  # the proxy's own link cut: nothing comes through it
+    with pytest.raises(subprocess.CalledProcessError):
+        fetch()
