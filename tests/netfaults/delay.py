@@ -38,7 +38,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
                 break
             wait = due - time.monotonic()
             if wait > 0:
-                await asyncio.sleep(wait)
+                await asyncio.sleep(wait)  # not a poll: the chunk is held for the link's delay
             writer.write(data)
             await writer.drain()
         writer.close()
