@@ -33,7 +33,6 @@ shows when a replica with requests in flight leaves the rotation: how long it dr
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -154,7 +153,8 @@ class Lane:
 
     def stop(self) -> np.ndarray:
         """Back to one request at a time: every request in flight to the event heap, each
-        replica's count to it; the chunk's rows it had not reached."""
+        replica's count to it (``Traffic.stopped`` rebuilds the model's slot heap from
+        them); the chunk's rows it had not reached."""
         clock = self.tr.clock
         for d, k in zip(self.done.tolist(), self.who.tolist(), strict=True):
             clock.push(d, DONE, self.ws[k])
@@ -164,9 +164,6 @@ class Lane:
         rest = self.rows[self.c:]
         self.rows, self.a, self.inp, self.out = _EMPTY_I, _EMPTY_F, _EMPTY_F, _EMPTY_F
         self.c = 0
-        m = self.m
-        m.slots[:] = [(w.inflight, w.ready_seq, w) for w in m.ready]
-        heapq.heapify(m.slots)
         return rest
 
     @property
@@ -206,11 +203,16 @@ class Lane:
             j = int(over[0])
             self.at, self.clear_to, self.full = float(a[j]), self.c + j, True
 
-    def _done_of(self, lo: int, hi: int) -> np.ndarray:
+    def _prefill(self, lo: int, hi: int) -> np.ndarray:
+        """Arrivals ``lo:hi``'s prefill: the TTFT of each, admitted as it comes."""
+        return self.inp[lo:hi] / self.m.prefill_tps
+
+    def _done_of(self, lo: int, hi: int, prefill: np.ndarray | None = None) -> np.ndarray:
         """When arrivals ``lo:hi``, admitted as they come, are answered (the same sum as
         ``Traffic.admit``: arrival, plus prefill, plus the output tokens' time)."""
-        m = self.m
-        return (self.a[lo:hi] + self.inp[lo:hi] / m.prefill_tps) + self.out[lo:hi] * m.tpot_s
+        if prefill is None:
+            prefill = self._prefill(lo, hi)
+        return (self.a[lo:hi] + prefill) + self.out[lo:hi] * self.m.tpot_s
 
     def catch_up(self, t: float, *, arrivals_at_t: bool = True) -> float:
         """Handle its arrivals up to ``t`` (those at ``t`` too unless not
@@ -225,12 +227,12 @@ class Lane:
             lo = self.c
             self.c = hi
             last = float(self.a[hi - 1])
-            done = self._done_of(lo, hi)
+            ttft = self._prefill(lo, hi)
+            done = self._done_of(lo, hi, ttft)
             who = fill(self.cnt, n)
             self.cnt += np.bincount(who, minlength=len(self.ws))
             self.done = np.concatenate([self.done, done])
             self.who = np.concatenate([self.who, who])
-            ttft = self.inp[lo:hi] / m.prefill_tps
             st = m.stats
             st.requests += n
             st.ttfts.add_many(ttft)

@@ -118,6 +118,12 @@ def build_models(cfg: ThawConfig, costs: CostModel, ttft_slo_s: float,
     return models, by_name
 
 
+def _rebuild_slots(m: SimModel) -> None:
+    """``m``'s slot heap from its ready replicas as they are now (stale entries dropped)."""
+    m.slots[:] = [(w.inflight, w.ready_seq, w) for w in m.ready]
+    heapq.heapify(m.slots)
+
+
 def least_loaded(m: SimModel) -> SimWorker | None:
     """The rule a pick follows, by a scan of ``m.ready``: the replica with the fewest
     requests in flight, the first of those; None when every one is full."""
@@ -167,10 +173,11 @@ class Traffic:
         n = len(chunk) if chunk is not None else 0
         self.chunk_end = INF
         if chunk is None or not n:
-            self._cols = (np.empty(0), np.empty(0, dtype=np.int64), np.empty(0), np.empty(0))
+            none = np.empty(0, dtype=np.int64)
+            self._cols = (np.empty(0), none, none, none)
             for lane in self.lanes:
-                lane.take(self._cols[1], *self._cols[:1], *self._cols[2:])
-            self._build_stream(self._cols[1])
+                lane.take(none, *self._cols[:1], none, none)
+            self._build_stream(none)
             return
         t, model = chunk.t, chunk.model
         self._cols = (t, model, chunk.input_tokens, chunk.output_tokens)
@@ -229,6 +236,7 @@ class Traffic:
         self.lanes.remove(lane)
         lane.m.lane = None
         self._stopped.append(lane.stop())
+        _rebuild_slots(lane.m)  # the lane kept its replicas' counts: picks start from them
 
     def restream(self, i: int) -> bool:
         """Rebuild the stream when lanes stopped: the requests from its ``i``-th on and the
@@ -255,13 +263,10 @@ class Traffic:
             at = min(at, lane.at)
         self.lanes_at = at
 
-    def catch_up(self, t: float) -> float:
-        """Every lane brought up to ``t`` (something reads or changes them then); the
-        last of their requests' events (-INF: none)."""
-        last = -INF
+    def catch_up(self, t: float) -> None:
+        """Every lane brought up to ``t`` (something reads or changes them then)."""
         for lane in self.lanes:
-            last = max(last, lane.catch_up(t))
-        return last
+            lane.catch_up(t)
 
     def barrier(self, t: float) -> float:
         """The lanes due at ``t``: brought up to it, those whose next arrival finds every
@@ -293,8 +298,7 @@ class Traffic:
             return least_loaded(m)
         h = m.slots
         if len(h) > 4 * len(m.ready) + 64:  # mostly stale: rebuilt from the replicas
-            h[:] = [(w.inflight, w.ready_seq, w) for w in m.ready]
-            heapq.heapify(h)
+            _rebuild_slots(m)
         while h:
             inflight, seq, w = h[0]
             if w.ready_seq != seq or w.inflight != inflight:
