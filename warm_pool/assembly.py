@@ -31,6 +31,7 @@ from warm_pool.clock import ClockAdmin
 from warm_pool.conversations.store import ResponseStore
 from warm_pool.db import Db
 from warm_pool.events import EventLog
+from warm_pool.fencing import ActionLog, LeaseFence
 from warm_pool.fleet.control import WorkerControl
 from warm_pool.leader import Leadership, LeaseStore
 from warm_pool.manager import PoolManager
@@ -73,6 +74,7 @@ class PoolParts:
     tenant_admin: TenantAdmin
     applier: Applier
     leadership: Leadership | None  # None: this one always leads
+    actions: ActionLog  # the provider actions, each written under its term first
 
 
 class LoopCalls:
@@ -142,6 +144,10 @@ def build_pool(
                                # worker to report.
                                adopt_grace_s=(cfg.cluster.heartbeat_interval_s * 1.5 + 0.5)
                                if adopt_grace_s is None else adopt_grace_s)
+    manager = loop.manager
+    # The term each call was decided in (the actuator's: a deposed controller's call in
+    # flight carries its old term, which a worker that heard of the new one refuses).
+    control.fence(lambda: manager.actuator.term)
     return loop.manager
 
 
@@ -179,6 +185,12 @@ def build_parts(cfg: ThawConfig, providers: dict[str, Provider], control: Worker
     leadership = None if lease is None else Leadership(
         lease, controller_id, url, lease_s or cfg.cluster.heartbeat_interval_s * 1.5,
         on_lead=loop.lead, on_follow=loop.follow)
+    # Fenced (warm_pool.fencing): every change to the shared database, and every provider
+    # action, only while this controller holds the lease in the term it acts in.
+    fence = None if leadership is None else LeaseFence(
+        controller_id, lambda: leadership.term if leadership.leading else None)
+    if fence is not None:
+        db.fence = fence.check
     batch_runner = BatchRunner(
         batches, files, store_client, cfg.object_store.bucket, cfg.batch.files_prefix,
         resolver=lambda tenant: tenant_models(model_admin.cfg, tenant), clock=clock,
@@ -191,4 +203,5 @@ def build_parts(cfg: ThawConfig, providers: dict[str, Provider], control: Worker
         model_admin=model_admin, budgets=budgets, clock_admin=ClockAdmin(clock, event_log, lambda: budgets.cfg,
                                                                          wake.set),
         key_admin=key_admin, tenant_admin=tenant_admin,
-        applier=Applier(model_admin, tenant_admin, event_log, clock=clock), leadership=leadership)
+        applier=Applier(model_admin, tenant_admin, event_log, clock=clock), leadership=leadership,
+        actions=ActionLog(db, controller_id, fence))

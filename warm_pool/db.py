@@ -5,7 +5,10 @@ once: ``?`` parameters, types both accept (TEXT, INTEGER, DOUBLE PRECISION), and
 
 Every change is a transaction (:meth:`Db.write`): on SQLite ``BEGIN IMMEDIATE`` (one
 writer per file), on PostgreSQL a transaction-scoped advisory lock, so the changes of
-several controllers sharing one database are serialised too. Reads see one snapshot
+several controllers sharing one database are serialised too. A database shared by
+several controllers is fenced (:attr:`Db.fence`, ``warm_pool.fencing``): each change
+first checks, inside its transaction, that this controller still holds the leader's
+lease, so one deposed but still running changes nothing. Reads see one snapshot
 (:meth:`Db.read`). Schemas are versioned migrations per store (:meth:`Db.migrate`), each
 applied once, in its own transaction.
 
@@ -18,7 +21,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -47,6 +50,10 @@ class Tx:
 
     def __init__(self, db: Db) -> None:
         self._db = db
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._db.dialect
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run a statement; the rows it changed."""
@@ -85,6 +92,9 @@ class Db:
         self.target = target
         self._lock = threading.Lock()
         self._raw: Any = None
+        # Run first in every fenced write transaction (under its lock); raises to refuse
+        # the change (``warm_pool.fencing.LeaseFence``). None: every change is admitted.
+        self.fence: Callable[[Tx], None] | None = None
         self._connect()
 
     @classmethod
@@ -126,7 +136,7 @@ class Db:
                 self._raw.close()
 
     @contextmanager
-    def _tx(self, begin: str, lock: bool) -> Iterator[Tx]:
+    def _tx(self, begin: str, lock: bool, fenced: bool = False) -> Iterator[Tx]:
         with self._lock:
             if self.dialect == "postgres" and (self._raw is None or self._raw.closed or self._raw.broken):
                 self._connect()
@@ -138,7 +148,10 @@ class Db:
                 self._unavailable(exc)
                 raise
             try:
-                yield Tx(self)
+                tx = Tx(self)
+                if fenced and self.fence is not None:
+                    self.fence(tx)
+                yield tx
             except BaseException as exc:
                 try:
                     self._raw.execute("ROLLBACK")
@@ -161,9 +174,11 @@ class Db:
             if isinstance(exc, psycopg.OperationalError):
                 raise StateUnavailable(f"the state database failed: {exc}") from None
 
-    def write(self) -> Any:
-        """A transaction that changes state (serialised with every other writer)."""
-        return self._tx("BEGIN IMMEDIATE" if self.dialect == "sqlite" else "BEGIN", lock=True)
+    def write(self, *, fenced: bool = True) -> Any:
+        """A transaction that changes state (serialised with every other writer), refused
+        by the fence when there is one (``fenced=False``: history, such as the decision
+        log, which a deposed controller still records truthfully)."""
+        return self._tx("BEGIN IMMEDIATE" if self.dialect == "sqlite" else "BEGIN", lock=True, fenced=fenced)
 
     def read(self) -> Any:
         """A transaction that reads one snapshot."""
@@ -173,10 +188,10 @@ class Db:
     def migrate(self, component: str, migrations: Sequence[str]) -> int:
         """Apply ``component``'s migrations not applied yet (migration ``i`` is version
         ``i + 1``), each in its own transaction; the schema version now."""
-        with self.write() as tx:
+        with self.write(fenced=False) as tx:
             tx.execute(MIGRATIONS_TABLE)
         for version, script in enumerate(migrations, start=1):
-            with self.write() as tx:
+            with self.write(fenced=False) as tx:
                 if tx.one("SELECT 1 FROM schema_migrations WHERE component = ? AND version = ?",
                           (component, version)):
                     continue

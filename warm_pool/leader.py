@@ -14,7 +14,8 @@ database lets anyone else take over: if a renewal has not come back by then (the
 database is away, the process stalled), it stops deciding at once and follows.
 
 The term is the fencing token: every decision event names the term it was taken in, and
-a term is held by one controller only.
+a term is held by one controller only. Each term is written down as it begins
+(``controller_terms``), and the rest of the fencing rule is in ``warm_pool.fencing``.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ from dataclasses import dataclass
 
 from thaw.log import get_logger
 from warm_pool.db import Db, StateUnavailable, Tx
+from warm_pool.fencing import LEASE, db_now
 
 log = get_logger()
-
-LEASE = "controller"
 # A leader's own count of its lease ends this much before the database's.
 SAFETY = 0.1
 
@@ -64,13 +64,6 @@ class LeaseStore:
     def __init__(self, db: Db) -> None:
         self.db = db
 
-    def _now(self, tx: Tx) -> float:
-        if self.db.dialect == "postgres":
-            row = tx.one("SELECT EXTRACT(EPOCH FROM clock_timestamp())")
-            assert row is not None
-            return float(row[0])
-        return time.time()  # SQLite: one machine, one clock
-
     @staticmethod
     def _row(tx: Tx) -> Lease | None:
         row = tx.one("SELECT holder, url, term, expires_at FROM controller_lease WHERE name = ?", (LEASE,))
@@ -78,11 +71,15 @@ class LeaseStore:
 
     def claim(self, me: str, url: str, lease_s: float) -> tuple[Lease | None, bool]:
         """Ask for the lease: (the lease as it stands now, whether ``me`` holds it)."""
-        with self.db.write() as tx:
+        with self.db.write(fenced=False) as tx:
             current = self._row(tx)
-            lease = claim(current, me, url, self._now(tx), lease_s)
+            now = db_now(tx)
+            lease = claim(current, me, url, now, lease_s)
             if lease is None:
                 return current, False
+            if current is None or lease.term != current.term:
+                tx.execute("INSERT INTO controller_terms (term, holder, url, began_at) VALUES (?, ?, ?, ?) "
+                           "ON CONFLICT (term) DO NOTHING", (lease.term, me, url, now))
             tx.execute("INSERT INTO controller_lease (name, holder, url, term, expires_at) VALUES (?, ?, ?, ?, ?) "
                        "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, url = excluded.url, "
                        "term = excluded.term, expires_at = excluded.expires_at",
@@ -91,7 +88,7 @@ class LeaseStore:
 
     def release(self, me: str) -> None:
         """Give the lease up now (a clean shutdown): a follower takes it at once."""
-        with self.db.write() as tx:
+        with self.db.write(fenced=False) as tx:
             tx.execute("UPDATE controller_lease SET expires_at = 0 WHERE name = ? AND holder = ?", (LEASE, me))
 
     def current(self) -> Lease | None:

@@ -119,7 +119,8 @@ class PoolManager:
         self.actuator = Actuator(fleet=self.fleet, providers=p.providers, control=p.control,
                                  config=lambda: budgets.cfg, model_classes=p.model_classes, clock=clock,
                                  events=p.event_log, metrics=p.metrics, wake=wake,
-                                 refresh_soon=self.instances.refresh_soon, revision_of=p.model_admin.revision)
+                                 refresh_soon=self.instances.refresh_soon, revision_of=p.model_admin.revision,
+                                 actions=p.actions)
         self.feed = RouteFeed(epoch)
         self.routes = RouteTables()
         self.adopt_until: float | None = None
@@ -179,6 +180,8 @@ class PoolManager:
         await p.budgets.reload()
         if self.adopt_until is not None:  # it led before: start over with a new epoch
             self._fresh_term(uuid.uuid4().hex[:8])
+        # Its provider actions are written, and its control calls sent, under this term.
+        self.actuator.term = term
         p.event_log.record("leader", "elected", outcome="leading",
                            inputs={"controller": p.controller_id, "term": term, "epoch": self.epoch})
         await self._begin()

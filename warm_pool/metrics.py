@@ -37,6 +37,11 @@ class PoolMetrics:
                                     registry=registry)
         self.launch_failures = Counter("thaw_pool_launch_failures_total", "Launches that failed, by shape and cause",
                                        ["shape", "cause"], registry=registry)
+        # warm_pool.fencing: provider actions not made because this controller's term was
+        # over (deposed) or its database did not answer.
+        self.fenced = Counter("thaw_pool_actions_refused_total",
+                              "Provider actions refused before their call, by kind and why", ["kind", "why"],
+                              registry=registry)
         self.heartbeats = Counter("thaw_pool_heartbeats_total", "Worker heartbeats, by outcome", ["outcome"],
                                   registry=registry)
         self.standby_seconds = Counter(

@@ -114,6 +114,29 @@ MIGRATIONS = [
         expires_at DOUBLE PRECISION NOT NULL
     )
     """,
+    # The terms of leading (``warm_pool.leader``) and the actions taken under them
+    # (``warm_pool.fencing``): what a history checker reads to prove no deposed term acted.
+    """
+    CREATE TABLE controller_terms (
+        term INTEGER PRIMARY KEY,
+        holder TEXT NOT NULL,
+        url TEXT NOT NULL,
+        began_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE controller_actions (
+        id TEXT PRIMARY KEY,
+        controller TEXT NOT NULL,
+        term INTEGER,
+        at DOUBLE PRECISION NOT NULL,
+        kind TEXT NOT NULL,
+        worker_id TEXT,
+        instance_id TEXT,
+        shape TEXT,
+        outcome TEXT,
+        ended_at DOUBLE PRECISION
+    );
+    CREATE INDEX controller_actions_at ON controller_actions (at)
+    """,
 ]
 # Decision events older than this are deleted as new ones are saved.
 EVENTS_RETAINED_S = 30 * 86400.0
@@ -142,7 +165,7 @@ class ControllerStore:
         except (OSError, ValueError) as exc:
             log.warning("controller_state_unreadable", file=str(path), error=str(exc))
             return
-        with self.db.write() as tx:
+        with self.db.write(fenced=False) as tx:  # at start, before any lease: taken in once
             tx.execute("INSERT INTO controller_state VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
                        (name, json.dumps(body), time.time()))
         with contextlib.suppress(FileNotFoundError):  # another controller on this machine took it in
@@ -178,8 +201,9 @@ class ControllerStore:
         self._write(KEEPALIVE_FILE, histograms_to_json(cfg, histograms))
 
     def save_events(self, events: list[SavedEvent]) -> None:
-        """Append events (a batch, in one transaction); drop those past retention."""
-        with self.db.write() as tx:
+        """Append events (a batch, in one transaction); drop those past retention. Not
+        fenced: a deposed controller's events are what it did, kept as history."""
+        with self.db.write(fenced=False) as tx:
             for e in events:
                 tx.execute("INSERT INTO controller_events VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                            (e.controller, e.term, e.seq, e.event.at, e.event.kind, int(e.decision),

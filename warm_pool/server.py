@@ -149,7 +149,6 @@ def create_controller_app(cfg: ThawConfig, config_path: Path, controller_url: st
                         store_client=reader.client if reader is not None else None,
                         state_db=state_db, lease=lease, url=controller_url,
                         controller_id=f"{socket.gethostname()}-{os.getpid()}", lease_s=cfg.controller.lease_s)
-    control.fence(lambda: manager.term)
     app = create_pool_app(manager, token, manage_lifecycle=False)
 
     @asynccontextmanager

@@ -18,8 +18,8 @@ from thaw.wire import (
     WorkerRow,
     WorkerState,
 )
-from warm_pool.fleet.actuator import ShapeBackoff
 from warm_pool.fleet.facts import FleetFacts
+from warm_pool.fleet.machines import ShapeBackoff
 from warm_pool.fleet.view import count_states
 from warm_pool.policy.batch import standby_use
 from warm_pool.policy.decide import ModelActivity, PolicyState, WorkerView

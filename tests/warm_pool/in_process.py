@@ -101,7 +101,7 @@ class InProcessProvider:
     launched: int = 0
     _servers: dict[str, tuple[Instance, uvicorn.Server, asyncio.Task[None]]] = field(default_factory=dict)
 
-    async def launch(self, shape: str, worker_id: str) -> Instance:
+    async def launch(self, shape: str, worker_id: str, *, term: int | None = None) -> Instance:
         if worker_id in self._servers:
             return self._servers[worker_id][0]
         self.launched += 1

@@ -63,7 +63,7 @@ class FakeProvider:
     # Launches that raise CapacityError, counted down.
     no_capacity: int = 0
 
-    async def launch(self, shape: str, worker_id: str) -> Instance:
+    async def launch(self, shape: str, worker_id: str, *, term: int | None = None) -> Instance:
         self.launches.append(worker_id)
         if self.no_capacity:
             self.no_capacity -= 1
@@ -135,6 +135,8 @@ class FakeControl:
                             control_url=f"{control_url}/engines/{req.engine_id}", started_at=self.clock(),
                             state_since=self.clock(), model=req.model, assignment_id=req.assignment_id,
                             memory_bytes=req.memory_bytes, host_worker_id=host)
+
+    def fence(self, term: Any) -> None: ...
 
     async def close(self) -> None: ...
 

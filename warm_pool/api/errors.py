@@ -9,10 +9,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from thaw.controllers import LEADER_HEADER
 from thaw.wire import ErrorReply
 from warm_pool.batch.files import FileExists
 from warm_pool.conversations.store import ChainTooLong, ConversationFull, Exists
 from warm_pool.db import StateUnavailable
+from warm_pool.fencing import Deposed
 from warm_pool.fleet.facts import UnknownInstance
 from warm_pool.registry.admin import UnknownKey, UnknownTenant
 from warm_pool.registry.models import RegistryRefused
@@ -60,6 +62,15 @@ def install(app: FastAPI) -> None:
         status = status_of(exc)
         assert status is not None
         after = RETRY_AFTER_S.get(status)
+        if isinstance(exc, Deposed):
+            # Its term ended under the call (warm_pool.fencing): nothing was changed, and it
+            # answers as a follower does, so the client retries at the leader.
+            headers = {"Retry-After": "1", "X-Thaw-Role": "follower"}
+            if exc.leader_url:
+                headers[LEADER_HEADER] = exc.leader_url
+            return JSONResponse(ErrorReply(error=f"this controller no longer leads: {exc}",
+                                           leader=exc.leader_url).model_dump(exclude_none=True),
+                                status_code=503, headers=headers)
         return error_reply(str(exc), status, {"Retry-After": str(after)} if after else None)
 
     for kind in (*REFUSALS, RegistryRefused):

@@ -5,14 +5,16 @@ assign, pack, release, sleep, prebuild, adapter loads and unloads).
 Each decision is recorded as an event and, before its call is made, as a fact: an
 intent the worker has not reflected yet (``warm_pool.fleet.view``), so the next tick does not
 repeat it. The calls run as tasks; a worker's answer is taken in as its status, and a
-refusal clears the intent (the next heartbeat is the truth). A shape whose launches fail
-is backed off, doubling per failure.
+refusal clears the intent (the next heartbeat is the truth). The providers' calls are
+:class:`~warm_pool.fleet.machines.Machines`'.
+
+Fenced (``warm_pool.fencing``): a provider call is made only after its action was written
+under the actuator's term, and the workers' calls carry that term.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -31,16 +33,17 @@ from thaw.wire import (
 )
 from warm_pool.classes import ModelClasses, engine_bytes
 from warm_pool.events import EventLog
+from warm_pool.fencing import ActionLog
 from warm_pool.fleet.control import ControlError, WorkerControl
 from warm_pool.fleet.facts import FleetFacts
-from warm_pool.fleet.view import INTENT_TTL_S, Intent, WorkerFacts, count_states
+from warm_pool.fleet.machines import Machines, ShapeBackoff
+from warm_pool.fleet.view import INTENT_TTL_S, Intent, count_states
 from warm_pool.metrics import PoolMetrics
 from warm_pool.policy.decide import (
     ModelActivity,
     Snapshot,
     WorkerView,
     kept_classes,
-    launch_backoff_s,
 )
 from warm_pool.policy.decisions import (
     Assign,
@@ -57,22 +60,9 @@ from warm_pool.policy.decisions import (
     UnloadAdapter,
     carry_out,
 )
-from warm_pool.providers.provider import CapacityError, Provider
+from warm_pool.providers.provider import Provider
 
 log = get_logger()
-
-# Launch failures other than capacity (API errors) pause a shape this long, doubling.
-LAUNCH_ERROR_BACKOFF_S = (5.0, 120.0)
-
-
-@dataclass(frozen=True)
-class ShapeBackoff:
-    """A shape whose launches failed ``failures`` times in a row: none before ``until``."""
-
-    failures: int
-    until: float
-    reason: str
-
 
 @dataclass(frozen=True)
 class At:
@@ -122,11 +112,13 @@ class Actuator:
                  config: Callable[[], ThawConfig], model_classes: ModelClasses | None, clock: Callable[[], float],
                  events: EventLog, metrics: PoolMetrics, wake: Callable[[], None],
                  refresh_soon: Callable[[], None],
-                 revision_of: Callable[[str], int | None] = lambda model: None) -> None:
+                 revision_of: Callable[[str], int | None] = lambda model: None,
+                 actions: ActionLog | None = None) -> None:
         """``config``: the config in force; ``wake``: asks the loop to decide again (a
         call ended); ``refresh_soon``: asks the loop to list the providers' instances on
         its next turn (one was stopped or started); ``revision_of``: a model's current
-        registry revision (what an assignment asks for)."""
+        registry revision (what an assignment asks for); ``actions``: where provider
+        actions are written before their calls (None: not written, not fenced)."""
         self.fleet = fleet
         self.providers = providers
         self.control = control
@@ -138,8 +130,23 @@ class Actuator:
         self._wake = wake
         self._refresh_soon = refresh_soon
         self._revision_of = revision_of
-        self.shape_backoff: dict[str, ShapeBackoff] = {}
+        self.machines = Machines(fleet=fleet, providers=providers, control=control, config=config, clock=clock,
+                                 events=events, metrics=metrics, refresh_soon=refresh_soon, actions=actions)
         self._inflight_ops: set[asyncio.Task[None]] = set()
+
+    @property
+    def term(self) -> int | None:
+        """The leader's term these decisions are carried out in (None: one controller
+        leads alone); set when it takes the lease."""
+        return self.machines.term
+
+    @term.setter
+    def term(self, term: int | None) -> None:
+        self.machines.term = term
+
+    @property
+    def shape_backoff(self) -> dict[str, ShapeBackoff]:
+        return self.machines.shape_backoff
 
     def launch_blocked_until(self, now: float) -> dict[str, float]:
         """The shapes backed off at ``now``, and until when."""
@@ -175,7 +182,7 @@ class Actuator:
     def launch(self, d: Launch, at: At) -> None:
         worker_id = f"w-{uuid.uuid4().hex[:10]}"
         self.fleet.observe(worker_id, d.shape, launch_requested_at=at.now)
-        self._spawn(self._launch(worker_id, d.shape), busy=worker_id)
+        self._spawn(self.machines.launch(worker_id, d.shape), busy=worker_id)
 
     def assign(self, d: Assign, at: At) -> None:
         f = self.fleet.facts[d.worker_id]
@@ -222,11 +229,11 @@ class Actuator:
 
     def stop(self, d: Stop, at: At) -> None:
         self.fleet.observe(d.worker_id, self.fleet.facts[d.worker_id].shape, intent=Intent("stop", at.now, None, None))
-        self._spawn(self._stop_or_start(d), busy=d.worker_id)
+        self._spawn(self.machines.stop_or_start(d), busy=d.worker_id)
 
     def start(self, d: Start, at: At) -> None:
         self.fleet.observe(d.worker_id, self.fleet.facts[d.worker_id].shape, intent=Intent("start", at.now, None, None))
-        self._spawn(self._stop_or_start(d), busy=d.worker_id)
+        self._spawn(self.machines.stop_or_start(d), busy=d.worker_id)
 
     def terminate(self, d: Terminate, at: At) -> None:
         f = self.fleet.facts.get(d.worker_id)
@@ -236,7 +243,7 @@ class Actuator:
             return
         gone = self.fleet.terminating(d.worker_id)
         if gone is not None:
-            self._spawn(self._terminate(gone))
+            self._spawn(self.machines.terminate(gone))
 
     def _spawn(self, coro: Coroutine[Any, Any, None], busy: str | None = None) -> None:
         async def run() -> None:
@@ -254,73 +261,6 @@ class Actuator:
         task = asyncio.create_task(run())
         self._inflight_ops.add(task)
         task.add_done_callback(self._inflight_ops.discard)
-
-    # -- providers ------------------------------------------------------------------
-    async def _launch(self, worker_id: str, shape: str) -> None:
-        provider = self.providers.get(shape)
-        if provider is None:
-            self.fleet.forget(worker_id)
-            log.error("no_provider", shape=shape)
-            return
-        try:
-            inst = await provider.launch(shape, worker_id)
-        except CapacityError as exc:
-            self.fleet.forget(worker_id)
-            self._launch_failed(shape, "capacity", str(exc), worker_id)
-            return
-        except Exception as exc:
-            self.fleet.forget(worker_id)
-            self._launch_failed(shape, "error", f"{type(exc).__name__}: {exc}", worker_id)
-            return
-        self.shape_backoff.pop(shape, None)
-        self.fleet.observe(worker_id, shape, instance=inst, launch_requested_at=None)
-        self.events.record("launched", "provider", worker_id=worker_id, shape=shape, outcome="done",
-                           inputs={"instance_id": inst.instance_id, **dict(inst.detail)})
-
-    def _launch_failed(self, shape: str, cause: str, message: str, worker_id: str) -> None:
-        prev = self.shape_backoff.get(shape)
-        failures = (prev.failures if prev else 0) + 1
-        pool = self._config().pool(shape)
-        if cause == "capacity" and pool is not None and pool.ec2 is not None:
-            base, cap = pool.ec2.backoff_base_s, pool.ec2.backoff_max_s
-        else:
-            base, cap = LAUNCH_ERROR_BACKOFF_S
-        pause = launch_backoff_s(failures, base, cap)
-        self.shape_backoff[shape] = ShapeBackoff(failures, self.clock() + pause, message)
-        self.metrics.launch_failures.labels(shape, cause).inc()
-        log.warning("launch_failed", shape=shape, cause=cause, error=message, failures=failures, backoff_s=pause)
-        self.events.record("launch", cause, worker_id=worker_id, shape=shape, outcome="failed",
-                           inputs={"error": message, "failures": failures, "backoff_s": pause})
-
-    async def _stop_or_start(self, d: Stop | Start) -> None:
-        f = self.fleet.facts.get(d.worker_id)
-        provider = self.providers.get(f.shape) if f else None
-        if f is None or f.instance is None or provider is None:
-            return
-        try:
-            if isinstance(d, Stop):
-                await provider.stop(f.instance.instance_id)
-            else:
-                await provider.start(f.instance.instance_id)
-                # It boots again: its last heartbeat is from before the stop.
-                self.fleet.observe(d.worker_id, f.shape, status=None, heard_at=None, restarted_at=self.clock())
-        except Exception as exc:
-            log.warning("stop_or_start_failed", worker_id=d.worker_id, kind=type(d).__name__, error=str(exc))
-            self.fleet.observe(d.worker_id, f.shape, intent=None)
-            return
-        self._refresh_soon()
-
-    async def _terminate(self, f: WorkerFacts) -> None:
-        provider = self.providers.get(f.shape)
-        try:
-            if f.instance is not None and provider is not None:
-                await provider.terminate(f.instance.instance_id)
-            elif f.status is not None:
-                # A worker that registered itself: nobody to terminate it, so release it.
-                with contextlib.suppress(ControlError):
-                    await self.control.release(f.status.control_url, ReleaseRequest())
-        finally:
-            self.fleet.terminated(f.worker_id)
 
     # -- the workers' control API -----------------------------------------------------
     def _control_failed(self, worker_id: str, what: str, exc: ControlError) -> None:

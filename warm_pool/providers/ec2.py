@@ -58,11 +58,14 @@ def render_user_data(script: str, values: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n\n" + script
 
 
-def client_token(cluster: str, worker_id: str, instance_type: str, subnet: str, market: str) -> str:
+def client_token(cluster: str, worker_id: str, instance_type: str, subnet: str, market: str,
+                 term: int | None = None) -> str:
     """``RunInstances`` idempotency token: the same call retried never starts a second
-    instance on AWS. Each fallback step gets its own token, since AWS rejects a token
-    reused with different parameters."""
-    key = "\0".join((cluster, worker_id, instance_type, subnet, market))
+    instance on AWS. It names the decision (its worker id) and the leader's term it was
+    taken in (``warm_pool.fencing``). Each fallback step gets its own token, since AWS
+    rejects a token reused with different parameters."""
+    parts = (cluster, worker_id, instance_type, subnet, market)
+    key = "\0".join(parts if term is None else (*parts, str(term)))
     return hashlib.sha256(key.encode()).hexdigest()  # 64 hex chars, AWS's maximum
 
 
@@ -133,7 +136,7 @@ class Ec2Provider:
         self._where: dict[str, _Endpoint] = {}
         self._status: dict[str, dict[str, Any]] = {}
 
-    async def launch(self, shape: str, worker_id: str) -> Instance:
+    async def launch(self, shape: str, worker_id: str, *, term: int | None = None) -> Instance:
         """Start one instance for ``worker_id`` (or return the one already started),
         trying subnets, then instance types, then on-demand after spot."""
         pool = self._pool(shape)
@@ -158,7 +161,7 @@ class Ec2Provider:
         last_error = ""
         # Subnets vary fastest, then instance types, then the market.
         for market, instance_type, subnet in itertools.product(markets, pool.instance_types, pool.subnets):
-            args = self._run_args(shape, pool, worker_id, instance_type, subnet, market)
+            args = self._run_args(shape, pool, worker_id, instance_type, subnet, market, term)
             try:
                 resp = await client.run_instances(**args)
             except ClientError as exc:
@@ -275,15 +278,18 @@ class Ec2Provider:
         raise last
 
     def _run_args(self, shape: str, pool: Ec2Pool, worker_id: str, instance_type: str, subnet: str,
-                  market: str) -> dict[str, Any]:
+                  market: str, term: int | None = None) -> dict[str, Any]:
         key = "LaunchTemplateId" if pool.launch_template.startswith("lt-") else "LaunchTemplateName"
-        tags = [{"Key": k, "Value": v} for k, v in {
+        named = {
             "Name": f"thaw-{self.cluster}-{worker_id}",
             "thaw:cluster": self.cluster,
             "thaw:pool": shape,
             "thaw:shape": shape,
             "thaw:worker-id": worker_id,
-        }.items()]
+        }
+        if term is not None:
+            named["thaw:term"] = str(term)  # the leader's term that decided it (warm_pool.fencing)
+        tags = [{"Key": k, "Value": v} for k, v in named.items()]
         values = {
             "THAW_CONTROLLER_URL": self.controller_url,
             "THAW_CLUSTER": self.cluster,
@@ -305,7 +311,7 @@ class Ec2Provider:
             "SubnetId": subnet,
             "MinCount": 1,
             "MaxCount": 1,
-            "ClientToken": client_token(self.cluster, worker_id, instance_type, subnet, market),
+            "ClientToken": client_token(self.cluster, worker_id, instance_type, subnet, market, term),
             "TagSpecifications": [{"ResourceType": r, "Tags": tags} for r in ("instance", "volume")],
             # botocore base64-encodes UserData for RunInstances.
             "UserData": render_user_data(self.bootstrap_script, values),
@@ -333,6 +339,7 @@ class Ec2Provider:
             state=InstanceState(raw["State"]["Name"]),
             detail=(("instance_type", str(raw.get("InstanceType", ""))), ("subnet", str(raw.get("SubnetId", ""))),
                     ("market", market), ("region", endpoint[0])),
+            term=int(tags["thaw:term"]) if tags.get("thaw:term", "").isdigit() else None,
         )
 
     def _record(self, shape: str, outcome: str, tried: list[dict[str, str]], last_error: str | None,

@@ -92,10 +92,11 @@ class LocalProvider:
             launched_at=float(rec["launched_at"]), state=state,  # type: ignore[arg-type]
             control_url=f"http://127.0.0.1:{rec['port']}", exit_code=code,
             detail=(("pid", str(pid)), ("port", str(rec["port"]))),
+            term=int(rec["term"]) if rec.get("term") is not None else None,  # type: ignore[call-overload]
         )
 
     # -- the Provider protocol ----------------------------------------------------------
-    async def launch(self, shape: str, worker_id: str) -> Instance:
+    async def launch(self, shape: str, worker_id: str, *, term: int | None = None) -> Instance:
         existing = self._record_path(worker_id)
         if existing.exists():
             return self._instance(json.loads(existing.read_text()))
@@ -115,7 +116,7 @@ class LocalProvider:
                                        tied=False)
         self._children[worker_id] = proc
         rec = {"worker_id": worker_id, "instance_id": instance_id, "shape": shape, "pid": proc.pid, "port": port,
-               "launched_at": time.time(), "create_time": psutil.Process(proc.pid).create_time()}
+               "launched_at": time.time(), "create_time": psutil.Process(proc.pid).create_time(), "term": term}
         tmp = self._record_path(worker_id).with_suffix(".tmp")
         tmp.write_text(json.dumps(rec))
         tmp.replace(self._record_path(worker_id))

@@ -45,6 +45,8 @@ class Instance:
     exit_code: int | None = None
     # Provider details for operators (instance type, subnet, market, pid, ...).
     detail: tuple[tuple[str, str], ...] = ()
+    # The leader's term that launched it (warm_pool.fencing; EC2: the thaw:term tag).
+    term: int | None = None
 
 
 class CapacityError(Exception):
@@ -61,10 +63,11 @@ class Provider(Protocol):
 
     kind: str
 
-    async def launch(self, shape: str, worker_id: str) -> Instance:
-        """Start one instance for ``worker_id``. Idempotent: an instance already launched
-        for this worker id is returned instead of a second one. Raises
-        :class:`CapacityError` when no capacity is left to try."""
+    async def launch(self, shape: str, worker_id: str, *, term: int | None = None) -> Instance:
+        """Start one instance for ``worker_id``, decided in the leader's ``term`` (kept
+        with the instance). Idempotent: an instance already launched for this worker id
+        is returned instead of a second one. Raises :class:`CapacityError` when no
+        capacity is left to try."""
         ...
 
     async def instances(self) -> list[Instance]:

@@ -13,7 +13,7 @@ from warm_pool.providers.provider import CapacityError, Instance
 class StaticProvider:
     kind = "static"
 
-    async def launch(self, shape: str, worker_id: str) -> Instance:
+    async def launch(self, shape: str, worker_id: str, *, term: int | None = None) -> Instance:
         raise CapacityError(shape, f"pool {shape!r} is static: its workers register themselves, "
                                    "and every one that has is in use")
 

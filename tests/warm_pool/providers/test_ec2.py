@@ -82,6 +82,22 @@ async def test_launch_twice_same_worker_one_instance(aws: Aws) -> None:
     assert provider.status()["gpu"]["outcome"] == "launched"  # w-2's launch was the last
 
 
+async def test_a_launch_names_the_leader_term_that_decided_it(aws: Aws) -> None:
+    # warm_pool.fencing: the term is on the instance (a restarted controller, and a history
+    # checker, read which term launched what) and in the idempotency token.
+    provider = aws.provider()
+    try:
+        inst = await provider.launch("gpu", "w-1", term=7)
+        [listed] = await provider.instances()
+    finally:
+        await provider.close()
+    [raw] = aws.described()
+    assert {t["Key"]: t["Value"] for t in raw["Tags"]}["thaw:term"] == "7"
+    assert inst.term == listed.term == 7
+    assert raw["ClientToken"] == client_token(aws.cluster, "w-1", "g5.xlarge", aws.subnets[0], "on-demand", 7)
+    assert raw["ClientToken"] != client_token(aws.cluster, "w-1", "g5.xlarge", aws.subnets[0], "on-demand", 8)
+
+
 async def test_instances_lists_pages_and_drops_terminated(aws: Aws) -> None:
     describes: list[int] = []
 

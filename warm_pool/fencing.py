@@ -1,0 +1,152 @@
+"""Fencing: nothing a deposed controller does takes effect.
+
+Several controllers share one PostgreSQL and one of them leads (``warm_pool.leader``).
+A leader that has lost its lease without noticing yet (cut off from the database, or
+paused for longer than the lease) may still be running, and may still act. The rule:
+every action that changes the world carries the term it was decided in, and whoever
+carries it out refuses a term older than the newest it knows of.
+
+- **The state database** (registry, tenants, keys, budgets, batch leases, stored
+  responses and their purge): every write transaction checks first, under the write
+  lock, that the lease row names this controller with its term and has not expired by
+  the database's clock (:class:`LeaseFence`, installed as ``Db.fence``). A deposed
+  controller's change raises :class:`Deposed` and changes nothing; its API answers as a
+  follower does, with where the leader is.
+- **The providers** (launch, stop, start, terminate): the action is written to
+  ``controller_actions`` under its term, fenced as above, before the provider is called
+  (:class:`ActionLog`); a refused write means no call. The term also goes to the
+  provider (EC2: the ``thaw:term`` tag and the launch's idempotency token).
+- **The workers** (assign, pack, release, sleep, prebuild, adapters): each control call
+  carries its term, and a worker refuses one older than it has heard of
+  (``worker.fence``).
+
+What stays open: a controller that passes the check and then stalls before its
+provider call makes that call late. The lease bounds this only as far as the call
+follows the check at once; the action row names its term and time, so the new leader
+(which adopts instances by their tags) and a history checker see it.
+
+Not fenced: the decision log (``controller_events``) and the ends of actions, which
+record what happened, a deposed controller's acts included.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from warm_pool.db import Db, StateUnavailable, Tx
+
+LEASE = "controller"
+
+
+class Deposed(StateUnavailable):
+    """This controller does not hold the lease with the term it acts in (another took
+    it, or it ran out): nothing was changed. ``leader_url``: where the leader is, when
+    the lease names one."""
+
+    def __init__(self, message: str, leader_url: str | None = None) -> None:
+        super().__init__(message)
+        self.leader_url = leader_url
+
+
+def db_now(tx: Tx) -> float:
+    """The database's clock (PostgreSQL: the same for every controller), in epoch seconds."""
+    if tx.dialect == "postgres":
+        row = tx.one("SELECT EXTRACT(EPOCH FROM clock_timestamp())")
+        assert row is not None
+        return float(row[0])
+    return time.time()  # SQLite: one machine, one clock
+
+
+class LeaseFence:
+    """The check a fenced write runs inside its transaction (``Db.fence``): the lease row
+    names ``me`` with the term it acts in, and has not expired by the database's clock.
+    ``term()``: the term this controller leads in now (None: it does not lead)."""
+
+    def __init__(self, me: str, term: Callable[[], int | None]) -> None:
+        self.me = me
+        self._term = term
+
+    def check(self, tx: Tx, term: int | None = None) -> None:
+        """Raise :class:`Deposed` unless ``me`` holds the lease in ``term`` (None: the
+        term it leads in now)."""
+        term = self._term() if term is None else term
+        row = tx.one("SELECT holder, url, term, expires_at FROM controller_lease WHERE name = ?", (LEASE,))
+        if term is None:
+            raise Deposed("this controller does not lead", str(row[1]) if row else None)
+        if row is None or str(row[0]) != self.me or int(row[2]) != term:
+            raise Deposed(f"term {term} is over: " + (f"{row[0]} leads in term {row[2]}" if row else "no lease"),
+                          str(row[1]) if row and str(row[0]) != self.me else None)
+        if float(row[3]) <= db_now(tx):
+            raise Deposed(f"term {term}'s lease ran out before it was renewed")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One provider action as written before the call (``outcome`` None: it never ended,
+    e.g. the controller died during the call)."""
+
+    id: str
+    controller: str
+    term: int | None
+    at: float  # the database's clock
+    kind: str  # launch | stop | start | terminate
+    worker_id: str | None
+    instance_id: str | None
+    shape: str | None
+    outcome: str | None  # done | failed: <why>
+    ended_at: float | None
+
+
+@dataclass(frozen=True)
+class Term:
+    term: int
+    holder: str
+    url: str
+    began_at: float  # the database's clock
+
+
+class ActionLog:
+    """The provider actions, each written under its term before the provider is called
+    (blocking: called in threads). ``fence``: None where one controller leads alone."""
+
+    def __init__(self, db: Db, controller: str, fence: LeaseFence | None) -> None:
+        self.db = db
+        self.controller = controller
+        self.fence = fence
+
+    def begin(self, term: int | None, kind: str, *, worker_id: str | None = None,
+              instance_id: str | None = None, shape: str | None = None) -> str:
+        """Write the action (its id), refused with :class:`Deposed` unless ``term``
+        still leads: the caller makes the provider call only after this returned."""
+        action_id = uuid.uuid4().hex
+        with self.db.write(fenced=False) as tx:
+            if self.fence is not None:
+                self.fence.check(tx, term)
+            tx.execute("INSERT INTO controller_actions (id, controller, term, at, kind, worker_id, instance_id, "
+                       "shape) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (action_id, self.controller, term, db_now(tx), kind, worker_id, instance_id, shape))
+        return action_id
+
+    def end(self, action_id: str, outcome: str, instance_id: str | None = None) -> None:
+        """How the provider call ended, and a launch's instance (history: not fenced)."""
+        with self.db.write(fenced=False) as tx:
+            tx.execute("UPDATE controller_actions SET outcome = ?, ended_at = ?, "
+                       "instance_id = COALESCE(?, instance_id) WHERE id = ?",
+                       (outcome, db_now(tx), instance_id, action_id))
+
+    def actions(self, since: float = 0.0) -> list[Action]:
+        with self.db.read() as tx:
+            rows = tx.query("SELECT id, controller, term, at, kind, worker_id, instance_id, shape, outcome, ended_at "
+                            "FROM controller_actions WHERE at >= ? ORDER BY at", (since,))
+        return [Action(str(r[0]), str(r[1]), None if r[2] is None else int(r[2]), float(r[3]), str(r[4]),
+                       r[5], r[6], r[7], r[8], None if r[9] is None else float(r[9])) for r in rows]
+
+    def terms(self) -> list[Term]:
+        """Every term of leading, oldest first (``warm_pool.leader`` writes each as it
+        begins)."""
+        with self.db.read() as tx:
+            rows = tx.query("SELECT term, holder, url, began_at FROM controller_terms ORDER BY term")
+        return [Term(int(r[0]), str(r[1]), str(r[2]), float(r[3])) for r in rows]
