@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,6 +74,12 @@ def postgres() -> Iterator[PostgresServer]:
     finally:
         server.stop()
         server.remove()
+
+
+@pytest.fixture
+def postgres_url(postgres: PostgresServer) -> str:
+    """A new empty database of this test's own on the session's PostgreSQL."""
+    return postgres.database(f"t_{uuid.uuid4().hex[:12]}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

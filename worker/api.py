@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from thaw.auth import ClusterAuth, document_cluster_auth
 from thaw.controllers import TERM_HEADER
 from thaw.http_api import refuse_in_api_shape
+from thaw.log import get_logger
 from thaw.wire import (
     AdapterRequest,
     AdapterUnload,
@@ -39,6 +40,8 @@ from worker.fence import Fence
 from worker.heartbeat import Heartbeat
 from worker.metrics import CONTENT_TYPE
 from worker.settings import AgentSettings
+
+log = get_logger()
 
 router = APIRouter()
 # The refusals of the calls that change the worker's state (in /openapi.json).
@@ -215,8 +218,11 @@ def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | Non
             except ValueError:
                 return JSONResponse({"error": f"{TERM_HEADER} must be an integer"}, status_code=400)
             if not fence.admits(term):
+                log.warning("control_refused", path=request.url.path, term=term, newest_term=fence.term)
                 return JSONResponse({"error": f"a call of the controllers' term {term}, but term {fence.term} "
                                               "leads now: this controller no longer leads"}, status_code=409)
+            # What a history checker reads (loadtests/netfaults): which term acted, and when.
+            log.info("control_accepted", path=request.url.path, term=term)
         return await call_next(request)  # type: ignore[no-any-return]
 
     @app.exception_handler(Conflict)

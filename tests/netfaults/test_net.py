@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.netfaults.net import Net, unavailable
+from loadtests.netfaults.net import Net, unavailable
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"netfaults: {unavailable()}")
@@ -101,7 +101,7 @@ def test_rate_limits_and_a_closed_net_leaves_nothing() -> None:
 
 def test_a_delay_proxy_holds_each_chunk_for_the_delay_it_is_told(net: Net) -> None:
     # a -> proxy on c -> b's server: b's line reaches a no sooner than the delay.
-    proxy = net.popen("c", [sys.executable, "-m", "tests.netfaults.delay", "8000", net.hosts["b"].ip, "7777"],
+    proxy = net.popen("c", [sys.executable, "-m", "loadtests.netfaults.delay", "8000", net.hosts["b"].ip, "7777"],
                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proxy.stdin is not None and proxy.stdout is not None
     assert proxy.stdout.readline().strip() == "listening"

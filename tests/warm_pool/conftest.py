@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import itertools
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import boto3
 import pytest
 
-from tests.postgres_server import PostgresServer
 from tests.warm_pool.in_process import InProcessProvider
 from tests.warm_pool.moto_ec2 import CREDS, REGION, Aws, moto_server
 from thaw.embedded_store import free_port
@@ -55,11 +53,6 @@ def aws(moto_url: str, ami: str) -> Aws:
 # controller, or a second controller, on the same state.
 StateDb = Callable[[], Db]
 
-
-@pytest.fixture
-def postgres_url(postgres: PostgresServer) -> str:
-    """A new empty database of this test's own on the session's PostgreSQL."""
-    return postgres.database(f"t_{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -1,5 +1,5 @@
 """Hosts on one machine: each a network namespace with its own address on a bridge, and
-the faults between them (issue 47's harness, reusable by a benchmark).
+the faults between them (the fault harness of tests/netfaults and ``thaw bench netfaults``).
 
 :class:`Net` makes a Linux bridge and, per :meth:`Net.host`, a namespace joined to it by
 a veth pair, with an address in ``10.77.0.0/24`` that exists only inside the namespaces
@@ -25,11 +25,10 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
-
-from tests.waiting import wait_until
 
 SUBNET = "10.77.0"
 _TABLE = "netfaults"
@@ -169,8 +168,11 @@ class Net:
             subprocess.run(["ip", "netns", "del", h.name], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
         # The kernel removes a deleted namespace's veths a moment later.
-        wait_until(f"the kernel to remove Net {self.prefix}'s namespaces and links", lambda: not self.leftovers(),
-                   detail=lambda: f"still present: {self.leftovers()}")
+        deadline = time.monotonic() + 10.0
+        while (left := self.leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if left:
+            raise RuntimeError(f"the kernel still has Net {self.prefix}'s namespaces and links after 10 s: {left}")
         self.hosts.clear()
 
     def leftovers(self) -> list[str]:

@@ -1,7 +1,7 @@
 """A TCP proxy that delays what it forwards: the slow links of tests/netfaults (this
 kernel has no ``netem``).
 
-    python -m tests.netfaults.delay LISTEN_PORT TARGET_HOST TARGET_PORT
+    python -m loadtests.netfaults.delay LISTEN_PORT TARGET_HOST TARGET_PORT
 
 It listens on every address of its host (run it in a namespace with ``Net.popen``),
 forwards each connection to the target, and holds every chunk of bytes, each way, for
