@@ -37,9 +37,12 @@ class PostgresServer:
     """One PostgreSQL server; ``url`` names its ``postgres`` database (trust auth on
     loopback only). ``stop`` and ``start`` again keep its data."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, host: str = "127.0.0.1", netns: str | None = None, port: int | None = None) -> None:
+        """``host``: the address it listens on; ``netns``: the network namespace it runs in
+        (a fault harness's host, which admits its subnet's /24 too)."""
         self.initdb, self.pg_ctl = _bin("initdb"), _bin("pg_ctl")
-        self.port = free_port()
+        self.host, self.netns = host, netns
+        self.port = port or free_port()
         # Its own directory, which the postgres user owns (a test's tmp_path is root's).
         self.dir = Path(tempfile.mkdtemp(prefix="thaw-pg-"))
         self._as: list[str] = []
@@ -49,20 +52,25 @@ class PostgresServer:
             self._as = ["runuser", "-u", "postgres", "--"]
         self._run(self.initdb, "-D", str(self.dir / "data"), "-U", "postgres", "--auth=trust", "-E", "UTF8",
                   "--no-sync")
+        if host != "127.0.0.1":
+            subnet = host.rsplit(".", 1)[0] + ".0/24"
+            with (self.dir / "data" / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {subnet} trust\n")
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return f"postgresql://postgres@{self.host}:{self.port}/postgres"
 
     def _run(self, *argv: str) -> None:
-        done = subprocess.run([*self._as, *argv], capture_output=True, text=True, timeout=120, cwd=self.dir)
+        where = ["ip", "netns", "exec", self.netns] if self.netns else []
+        done = subprocess.run([*where, *self._as, *argv], capture_output=True, text=True, timeout=120, cwd=self.dir)
         if done.returncode != 0:
             raise PostgresUnavailable(f"{' '.join(argv[:2])} failed ({done.returncode}): "
                                       f"{done.stdout[-1500:]}{done.stderr[-1500:]}")
 
     def start(self) -> None:
         self._run(self.pg_ctl, "-D", str(self.dir / "data"), "-l", str(self.dir / "server.log"), "-w", "-t", "60",
-                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses={self.host} -c fsync=off", "start")
         deadline = time.monotonic() + 30
         while True:
             try:

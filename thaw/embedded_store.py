@@ -126,8 +126,12 @@ class EmbeddedStore:
     sends SIGTERM and waits (bounded) for the process to exit.
     """
 
-    def __init__(self, root: Path, *, s3_port: int, bucket: str, region: str = "us-east-1") -> None:
+    def __init__(self, root: Path, *, s3_port: int, bucket: str, region: str = "us-east-1",
+                 host: str = "127.0.0.1") -> None:
+        """``host``: the address it listens on and is reached at (loopback; a fault
+        harness gives it a host of its own)."""
         self.root = Path(root)
+        self.host = host
         self.requested_s3_port = s3_port
         self.bucket = bucket
         self.region = region
@@ -170,7 +174,7 @@ class EmbeddedStore:
         ports = self._saved_ports()
         port = ports.s3 if ports else self.requested_s3_port
         access, secret = self.credentials()
-        return S3Endpoint(f"http://127.0.0.1:{port}", access, secret, self.region)
+        return S3Endpoint(f"http://{self.host}:{port}", access, secret, self.region)
 
     def _saved_ports(self) -> _Ports | None:
         path = self.root / "ports.json"
@@ -231,7 +235,7 @@ class EmbeddedStore:
         cmd = [
             weed_binary(), "server",
             f"-dir={self.data_dir}",
-            "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-ip={self.host}", f"-ip.bind={self.host}",
             f"-master.port={ports.master}", f"-master.port.grpc={ports.master_grpc}",
             f"-volume.port={ports.volume}", f"-volume.port.grpc={ports.volume_grpc}",
             f"-filer.port={ports.filer}", f"-filer.port.grpc={ports.filer_grpc}",
@@ -249,7 +253,7 @@ class EmbeddedStore:
         self._proc = spawn_group(cmd, self.log_file, tied=not detach)
         self.pid_file.write_text(str(self._proc.pid))
         log.info("store_starting", pid=self._proc.pid, s3_port=ports.s3, dir=str(self.data_dir))
-        ep = S3Endpoint(f"http://127.0.0.1:{ports.s3}", access, secret, self.region)
+        ep = S3Endpoint(f"http://{self.host}:{ports.s3}", access, secret, self.region)
         try:
             self._wait_ready(ep, timeout_s)
             self._ensure_bucket(ep)

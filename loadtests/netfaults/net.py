@@ -21,16 +21,20 @@ closed Net leaves nothing behind. :func:`unavailable` says why a Net cannot be m
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
 SUBNET = "10.77.0"
+CLONE_NEWNET = 0x40000000
 _TABLE = "netfaults"
 _serial = count()
 
@@ -91,9 +95,29 @@ class Net:
         self._rules(h)
         return h
 
+    @contextlib.contextmanager
+    def inside(self, host: str) -> Iterator[None]:
+        """Run the calling thread in ``host`` until the block ends: the sockets it opens,
+        the threads and processes it starts are there (a test's own client on a host of
+        its own, the only way in: the bridge has no address outside)."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        target = os.open(f"/var/run/netns/{self.hosts[host].name}", os.O_RDONLY)
+        try:
+            if libc.setns(target, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"cannot enter host {host}")
+            try:
+                yield
+            finally:
+                if libc.setns(own, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "cannot leave the host's namespace")
+        finally:
+            os.close(own)
+            os.close(target)
+
     def popen(self, host: str, argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``argv`` in ``host`` (killed by :meth:`close`)."""
-        p = subprocess.Popen(["ip", "netns", "exec", self.hosts[host].name, *argv], **kwargs)
+        p = subprocess.Popen(["ip", "netns", "exec", self.hosts[host].name, *argv], start_new_session=True, **kwargs)
         self.procs.append(p)
         return p
 
@@ -158,21 +182,37 @@ class Net:
 
     def close(self) -> None:
         """Kill what it started, delete its namespaces and bridge; return once the kernel
-        shows none of them."""
+        shows none of them. Faults are healed first and the bridge goes last, so the
+        connections of the processes killed can end (a socket left waiting on a cut link
+        keeps its namespace, and its veth, alive for minutes)."""
+        for h in self.hosts.values():
+            h.cuts.clear()
+            h.loss_percent = 0
+            with contextlib.suppress(subprocess.CalledProcessError):
+                self._rules(h)
+            subprocess.run(["tc", "-n", h.name, "qdisc", "del", "dev", h.dev, "root"], capture_output=True)
         for p in self.procs:
             if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
                 p.send_signal(signal.SIGKILL)
         for p in self.procs:
             p.wait()
         for h in self.hosts.values():
             subprocess.run(["ip", "netns", "del", h.name], capture_output=True)
+        # The kernel removes a deleted namespace (and its veths) once its last socket is gone.
+        deadline = time.monotonic() + 20.0
+        while any(n.startswith(self.prefix) and n != self.bridge for n in self.leftovers()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for name in self.leftovers():  # a veth still held: removed with its peer
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
-        # The kernel removes a deleted namespace's veths a moment later.
         deadline = time.monotonic() + 10.0
         while (left := self.leftovers()) and time.monotonic() < deadline:
             time.sleep(0.05)
         if left:
-            raise RuntimeError(f"the kernel still has Net {self.prefix}'s namespaces and links after 10 s: {left}")
+            raise RuntimeError(f"the kernel still has Net {self.prefix}'s namespaces and links after 30 s: {left}")
         self.hosts.clear()
 
     def leftovers(self) -> list[str]:
