@@ -108,6 +108,8 @@ class Row:
     stale: int
     takeover_s: float | None  # from the fault to the first new term (None: none began)
     whole_after_s: float | None  # from its healing until every request completes (None: never)
+    p50_s: float | None = None  # the complete requests' latency, send to end of stream
+    max_s: float | None = None
 
 
 @dataclass
@@ -127,12 +129,13 @@ class Report:
 
     def table(self) -> str:
         """One line per fault, then the totals."""
-        head = f"{'fault':<28} {'requests':>8} {'lost':>5} {'dup':>4} {'stale':>5} {'takeover':>9} {'whole':>7}  errors"
+        head = (f"{'fault':<28} {'requests':>8} {'lost':>5} {'dup':>4} {'stale':>5} {'takeover':>9} {'whole':>7} "
+                f"{'p50':>6} {'max':>6}  errors")
         lines = [head]
         for r in self.rows:
             errs = ", ".join(f"{k}={n}" for k, n in sorted(r.errors.items())) or "-"
             lines.append(f"{r.fault:<28} {r.requests:>8} {r.lost:>5} {r.duplicated:>4} {r.stale:>5} "
-                         f"{_s(r.takeover_s):>9} {_s(r.whole_after_s):>7}  {errs}")
+                         f"{_s(r.takeover_s):>9} {_s(r.whole_after_s):>7} {_s(r.p50_s):>6} {_s(r.max_s):>6}  {errs}")
         lines.append(f"lost {len(self.lost)}, unmetered {len(self.unmetered)}, duplicated {len(self.duplicated)}, "
                      f"stale {len(self.stale)}, overlapping assignments {len(self.overlaps)}, "
                      f"double launches {len(self.double_launches)}")
@@ -140,7 +143,7 @@ class Report:
 
 
 def _s(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}s"
+    return "-" if x is None else f"{x:.2f}s" if x < 1 else f"{x:.1f}s"
 
 
 def newer_term_began(terms: Sequence[Term], term: int | None, at: float) -> Term | None:
@@ -209,6 +212,14 @@ def whole_after(sent: Sequence[Sent], healed_at: float, until: float) -> float |
     return after[0].sent_at - healed_at if after else None
 
 
+def latency(sent: Sequence[Sent]) -> dict[str, float | None]:
+    """The median and the longest time from send to end of the complete requests."""
+    took = sorted(s.ended_at - s.sent_at for s in sent if s.outcome == "complete" and s.ended_at is not None)
+    if not took:
+        return {"p50_s": None, "max_s": None}
+    return {"p50_s": took[len(took) // 2], "max_s": took[-1]}
+
+
 def check(h: History, end_at: float) -> Report:
     """The report of ``h``, a run that ended at ``end_at``."""
     lost = [s.id for s in h.sent if is_lost(s)]
@@ -228,6 +239,6 @@ def check(h: History, end_at: float) -> Report:
             stale=sum(1 for a in h.actions if f.began_at <= a.at < until and newer_term_began(h.terms, a.term, a.at))
             + sum(1 for c in h.accepted if f.began_at <= c.at < until and newer_term_began(h.terms, c.term, c.at)),
             takeover_s=took.began_at - f.began_at if took is not None and took.began_at < until else None,
-            whole_after_s=whole_after(mine, f.healed_at, until)))
+            whole_after_s=whole_after(mine, f.healed_at, until), **latency(mine)))
     return Report(rows=rows, lost=lost, unmetered=unmetered, duplicated=duplicated, stale=stale,
                   overlaps=overlapping(h.held), double_launches=double_launches(h))

@@ -12,7 +12,9 @@ token, the store's credentials file and one clock.
 The store's link can be rate-limited (``FleetOptions.store_rate``, ``tc tbf``), and its
 traffic from the workers goes through a delay proxy on the store host
 (``loadtests.netfaults.delay``), so a run can add delay spikes to it
-(:meth:`NetFleet.store_delay`).
+(:meth:`NetFleet.store_delay`). The controllers reach PostgreSQL through another, with
+``FleetOptions.zone_delay_s`` each way (1 ms: the database in another zone). The other
+links have no added delay (a proxy per link would be a process per pair of hosts).
 """
 
 from __future__ import annotations
@@ -42,10 +44,15 @@ from weight_streaming.push import push_model
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "thaw"
 MODEL = "thaw-demo"  # the served name of the demo model
+# A second model of the same weights, at zero until a run sends to it (a cold start
+# through a faulty store link).
+COLD_MODEL = "thaw-demo-2"
 KEY = "thaw-demo-key"
 CONTROLLER_PORT, ACTIVATOR_PORT, WORKER_PORT, REDIS_PORT, PG_PORT = 8100, 8000, 8200, 6379, 5432
 # Where the workers reach the store: the delay proxy in front of its S3 port.
 STORE_PROXY_PORT = 8334
+# Where the controllers reach PostgreSQL: a delay proxy (the link between zones).
+PG_PROXY_PORT = 5433
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,8 @@ class FleetOptions:
     heartbeat_s: float = 1.0
     worker_timeout_s: float = 10.0
     store_rate: str | None = None  # e.g. "400mbit": the store host's link
+    # Each way on the controllers' link to PostgreSQL (another zone; None: no proxy).
+    zone_delay_s: float | None = 0.001
     activation_timeout_s: float = 240.0
 
 
@@ -86,7 +95,8 @@ class NetFleet:
         self.procs: dict[str, subprocess.Popen[Any]] = {}
         self.pg: PostgresServer | None = None
         self._store: subprocess.Popen[str] | None = None
-        self._proxy: subprocess.Popen[str] | None = None
+        self._proxy: subprocess.Popen[str] | None = None  # the store's
+        self._proxies: list[subprocess.Popen[str]] = []
         names = ["pg", "redis", "store", "c1", "c2", "a1", "a2", *self.workers, "client"]
         for n in names:
             self.net.host(n)
@@ -111,7 +121,14 @@ class NetFleet:
 
     @property
     def state_url(self) -> str:
+        """PostgreSQL as the checker reads it (directly)."""
         return f"postgresql://postgres@{self.ip('pg')}:{PG_PORT}/postgres"
+
+    @property
+    def controllers_state_url(self) -> str:
+        """PostgreSQL as the controllers reach it (through the zone's delay, if any)."""
+        port = PG_PORT if self.opts.zone_delay_s is None else PG_PROXY_PORT
+        return f"postgresql://postgres@{self.ip('pg')}:{port}/postgres"
 
     def log(self, name: str) -> Path:
         return self.root / "logs" / f"{name}.log"
@@ -127,11 +144,14 @@ class NetFleet:
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         self.pg = PostgresServer(host=self.ip("pg"), netns=self.net.hosts["pg"].name, port=PG_PORT)
         self.pg.start()
+        if self.opts.zone_delay_s is not None:
+            self._delay_proxy("pg", PG_PROXY_PORT, PG_PORT, self.opts.zone_delay_s)
         self._spawn("redis", "redis", ["redis-server", "--bind", self.ip("redis"), "--port", str(REDIS_PORT),
                                        "--save", "", "--appendonly", "no", "--protected-mode", "no"], python=False)
         self._start_store()
         uri = f"s3://{BUCKET}/models/demo"
-        push_model(self._s3().client(), self.model_dir, uri)
+        for u in (uri, uri + "-2"):
+            push_model(self._s3().client(), self.model_dir, u)
         if self.opts.store_rate:
             self.net.rate("store", self.opts.store_rate)
         for c in ("c1", "c2"):
@@ -169,13 +189,22 @@ class NetFleet:
                 break
         else:
             raise FleetError(f"the store did not start: {''.join(said)[-2000:]}{self.log('store').read_text()[-2000:]}")
-        self._proxy = self.net.popen("store", [sys.executable, "-m", "loadtests.netfaults.delay",
-                                               str(STORE_PROXY_PORT), self.ip("store"), str(S3_PORT)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=ROOT)
-        assert self._proxy.stdout is not None
-        if self._proxy.stdout.readline().strip() != "listening":
-            raise FleetError("the store's delay proxy did not start")
+        self._proxy = self._delay_proxy("store", STORE_PROXY_PORT, S3_PORT, 0.0)
+
+    def _delay_proxy(self, host: str, listen: int, target: int, delay_s: float) -> subprocess.Popen[str]:
+        """A delay proxy on ``host`` from port ``listen`` to its ``target`` port."""
+        proxy = self.net.popen(host, [sys.executable, "-m", "loadtests.netfaults.delay", str(listen), self.ip(host),
+                                      str(target)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               cwd=ROOT)
+        assert proxy.stdout is not None and proxy.stdin is not None
+        if proxy.stdout.readline().strip() != "listening":
+            raise FleetError(f"the delay proxy on {host} did not start")
+        if delay_s:
+            proxy.stdin.write(f"delay {delay_s}\n")
+            proxy.stdin.flush()
+        self._proxies.append(proxy)
+        return proxy
 
     def _s3(self, port: int = S3_PORT) -> S3Endpoint:
         creds = json.loads((self.root / "store" / "credentials.json").read_text())
@@ -189,7 +218,7 @@ class NetFleet:
             "data_dir": str(self.root / host / "data"),
             "cluster": {"heartbeat_interval_s": self.opts.heartbeat_s, "worker_timeout_s": self.opts.worker_timeout_s},
             "controller": {"urls": self.controller_urls, "lease_s": self.opts.lease_s},
-            "state": {"backend": "postgres", "url": self.state_url},
+            "state": {"backend": "postgres", "url": self.controllers_state_url},
             "object_store": {"kind": "s3", "endpoint_url": f"http://{self.ip('store')}:{port}", "bucket": BUCKET,
                              "credentials": {"source": "file", "file": str(self.root / "store" / "credentials.json")}},
             "limits": {"backend": "redis", "url": f"redis://{self.ip('redis')}:{REDIS_PORT}/0", "timeout_ms": 2000},
@@ -199,6 +228,7 @@ class NetFleet:
         cfg["models"][0].update({"uri": uri, "demo_if_missing": False})
         cfg["models"][0]["autoscaling"].update({"idle_grace_s": 3600,
                                                 "activation_timeout_s": self.opts.activation_timeout_s})
+        cfg["models"].append({**cfg["models"][0], "name": "demo-2", "uri": uri + "-2", "served_name": COLD_MODEL})
         cfg["pools"][0].update({"provider": "static", "standby_min": 1, "standby_max": self.opts.workers,
                                 "max_instances": self.opts.workers})
         path = self.root / host / "thaw.yaml"
@@ -277,7 +307,7 @@ class NetFleet:
                         self.procs[n].wait(30)
                     except subprocess.TimeoutExpired:
                         os.killpg(self.procs[n].pid, signal.SIGKILL)
-        for p in (self._proxy, self._store):
+        for p in (*self._proxies, self._store):
             if p is not None and p.poll() is None and p.stdin is not None:
                 with contextlib.suppress(BrokenPipeError):
                     p.stdin.close()

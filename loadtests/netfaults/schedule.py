@@ -20,7 +20,7 @@ from pathlib import Path
 
 from loadtests.netfaults.checker import Fault, History
 from loadtests.netfaults.client import Load
-from loadtests.netfaults.fleet import KEY, MODEL, FleetError, NetFleet, wait_for
+from loadtests.netfaults.fleet import COLD_MODEL, KEY, MODEL, FleetError, NetFleet, wait_for
 from loadtests.netfaults.history import read_fencing, read_ledgers, read_worker_log
 
 # The fleet is whole once every request sent over this long completed (and one leads).
@@ -29,12 +29,20 @@ WHOLE_WITHIN_S = 60.0
 
 
 @dataclass
+class Ctx:
+    """What a fault may add to the run: loads of its own (their requests are checked too)."""
+
+    log: Path
+    loads: list[Load] = field(default_factory=list)
+
+
+@dataclass
 class Step:
-    """One fault: ``inject(fleet)`` returns how to heal it; it holds ``hold_s`` (a
+    """One fault: ``inject(fleet, ctx)`` returns how to heal it; it holds ``hold_s`` (a
     multiple of the lease when ``leases`` is set)."""
 
     name: str
-    inject: Callable[[NetFleet], Callable[[], None]]
+    inject: Callable[[NetFleet, Ctx], Callable[[], None]]
     hold_s: float = 6.0
     leases: float | None = None
 
@@ -48,32 +56,32 @@ def _leader(fleet: NetFleet) -> str:
     return leader
 
 
-def leader_cut_from_postgres(fleet: NetFleet) -> Callable[[], None]:
+def leader_cut_from_postgres(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
     leader = _leader(fleet)
     fleet.net.cut(leader, "pg")
     return lambda: fleet.net.heal(leader, "pg")
 
 
-def leader_paused(fleet: NetFleet) -> Callable[[], None]:
+def leader_paused(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
     leader = _leader(fleet)
     fleet.pause(leader)
     return lambda: fleet.resume(leader)
 
 
-def activator_cut_from_controllers(fleet: NetFleet) -> Callable[[], None]:
+def activator_cut_from_controllers(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
     for c in ("c1", "c2"):
         fleet.net.cut("a1", c)
     return lambda: [fleet.net.heal("a1", c) for c in ("c1", "c2")] and None
 
 
-def leader_cut_from_workers(fleet: NetFleet) -> Callable[[], None]:
+def leader_cut_from_workers(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
     leader = _leader(fleet)
     for w in fleet.workers:
         fleet.net.cut(leader, w)
     return lambda: [fleet.net.heal(leader, w) for w in fleet.workers] and None
 
 
-def worker_cut_from_controllers(fleet: NetFleet) -> Callable[[], None]:
+def worker_cut_from_controllers(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
     serving = [w["id"] for w in fleet.state()["workers"] if w["state"] == "ready"] or fleet.workers
     w = serving[0]
     for c in ("c1", "c2"):
@@ -81,14 +89,18 @@ def worker_cut_from_controllers(fleet: NetFleet) -> Callable[[], None]:
     return lambda: [fleet.net.heal(w, c) for c in ("c1", "c2")] and None
 
 
-def leader_to_postgres_one_way(fleet: NetFleet) -> Callable[[], None]:
+def leader_to_postgres_one_way(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
     leader = _leader(fleet)
     fleet.net.cut(leader, "pg", one_way=True)  # what it sends is lost; what it is sent arrives
     return lambda: fleet.net.heal(leader, "pg")
 
 
-def store_loss_and_delay(fleet: NetFleet) -> Callable[[], None]:
+def store_loss_and_delay(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
+    """5 % of what the store receives dropped, and 200 ms spikes on the workers' link to
+    it, while a model at zero cold-starts (its own load: held requests until it serves)."""
     fleet.net.loss("store", 5)
+    cold = Load({"a1": fleet.activator_url("a1")}, KEY, COLD_MODEL, ctx.log, pace_s=1.0)
+    ctx.loads.append(cold.__enter__())
     stop = threading.Event()
 
     def spikes() -> None:
@@ -106,11 +118,12 @@ def store_loss_and_delay(fleet: NetFleet) -> Callable[[], None]:
         t.join()
         fleet.store_delay(0.0)
         fleet.net.loss("store", 0)
+        cold.__exit__(None)  # its requests held for the cold start end first
 
     return heal
 
 
-def flapping_link(fleet: NetFleet) -> Callable[[], None]:
+def flapping_link(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
     stop = threading.Event()
 
     def flap() -> None:
@@ -142,7 +155,8 @@ SHORT = [
 FULL = [
     *SHORT,
     Step("leader cut from workers", leader_cut_from_workers, hold_s=6),
-    Step("worker cut from ctrls", worker_cut_from_controllers, hold_s=6),
+    # Past the workers' timeout: the controller replaces it, and takes it back after.
+    Step("worker cut from ctrls 16s", worker_cut_from_controllers, hold_s=16),
     Step("leader->postgres one way", leader_to_postgres_one_way, leases=3),
     Step("store 5% loss, 200ms spikes", store_loss_and_delay, hold_s=10),
     Step("flapping activator link", flapping_link, hold_s=8),
@@ -172,6 +186,7 @@ def run(fleet: NetFleet, steps: list[Step], log: Path, *, pace_s: float = 0.25) 
     before the fleet stops: the state database is on its host)."""
     faults: list[Fault] = []
     notes: list[str] = []
+    ctx = Ctx(log)
     t0 = time.time()
     with Load({a: fleet.activator_url(a) for a in ("a1", "a2")}, KEY, MODEL, log, pace_s=pace_s) as load:
         wait_for("the first answer", lambda: any(s.outcome == "complete" for s in load.sent), 300, 0.5)
@@ -179,7 +194,7 @@ def run(fleet: NetFleet, steps: list[Step], log: Path, *, pace_s: float = 0.25) 
         wait_for("the fleet whole before the faults", lambda: whole(fleet, load, t0), WHOLE_WITHIN_S, 0.5)
         for step in steps:
             began = time.time()
-            heal = step.inject(fleet)
+            heal = step.inject(fleet, ctx)
             time.sleep(step.hold(fleet))  # the fault holds this long, under load
             heal()
             healed = time.time()
@@ -193,7 +208,8 @@ def run(fleet: NetFleet, steps: list[Step], log: Path, *, pace_s: float = 0.25) 
                 raise FleetError(f"services exited during {step.name}: {gone}")
         end_at = time.time()
     terms, actions = read_fencing(fleet.state_url)
-    return Run(History(sent=list(load.sent), ledger=read_ledgers([]), terms=terms, actions=actions, faults=faults),
+    sent = list(load.sent) + [x for extra in ctx.loads for x in extra.sent]
+    return Run(History(sent=sent, ledger=read_ledgers([]), terms=terms, actions=actions, faults=faults),
                end_at, first, notes)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from pathlib import Path
 
 import httpx
@@ -28,6 +29,8 @@ from tests.warm_pool.in_process import (
 )
 from thaw.controllers import LEADER_HEADER, Controllers
 from thaw.embedded_store import free_port
+from warm_pool.batch.store import BatchStore
+from warm_pool.conversations.store import ResponseStore
 from warm_pool.db import Db
 from warm_pool.fencing import ActionLog, Deposed, LeaseFence
 from warm_pool.leader import LeaseStore
@@ -78,6 +81,12 @@ def test_a_deposed_term_writes_nothing_and_acts_on_nothing(postgres_url: str) ->
     assert store.load_budget() == {"total_usd_per_hour": 1.0}
     with pytest.raises(Deposed):
         actions_a.begin(1, "launch", worker_id="w-2", shape="cpu-local")
+    # Every store on the database is fenced the same way: a batch line's lease, the purge
+    # of stored responses.
+    with pytest.raises(Deposed):
+        BatchStore(db_a).lease("act-1", ["demo"], 1, time.time(), 30.0, renew=[("batch_1", 0)])
+    with pytest.raises(Deposed):
+        ResponseStore(db_a).purge(time.time())
     # The new term acts; an expired lease stops even its holder.
     actions_b.begin(2, "terminate", worker_id="w-1", instance_id="i-1", shape="cpu-local")
     expire_lease(postgres_url)

@@ -249,6 +249,7 @@ def _add_bench_commands(sub: Subparsers, add: Add) -> None:
         bench_cold_start,
         bench_control_plane,
         bench_conversations,
+        bench_netfaults,
         bench_page_faults,
         bench_routes,
         bench_simulate,
@@ -272,6 +273,8 @@ def _add_bench_commands(sub: Subparsers, add: Add) -> None:
                                                "x workers), every worker simulated."),
         ("routes", bench_routes, "The route table at fleet size: its build's time, a whole table's bytes "
                                  "and a one-replica delta's."),
+        ("netfaults", bench_netfaults, "A fleet across hosts (network namespaces) under partitions, pauses and "
+                                       "slow links; the history checker's verdict per fault (needs root)."),
     ):
         p = add(b_sub, name, help_, mod.run)
         mod.add_arguments(p)

@@ -981,8 +981,14 @@ def _make_room(t: _Tick) -> None:
         since = [(name, t.models[name].at_zero_since or t.now) for name in waiting]
         releases, refused = make_room(pool, since, supply, idle, t.now)
         t.decisions.extend(releases)
+        gone = freed | {r.worker_id for r in releases}
         for r in releases:
-            if r.model is not None:
+            # Its keep-alive bet is lost only when its last replica goes: a model that
+            # keeps one still serves (it had two, e.g. after a worker came back), and
+            # marking it evicted released that one too on the next tick its report had
+            # no arrival in (found under a fault schedule: 18 s of held requests).
+            if r.model is not None and not any(w.state in SERVING and w.id not in gone
+                                               for w in t.snap.by_model.get(r.model, ())):
                 t.models[r.model] = evolve(t.models[r.model], evicted=True)
         for name, why in refused.items():
             if (ms := t.models[name]).at_capacity != why:

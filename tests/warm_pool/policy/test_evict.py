@@ -295,3 +295,18 @@ def test_an_evicted_model_is_let_go_until_its_next_request() -> None:
                      NOW + 6)
     assert [(d.worker_id, d.model, d.reason) for d in ds if isinstance(d, Assign)] == [("w3", "a", "demand")]
     assert not state.models["a"].evicted
+
+
+def test_a_model_that_keeps_a_replica_after_an_eviction_keeps_serving() -> None:
+    # a has two replicas (one too many: a worker came back after a partition) and its
+    # requests are short, so its last report shows nothing in flight: one replica is
+    # evicted for b. a still serves on the other: its keep-alive is not lost, and a tick
+    # whose report has no arrival for a (reports come once a second) does not release it.
+    cfg = config("ab", max_instances=2, a={"autoscaling": {"max_replicas": 2}})
+    between = ModelActivity(last_request_at=NOW - 0.03)  # nothing in flight right now
+    ds, state = step(cfg, (ready("w1", "a"), ready("w2", "a")), {"a": between, "b": WAITING})
+    assert evictions(ds) == [("w1", "a", "b")]
+    assert not state.models["a"].evicted
+    draining = (WorkerView("w1", "cpu-local", WorkerState.DRAINING), ready("w2", "a"))
+    ds, state = step(cfg, draining, {"a": between, "b": WAITING}, state, NOW + 0.05)
+    assert not [d for d in ds if isinstance(d, Release)], ds
