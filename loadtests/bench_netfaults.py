@@ -2,7 +2,7 @@
 history checker's verdict with the time to recover from each fault.
 
     thaw bench netfaults [--out bench_netfaults.json] [--schedule full|short] [--workers 2]
-                         [--lease-s 3] [--heartbeat-s 1] [--store-rate 400mbit]
+                         [--lease-s 3] [--heartbeat-s 2] [--store-rate 400mbit]
     (or python -m loadtests.bench_netfaults ...; needs root: network namespaces)
 
 Starts ``loadtests.netfaults.fleet`` (PostgreSQL, Redis, the store, two controllers, two
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="full: every fault; short: the test's three (default full)")
     p.add_argument("--workers", type=int, default=2, help="workers, each on its own host (default 2)")
     p.add_argument("--lease-s", type=float, default=3.0, help="the controllers' lease (default 3)")
-    p.add_argument("--heartbeat-s", type=float, default=1.0, help="workers' heartbeat interval (default 1)")
+    p.add_argument("--heartbeat-s", type=float, default=2.0, help="workers' heartbeat interval (default 2)")
     p.add_argument("--store-rate", default=None, metavar="RATE",
                    help="limit the store host's link (tc units, e.g. 400mbit; default none)")
     p.add_argument("--keep", metavar="DIR", type=Path, default=None,

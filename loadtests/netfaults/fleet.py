@@ -59,7 +59,7 @@ PG_PROXY_PORT = 5433
 class FleetOptions:
     workers: int = 2
     lease_s: float = 3.0  # the controllers' lease (takeover within two heartbeats of it)
-    heartbeat_s: float = 1.0
+    heartbeat_s: float = 2.0  # the default; the lease is 1.5 of it (takeover within two)
     worker_timeout_s: float = 10.0
     store_rate: str | None = None  # e.g. "400mbit": the store host's link
     # Each way on the controllers' link to PostgreSQL (another zone; None: no proxy).
