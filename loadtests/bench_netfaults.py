@@ -6,7 +6,8 @@ history checker's verdict with the time to recover from each fault.
     (or python -m loadtests.bench_netfaults ...; needs root: network namespaces)
 
 Starts ``loadtests.netfaults.fleet`` (PostgreSQL, Redis, the store, two controllers, two
-activators, workers with real vLLM on the CPU, each in its own namespace), sends
+activators, workers with real vLLM on the CPU, moto's EC2 with a pool whose instances
+never boot, so launches and terminations run all along; each in its own namespace), sends
 streamed chat completions through both activators, and runs the schedule
 (``loadtests.netfaults.schedule``: each fault held under load, healed, and the fleet
 waited on until every request completes again). Then the checker
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         "schedule": args.schedule, "options": asdict(opts), "wall_s": round(time.time() - began, 1),
         "first_answer_s": round(r.first_answer_s, 1), "ok": report.ok, "notes": r.notes,
         "requests": len(r.history.sent), "terms": len(r.history.terms), "provider_actions": len(r.history.actions),
+        "instances_launched": len(r.history.instances),
         "worker_calls_accepted": len(r.history.accepted),
         "rows": [asdict(row) for row in report.rows],
         "findings": {"lost": report.lost, "unmetered": report.unmetered, "duplicated": report.duplicated,

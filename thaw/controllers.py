@@ -20,6 +20,9 @@ import httpx
 LEADER_HEADER = "X-Thaw-Leader"
 # The leader's term on its control calls to workers (worker/fence.py).
 TERM_HEADER = "X-Thaw-Term"
+# When the sender's lease ends by its own count (epoch seconds): a call that arrives
+# later is refused, although its worker has not heard of a newer term yet.
+UNTIL_HEADER = "X-Thaw-Lease-Until"
 NOT_LEADER = "not_leader"
 
 

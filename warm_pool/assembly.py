@@ -146,8 +146,10 @@ def build_pool(
                                if adopt_grace_s is None else adopt_grace_s)
     manager = loop.manager
     # The term each call was decided in (the actuator's: a deposed controller's call in
-    # flight carries its old term, which a worker that heard of the new one refuses).
-    control.fence(lambda: manager.actuator.term)
+    # flight carries its old term, which a worker that heard of the new one refuses), and
+    # when its lease ends by its own count (a call arriving later is refused anyway).
+    leadership = parts.leadership
+    control.fence(lambda: manager.actuator.term, None if leadership is None else leadership.lease_until)
     return loop.manager
 
 

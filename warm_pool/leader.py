@@ -124,6 +124,13 @@ class Leadership:
         """It holds the lease by its own count (the moment that ends, it acts no more)."""
         return self.term is not None and self.clock() < self._valid_until
 
+    def lease_until(self) -> float:
+        """When its lease ends by its own count, in epoch seconds (what its control calls
+        say: a worker refuses one that arrives later). In the past when it does not lead."""
+        if self.term is None:
+            return time.time() - 1.0
+        return time.time() + (self._valid_until - self.clock())
+
     @property
     def leader_url(self) -> str | None:
         """Where the leader is, as last read (None: nobody leads)."""

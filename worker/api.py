@@ -9,6 +9,7 @@ settings carry one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -19,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from thaw.auth import ClusterAuth, document_cluster_auth
-from thaw.controllers import TERM_HEADER
+from thaw.controllers import TERM_HEADER, UNTIL_HEADER
 from thaw.http_api import refuse_in_api_shape
 from thaw.log import get_logger
 from thaw.wire import (
@@ -215,12 +216,18 @@ def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | Non
         if raw is not None and request.method == "POST":
             try:
                 term = int(raw)
+                until = float(u) if (u := request.headers.get(UNTIL_HEADER)) is not None else None
             except ValueError:
-                return JSONResponse({"error": f"{TERM_HEADER} must be an integer"}, status_code=400)
-            if not fence.admits(term):
-                log.warning("control_refused", path=request.url.path, term=term, newest_term=fence.term)
-                return JSONResponse({"error": f"a call of the controllers' term {term}, but term {fence.term} "
-                                              "leads now: this controller no longer leads"}, status_code=409)
+                return JSONResponse({"error": f"{TERM_HEADER} must be an integer and {UNTIL_HEADER} a number"},
+                                    status_code=400)
+            now = time.time()
+            if not fence.admits(term, until, now):
+                log.warning("control_refused", path=request.url.path, term=term, newest_term=fence.term,
+                            late_s=None if until is None else round(now - until, 3))
+                why = (f"term {fence.term} leads now" if fence.term is not None and term < fence.term
+                       else f"its lease ended {now - until:.3f} s before the call arrived")
+                return JSONResponse({"error": f"a call of the controllers' term {term}, but {why}: "
+                                              "this controller no longer leads"}, status_code=409)
             # What a history checker reads (loadtests/netfaults): which term acted, and when.
             log.info("control_accepted", path=request.url.path, term=term)
         return await call_next(request)  # type: ignore[no-any-return]

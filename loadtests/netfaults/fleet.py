@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import yaml
 
+from loadtests.netfaults import aws_host
 from loadtests.netfaults.net import Net
 from loadtests.netfaults.store_host import S3_PORT
 from loadtests.postgres import PostgresServer
@@ -64,6 +65,9 @@ class FleetOptions:
     store_rate: str | None = None  # e.g. "400mbit": the store host's link
     # Each way on the controllers' link to PostgreSQL (another zone; None: no proxy).
     zone_delay_s: float | None = 0.001
+    # An EC2 pool on moto (host ``aws``) whose instances never boot: launches and
+    # terminations all run long (loadtests.netfaults.aws_host).
+    ec2: bool = True
     activation_timeout_s: float = 240.0
 
 
@@ -98,6 +102,9 @@ class NetFleet:
         self._proxy: subprocess.Popen[str] | None = None  # the store's
         self._proxies: list[subprocess.Popen[str]] = []
         names = ["pg", "redis", "store", "c1", "c2", "a1", "a2", *self.workers, "client"]
+        if self.opts.ec2:
+            names.append("aws")
+        self._ec2: tuple[dict[str, Any], dict[str, Any]] | None = None
         for n in names:
             self.net.host(n)
 
@@ -108,6 +115,10 @@ class NetFleet:
 
     def ip(self, host: str) -> str:
         return self.net.hosts[host].ip
+
+    @property
+    def aws_url(self) -> str:
+        return f"http://{self.ip('aws')}:{aws_host.PORT}"
 
     def controller_url(self, name: str) -> str:
         return f"http://{self.ip(name)}:{CONTROLLER_PORT}"
@@ -149,6 +160,11 @@ class NetFleet:
         self._spawn("redis", "redis", ["redis-server", "--bind", self.ip("redis"), "--port", str(REDIS_PORT),
                                        "--save", "", "--appendonly", "no", "--protected-mode", "no"], python=False)
         self._start_store()
+        if self.opts.ec2:
+            self._spawn("aws", "aws", [sys.executable, "-m", "moto.server", "-H", self.ip("aws"), "-p",
+                                       str(aws_host.PORT)], python=False)
+            wait_for("moto", lambda: httpx.get(f"{self.aws_url}/moto-api/", timeout=1).status_code == 200, 60)
+            self._ec2 = aws_host.config(self.aws_url)
         uri = f"s3://{BUCKET}/models/demo"
         for u in (uri, uri + "-2"):
             push_model(self._s3().client(), self.model_dir, u)
@@ -216,7 +232,8 @@ class NetFleet:
         port = STORE_PROXY_PORT if host.startswith("w") else S3_PORT
         cfg.update({
             "data_dir": str(self.root / host / "data"),
-            "cluster": {"heartbeat_interval_s": self.opts.heartbeat_s, "worker_timeout_s": self.opts.worker_timeout_s},
+            "cluster": {"name": aws_host.CLUSTER, "heartbeat_interval_s": self.opts.heartbeat_s,
+                        "worker_timeout_s": self.opts.worker_timeout_s},
             "controller": {"urls": self.controller_urls, "lease_s": self.opts.lease_s},
             "state": {"backend": "postgres", "url": self.controllers_state_url},
             "object_store": {"kind": "s3", "endpoint_url": f"http://{self.ip('store')}:{port}", "bucket": BUCKET,
@@ -231,6 +248,11 @@ class NetFleet:
         cfg["models"].append({**cfg["models"][0], "name": "demo-2", "uri": uri + "-2", "served_name": COLD_MODEL})
         cfg["pools"][0].update({"provider": "static", "standby_min": 1, "standby_max": self.opts.workers,
                                 "max_instances": self.opts.workers})
+        if self._ec2 is not None and host.startswith("c"):
+            shape, pool = self._ec2
+            cfg["shapes"].append(shape)
+            cfg["pools"].append(pool)
+            cfg["cluster"]["token_ssm_parameter"] = "/thaw/netfaults/token"  # named in user data only
         path = self.root / host / "thaw.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(cfg))
@@ -239,6 +261,8 @@ class NetFleet:
     def _spawn(self, name: str, host: str, argv: list[str], *, python: bool = True) -> None:
         cmd = [sys.executable, "-m", "thaw.cli.main", *argv] if python else argv
         env = {**os.environ, "THAW_CLUSTER_TOKEN": self.token}
+        if host.startswith("c") and self.opts.ec2:
+            env.update(aws_host.CREDS)
         if host.startswith("w"):
             # A worker's store keys come from its own environment (an instance role on
             # AWS), never over the wire; it reaches the store through the delay proxy.
@@ -286,6 +310,11 @@ class NetFleet:
     @property
     def ledgers(self) -> list[Path]:
         return [self.root / a / "data" / "activators" / a / "usage.db" for a in ("a1", "a2")]
+
+    def instances(self) -> list[Any]:
+        """What the EC2 provider holds (``loadtests.netfaults.checker.Launched``; none
+        without the EC2 pool)."""
+        return aws_host.instances(self.aws_url) if self.opts.ec2 else []
 
     def worker_logs(self) -> dict[str, Path]:
         return {w: self.log(w) for w in self.workers}

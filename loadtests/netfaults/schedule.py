@@ -208,8 +208,10 @@ def run(fleet: NetFleet, steps: list[Step], log: Path, *, pace_s: float = 0.25) 
                 raise FleetError(f"services exited during {step.name}: {gone}")
         end_at = time.time()
     terms, actions = read_fencing(fleet.state_url)
+    instances = fleet.instances()
     sent = list(load.sent) + [x for extra in ctx.loads for x in extra.sent]
-    return Run(History(sent=sent, ledger=read_ledgers([]), terms=terms, actions=actions, faults=faults),
+    return Run(History(sent=sent, ledger=read_ledgers([]), terms=terms, actions=actions, faults=faults,
+                       instances=instances),
                end_at, first, notes)
 
 

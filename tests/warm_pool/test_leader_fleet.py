@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 
 import httpx
@@ -118,6 +119,17 @@ async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
             with pytest.raises(ControlError) as refused:
                 await stale.release(worker.control_url, ReleaseRequest(assignment_id="x"))
             assert refused.value.status == 409 and "term 2 leads now" in str(refused.value)
+            # A call of the current term whose sender's lease had ended by its own count
+            # when the call arrived (it was paused, or the call held on the way): refused
+            # too, as a worker that had not heard of the next term yet would have to.
+            late = HttpWorkerControl(TOKEN)
+            late.fence(lambda: 2, lambda: time.time() - 5.0)
+            try:
+                with pytest.raises(ControlError) as refused:
+                    await late.release(worker.control_url, ReleaseRequest(assignment_id="x"))
+                assert refused.value.status == 409 and "lease ended" in str(refused.value)
+            finally:
+                await late.close()
         finally:
             await stale.close()
 

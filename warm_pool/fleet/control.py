@@ -11,7 +11,7 @@ import httpx
 from pydantic import BaseModel
 
 from thaw.auth import bearer
-from thaw.controllers import TERM_HEADER
+from thaw.controllers import TERM_HEADER, UNTIL_HEADER
 from thaw.wire import (
     AdapterRequest,
     AdapterUnload,
@@ -41,8 +41,9 @@ class WorkerControl(Protocol):
     async def pack(self, control_url: str, req: AssignRequest) -> WorkerStatus: ...
     async def load_adapter(self, control_url: str, req: AdapterRequest) -> WorkerStatus: ...
     async def unload_adapter(self, control_url: str, req: AdapterUnload) -> WorkerStatus: ...
-    # Every call carries ``term()``, the term it is decided in (warm_pool.fencing).
-    def fence(self, term: Callable[[], int | None]) -> None: ...
+    # Every call carries ``term()``, the term it is decided in, and ``until()``, when the
+    # sender's lease ends by its own count (warm_pool.fencing).
+    def fence(self, term: Callable[[], int | None], until: Callable[[], float] | None = None) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -57,12 +58,15 @@ class HttpWorkerControl:
     def __init__(self, token: str, *, timeout_s: float = 10.0) -> None:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=2.0), headers=bearer(token))
         self._term: Callable[[], int | None] = lambda: None
+        self._until: Callable[[], float] | None = None
         self._calls = asyncio.Semaphore(CONTROL_CALLS)
 
-    def fence(self, term: Callable[[], int | None]) -> None:
-        """Send the leader's term with every call (``worker.fence``): a worker that has
-        heard of a newer one refuses it."""
+    def fence(self, term: Callable[[], int | None], until: Callable[[], float] | None = None) -> None:
+        """Send the leader's term with every call, and when its lease ends by its own
+        count (``worker.fence``): a worker that has heard of a newer term, or that gets
+        the call after that moment, refuses it."""
         self._term = term
+        self._until = until
 
     def __repr__(self) -> str:
         return "HttpWorkerControl()"
@@ -71,8 +75,11 @@ class HttpWorkerControl:
         try:
             async with self._calls:
                 term = self._term()
+                headers = {TERM_HEADER: str(term)} if term is not None else {}
+                if term is not None and self._until is not None:
+                    headers[UNTIL_HEADER] = f"{self._until():.3f}"
                 r = await self._http.post(f"{control_url.rstrip('/')}{path}", json=body.model_dump(mode="json"),
-                                          headers={TERM_HEADER: str(term)} if term is not None else None)
+                                          headers=headers or None)
         except httpx.HTTPError as exc:
             raise ControlError(f"{path} to {control_url}: {exc or type(exc).__name__}") from None
         if r.status_code >= 400:
