@@ -17,8 +17,8 @@ carries it out refuses a term older than the newest it knows of.
   (:class:`ActionLog`); a refused write means no call. The term also goes to the
   provider (EC2: the ``thaw:term`` tag and the launch's idempotency token).
 - **The workers** (assign, pack, release, sleep, prebuild, adapters): each control call
-  carries its term, and a worker refuses one older than it has heard of
-  (``worker.fence``).
+  carries its term and when its sender's lease ends by its own count, and a worker
+  refuses one older than it has heard of, or one arriving after that (``worker.fence``).
 
 What stays open: a controller that passes the check and then stalls before its
 provider call makes that call late. The lease bounds this only as far as the call
