@@ -26,6 +26,9 @@ class RequestContext:
     headers: dict[str, str] = field(default_factory=dict)
     tenant: str | None = None
     stream: bool = False
+    # The GenAI conventions' gen_ai.operation.name: chat, text_completion (None: not a
+    # completion request).
+    operation: str | None = None
     replica: str | None = None
     # The model's registry revision that replica serves (None: not known).
     revision: int | None = None

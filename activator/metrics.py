@@ -8,6 +8,15 @@ PHASES = ("queued", "instance_acquired", "snapshot_restored", "weights_loaded", 
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 
+# OpenTelemetry's GenAI semantic conventions, as Prometheus names them (dots to
+# underscores, the unit as a suffix): the buckets they advise, the time ones extended
+# past their last (10 s, 82 s) for cold starts, which they do not count on.
+GENAI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                      30.0, 60.0, 120.0, 300.0, 600.0)
+GENAI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+                          163.84, 327.68, 655.36)
+GENAI_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+
 
 class ActivatorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -24,6 +33,21 @@ class ActivatorMetrics:
                               ["model"], buckets=_SECONDS, registry=registry)
         self.requests = Counter("thaw_requests_total", "Requests answered, by HTTP status",
                                 ["model", "status"], registry=registry)
+        # The GenAI conventions' server metrics (gen_ai.server.time_to_first_token, its
+        # request duration, and the token usage): ``gen_ai_request_model`` is the model
+        # as the client named it (its served name); time to first token includes the
+        # time a request was held for a cold start.
+        op = ["gen_ai_operation_name", "gen_ai_request_model"]
+        self.genai_ttft = Histogram("gen_ai_server_time_to_first_token_seconds",
+                                    "Time to generate the first token, held time included (GenAI conventions)",
+                                    op, buckets=GENAI_TTFT_BUCKETS, registry=registry)
+        self.genai_duration = Histogram("gen_ai_server_request_duration_seconds",
+                                        "Request duration to the last byte; error_type set on failures "
+                                        "(GenAI conventions)", [*op, "error_type"], buckets=GENAI_DURATION_BUCKETS,
+                                        registry=registry)
+        self.genai_tokens = Histogram("gen_ai_client_token_usage", "Input and output tokens per request "
+                                      "(GenAI conventions' token usage)", [*op, "gen_ai_token_type"],
+                                      buckets=GENAI_TOKEN_BUCKETS, registry=registry)
         # refused: 401; throttled: 429, the client's address over its budget (activator/throttle.py).
         self.auth_failures = Counter("thaw_auth_failures_total",
                                      "Requests with a missing or invalid API key, by outcome",

@@ -51,6 +51,7 @@ class RequestRecorder:
                 revision=ctx.revision, service_tier=ctx.service_tier,
             ))
         finally:
+            self._genai_end(ctx, error_code, now)
             if ctx.admission is not None:
                 try:
                     await self._limiter.settle(ctx.admission, ctx.usage.prompt_tokens + ctx.usage.completion_tokens,
@@ -58,11 +59,25 @@ class RequestRecorder:
                 except Exception:
                     log.exception("limits_settle_failed")
 
+    def _genai_end(self, ctx: RequestContext, error_code: str | None, now: float) -> None:
+        """The GenAI conventions' duration and token usage of a completion request."""
+        if ctx.operation is None or ctx.model is None:
+            return
+        m, name = self._metrics, ctx.model.resolved_served_name
+        failed = error_code or (str(ctx.status) if ctx.status >= 400 else "")
+        m.genai_duration.labels(ctx.operation, name, failed).observe(now - ctx.arrival)
+        if ctx.usage.prompt_tokens is not None:
+            m.genai_tokens.labels(ctx.operation, name, "input").observe(ctx.usage.prompt_tokens)
+        if ctx.usage.completion_tokens is not None:
+            m.genai_tokens.labels(ctx.operation, name, "output").observe(ctx.usage.completion_tokens)
+
     def first_byte(self, model: Model, replica: Replica, ctx: RequestContext) -> None:
         """The answer's first byte came from ``replica``: its time, and a cold start's record."""
         now = self._clock()
         ctx.first_byte_at = now
         self._metrics.ttft.labels(model.name).observe(now - ctx.arrival)
+        if ctx.operation is not None:
+            self._metrics.genai_ttft.labels(ctx.operation, model.resolved_served_name).observe(now - ctx.arrival)
         if not ctx.cold:
             # The autoscaler's TTFT target is about serving capacity, not cold starts.
             self._routes.note_ttft(model.name, now - ctx.arrival)

@@ -187,6 +187,7 @@ class CompletionService:
         it): checked, admitted, routed (``affinity``: the key of the prefix it shares with
         earlier requests, else one taken from its opening), answered whole or streamed."""
         ctx.tenant, ctx.model = principal.tenant, model
+        ctx.operation = "chat" if kind == "chat" else "text_completion"  # the GenAI conventions' names
         # Validated; the engine receives the client's body but for the served name, the
         # tenant's cache_salt and (streams) the usage chunk asked for.
         req = parse_request(kind, body)

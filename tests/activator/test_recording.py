@@ -82,3 +82,31 @@ def test_a_hot_first_byte_is_an_autoscaler_sample_and_a_cold_one_is_recorded_onc
                              "weights_loaded": 0.0, "engine_ready": 0.3, "first_token": 0.1}
     assert cold.tier == "host"
     assert metrics.registry.get_sample_value("thaw_cold_starts_total", {"model": "demo", "tier": "host"}) == 1
+
+
+async def test_the_genai_conventions_metrics_are_kept_beside_thaws() -> None:
+    # gen_ai.server.time_to_first_token (a cold request's hold included), its request
+    # duration (error_type on a failure) and token usage, by operation and the model as
+    # the client named it.
+    now = [14.0]
+    rec, _, metrics = recorder(now)
+    replica = Replica("w1", "http://r", "demo", "a-1", {"assigned": 10.1, "engine_ready": 13.9}, load_tier="s3")
+    cold = RequestContext("c1", arrival=10.0, cold=True, tenant="acme", model=MODEL, status=200, operation="chat")
+    rec.first_byte(MODEL, replica, cold)
+    cold.usage.prompt_tokens, cold.usage.completion_tokens = 12, 5
+    now[0] = 15.0
+    await rec.record(cold)
+    failed = RequestContext("f1", arrival=14.5, tenant="acme", model=MODEL, status=502, operation="text_completion")
+    await rec.record(failed, error_code="upstream_error")
+    get = metrics.registry.get_sample_value
+    chat = {"gen_ai_operation_name": "chat", "gen_ai_request_model": MODEL.resolved_served_name}
+    assert get("gen_ai_server_time_to_first_token_seconds_sum", chat) == 4.0
+    assert get("gen_ai_server_time_to_first_token_seconds_bucket", {**chat, "le": "2.5"}) == 0  # held 4 s
+    assert get("gen_ai_server_request_duration_seconds_sum", {**chat, "error_type": ""}) == 5.0
+    assert get("gen_ai_client_token_usage_sum", {**chat, "gen_ai_token_type": "input"}) == 12
+    assert get("gen_ai_client_token_usage_sum", {**chat, "gen_ai_token_type": "output"}) == 5
+    text = {"gen_ai_operation_name": "text_completion", "gen_ai_request_model": MODEL.resolved_served_name}
+    assert get("gen_ai_server_request_duration_seconds_count", {**text, "error_type": "upstream_error"}) == 1
+    # A request that is no completion (or not authenticated) adds nothing.
+    await rec.record(RequestContext("x", arrival=1.0, tenant="acme", model=MODEL, status=200))
+    assert get("gen_ai_server_request_duration_seconds_count", {**chat, "error_type": ""}) == 1

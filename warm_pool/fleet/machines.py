@@ -40,7 +40,6 @@ class ShapeBackoff:
     reason: str
 
 
-
 class Machines:
     """Provider calls for the actuator (``warm_pool.fleet.actuator``), under its term."""
 
