@@ -39,6 +39,9 @@ from dataclasses import dataclass
 from warm_pool.db import Db, StateUnavailable, Tx
 
 LEASE = "controller"
+# Provider actions older than this are deleted as new ones are written (as the decision
+# log's events are).
+ACTIONS_RETAINED_S = 30 * 86400.0
 
 
 class Deposed(StateUnavailable):
@@ -116,6 +119,7 @@ class ActionLog:
         self.db = db
         self.controller = controller
         self.fence = fence
+        self._pruned_at = 0.0
 
     def begin(self, term: int | None, kind: str, *, worker_id: str | None = None,
               instance_id: str | None = None, shape: str | None = None) -> str:
@@ -125,9 +129,13 @@ class ActionLog:
         with self.db.write(fenced=False) as tx:
             if self.fence is not None:
                 self.fence.check(tx, term)
+            now = db_now(tx)
             tx.execute("INSERT INTO controller_actions (id, controller, term, at, kind, worker_id, instance_id, "
                        "shape) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (action_id, self.controller, term, db_now(tx), kind, worker_id, instance_id, shape))
+                       (action_id, self.controller, term, now, kind, worker_id, instance_id, shape))
+            if now - self._pruned_at > 3600:
+                tx.execute("DELETE FROM controller_actions WHERE at < ?", (now - ACTIONS_RETAINED_S,))
+                self._pruned_at = now
         return action_id
 
     def end(self, action_id: str, outcome: str, instance_id: str | None = None) -> None:

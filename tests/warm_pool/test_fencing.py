@@ -32,7 +32,7 @@ from thaw.embedded_store import free_port
 from warm_pool.batch.store import BatchStore
 from warm_pool.conversations.store import ResponseStore
 from warm_pool.db import Db
-from warm_pool.fencing import ActionLog, Deposed, LeaseFence
+from warm_pool.fencing import ACTIONS_RETAINED_S, ActionLog, Deposed, LeaseFence
 from warm_pool.leader import LeaseStore
 from warm_pool.persist import ControllerStore
 from warm_pool.policy.decide import Snapshot
@@ -97,6 +97,12 @@ def test_a_deposed_term_writes_nothing_and_acts_on_nothing(postgres_url: str) ->
     assert [(t.term, t.holder, t.url) for t in log.terms()] == [(1, "a", "http://a"), (2, "b", "http://b")]
     assert [(x.term, x.kind, x.worker_id, x.instance_id, x.outcome) for x in log.actions()] == [
         (1, "launch", "w-1", "i-1", "done"), (2, "terminate", "w-1", "i-1", None)]
+    # Kept for a month, as the decision log is: an older action is deleted as one is written.
+    with db_b.write(fenced=False) as tx:
+        tx.execute("UPDATE controller_actions SET at = at - ? WHERE worker_id = 'w-1' AND kind = 'launch'",
+                   (ACTIONS_RETAINED_S + 1,))
+    log.begin(None, "launch", worker_id="w-9", shape="cpu-local")
+    assert [(x.kind, x.worker_id) for x in log.actions()] == [("terminate", "w-1"), ("launch", "w-9")]
 
 
 async def test_a_leader_that_has_not_noticed_its_deposition_changes_nothing(
