@@ -68,7 +68,11 @@ def read_worker_log(path: Path, worker_id: str) -> tuple[list[Accepted], list[He
             accepted.append(Accepted(worker_id, float(at), e.get("term"), str(e.get("path"))))
         elif event == "worker_state" and at is not None:
             aid = e.get("assignment_id")
-            if current is not None and (aid != current[0] or e.get("state") in ("standby", "failed")):
+            if current is not None and aid and aid != current[0]:
+                # Another assignment with no release between: the first was never let go.
+                held.append(Held(worker_id, current[0], current[1], None))
+                current = None
+            elif current is not None and (aid != current[0] or e.get("state") in ("standby", "failed")):
                 held.append(Held(worker_id, current[0], current[1], float(at)))
                 current = None
             if current is None and aid and e.get("state") in ("loading", "ready"):

@@ -4,8 +4,10 @@ to a real PostgreSQL and read back as a fault run's history is, reported as stal
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
+from pathlib import Path
 
 from loadtests.netfaults.checker import (
     Accepted,
@@ -18,7 +20,7 @@ from loadtests.netfaults.checker import (
     newer_term_began,
     whole_after,
 )
-from loadtests.netfaults.history import read_fencing
+from loadtests.netfaults.history import read_fencing, read_worker_log
 from warm_pool.db import Db
 from warm_pool.fencing import Action, ActionLog, Deposed, LeaseFence, Term
 from warm_pool.leader import LeaseStore
@@ -127,3 +129,28 @@ def test_an_unfenced_action_of_a_deposed_leader_is_reported(postgres_url: str) -
     report = check(history(terms=terms, actions=actions), end_at=1e10)
     assert not report.ok
     assert len(report.stale) == 1 and "launch of w-3 by a in term 1" in report.stale[0], report.stale
+
+
+def test_a_workers_log_gives_its_accepted_calls_and_assignments(tmp_path: Path) -> None:
+    # Its JSON log as the worker writes it: an assignment held from loading until it is
+    # back to standby; one that follows another with no release between overlaps it.
+    def line(event: str, second: int, **kw: object) -> str:
+        return json.dumps({"event": event, "timestamp": f"2026-12-07T00:00:{second:02d}.000000Z", **kw})
+
+    log = tmp_path / "w1.log"
+    log.write_text("\n".join([
+        "not json", line("control_accepted", 1, path="/assign", term=3),
+        line("worker_state", 1, state="loading", assignment_id="a"),
+        line("worker_state", 3, state="ready", assignment_id="a"),
+        line("worker_state", 5, state="draining", assignment_id="a"),
+        line("worker_state", 6, state="starting", assignment_id=None),
+        line("worker_state", 8, state="standby", assignment_id=None),
+        line("worker_state", 9, state="loading", assignment_id="b"),
+        line("worker_state", 10, state="loading", assignment_id="c"),
+    ]) + "\n")
+    accepted, held = read_worker_log(log, "w1")
+    base = 1796601600.0  # 2026-12-07T00:00:00Z
+    assert accepted == [Accepted("w1", base + 1, 3, "/assign")]
+    assert held == [Held("w1", "a", base + 1, base + 6), Held("w1", "b", base + 9, None),
+                    Held("w1", "c", base + 10, None)]
+    assert len(check(history(held=held), end_at=base + 60).overlaps) == 1
