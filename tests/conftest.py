@@ -97,12 +97,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     one after another as without xdist, so no two stacks compete for the CPU; it is
     handed out first. The other tests follow, a module at a time (its module-scoped
     fixtures set up once), larger modules first, in the lanes beside it. Last come the
-    engine tests of a single worker or engine host (``engine-late``, tests/worker/),
-    taken by whichever lane is free first. On two cores the engine group alone took 28
-    minutes and everything else 9 (run apart, on an idle machine): with every engine
-    test in one lane that lane was the suite's length (32 minutes in CI) and the other
-    stood idle for most of it; now the late group runs there, beside the engine
-    group's last stacks.
+    engine tests of a single worker or engine host (``engine-late:<module>``,
+    :data:`LATE_ENGINE_TESTS`), a module at a time, each taken by whichever lane runs
+    short of work first (xdist hands a lane more when it has two tests or fewer left).
+    On two cores the engine group alone took 28 minutes and everything else 9 (run
+    apart, on an idle machine): with every engine test in one lane that lane was the
+    suite's length (32 minutes in CI) and the other stood idle for most of it. With the
+    late tests one group the lanes were still uneven (32 minutes in CI again, as the
+    engine group grew); as modules they fill whichever lane ends first.
 
     The group is the nodeid's ``@`` suffix, which xdist's scheduler reads. xdist 3.8 adds
     it from ``xdist_group`` marks by setting ``item._nodeid``, which pytest 9 no longer
@@ -133,11 +135,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda i: _lane_rank(groups[i.nodeid], sizes[groups[i.nodeid]]))
 
 
+# Engine tests of one worker or one engine host, not a fleet of them: they run last, a
+# module at a time, beside the engine group's last stacks.
+LATE_ENGINE_TESTS = ("tests/worker/", "tests/loadtests/test_bench_cold_start.py")
+
+
 def _lane_group(item: pytest.Item) -> str:
+    module = item.nodeid.split("::", 1)[0]
     if not item.get_closest_marker("engine"):
-        return item.nodeid.split("::", 1)[0]
-    return "engine-late" if item.nodeid.startswith("tests/worker/") else "engine"
+        return module
+    return f"engine-late:{module}" if module.startswith(LATE_ENGINE_TESTS) else "engine"
 
 
 def _lane_rank(group: str, size: int) -> tuple[int, int]:
-    return (0, 0) if group == "engine" else (2, 0) if group == "engine-late" else (1, -size)
+    return (0, 0) if group == "engine" else (2, -size) if group.startswith("engine-late:") else (1, -size)
