@@ -36,6 +36,10 @@ class RequestContext:
     tier: str | None = None
     usage: Usage = field(default_factory=Usage)
     cancelled: bool = False
+    # Sent to its replica (a slot acquired); answered 200 while held for a cold start,
+    # before its first token (activator.held).
+    sent: bool = False
+    held: bool = False
     recorded: bool = False
     admission: Admission | None = None
     rate_headers: dict[str, str] = field(default_factory=dict)
@@ -45,7 +49,7 @@ class RequestContext:
     def response_headers(self) -> dict[str, str]:
         h = {**self.rate_headers, "x-request-id": self.request_id,
              "x-thaw-cold-start": "true" if self.cold else "false"}
-        if self.cold:
+        if self.cold and not self.held:  # held: answered before its wait ended (activator.held)
             h["x-thaw-queue-ms"] = str(round(self.queue_s * 1000))
         if self.replica:
             h["x-thaw-replica"] = self.replica

@@ -20,7 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    MutableMapping,
+)
 from typing import Any, Protocol
 
 from starlette.responses import Response
@@ -130,7 +137,7 @@ class ProxyStream(Response):
     """A streamed answer. ``chunks`` is closed whatever happens (its ``finally`` frees the
     replica and records the request); a client that disconnects cancels it."""
 
-    def __init__(self, chunks: AsyncIterator[bytes], status_code: int, headers: Mapping[str, str],
+    def __init__(self, chunks: AsyncGenerator[bytes, None], status_code: int, headers: Mapping[str, str],
                  media_type: str | None) -> None:
         self.chunks = chunks
         self.status_code = status_code
@@ -167,7 +174,7 @@ class ProxyStream(Response):
             streaming = False
             watcher.cancel()
             with contextlib.suppress(RuntimeError):  # already closed by the loop above
-                await self.chunks.aclose()  # type: ignore[attr-defined]
+                await self.chunks.aclose()
 
 
 class RequestGuard:

@@ -1,9 +1,8 @@
-"""Serving one completion request: admission, a replica (hot or via the cold queue), the proxy.
+"""Serving one completion request: admission, a replica (hot or via the cold queue), and
+the answer handed to ``activator.answer``, which sends the request and proxies what
+comes back.
 
-The router in ``activator.app`` only hands the raw request here. Streams are passed
-through byte for byte; a failure before the first byte is retried once on another
-replica, a failure after it becomes an SSE error event followed by ``data: [DONE]``.
-A client that disconnects closes the upstream request, which makes vLLM abort it.
+The router in ``activator.app`` only hands the raw request here.
 """
 
 from __future__ import annotations
@@ -11,15 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi.responses import Response
 
+from activator.answer import UPSTREAM_PATH, Answers
 from activator.auth import Authenticator, Principal, check_model_access
 from activator.bounds import RequestBounds, parse_json
 from activator.context import RequestContext
-from activator.edge import IncomingRequest, ProxyStream, client_address
+from activator.edge import IncomingRequest, client_address
 from activator.errors import (
     ApiError,
     BadRequest,
@@ -38,7 +38,7 @@ from activator.protocol import Kind, parse_request, tenant_cache_salt
 from activator.recording import RequestRecorder
 from activator.replica_choice import prefix_key
 from activator.routing.replicas import Replica, cold_start_tier
-from activator.routing.router import Acquired, Router, wakes
+from activator.routing.router import Router, wakes
 from activator.throttle import FailedAuthThrottle
 from activator.tokens import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -48,32 +48,19 @@ from activator.tokens import (
     prompt_chars,
 )
 from activator.upstream import UpstreamPool, UpstreamResponse
-from activator.usage import DONE, StreamTap, usage_from_body
+from activator.usage import usage_from_body
 from thaw.config import Model, ThawConfig
 from thaw.log import get_logger
 
 log = get_logger()
 
-UPSTREAM_PATH: dict[Kind, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Headers from the engine that are about the connection, not the content.
-_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
-
 
 def upstream_client(timeout_s: float = 600.0) -> UpstreamPool:
     """The client the activator proxies to replicas with (``loadtests.http_overhead``
     measures it against aiohttp and httpx). A replica has ``timeout_s`` between two reads
     of its answer; bodies pass through as the engine sent them."""
     return UpstreamPool(connect_timeout_s=2.0, read_timeout_s=timeout_s)
-
-
-def _retryable(exc: BaseException, stream: bool) -> bool:
-    """A replica that failed before its first byte, such that another may answer: it
-    refused or dropped the connection, or (a stream) sent nothing for the stream idle
-    limit, which an engine that is merely busy does not reach. A whole answer that is
-    slow is not retried: its replica is working on it."""
-    if isinstance(exc, TimeoutError):
-        return stream
-    return isinstance(exc, ConnectionError)
 
 
 class CompletionService:
@@ -100,15 +87,16 @@ class CompletionService:
         self.tokens = tokens
         self.limiter: Limiter = limiter or LocalLimiter()
         self.clock = clock
-        self._http = upstream_client(cfg.server.upstream_timeout_s)
         self.recorder = RequestRecorder(ledger, self.limiter, metrics, routes, clock)
+        self.answers = Answers(cfg, routes, metrics, self.recorder, upstream_client(cfg.server.upstream_timeout_s),
+                               clock)
 
     async def close(self) -> None:
-        await self._http.close()
+        await self.answers.http.close()
 
     def use_config(self, cfg: ThawConfig) -> None:
         """The models and tenants in force changed (the controller's catalog)."""
-        self.cfg = cfg
+        self.cfg = self.answers.cfg = cfg
 
     # -- admission ------------------------------------------------------------------
     def principal(self, request: IncomingRequest) -> Principal:
@@ -179,13 +167,14 @@ class CompletionService:
         model = self.resolve_model(principal, requested)
         ctx.model = model
         return await self.serve(principal, model, kind, body if "model" in body else {**body, "model": requested},
-                                ctx)
+                                ctx, progress=True)
 
     async def serve(self, principal: Principal, model: Model, kind: Kind, body: dict[str, Any],
-                    ctx: RequestContext, *, affinity: str | None = None) -> Response:
+                    ctx: RequestContext, *, affinity: str | None = None, progress: bool = False) -> Response:
         """One completion request of ``principal``'s for ``model`` (resolved; ``body`` names
         it): checked, admitted, routed (``affinity``: the key of the prefix it shares with
-        earlier requests, else one taken from its opening), answered whole or streamed."""
+        earlier requests, else one taken from its opening), answered whole or streamed
+        (``progress``: a stream held for a cold start is sent comments while it waits)."""
         ctx.tenant, ctx.model = principal.tenant, model
         ctx.operation = "chat" if kind == "chat" else "text_completion"  # the GenAI conventions' names
         # Validated; the engine receives the client's body but for the served name, the
@@ -205,7 +194,17 @@ class CompletionService:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
 
         ctx.cold = self.routes.arrive(model.name, self.clock())
-        key = affinity or prefix_key(kind, body)
+        reach = self._reach(model, kind, body, affinity or prefix_key(kind, body), ctx, stream=stream)
+        interval = self.cfg.server.held_progress_interval_s
+        if stream and ctx.cold and progress and interval > 0:
+            return await self.answers.held(model, reach, client_wants_usage, ctx, interval)
+        upstream, replica, first = await reach
+        return await self.answers.answer(model, upstream, replica, first, client_wants_usage, ctx)
+
+    async def _reach(self, model: Model, kind: Kind, body: dict[str, Any], key: str | None, ctx: RequestContext,
+                     *, stream: bool) -> tuple[UpstreamResponse, Replica, bytes]:
+        """A replica (hot, or after a cold start), the request sent to it and (a stream)
+        the first chunk of its answer read."""
         try:
             acquired = await self.routes.acquire(model, ctx.arrival, key, ctx.tenant or "")
         finally:
@@ -215,18 +214,16 @@ class CompletionService:
         if acquired.cold:
             ctx.enqueued_at = ctx.arrival  # demand is signalled as the request is queued
         self.routes.started(model.name)
+        ctx.sent = True
         try:
-            upstream, replica, first = await self._send(model, kind, body, acquired, ctx, stream=stream)
+            upstream, replica, first = await self.answers.send(model, kind, body, acquired, ctx, stream=stream)
         except BaseException:
             self.routes.ended(model.name, self.clock())
             raise
         ctx.replica = replica.assignment_id or replica.worker_id
         ctx.revision = replica.revision
         ctx.tier = cold_start_tier(ctx.enqueued_at or ctx.arrival, replica) if ctx.cold else "hot"
-        if not stream or upstream.status >= 400:
-            # The engine's refusal is one JSON body, for a stream too.
-            return await self._respond_whole(model, upstream, replica, ctx, first)
-        return self._respond(model, upstream, replica, client_wants_usage, ctx, first)
+        return upstream, replica, first
 
     async def admit(self, tenant: str, principal: Principal, model: Model, kind: Kind, body: dict[str, Any],
                     ctx: RequestContext) -> None:
@@ -299,7 +296,7 @@ class CompletionService:
                                                      exc.code)).encode()
         payload = {**body, "stream": False, "model": replica.served_model_name,
                    "cache_salt": tenant_cache_salt(tenant, req.cache_salt)}
-        upstream = await self._http.post(replica.url + UPSTREAM_PATH[kind], json.dumps(payload).encode(), {
+        upstream = await self.answers.http.post(replica.url + UPSTREAM_PATH[kind], json.dumps(payload).encode(), {
             "x-request-id": ctx.request_id, "content-type": "application/json"})
         try:
             content = await upstream.read()
@@ -314,144 +311,6 @@ class CompletionService:
             # no answer for the line, which runs again.
             raise UpstreamError(f"the replica answered {upstream.status}: {content[:300].decode('utf-8', 'replace')}")
         return upstream.status, upstream_error_body(upstream.status, content) if upstream.status >= 400 else content
-
-    async def _send(
-        self, model: Model, kind: Kind, body: dict[str, Any], acquired: Acquired, ctx: RequestContext,
-        *, stream: bool = False,
-    ) -> tuple[UpstreamResponse, Replica, bytes]:
-        """Send upstream; a replica that fails before its first byte is dropped and another
-        tried once. For a stream, the first chunk of the body is read here: a replica that
-        sends its headers and dies before any of its body is a failure before the first
-        byte too (retried), not a 200 the client would see cut short."""
-        replica = acquired.replica
-        for attempt in (1, 2):
-            payload = json.dumps({**body, "model": replica.served_model_name}).encode()
-            try:
-                resp = await self._http.post(replica.url + UPSTREAM_PATH[kind], payload, {
-                    "x-request-id": ctx.request_id, "content-type": "application/json"},
-                    read_timeout_s=self.cfg.server.upstream_stream_idle_s if stream else None)
-                if not stream:
-                    return resp, replica, b""
-                try:
-                    first = await resp.readany()
-                except BaseException:
-                    resp.close()
-                    raise
-                return resp, replica, first
-            except BaseException as exc:
-                # Whatever happened (a dead replica, a cancelled client), the slot is free.
-                self.routes.release(model.name, replica)
-                if not _retryable(exc, stream):
-                    raise
-                log.warning("upstream_failed_before_first_byte", url=replica.url, attempt=attempt, error=str(exc))
-                self.metrics.upstream_retries.labels(model.name).inc()
-                self.routes.eject(model.name, replica.url)
-                if attempt == 2:
-                    raise UpstreamError(
-                        f"the replica for {model.resolved_served_name!r} failed before answering; retry",
-                        retry_after_s=self.cfg.server.replica_ejection_s,  # when it is tried again
-                    ) from None
-                again = await self.routes.acquire(model, ctx.arrival, prefix_key(kind, body), ctx.tenant or "")
-                ctx.cold = ctx.cold or again.cold
-                ctx.queue_s = max(ctx.queue_s, again.queue_s)
-                replica = again.replica
-        raise AssertionError("unreachable")
-
-    async def _respond_whole(
-        self, model: Model, upstream: UpstreamResponse, replica: Replica, ctx: RequestContext,
-        first: bytes = b"",
-    ) -> Response:
-        """A whole answer (not streamed, or the engine's refusal of a stream): read it,
-        take its usage, commit the record, answer. A refusal reaches the client in
-        OpenAI's error shape, with the engine's status and message."""
-        try:
-            content = first + await upstream.read()
-            self.recorder.first_byte(model, replica, ctx)
-        except (ConnectionError, TimeoutError) as exc:
-            ctx.status = 502
-            raise UpstreamError(f"the replica failed while answering: {exc or type(exc).__name__}") from None
-        finally:
-            self.routes.ended(model.name, self.clock(), replica)
-            upstream.release()
-        ctx.status = upstream.status
-        usage_from_body(content, ctx.usage)
-        await self.record(ctx)
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
-        headers.update(ctx.response_headers())
-        if upstream.status >= 400:
-            headers = {k: v for k, v in headers.items() if k.lower() not in ("content-type", "content-encoding")}
-            return Response(upstream_error_body(upstream.status, content), status_code=upstream.status,
-                            headers=headers, media_type="application/json")
-        return Response(content, status_code=upstream.status, headers=headers,
-                        media_type=upstream.headers.get("content-type"))
-
-    def _respond(
-        self, model: Model, upstream: UpstreamResponse, replica: Replica, client_wants_usage: bool,
-        ctx: RequestContext, first: bytes = b"",
-    ) -> Response:
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
-        headers.update(ctx.response_headers())
-        ctx.status = upstream.status
-        tap = StreamTap(ctx.usage, forward_usage_chunk=client_wants_usage)
-        done = False
-
-        async def finish() -> None:
-            nonlocal done
-            if done:
-                return
-            done = True
-            self.routes.ended(model.name, self.clock(), replica)
-            # A stream read to its end gives its connection back; one cut short closes it
-            # (and vLLM aborts the request).
-            if upstream.at_eof():
-                upstream.release()
-            else:
-                upstream.close()
-            if not ctx.recorded:
-                # The client went away (or the stream broke) before the end.
-                ctx.cancelled = not tap.saw_done
-                await self.record(ctx)
-
-        async def body_iter() -> AsyncIterator[bytes]:
-            chunk = first
-            try:
-                while chunk or not upstream.at_eof():
-                    if not chunk:
-                        chunk = await upstream.readany()
-                        continue
-                    if ctx.first_byte_at is None:
-                        self.recorder.first_byte(model, replica, ctx)
-                    # The events of one upstream read go out in one write.
-                    out = bytearray()
-                    for event in tap.feed(chunk):
-                        if len(event) < 32 and event.strip() == DONE:
-                            if out:
-                                yield bytes(out)
-                                out.clear()
-                            # The guarantee: committed before the client sees the end.
-                            await self.record(ctx)
-                        out += event
-                    if out:
-                        yield bytes(out)
-                    chunk = b""
-                rest = tap.flush()
-                if rest:
-                    yield rest
-            except (ConnectionError, TimeoutError) as exc:
-                why = str(exc) or type(exc).__name__
-                log.warning("upstream_failed_mid_stream", url=replica.url, error=why)
-                ctx.status = 502
-                if ctx.first_byte_at is not None:
-                    err = error_body(502, f"the replica failed mid-stream: {why}; the answer is incomplete",
-                                     "server_error", None, "upstream_error")
-                    await self.record(ctx, error_code="upstream_error")
-                    yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
-                else:
-                    raise
-            finally:
-                await finish()
-
-        return ProxyStream(body_iter(), upstream.status, headers, upstream.headers.get("content-type"))
 
     async def record(self, ctx: RequestContext, error_code: str | None = None) -> None:
         """Append this request's usage record once (no-op before authentication)."""

@@ -536,6 +536,13 @@ class Server(_Strict):
     # so its replica may be silent up to upstream_timeout_s.
     upstream_stream_idle_s: PositiveFloat = 60.0
     upstream_timeout_s: PositiveFloat = 600.0
+    # A streamed completion still held for a cold start after this long is answered 200
+    # at once and sent an SSE comment line (ignored by OpenAI clients) this often until
+    # its first token: the phase, and the time left when this activator has seen the
+    # model start before. Proxies with an idle limit (an AWS ALB's is 60 s) keep its
+    # connection. 0: no comments (the status waits for the first token, as for a
+    # request answered whole). docs/REQUEST_PATH.md, "Held for a cold start".
+    held_progress_interval_s: NonNegativeFloat = 15.0
     # A replica that failed before its first byte (refused, dropped or stalled) gets no
     # requests from this activator for this long (or until a route table drops it).
     replica_ejection_s: PositiveFloat = 10.0

@@ -68,7 +68,7 @@ async def engine_call(parts: ActivatorParts, request: IncomingRequest, kind: str
             return internal_error_response(ctx.request_id, ctx.response_headers())
         service.observe_end(ctx)
         log.info("request_dispatched", model=ctx.model.name if ctx.model else None, status=ctx.status,
-                 cold_start=ctx.cold, queue_ms=round(ctx.queue_s * 1000))
+                 cold_start=ctx.cold, queue_ms=round(ctx.queue_s * 1000), held=ctx.held)
         return response
 
 

@@ -27,11 +27,12 @@ from typing import Any
 
 import httpx
 
+from activator.answer import UPSTREAM_PATH
 from activator.context import RequestContext
 from activator.protocol import Kind
 from activator.routing.replicas import Replica
 from activator.routing.router import Router
-from activator.service import UPSTREAM_PATH, CompletionService
+from activator.service import CompletionService
 from thaw.config import BatchConfig
 from thaw.controllers import ControllerClient
 from thaw.log import get_logger

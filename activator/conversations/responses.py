@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -280,7 +280,7 @@ class ResponsesApi:
     def _stream(self, answer: ProxyStream, base: dict[str, Any], keep: Keep, ctx: RequestContext) -> ProxyStream:
         t = StreamTranslator()
 
-        async def events() -> AsyncIterator[bytes]:
+        async def events() -> AsyncGenerator[bytes, None]:
             chunks = answer.chunks
             pending = b""
             try:

@@ -16,7 +16,9 @@ and its traffic counts (``activator.routing.activity``) hold that state.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -52,6 +54,10 @@ def public_failure(kind: str | None) -> str:
     return PUBLIC_FAILURES.get(kind, PUBLIC_FAILURES["engine"])
 
 
+# How many of a model's last cold starts estimate its next (``expected_cold_start_s``).
+COLD_STARTS_KEPT = 5
+
+
 @dataclass(frozen=True)
 class Acquired:
     replica: Replica
@@ -71,6 +77,9 @@ class ModelStatus:
     fair_queue: int
     # The last failure's kind (thaw.wire.FailureKind).
     failure_kind: str | None
+    # What a cold start of it takes, request to first token: the median of its last few
+    # here (None: none seen by this activator).
+    expected_cold_start_s: float | None = None
 
 
 @dataclass
@@ -79,6 +88,8 @@ class _ModelRoutes:
     cold: ColdQueue = field(default_factory=ColdQueue)
     fair: FairQueue = field(default_factory=FairQueue)
     activity: ModelActivity = field(default_factory=ModelActivity)
+    # The last few cold starts' request-to-first-token times here (seconds).
+    cold_totals: deque[float] = field(default_factory=lambda: deque(maxlen=COLD_STARTS_KEPT))
 
 
 def wakes(replicas: ModelReplicas, now: float) -> bool:
@@ -221,7 +232,8 @@ class Router:
         r = self._routes[model]
         return ModelStatus(state=r.replicas.state(self.clock()), ready=len(r.replicas.usable),
                            loading=r.replicas.loading, cold_queue=len(r.cold), fair_queue=len(r.fair),
-                           failure_kind=r.replicas.failure_kind)
+                           failure_kind=r.replicas.failure_kind,
+                           expected_cold_start_s=statistics.median(r.cold_totals) if r.cold_totals else None)
 
     # -- a request's life, as the service reports it (the only writers of these counts) --
     def arrive(self, model: str, now: float) -> bool:
@@ -378,7 +390,11 @@ class Router:
 
     # -- telling the controller -------------------------------------------------------------
     def record_cold_start(self, record: ColdStartRecord) -> None:
+        r = self._routes.get(record.model)
+        if r is not None:
+            r.cold_totals.append(record.total_s)
         self.feed.record_cold_start(record)
+
 
     def report_body(self) -> ActivityReport:
         """This activator's traffic; takes the TTFT samples it reports. A model it never
