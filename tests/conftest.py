@@ -149,3 +149,35 @@ def _lane_group(item: pytest.Item) -> str:
 
 def _lane_rank(group: str, size: int) -> tuple[int, int]:
     return (0, 0) if group == "engine" else (2, -size) if group.startswith("engine-late:") else (1, -size)
+
+
+# What each lane spent, by group, and when it ended: printed at the end of a run in lanes
+# (the suite's length is its longest lane's; docs/DEVELOPING.md).
+_LANES: dict[str, dict[str, float]] = {}
+_LANE_ENDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # set on the controller, for a lane's report
+    if node is None:
+        return
+    import time
+
+    lane = node.gateway.id
+    at = report.nodeid.rfind("@")
+    group = report.nodeid[at + 1:] if at > report.nodeid.rfind("]") else "?"
+    group = "engine-late" if group.startswith("engine-late:") else group if group == "engine" else "other"
+    lanes = _LANES.setdefault(lane, {})
+    lanes[group] = lanes.get(group, 0.0) + report.duration
+    _LANE_ENDS[lane] = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _LANES:
+        return
+    first = min(_LANE_ENDS.values())
+    terminalreporter.write_sep("=", "lanes (seconds in tests, by group)")
+    for lane in sorted(_LANES):
+        groups = ", ".join(f"{g} {s:.0f}" for g, s in sorted(_LANES[lane].items()))
+        terminalreporter.write_line(f"{lane}: {sum(_LANES[lane].values()):.0f} in all ({groups}); "
+                                    f"its last test ended {_LANE_ENDS[lane] - first:.0f} s after the first lane's")
