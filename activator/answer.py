@@ -37,6 +37,7 @@ from activator.upstream import UpstreamPool, UpstreamResponse
 from activator.usage import DONE, StreamTap, usage_from_body
 from thaw.config import Model, ThawConfig
 from thaw.log import get_logger
+from thaw.telemetry import TRACEPARENT
 
 log = get_logger()
 
@@ -52,6 +53,15 @@ def _retryable(exc: BaseException, stream: bool) -> bool:
     if isinstance(exc, TimeoutError):
         return stream
     return isinstance(exc, ConnectionError)
+
+
+def upstream_headers(ctx: RequestContext) -> dict[str, str]:
+    """What a request to a replica carries besides its body: its id, and (traced) the
+    W3C context of the request's span."""
+    h = {"x-request-id": ctx.request_id, "content-type": "application/json"}
+    if ctx.trace is not None:
+        h[TRACEPARENT] = ctx.trace.traceparent()
+    return h
 
 
 class Answers:
@@ -146,8 +156,7 @@ class Answers:
         for attempt in (1, 2):
             payload = json.dumps({**body, "model": replica.served_model_name}).encode()
             try:
-                resp = await self.http.post(replica.url + UPSTREAM_PATH[kind], payload, {
-                    "x-request-id": ctx.request_id, "content-type": "application/json"},
+                resp = await self.http.post(replica.url + UPSTREAM_PATH[kind], payload, upstream_headers(ctx),
                     read_timeout_s=self.cfg.server.upstream_stream_idle_s if stream else None)
                 if not stream:
                     return resp, replica, b""
@@ -211,7 +220,8 @@ class Answers:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
         headers.update(ctx.response_headers())
         ctx.status = upstream.status
-        tap = StreamTap(ctx.usage, forward_usage_chunk=client_wants_usage)
+        tap = StreamTap(ctx.usage, forward_usage_chunk=client_wants_usage,
+                        finish_reasons=ctx.trace is not None and (ctx.trace.sampled or ctx.cold))
         done = False
 
         async def finish() -> None:

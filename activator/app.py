@@ -43,6 +43,7 @@ from thaw.config import ThawConfig
 from thaw.controllers import ControllerClient
 from thaw.log import get_logger
 from thaw.s3client import S3Client
+from thaw.telemetry import tracing_from
 from thaw.wire import Catalog, KeyTable
 
 log = get_logger()
@@ -59,8 +60,7 @@ def create_app(
     answers from this activator's ledger alone). ``files_client``: the store the Files
     API keeps uploads in (none: it answers 503). ``processes``: how many worker
     processes of one `thaw activator --workers N` this is one of."""
-    registry = CollectorRegistry()
-    metrics = ActivatorMetrics(registry)
+    metrics = ActivatorMetrics(registry := CollectorRegistry())
     activator_id = activator_id or f"activator-{uuid.uuid4().hex[:8]}"
     ledger = Ledger(cfg.ledger_path_for(activator_id), group_window_s=cfg.ledger.group_window_ms / 1000)
 
@@ -125,7 +125,8 @@ def create_app(
     # share is the limit over the activators the controller hears from.
     limiter = build_limiter(cfg.limits, metrics, owner=activator_id, activators=lambda: routes.feed.activators,
                             processes=processes)
-    service = CompletionService(cfg, auth, routes, metrics, ledger, tokens, limiter=limiter)
+    tracing = tracing_from(cfg.telemetry, "thaw-activator")  # None: off
+    service = CompletionService(cfg, auth, routes, metrics, ledger, tokens, limiter=limiter, tracing=tracing)
     bucket, prefix = cfg.object_store.bucket, cfg.ledger.ship_prefix
     shipper = (UsageShipper(ledger.path, activator_id, usage_client, bucket, prefix=prefix,
                             interval_s=cfg.ledger.ship_interval_s, max_records=cfg.ledger.ship_max_records,
@@ -205,5 +206,7 @@ def _lifespan(cfg: ThawConfig, routes: Router, limiter: Any, batch_worker: Batch
             ledger.close()
             if shipper is not None:
                 await shipper.close()  # after the ledger's last commit
+            if service.tracing is not None:  # its last spans sent (on its own thread)
+                await asyncio.to_thread(service.tracing.close)
 
     return lifespan

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from activator.limits import Admission
+from activator.routing.replicas import Replica
 from activator.usage import Usage
 from thaw.config import Model
+from thaw.telemetry import TraceContext
 
 
 @dataclass
@@ -40,6 +42,12 @@ class RequestContext:
     # before its first token (activator.held).
     sent: bool = False
     held: bool = False
+    # Its trace (activator.tracing; None: tracing off) and the caller's span it continues
+    # (None: the caller sent no traceparent); the replica that answered, kept for its
+    # spans.
+    trace: TraceContext | None = None
+    trace_parent_id: int | None = None
+    served_by: Replica | None = None
     recorded: bool = False
     admission: Admission | None = None
     rate_headers: dict[str, str] = field(default_factory=dict)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-PHASES = ("queued", "instance_acquired", "snapshot_restored", "weights_loaded", "engine_ready", "first_token")
-
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 
 # OpenTelemetry's GenAI semantic conventions, as Prometheus names them (dots to

@@ -11,11 +11,13 @@ from collections.abc import Callable
 from activator.context import RequestContext
 from activator.ledger import Ledger, UsageRecord
 from activator.limits import Limiter
-from activator.metrics import PHASES, ActivatorMetrics
-from activator.routing.replicas import Replica, cold_start_tier
+from activator.metrics import ActivatorMetrics
+from activator.routing.replicas import Replica, cold_phases, cold_start_tier
 from activator.routing.router import Router
+from activator.tracing import request_spans
 from thaw.config import Model
 from thaw.log import get_logger
+from thaw.telemetry import Tracing
 from thaw.wire import ColdStartRecord, LoadSource
 
 log = get_logger()
@@ -23,8 +25,9 @@ log = get_logger()
 
 class RequestRecorder:
     def __init__(self, ledger: Ledger, limiter: Limiter, metrics: ActivatorMetrics, routes: Router,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], tracing: Tracing | None = None) -> None:
         self._ledger = ledger
+        self.tracing = tracing
         self._limiter = limiter
         self._metrics = metrics
         self._routes = routes
@@ -52,6 +55,8 @@ class RequestRecorder:
             ))
         finally:
             self._genai_end(ctx, error_code, now)
+            if self.tracing is not None:
+                request_spans(self.tracing, ctx, error_code, now)
             if ctx.admission is not None:
                 try:
                     await self._limiter.settle(ctx.admission, ctx.usage.prompt_tokens + ctx.usage.completion_tokens,
@@ -75,6 +80,8 @@ class RequestRecorder:
         """The answer's first byte came from ``replica``: its time, and a cold start's record."""
         now = self._clock()
         ctx.first_byte_at = now
+        if ctx.trace is not None:
+            ctx.served_by = replica
         self._metrics.ttft.labels(model.name).observe(now - ctx.arrival)
         if ctx.operation is not None:
             self._metrics.genai_ttft.labels(ctx.operation, model.resolved_served_name).observe(now - ctx.arrival)
@@ -88,15 +95,8 @@ class RequestRecorder:
     def _cold_start(self, model: Model, replica: Replica, ctx: RequestContext, first_token: float) -> None:
         """Split request → first token into the named phases, from the worker's milestones."""
         p = replica.phases
-        marks: list[float | None] = [ctx.enqueued_at or ctx.arrival, p.get("assigned"), p.get("snapshot_restored"),
-                                     p.get("weights_loaded"), p.get("engine_ready"), first_token]
-        phases: dict[str, float] = {}
-        prev = ctx.arrival
-        for name, mark in zip(PHASES, marks, strict=True):
-            # A missing milestone takes no time; clocks of other machines may be skewed a little.
-            t = prev if mark is None else min(max(mark, prev), first_token)
-            phases[name] = t - prev
-            prev = t
+        phases = {name: end - start
+                  for name, start, end in cold_phases(ctx.arrival, ctx.enqueued_at, replica, first_token)}
         total = first_token - ctx.arrival
         tier = cold_start_tier(ctx.enqueued_at or ctx.arrival, replica)
         self._metrics.cold_starts.labels(model.name, tier).inc()
@@ -116,3 +116,4 @@ class RequestRecorder:
 def _weights_from(load_tier: str | None) -> LoadSource | None:
     """Where a replica's weights came from (None: woken, or not reported)."""
     return load_tier if load_tier in ("host", "disk", "s3", "local") else None  # type: ignore[return-value]
+

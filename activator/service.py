@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi.responses import Response
 
-from activator.answer import UPSTREAM_PATH, Answers
+from activator.answer import UPSTREAM_PATH, Answers, upstream_headers
 from activator.auth import Authenticator, Principal, check_model_access
 from activator.bounds import RequestBounds, parse_json
 from activator.context import RequestContext
@@ -51,6 +51,7 @@ from activator.upstream import UpstreamPool, UpstreamResponse
 from activator.usage import usage_from_body
 from thaw.config import Model, ThawConfig
 from thaw.log import get_logger
+from thaw.telemetry import Tracing
 
 log = get_logger()
 
@@ -76,6 +77,7 @@ class CompletionService:
         clock: Callable[[], float] = time.time,
         limiter: Limiter | None = None,
         auth_throttle: FailedAuthThrottle | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.cfg = cfg
         self.auth = auth
@@ -87,7 +89,8 @@ class CompletionService:
         self.tokens = tokens
         self.limiter: Limiter = limiter or LocalLimiter()
         self.clock = clock
-        self.recorder = RequestRecorder(ledger, self.limiter, metrics, routes, clock)
+        self.recorder = RequestRecorder(ledger, self.limiter, metrics, routes, clock, tracing)
+        self.tracing = tracing
         self.answers = Answers(cfg, routes, metrics, self.recorder, upstream_client(cfg.server.upstream_timeout_s),
                                clock)
 
@@ -183,7 +186,9 @@ class CompletionService:
         stream = ctx.stream = bool(req.stream)
         client_wants_usage = bool(req.stream_options and req.stream_options.include_usage) if stream else True
         if wakes(self.routes.replicas(model.name), self.clock()):  # it starts while this request is admitted
-            self.routes.feed.signal_demand(model.name)
+            if ctx.trace is not None:  # a cold start is always traced, here and downstream
+                ctx.trace = ctx.trace.kept()
+            self.routes.feed.signal_demand(model.name, ctx.trace)
         await self.admit(principal.tenant, principal, model, kind, body, ctx)
         # The engine's prefix cache is shared by every request: salted per tenant, one
         # tenant's cached prompts cannot speed up (and so reveal themselves to) another's.
@@ -296,8 +301,8 @@ class CompletionService:
                                                      exc.code)).encode()
         payload = {**body, "stream": False, "model": replica.served_model_name,
                    "cache_salt": tenant_cache_salt(tenant, req.cache_salt)}
-        upstream = await self.answers.http.post(replica.url + UPSTREAM_PATH[kind], json.dumps(payload).encode(), {
-            "x-request-id": ctx.request_id, "content-type": "application/json"})
+        upstream = await self.answers.http.post(replica.url + UPSTREAM_PATH[kind], json.dumps(payload).encode(),
+                                                upstream_headers(ctx))
         try:
             content = await upstream.read()
         finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -21,6 +21,9 @@ class Usage:
     cached_tokens: int = 0
     # 'engine' once the engine reported counts; 'estimated' from streamed chunks; 'none'.
     source: str = "none"
+    # Why each choice ended (stop, length, tool_calls...), where the answer was read for
+    # it (a whole answer; a stream when it is traced: ``StreamTap.finish_reasons``).
+    finish_reasons: list[str] = field(default_factory=list)
 
     def take(self, usage: dict[str, Any]) -> None:
         self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -37,18 +40,25 @@ def usage_from_body(body: bytes, usage: Usage) -> None:
         return
     if isinstance(data, dict) and isinstance(data.get("usage"), dict):
         usage.take(data["usage"])
+    if isinstance(data, dict) and isinstance(data.get("choices"), list):
+        usage.finish_reasons = [c["finish_reason"] for c in data["choices"]
+                                if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
 
 
 DONE = b"data: [DONE]"
 _NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"([a-z_]{1,32})"')
 
 
 class StreamTap:
     """Feed upstream bytes in; get the bytes to send out, event by event."""
 
-    def __init__(self, usage: Usage, forward_usage_chunk: bool) -> None:
+    def __init__(self, usage: Usage, forward_usage_chunk: bool, *, finish_reasons: bool = False) -> None:
+        """``finish_reasons``: look for them in the chunks (into ``usage``), which costs a
+        search of every chunk: only for a traced request."""
         self.usage = usage
         self.forward_usage_chunk = forward_usage_chunk
+        self.finish_reasons = finish_reasons
         self._buf = b""
         self.content_chunks = 0
         self.saw_done = False
@@ -66,6 +76,8 @@ class StreamTap:
             return []
         whole = buf[: end + 2]
         self._buf = buf[end + 2:]
+        if self.finish_reasons and b'"finish_reason":' in whole:
+            self.usage.finish_reasons += [r.decode() for r in _FINISH.findall(whole)]
         # Up to the first event that needs a look (the usage chunk, [DONE]): one piece.
         marks = [i for i in (whole.find(b'"usage"'), whole.find(b"[DONE]")) if i >= 0]
         head = len(whole) if not marks else whole.rfind(b"\n\n", 0, min(marks)) + 2

@@ -47,7 +47,8 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ from thaw.embedded_store import free_port
 DEFAULT_RATES = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200)
 API_KEY = "bench-key"
 MODEL = "bench"
-TARGETS = ("direct", "activator", "vllm_router")
+TARGETS = ("direct", "activator", "activator_traced", "vllm_router")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--p99-budget-ms", type=float, default=10.0,
                    help="added p99 latency under which a rate counts as sustained (default 10)")
     p.add_argument("--no-router", action="store_true", help="skip vllm-router")
+    p.add_argument("--traced-ratio", type=float, default=0.01,
+                   help="also measure an activator with tracing on (OTLP to a sink in this process), keeping "
+                        "this share of requests (default 0.01); a negative value skips it")
     p.add_argument("--seed", type=int, default=1)
 
 
@@ -159,6 +163,45 @@ def serve_activator(config: Path, pool_url: str, model_dir: Path) -> None:
     app = create_app(cfg, pool_url, activator_id="bench", store_fetcher=dir_fetcher(model_dir))
     uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_config=None, access_log=False,
                 timeout_graceful_shutdown=5)
+
+
+class _Sink:
+    url = ""
+    spans = 0
+    exports = 0
+
+
+@contextmanager
+def otlp_sink() -> Iterator[_Sink]:
+    """An OTLP/HTTP endpoint that counts the spans it is sent and keeps nothing."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    sink = _Sink()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            req = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers.get("content-length") or 0)))
+            sink.exports += 1
+            sink.spans += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    sink.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield sink
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # -- load generator -------------------------------------------------------------------
@@ -303,6 +346,21 @@ async def _bench_in(args: argparse.Namespace, rates: list[float], router_bin: st
             act = procs.enter_context(serving(act_cmd, work / "activator.log", f"http://127.0.0.1:{act_port}/healthz"))
             base = {"direct": upstream_url, "activator": f"http://127.0.0.1:{act_port}"}
             pids: dict[str, int | None] = {"direct": None, "activator": act.pid}
+            sink = None
+            if args.traced_ratio >= 0:
+                # The same activator with tracing on, its spans sent to a sink here.
+                sink = procs.enter_context(otlp_sink())
+                traced_port = free_port()
+                traced_cfg = activator_config(work / "traced", traced_port)
+                traced_cfg["telemetry"] = {"otlp_endpoint": sink.url, "sample_ratio": args.traced_ratio}
+                (work / "traced").mkdir()
+                (work / "traced.yaml").write_text(yaml.safe_dump(traced_cfg))
+                traced = procs.enter_context(serving(
+                    pinned([py, "-m", "loadtests.bench_activator", "--serve-activator", str(work / "traced.yaml"),
+                            "--pool-url", upstream_url, "--model-dir", str(work / "model")], proxy_cores),
+                    work / "traced.log", f"http://127.0.0.1:{traced_port}/healthz"))
+                base["activator_traced"] = f"http://127.0.0.1:{traced_port}"
+                pids["activator_traced"] = traced.pid
             if router_bin is not None:
                 router_cmd = pinned([router_bin, "--host", "127.0.0.1", "--port", str(router_port),
                                      "--worker-urls", upstream_url, "--policy", "cache_aware",
@@ -315,7 +373,13 @@ async def _bench_in(args: argparse.Namespace, rates: list[float], router_bin: st
                     serving(router_cmd, work / "router.log", f"http://127.0.0.1:{router_port}/health"))
                 base["vllm_router"] = f"http://127.0.0.1:{router_port}"
                 pids["vllm_router"] = router.pid
-            return await _sweep(args, rates, base, pids, proxy_cores, gen_cores)
+            report = await _sweep(args, rates, base, pids, proxy_cores, gen_cores)
+            if sink is not None:
+                procs.close()  # the traced activator sends its last spans as it stops
+                requests = sum(p["requests"] for p in report["results"].get("activator_traced", []))
+                report["tracing"] = {"sample_ratio": args.traced_ratio, "requests": requests,
+                                     "spans_received": sink.spans, "exports_received": sink.exports}
+            return report
 
 
 async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, str], pids: dict[str, int | None],
@@ -405,6 +469,8 @@ def _ratios(results: dict[str, list[dict[str, Any]]], summary: dict[str, Any]) -
     act = summary.get("activator", {}).get("max_sustained_rps")
     rt = summary.get("vllm_router", {}).get("max_sustained_rps")
     out["max_sustained_rps_activator_over_router"] = (act / rt) if act and rt else None
+    traced = summary.get("activator_traced", {}).get("max_sustained_rps")
+    out["max_sustained_rps_traced_over_untraced"] = (traced / act) if traced and act else None
     # At the lowest rate every target ran: latency and tokens/s against direct and the router.
     first = {t: pts[0] for t, pts in results.items() if pts}
     d, a, r = first.get("direct"), first.get("activator"), first.get("vllm_router")
@@ -421,6 +487,11 @@ def _ratios(results: dict[str, list[dict[str, Any]]], summary: dict[str, Any]) -
         out["cpu_per_request_activator_over_router_median"] = _median_ratio(
             [div(x["proxy_cpu_ms_per_request"], y["proxy_cpu_ms_per_request"])
              for x, y in _common(results, "activator", "vllm_router")])
+    # Tracing on (at --traced-ratio) over off, rate by rate where both sustained.
+    both = [(x, y) for x, y in _common(results, "activator_traced", "activator") if x["sustained"] and y["sustained"]]
+    for key in ("proxy_cpu_ms_per_request", "added_latency_p50_ms", "added_latency_p99_ms"):
+        out[f"{key.removeprefix('proxy_')}_traced_over_untraced_median"] = _median_ratio(
+            [div(x[key], y[key]) for x, y in both])
     return out
 
 

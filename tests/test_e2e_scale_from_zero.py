@@ -25,9 +25,11 @@ import pytest
 
 from tests.conftest import BUCKET
 from tests.e2e_stack import KEY, Stack, running_stack
+from tests.otlp_receiver import Received, Span, otlp_receiver
 from tests.waiting import wait_until
 from thaw.embedded_store import EmbeddedStore
 from thaw.objstore import S3Endpoint
+from thaw.telemetry import TraceContext
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
@@ -47,8 +49,19 @@ def workers_in(state: dict[str, Any], st: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def otlp() -> Iterator[tuple[str, Received]]:
+    """A collector for the stack's traces."""
+    with otlp_receiver() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+          otlp: tuple[str, Received]) -> Iterator[Stack]:
     def configure(cfg: dict[str, Any], uri: str) -> None:
+        # Every service sends its spans there; hot requests are not traced unless their
+        # caller asks (a cold start and a failure always are).
+        cfg["telemetry"] = {"otlp_endpoint": otlp[0], "sample_ratio": 0.0}
         demo = cfg["models"][0]
         demo["autoscaling"].update({"idle_grace_s": IDLE_GRACE_S, "activation_timeout_s": 240})
         ghost = {**demo, "name": "ghost", "served_name": "ghost", "uri": f"s3://{BUCKET}/e2e/nothing-{os.getpid()}",
@@ -67,7 +80,7 @@ def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path, tmp_path_f
         yield s
 
 
-def test_streamed_request_at_zero_cold_starts_once_then_serves_hot(stack: Stack) -> None:
+def test_streamed_request_at_zero_cold_starts_once_then_serves_hot(stack: Stack, otlp: tuple[str, Received]) -> None:
     # The standby worker has paid its imports; the model has no replica.
     stack.wait_for("a standby worker", lambda s: workers_in(s, "standby"))
     assert demo_state(stack.state())["replicas"] == {}
@@ -84,10 +97,11 @@ def test_streamed_request_at_zero_cold_starts_once_then_serves_hot(stack: Stack)
                             "max_tokens": 8, "stream": True}, timeout=300) as raw:
         assert raw.status_code == 200 and raw.headers["x-thaw-cold-start"] == "true"
         assert "x-thaw-tier" not in raw.headers  # not known when the 200 went out
+        rid = raw.headers["x-request-id"]
         lines = list(raw.iter_lines())
     cold_s = time.time() - t0
     held = [ln for ln in lines if ln.startswith(": thaw held phase=")]
-    assert held and {ln.split()[2] for ln in held} <= {"phase=queued", "phase=loading", "phase=first_token"}
+    assert held and {ln.split()[3] for ln in held} <= {"phase=queued", "phase=loading", "phase=first_token"}
     (ready,) = [ln for ln in lines if ln.startswith(": thaw ready")]
     assert "tier=s3" in ready  # nothing cached yet: the weights came from the store
     assert int(ready.split("queue_ms=")[1].split()[0]) > 0
@@ -112,6 +126,40 @@ def test_streamed_request_at_zero_cold_starts_once_then_serves_hot(stack: Stack)
     assert raw2.parse().choices[0].message.content is not None
     assert cold_starts(stack) == 1
     print(f"\ncold start to last token: {cold_s:.2f}s; phases: {demo_state(stack.state())['last_cold_start']}")
+    cold_trace_has_every_service_and_phase(otlp[1], rid)
+    # The hot request was not traced (ratio 0); one whose caller samples it is, in the
+    # caller's trace. Spans leave in order: by the time that one came, the other would have.
+    caller = TraceContext(0xC0FFEE, 0xBEEF, True)
+    marked = stack.client(default_headers={"traceparent": caller.traceparent()}).chat.completions.with_raw_response.create(
+        model="thaw-demo", messages=[{"role": "user", "content": "Traced"}], max_tokens=2)
+    (mine,) = wait_until("the caller's traced request", lambda: otlp[1].roots(
+        "thaw.request_id", marked.headers["x-request-id"]), 60)
+    assert mine.trace_id == f"{caller.trace_id:032x}" and mine.parent_id == f"{caller.span_id:016x}"
+    assert otlp[1].roots("thaw.request_id", raw2.headers["x-request-id"]) == []
+
+
+def cold_trace_has_every_service_and_phase(got: Received, request_id: str) -> None:
+    """One trace for the cold request: the activator's request and phase spans with the
+    GenAI conventions' attributes, the controller's assignment and its call, the worker's load."""
+    (root,) = wait_until("the cold request's span", lambda: got.roots("thaw.request_id", request_id), 60)
+    assert (root.name, root.service, root.parent_id) == ("chat thaw-demo", "thaw-activator", "")
+    assert root.attributes["gen_ai.operation.name"] == "chat" and root.attributes["gen_ai.request.model"] == "thaw-demo"
+    assert root.attributes["gen_ai.usage.output_tokens"] > 0 and root.attributes["thaw.tier"] == "s3"
+    wanted = {("thaw-activator", f"thaw.{p}") for p in ("queued", "instance_acquired", "snapshot_restored",
+                                                         "weights_loaded", "engine_ready", "first_token")}
+    wanted |= {("thaw-controller", "thaw.assign demo"), ("thaw-controller", "POST /assign"),
+               ("thaw-worker", "thaw.load demo"), ("thaw-worker", "thaw.weights_load"),
+               ("thaw-worker", "thaw.engine_start")}
+    def named() -> dict[tuple[str, str], Span]:
+        return {(x.service, x.name): x for x in got.trace(root.trace_id)}
+
+    by = wait_until("every service's spans in the trace", lambda: wanted <= set(named()) and named(), 60,
+                    detail=lambda: str(sorted(named())))
+    assign, call, load = by["thaw-controller", "thaw.assign demo"], by["thaw-controller", "POST /assign"], \
+        by["thaw-worker", "thaw.load demo"]
+    assert (assign.parent_id, call.parent_id, load.parent_id) == (root.span_id, assign.span_id, call.span_id)
+    assert by["thaw-activator", "thaw.weights_loaded"].attributes["thaw.load.tier"] == "s3"
+    assert load.attributes["thaw.load.bytes"] > 0
 
 
 def cold_starts(stack: Stack) -> float:

@@ -909,6 +909,21 @@ def _check_adapter(i: int, m: Model, by_name: Mapping[str, Model]) -> None:
                          "prewarm schedule of its own (set them on its base)")
 
 
+class TelemetryConfig(_Strict):
+    """OpenTelemetry traces (docs/OPERATIONS.md, "Traces"): off unless an endpoint is given."""
+
+    # The OTLP/HTTP endpoint spans are sent to, e.g. http://collector:4318 (its
+    # /v1/traces path is added). None: no spans are made at all.
+    otlp_endpoint: Annotated[str, Field(pattern=r"^https?://\S+$")] | None = None
+    # Headers sent with each export (a collector's API key).
+    otlp_headers: dict[str, str] = {}
+    # The share of hot, successful requests traced. A cold start, a failure and a
+    # request whose caller sent a sampled W3C traceparent are always traced.
+    sample_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
+    # No span carries a prompt's or an answer's text (the conventions' opt-in
+    # gen_ai.input.messages and output.messages are not offered).
+
+
 class ThawConfig(_Strict):
     # Relative paths in the file are resolved against the file's directory.
     data_dir: Path = Path(".thaw")
@@ -919,6 +934,7 @@ class ThawConfig(_Strict):
     ledger: LedgerConfig = LedgerConfig()
     batch: BatchConfig = BatchConfig()
     responses: ResponsesConfig = ResponsesConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
     limits: LimitsConfig = LimitsConfig()
     state: StateConfig = StateConfig()
     object_store: ObjectStore = ObjectStore()

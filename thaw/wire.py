@@ -370,6 +370,10 @@ class DemandSignal(_Msg):
     of a thousand models was a thousand requests to the controller)."""
 
     models: Annotated[list[str], Field(min_length=1, max_length=MAX_DEMAND_MODELS)]
+    # The W3C traceparent of a request waiting for the model, by model (traced ones
+    # only): the controller's spans of the start it makes join that request's trace.
+    traces: Annotated[dict[str, Annotated[str, Field(max_length=55)]],
+                      Field(max_length=MAX_DEMAND_MODELS)] = {}
 
 
 class DemandReply(_Msg):

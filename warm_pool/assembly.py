@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from thaw.batch_lines import tenant_models
 from thaw.config import ThawConfig
 from thaw.log import get_logger
+from thaw.telemetry import tracing_from
 from warm_pool.batch.files import FileIndex
 from warm_pool.batch.runner import BatchRunner
 from warm_pool.batch.store import BatchStore
@@ -33,6 +34,7 @@ from warm_pool.db import Db
 from warm_pool.events import EventLog
 from warm_pool.fencing import ActionLog, LeaseFence
 from warm_pool.fleet.control import WorkerControl
+from warm_pool.fleet.start_traces import StartTraces
 from warm_pool.leader import Leadership, LeaseStore
 from warm_pool.manager import PoolManager
 from warm_pool.metrics import PoolMetrics
@@ -75,6 +77,7 @@ class PoolParts:
     applier: Applier
     leadership: Leadership | None  # None: this one always leads
     actions: ActionLog  # the provider actions, each written under its term first
+    start_traces: StartTraces  # traced requests waiting for a model: its start joins their trace
 
 
 class LoopCalls:
@@ -206,4 +209,5 @@ def build_parts(cfg: ThawConfig, providers: dict[str, Provider], control: Worker
                                                                          wake.set),
         key_admin=key_admin, tenant_admin=tenant_admin,
         applier=Applier(model_admin, tenant_admin, event_log, clock=clock), leadership=leadership,
-        actions=ActionLog(db, controller_id, fence))
+        actions=ActionLog(db, controller_id, fence),
+        start_traces=StartTraces(tracing_from(cfg.telemetry, "thaw-controller"), clock))

@@ -120,7 +120,7 @@ class PoolManager:
                                  config=lambda: budgets.cfg, model_classes=p.model_classes, clock=clock,
                                  events=p.event_log, metrics=p.metrics, wake=wake,
                                  refresh_soon=self.instances.refresh_soon, revision_of=p.model_admin.revision,
-                                 actions=p.actions)
+                                 actions=p.actions, traces=p.start_traces)
         self.feed = RouteFeed(epoch)
         self.routes = RouteTables()
         self.adopt_until: float | None = None
@@ -226,6 +226,8 @@ class PoolManager:
         await p.control.close()
         p.key_admin.keys.close()
         p.model_admin.store.close()
+        if p.start_traces.tracing is not None:  # its last spans sent (on its own thread)
+            await asyncio.to_thread(p.start_traces.tracing.close)
 
     # -- what outlives a restart -----------------------------------------------------
     async def _save_keepalive(self, *, now: bool = False) -> None:

@@ -82,6 +82,7 @@ def settings_from(args: argparse.Namespace, cfg: ThawConfig) -> AgentSettings:
         allowed_uri_prefixes=tuple(cfg.object_store.allowed_prefixes),
         capacity_bytes=engine_capacity(shape) if pool is not None and pool.pack else 0,
         engine_preload=engine_preload(shape.gpu_type, shape.engine_tcmalloc, find_tcmalloc),
+        telemetry=cfg.telemetry,
     )
 
 

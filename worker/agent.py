@@ -46,6 +46,7 @@ from thaw.aio import wait_event
 from thaw.embedded_store import free_port
 from thaw.log import get_logger
 from thaw.s3uri import S3UriError, check_allowed
+from thaw.telemetry import tracing_from
 from thaw.wire import AssignRequest, FailureKind, WorkerStatus
 from weight_streaming.fetch import fetch_model_files
 from worker.adapters import AdapterFetch, Adapters
@@ -70,6 +71,7 @@ from worker.launch import (
     EV_WEIGHTS_LOADED,
     reported_kind,
 )
+from worker.load_trace import LoadTraces
 from worker.metrics import WorkerMetrics
 from worker.release import Releases
 from worker.settings import AgentSettings
@@ -116,6 +118,7 @@ class Agent:
         self._snapshots = EngineSnapshots(settings, snapshots or StoreSnapshots(), facts=lambda: self._facts,
                                           record=self.record, clock=clock)
         self._engine = CurrentEngine(settings, engine_client)
+        self.load_traces = LoadTraces(tracing_from(settings.telemetry, "thaw-worker"), settings.worker_id)
         self._assignment_task: asyncio.Task[None] | None = None
         # The request behind the engine now running (a wake-up must match it).
         self._launched: AssignRequest | None = None
@@ -207,6 +210,7 @@ class Agent:
         if spare is not None:
             await spare.close()
         await self._caches.close()
+        await self.load_traces.close()
         log.info("agent_stopped")
 
     async def scan_caches(self) -> list[Any]:
@@ -216,8 +220,7 @@ class Agent:
     # -- the engine host (worker.supervisor calls these) ------------------------------
 
     async def _next_host(self, on_event: OnEvent) -> EngineHost:
-        """The next engine host: the spare kept beside a batch assignment when there is
-        one, else a fresh one."""
+        """The next engine host: the spare kept beside a batch assignment, else a fresh one."""
         spare, self._spare = self._spare, None
         if spare is None:
             return await self.spawn_engine_host(on_event)
@@ -307,8 +310,7 @@ class Agent:
         self._assignment_task = self._tasks.spawn(self._run_assignment(a, req), name="assignment")
 
     def preemptible(self) -> bool:
-        """Its assignment is batch work that another assignment may take it from now
-        (loading or serving, not already being released)."""
+        """Its assignment is batch work another may take it from now (loading or serving, not releasing)."""
         f = self._facts
         return (f.assignment is not None and f.assignment.batch and f.release_requested_at is None
                 and self._state in (WorkerState.LOADING, WorkerState.READY))
@@ -417,6 +419,7 @@ class Agent:
 
     async def _serve(self, a: Assignment) -> None:
         """While the assignment is ready: its in-flight count, for /state and the pool."""
+        self.load_traces.ended(a, self._facts, self._clock())
         engine = self._engine.client
         while engine is not None:
             self.record(in_flight=await engine.in_flight())
@@ -460,14 +463,14 @@ class Agent:
         # Its engine (kept or not) is never served or swapped into again: it goes with
         # its engine host, and from now on is no longer offered.
         self.record(failure=reason, failure_kind=kind, in_flight=None, prebuilt=None, adapters=())
+        self.load_traces.ended(f.assignment, self._facts, self._clock(), kind)
         self._tasks.spawn(self._engine.close(), name="close_engine")
         host = self._supervisor.host
         if host is not None and host.launched:
             self._supervisor.replace(graceful=False)
 
     async def stop_work(self) -> None:
-        """Cancel the assignment's tasks (its load or serving, a sleep or wake) and wait
-        until they end: a release does, first."""
+        """Cancel the assignment's tasks (load or serving, a sleep or wake) and wait: a release's first step."""
         task = self._assignment_task
         if task is not None:
             task.cancel()

@@ -23,6 +23,7 @@ from thaw.auth import ClusterAuth, document_cluster_auth
 from thaw.controllers import TERM_HEADER, UNTIL_HEADER
 from thaw.http_api import refuse_in_api_shape
 from thaw.log import get_logger
+from thaw.telemetry import TRACEPARENT
 from thaw.wire import (
     AdapterRequest,
     AdapterUnload,
@@ -80,6 +81,7 @@ async def get_state(request: Request) -> WorkerStatus:
     **CONFLICT, 403: {"model": ErrorReply, "description": "Never here (e.g. a URI outside the allowed prefixes)"}})
 async def assign(body: AssignRequest, request: Request) -> WorkerStatus:
     agent = _agent(request)
+    agent.load_traces.assigned(body.assignment_id, request.headers.get(TRACEPARENT))
     await agent.assign(body)
     return agent.view()
 
@@ -157,7 +159,7 @@ async def pack(body: AssignRequest, request: Request) -> WorkerStatus:
     answer is that engine's status, its control API under ``/engines/{engine_id}``."""
     engines: PackedEngines = request.app.state.engines
     _agent(request).check_uri(body.uri, body.assignment_id)
-    return (await engines.create(body)).view()
+    return (await engines.create(body, request.headers.get(TRACEPARENT))).view()
 
 
 def _problems(exc: RequestValidationError) -> list[str]:
@@ -225,7 +227,7 @@ def create_app(settings: AgentSettings, *, on_orphaned: Callable[[], None] | Non
                 log.warning("control_refused", path=request.url.path, term=term, newest_term=fence.term,
                             late_s=None if until is None else round(now - until, 3))
                 why = (f"term {fence.term} leads now" if fence.term is not None and term < fence.term
-                       else f"its lease ended {now - until:.3f} s before the call arrived")
+                       else f"its lease ended {now - (until or now):.3f} s before the call arrived")
                 return JSONResponse({"error": f"a call of the controllers' term {term}, but {why}: "
                                               "this controller no longer leads"}, status_code=409)
             # What a history checker reads (loadtests/netfaults): which term acted, and when.

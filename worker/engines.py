@@ -62,10 +62,11 @@ class PackedEngines:
                 out.append(a.memory_bytes or 0)
         return out
 
-    async def create(self, req: AssignRequest) -> Agent:
+    async def create(self, req: AssignRequest, traceparent: str | None = None) -> Agent:
         """Start a packed engine for ``req`` (its ``engine_id`` and ``memory_bytes`` are
         required). The same ``engine_id`` again returns the engine already running.
-        Raises :class:`Conflict` when it does not fit or this worker does not pack."""
+        Raises :class:`Conflict` when it does not fit or this worker does not pack.
+        ``traceparent``: the call's trace, which the engine's load joins."""
         owner = self._owner
         s = owner.settings
         if req.engine_id is None or req.memory_bytes is None:
@@ -94,6 +95,7 @@ class PackedEngines:
             self._engines[req.engine_id] = agent
             try:
                 await agent.start()
+                agent.load_traces.assigned(req.assignment_id, traceparent)
                 await agent.assign(req)
             except BaseException:
                 self._engines.pop(req.engine_id, None)

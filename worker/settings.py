@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from thaw.config import TelemetryConfig
 from thaw.objstore import S3Endpoint
 
 # See AgentSettings.engine_assets_dir.
@@ -84,6 +85,8 @@ class AgentSettings:
     # control API is under that worker's. It has one engine host, for one assignment.
     host_worker_id: str | None = None
     control_path: str = ""
+    # Spans of traced loads (thaw.telemetry; no endpoint: none).
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     @property
     def control_url(self) -> str:

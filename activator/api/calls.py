@@ -36,6 +36,7 @@ from activator.errors import (
 )
 from thaw.http_api import allowed_methods
 from thaw.log import bind_request, get_logger
+from thaw.telemetry import TRACEPARENT, parse_traceparent, start_trace
 
 log = get_logger()
 
@@ -46,6 +47,10 @@ async def engine_call(parts: ActivatorParts, request: IncomingRequest, kind: str
     OpenAI's shape, each recorded once."""
     service = parts.service
     ctx = RequestContext(request_id=request_id_from(request), arrival=time.time())
+    if service.tracing is not None:
+        parent = parse_traceparent(request.headers.get(TRACEPARENT))
+        ctx.trace = start_trace(parent, service.tracing.ratio)
+        ctx.trace_parent_id = parent.span_id if parent is not None else None
     with bind_request(ctx.request_id, kind=kind):
         try:
             response = await call(ctx)

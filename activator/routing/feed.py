@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from thaw.auth import bearer
 from thaw.controllers import Controllers
 from thaw.log import get_logger
+from thaw.telemetry import TraceContext
 from thaw.wire import MAX_DEMAND_MODELS, ActivityReport, ColdStartRecord, DemandSignal, RouteTable
 
 log = get_logger()
@@ -114,7 +115,8 @@ class ControllerFeed:
         self._tasks: list[asyncio.Task[None]] = []
         self._side: set[asyncio.Task[Any]] = set()
         self._demand_in_flight: set[str] = set()
-        self._demand_pending: dict[str, None] = {}  # waiting for a sender, in order
+        # Waiting for a sender, in order, each with the traceparent of its request (or None).
+        self._demand_pending: dict[str, str | None] = {}
         self._demand_senders = 0
         self.demand_coalesced = 0
 
@@ -217,17 +219,18 @@ class ControllerFeed:
                 f.wanted.set()  # it moved again while this fetch ran
 
     # -- telling the controller ---------------------------------------------------------
-    def signal_demand(self, model: str) -> None:
+    def signal_demand(self, model: str, trace: TraceContext | None = None) -> None:
         """Tell the controller a request waits for ``model``; one signal in flight per
         model at most (a burst of waiting requests is one signal, not one each). At most
         ``DEMAND_SENDERS`` signals are on their way at once; the models that come to wait
         meanwhile go together in the next (a burst of a thousand models at zero is a few
-        requests to the controller, not a thousand)."""
+        requests to the controller, not a thousand). ``trace``: the waiting request's,
+        which the controller's spans of the start it makes join."""
         if model in self._demand_in_flight:
             self.demand_coalesced += 1
             return
         self._demand_in_flight.add(model)
-        self._demand_pending[model] = None
+        self._demand_pending[model] = trace.traceparent() if trace is not None else None
         if self._demand_senders < DEMAND_SENDERS:
             self._demand_senders += 1
             task = asyncio.create_task(self._send_demand())
@@ -238,10 +241,9 @@ class ControllerFeed:
         try:
             while self._demand_pending:
                 batch = list(itertools.islice(self._demand_pending, MAX_DEMAND_MODELS))
-                for name in batch:
-                    del self._demand_pending[name]
+                traces = {name: tp for name in batch if (tp := self._demand_pending.pop(name))}
                 try:
-                    await self._post("/v1/demand", DemandSignal(models=batch))
+                    await self._post("/v1/demand", DemandSignal(models=batch, traces=traces))
                 finally:
                     self._demand_in_flight.difference_update(batch)
         finally:

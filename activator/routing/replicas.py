@@ -27,6 +27,7 @@ class Replica:
     # loader took, and when the worker's agent started.
     load_tier: str | None = None
     load_s: float | None = None
+    load_bytes: int | None = None
     # The weights were swapped into an engine built before (thaw.wire.LoadView.swap).
     load_swap: bool = False
     # Its steps (thaw.wire.LoadView.steps_s).
@@ -66,6 +67,27 @@ def cold_start_tier(waiting_since: float, rep: Replica) -> Tier:
     return "s3"
 
 
+# The phases of a cold start, in order (the last ends at the first token).
+PHASES = ("queued", "instance_acquired", "snapshot_restored", "weights_loaded", "engine_ready", "first_token")
+
+
+def cold_phases(arrival: float, enqueued_at: float | None, rep: Replica,
+                first_token: float) -> list[tuple[str, float, float]]:
+    """A cold request's wait split at the worker's milestones: (phase, start, end) for
+    each of ``PHASES``, end to end from its arrival to ``first_token``."""
+    p = rep.phases
+    marks: list[float | None] = [enqueued_at or arrival, p.get("assigned"), p.get("snapshot_restored"),
+                                 p.get("weights_loaded"), p.get("engine_ready"), first_token]
+    out = []
+    prev = arrival
+    for name, mark in zip(PHASES, marks, strict=True):
+        # A missing milestone takes no time; clocks of other machines may be skewed a little.
+        t = prev if mark is None else min(max(mark, prev), first_token)
+        out.append((name, prev, t))
+        prev = t
+    return out
+
+
 ModelState = Literal["ready", "loading", "failed", "cold"]
 
 # Told (up, replica id, model, time) when a replica appears or goes.
@@ -99,7 +121,8 @@ class ModelReplicas:
             prev = old.get(r.url)
             rep = Replica(r.worker_id, r.url, r.served_model_name, r.assignment_id,
                           r.phases.model_dump(), load_tier=r.load.tier if r.load else None,
-                          load_s=r.load.seconds if r.load else None, worker_started_at=r.worker_started_at,
+                          load_s=r.load.seconds if r.load else None, load_bytes=r.load.bytes if r.load else None,
+                          worker_started_at=r.worker_started_at,
                           load_swap=r.load.swap if r.load else False,
                           swap_steps_s=dict(r.load.steps_s) if r.load else {}, packed=r.packed, adapter=r.adapter,
                           base_ready_at=r.base_ready_at, revision=r.revision, batch=r.batch)

@@ -41,7 +41,8 @@ class FakeEngine:
 
         async def handle(request: Request, kind: str) -> Response:
             body = await request.json()
-            self.requests.append({"kind": kind, "body": body, "request_id": request.headers.get("x-request-id")})
+            self.requests.append({"kind": kind, "body": body, "request_id": request.headers.get("x-request-id"),
+                                  "traceparent": request.headers.get("traceparent")})
             while self.stall_before_headers:  # noqa: ASYNC110 - let go from the test's thread
                 await asyncio.sleep(0.05)  # not a poll: the engine stalls until the test lets go
             if body.get("model") != "served-demo":

@@ -4,8 +4,10 @@ fetcher reading a model directory."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +123,26 @@ def controller_stand_in(routes: RouteTable, db: Any) -> Any:
         return Response(status_code=204)
 
     return app
+
+
+@contextlib.asynccontextmanager
+async def served_in_this_loop(app: Any) -> AsyncIterator[str]:
+    """``app`` under uvicorn on loopback, on the test's own event loop (what the test
+    does to its routes happens there, as its controller feed's would); its base URL."""
+    import asyncio
+
+    import uvicorn
+
+    from tests.waiting import until
+    from thaw.embedded_store import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
+    task = asyncio.ensure_future(server.serve())
+    await until("the app serving", lambda: server.started or task.done(), 20)
+    assert server.started
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 20)

@@ -651,7 +651,7 @@ async def test_a_model_at_zero_is_woken_before_its_request_is_counted(
         activator: tuple[Any, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch) -> None:
     app, client = activator
     signalled: list[str] = []
-    monkeypatch.setattr(app.state.routes.feed, "signal_demand", signalled.append)
+    monkeypatch.setattr(app.state.routes.feed, "signal_demand", lambda model, trace=None: signalled.append(model))
     loaded = asyncio.Event()
 
     class SlowTokenizers:

@@ -16,7 +16,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from activator.app import create_app
 from activator.context import RequestContext
@@ -24,7 +23,7 @@ from activator.held import held_phase, progress_comment, ready_comment
 from activator.ledger import query_usage
 from tests.activator.fake_engine import FakeEngine, serve
 from tests.activator.idle_proxy import idle_limited_proxy
-from tests.activator.support import KEY, make_config, replica, table
+from tests.activator.support import KEY, make_config, replica, served_in_this_loop, table
 from tests.waiting import until
 from thaw.config import ThawConfig
 from thaw.embedded_store import free_port
@@ -52,16 +51,8 @@ async def activator(tmp_path: Path) -> AsyncIterator[tuple[Any, str]]:
     after 2 s."""
     app = create_app(with_interval(make_config(tmp_path), INTERVAL_S), f"http://127.0.0.1:{free_port()}",
                      activator_id="held")
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
-    task = asyncio.ensure_future(server.serve())
-    await until("the activator serving", lambda: server.started or task.done(), 20)
-    assert server.started
-    try:
-        yield app, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 20)
+    async with served_in_this_loop(app) as base:
+        yield app, base
 
 
 def ledger_rows(app: Any) -> list[dict[str, Any]]:

@@ -104,6 +104,21 @@ def test_usage_from_bodies_and_streams() -> None:
     assert (u.completion_tokens, u.source) == (2, "estimated")  # cut off before the usage chunk
 
 
+def test_finish_reasons_are_read_only_when_asked_for() -> None:
+    stream = (b'data: {"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": null}]}\n\n'
+              b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}\n\n'
+              b'data: {"choices": [{"index": 1, "delta": {}, "finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+    for asked, reasons in ((True, ["length", "stop"]), (False, [])):
+        u = Usage()
+        tap = StreamTap(u, forward_usage_chunk=False, finish_reasons=asked)
+        for i in range(0, len(stream), 11):
+            tap.feed(stream[i:i + 11])
+        assert u.finish_reasons == reasons
+    u = Usage()
+    usage_from_body(b'{"choices": [{"finish_reason": "tool_calls"}, {"finish_reason": null}], "usage": {}}', u)
+    assert u.finish_reasons == ["tool_calls"]
+
+
 LOADER = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path

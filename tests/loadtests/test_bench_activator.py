@@ -81,7 +81,7 @@ def test_one_short_real_run_writes_the_report(tmp_path: Path) -> None:
     args = argparse.Namespace(out=str(out), rates="20", duration_s=1.0, min_requests=10, tokens=4, itl_ms=0.0,
                               p99_budget_ms=1e9,
                               no_router=shutil.which("vllm-router") is None and bench._venv_bin("vllm-router") is None,
-                              seed=1)
+                              seed=1, traced_ratio=1.0)
     assert bench.run(args) == 0
     report = json.loads(out.read_text())
     assert set(report["results"]) >= {"direct", "activator"}
@@ -90,3 +90,7 @@ def test_one_short_real_run_writes_the_report(tmp_path: Path) -> None:
     assert act["added_latency_p50_ms"] is not None and act["proxy_cpu_ms_per_request"] > 0
     assert report["summary"]["activator"]["max_sustained_rps"] == 20.0
     assert "max_sustained_rps_activator_over_router" in report["ratios"]
+    # Traced at ratio 1: every request's span and its first-token child reached the sink.
+    traced = report["tracing"]
+    assert traced["requests"] > 5 and traced["spans_received"] >= 2 * traced["requests"]
+    assert report["results"]["activator_traced"][0]["errors"] == 0

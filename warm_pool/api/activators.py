@@ -36,6 +36,7 @@ async def demand(body: DemandSignal, manager: Manager) -> JSONResponse:
             unknown.append(name)
         else:
             known[model.name] = None
+            manager.parts.start_traces.demanded(model.name, body.traces.get(name))
     if not known:
         raise NotFound(f"unknown model{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}")
     for name in known:

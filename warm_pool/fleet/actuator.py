@@ -37,6 +37,7 @@ from warm_pool.fencing import ActionLog
 from warm_pool.fleet.control import ControlError, WorkerControl
 from warm_pool.fleet.facts import FleetFacts
 from warm_pool.fleet.machines import Machines, ShapeBackoff
+from warm_pool.fleet.start_traces import StartTraces
 from warm_pool.fleet.view import INTENT_TTL_S, Intent, count_states
 from warm_pool.metrics import PoolMetrics
 from warm_pool.policy.decide import (
@@ -113,12 +114,13 @@ class Actuator:
                  events: EventLog, metrics: PoolMetrics, wake: Callable[[], None],
                  refresh_soon: Callable[[], None],
                  revision_of: Callable[[str], int | None] = lambda model: None,
-                 actions: ActionLog | None = None) -> None:
+                 actions: ActionLog | None = None, traces: StartTraces | None = None) -> None:
         """``config``: the config in force; ``wake``: asks the loop to decide again (a
         call ended); ``refresh_soon``: asks the loop to list the providers' instances on
         its next turn (one was stopped or started); ``revision_of``: a model's current
         registry revision (what an assignment asks for); ``actions``: where provider
-        actions are written before their calls (None: not written, not fenced)."""
+        actions are written before their calls (None: not written, not fenced);
+        ``traces``: the traced requests waiting for models, whose traces the starts join."""
         self.fleet = fleet
         self.providers = providers
         self.control = control
@@ -130,6 +132,7 @@ class Actuator:
         self._wake = wake
         self._refresh_soon = refresh_soon
         self._revision_of = revision_of
+        self.traces = traces or StartTraces(None, clock)
         self.machines = Machines(fleet=fleet, providers=providers, control=control, config=config, clock=clock,
                                  events=events, metrics=metrics, refresh_soon=refresh_soon, actions=actions)
         self._inflight_ops: set[asyncio.Task[None]] = set()
@@ -290,7 +293,13 @@ class Actuator:
         assert model is not None
         req = assign_request(self._config(), self.model_classes, model, d.assignment_id,
                              self._revision_of(model.name)).model_copy(update={"batch": d.batch})
-        if await self._call(d.worker_id, "assign", lambda url: self.control.assign(url, req)) is not None:
+        with self.traces.starting(model.name, "/assign", {"thaw.worker_id": d.worker_id,
+                                                          "thaw.assignment_id": d.assignment_id,
+                                                          "thaw.expected_tier": d.tier or ""}) as failed:
+            answered = await self._call(d.worker_id, "assign", lambda url: self.control.assign(url, req))
+            if answered is None:
+                failed.append("control_failed")
+        if answered is not None:
             log.info("worker_assigned", worker_id=d.worker_id, model=model.name, assignment_id=d.assignment_id,
                      expected_tier=d.tier, expected_load_s=d.expected_load_s, batch=d.batch)
 
@@ -303,9 +312,16 @@ class Actuator:
             update={"engine_id": d.engine_id, "memory_bytes": d.memory_bytes})
         url = self.fleet.control_url(d.worker_id)
         try:
-            if url is None:
-                raise ControlError("no control URL yet")
-            status = await self.control.pack(url, req)
+            with self.traces.starting(model.name, "/engines", {"thaw.worker_id": d.worker_id,
+                                                               "thaw.assignment_id": d.assignment_id,
+                                                               "thaw.engine_id": d.engine_id}) as failed:
+                try:
+                    if url is None:
+                        raise ControlError("no control URL yet")
+                    status = await self.control.pack(url, req)
+                except ControlError:
+                    failed.append("control_failed")
+                    raise
         except ControlError as exc:
             # Never started: the engine is forgotten, and this worker takes no other for a while.
             self.fleet.forget(d.engine_id)

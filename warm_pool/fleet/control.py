@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from thaw.auth import bearer
 from thaw.controllers import TERM_HEADER, UNTIL_HEADER
+from thaw.telemetry import TRACEPARENT
 from thaw.wire import (
     AdapterRequest,
     AdapterUnload,
@@ -21,6 +22,7 @@ from thaw.wire import (
     SleepRequest,
     WorkerStatus,
 )
+from warm_pool.fleet.start_traces import CONTROL_TRACE
 
 
 class ControlError(Exception):
@@ -78,6 +80,9 @@ class HttpWorkerControl:
                 headers = {TERM_HEADER: str(term)} if term is not None else {}
                 if term is not None and self._until is not None:
                     headers[UNTIL_HEADER] = f"{self._until():.3f}"
+                traced = CONTROL_TRACE.get()
+                if traced is not None:
+                    headers[TRACEPARENT] = traced
                 r = await self._http.post(f"{control_url.rstrip('/')}{path}", json=body.model_dump(mode="json"),
                                           headers=headers or None)
         except httpx.HTTPError as exc:
