@@ -27,10 +27,18 @@ class ActivatorMetrics:
             ["model", "phase", "tier"], buckets=_SECONDS, registry=registry)
         self.replicas = Gauge("thaw_replicas", "Replicas per model by state", ["model", "state"], registry=registry)
         self.queue_depth = Gauge("thaw_queue_depth", "Requests waiting in the cold queue", ["model"], registry=registry)
-        self.ttft = Histogram("thaw_ttft_seconds", "Time from request arrival to the first byte of the answer",
-                              ["model"], buckets=_SECONDS, registry=registry)
+        self.ttft = Histogram("thaw_ttft_seconds", "Time from request arrival to the first byte of the answer, "
+                              "by start: hot (a ready replica at arrival) or cold (held for a cold start)",
+                              ["model", "start"], buckets=_SECONDS, registry=registry)
         self.requests = Counter("thaw_requests_total", "Requests answered, by HTTP status",
                                 ["model", "status"], registry=registry)
+        # Each tenant's completion requests by outcome (ok, or the error's code: a limit
+        # hit is rate_limit_requests, rate_limit_tokens, tokens_exceeded or
+        # concurrency_limit_exceeded) and its tokens (input, output), as recorded.
+        self.tenant_requests = Counter("thaw_tenant_requests_total", "Completion requests by tenant and outcome",
+                                       ["tenant", "outcome"], registry=registry)
+        self.tenant_tokens = Counter("thaw_tenant_tokens_total", "Tokens by tenant and type (input, output)",
+                                     ["tenant", "type"], registry=registry)
         # The GenAI conventions' server metrics (gen_ai.server.time_to_first_token, its
         # request duration, and the token usage): ``gen_ai_request_model`` is the model
         # as the client named it (its served name); time to first token includes the

@@ -65,10 +65,18 @@ class RequestRecorder:
                     log.exception("limits_settle_failed")
 
     def _genai_end(self, ctx: RequestContext, error_code: str | None, now: float) -> None:
-        """The GenAI conventions' duration and token usage of a completion request."""
+        """The GenAI conventions' duration and token usage of a completion request, and
+        the tenant's counts."""
+        m = self._metrics
+        assert ctx.tenant is not None
+        m.tenant_requests.labels(ctx.tenant, error_code or ("ok" if ctx.status < 400 else str(ctx.status))).inc()
+        if ctx.usage.prompt_tokens:
+            m.tenant_tokens.labels(ctx.tenant, "input").inc(ctx.usage.prompt_tokens)
+        if ctx.usage.completion_tokens:
+            m.tenant_tokens.labels(ctx.tenant, "output").inc(ctx.usage.completion_tokens)
         if ctx.operation is None or ctx.model is None:
             return
-        m, name = self._metrics, ctx.model.resolved_served_name
+        name = ctx.model.resolved_served_name
         failed = error_code or (str(ctx.status) if ctx.status >= 400 else "")
         m.genai_duration.labels(ctx.operation, name, failed).observe(now - ctx.arrival)
         if ctx.usage.prompt_tokens is not None:
@@ -82,7 +90,7 @@ class RequestRecorder:
         ctx.first_byte_at = now
         if ctx.trace is not None:
             ctx.served_by = replica
-        self._metrics.ttft.labels(model.name).observe(now - ctx.arrival)
+        self._metrics.ttft.labels(model.name, "cold" if ctx.cold else "hot").observe(now - ctx.arrival)
         if ctx.operation is not None:
             self._metrics.genai_ttft.labels(ctx.operation, model.resolved_served_name).observe(now - ctx.arrival)
         if not ctx.cold:

@@ -394,6 +394,10 @@ async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, s
         live = [t for t in targets if t == "direct" or misses[t] < 2]
         if live == ["direct"]:
             break
+        if i % 2 and "activator" in live and "activator_traced" in live:
+            # Traced first at every other rate: neither is always the one measured after the other.
+            a, b = live.index("activator"), live.index("activator_traced")
+            live[a], live[b] = live[b], live[a]
         direct: dict[str, Any] | None = None
         duration = max(args.duration_s, args.min_requests / rate)
         for t in live:

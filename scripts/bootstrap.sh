@@ -18,8 +18,10 @@ pick_python() {
 # Some tests run real Debian servers, installed here when missing and this user may
 # (root, or sudo without a password): redis-server (limits shared across activators),
 # postgresql (the controller's state on PostgreSQL), tcmalloc, which CPU engines are
-# started with (worker.allocator), and nftables (partitions and loss between the network
-# namespaces of tests/netfaults).
+# started with (worker.allocator), nftables (partitions and loss between the network
+# namespaces of tests/netfaults) and prometheus (the dashboards' queries, against a
+# stack it scrapes). Without the packages they recommend (prometheus's would add its
+# node exporter).
 install_debian_package() {  # PACKAGE FOUND_CMD WHAT_NEEDS_IT
     local package=$1 found=$2 why=$3
     eval "$found" >/dev/null 2>&1 && return 0
@@ -34,7 +36,7 @@ install_debian_package() {  # PACKAGE FOUND_CMD WHAT_NEEDS_IT
     fi
     echo "thaw: installing $package (apt-get) for the $why tests" >&2
     if ! { "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-           && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package"; } >/dev/null 2>&1; then
+           && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package"; } >/dev/null 2>&1; then
         echo "thaw: could not install $package with apt-get; the $why tests will fail" \
              "until it is installed ('apt-get install $package')" >&2
     fi
@@ -45,6 +47,7 @@ install_debian_package() {  # PACKAGE FOUND_CMD WHAT_NEEDS_IT
     install_debian_package postgresql "ls /usr/lib/postgresql/*/bin/initdb" "PostgreSQL state"
     install_debian_package libtcmalloc-minimal4 "ls /usr/lib/*/libtcmalloc_minimal.so.4" "CPU engine allocator"
     install_debian_package nftables "command -v nft" "network faults (tests/netfaults)"
+    install_debian_package prometheus "command -v prometheus" "dashboards (tests/test_e2e_batch.py)"
 } </dev/null &
 DEBIAN_PACKAGES=$!
 

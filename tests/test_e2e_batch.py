@@ -28,13 +28,16 @@ import pytest
 
 from tests import waiting
 from tests.e2e_stack import KEY, Stack, running_stack
+from tests.prometheus_server import has_numbers, prometheus, query, targets_up
 from thaw.config import hash_api_key
+from thaw.dashboards import DASHBOARDS, RATE, queries
 from thaw.embedded_store import EmbeddedStore
 from thaw.objstore import S3Endpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 OTHER_KEY = "thaw-other-tenant-key"
+LIMITED_KEY = "thaw-limited-tenant-key"
 CHAT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 # Three lines refused when the file is read, one by the activator when it runs (its
 # prompt is past the model's context).
@@ -50,6 +53,9 @@ def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
         demo["autoscaling"].update({"idle_grace_s": 3600, "activation_timeout_s": 300})
         cfg["tenants"].append({"name": "other", "api_key_hashes": [hash_api_key(OTHER_KEY)],
                                "allowed_models": ["*"]})
+        # One request a minute: the dashboards' test hits the limit.
+        cfg["tenants"].append({"name": "limited", "api_key_hashes": [hash_api_key(LIMITED_KEY)],
+                               "allowed_models": ["*"], "limits": {"requests_per_minute": 1}})
         cfg["batch"] = {"poll_interval_s": 0.2}
         # Two more models of the same weights: one online only, with a short idle grace
         # (cold started twice), one for batch only. No weight caches: every load reads
@@ -62,6 +68,18 @@ def stack(store: EmbeddedStore, s3: S3Endpoint, demo_model_dir: Path,
 
     with running_stack(store, s3, demo_model_dir, tmp_path_factory.mktemp("batch-e2e"), configure) as s:
         yield s
+
+
+@pytest.fixture(scope="module", autouse=True)
+def scraped(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
+    """A real Prometheus scraping the stack every second from its start, with the config
+    `thaw monitoring write` makes (None: Prometheus is not installed)."""
+    work = tmp_path_factory.mktemp("monitoring")
+    out = subprocess.run([sys.executable, "-m", "thaw.cli.main", "monitoring", "write", "--config", str(stack.config),
+                          "--out", str(work), "--interval-s", "1"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    with prometheus(work / "prometheus.yml", work) as url:
+        yield url
 
 
 def body(i: int, max_tokens: int = 6, model: str = "thaw-demo", **extra: Any) -> dict[str, Any]:
@@ -291,3 +309,28 @@ def test_a_batch_past_its_window_expires_with_what_it_answered(stack: Stack) -> 
     assert {x["error"]["code"] for x in errors} == {"batch_expired"}
     # Every line is in one file or the other, once.
     assert sorted(x["custom_id"] for x in answered + errors) == sorted(good)
+
+
+def test_every_dashboard_panel_has_data_in_a_real_prometheus(stack: Stack, scraped: str | None) -> None:
+    """Each panel of each dashboard (thaw/dashboards.py) is a query Prometheus accepts and
+    that returns numbers, scraped from this stack since its start (its batches, cold
+    starts and the requests below). Rates are taken over the module's whole run."""
+    assert scraped is not None, "Prometheus is not installed (apt-get install prometheus; scripts/bootstrap.sh does)"
+    assert set(targets_up(scraped).values()) == {"up"}, targets_up(scraped)
+    # A tenant at its limit, a conversation's turn, a model that does not exist.
+    limited = openai.OpenAI(base_url=stack.base_url, api_key=LIMITED_KEY, max_retries=0, timeout=300)
+    limited.chat.completions.create(**body(1))
+    with pytest.raises(openai.RateLimitError):
+        limited.chat.completions.create(**body(2))
+    stack.client().responses.create(model="thaw-demo", input="Hello", max_output_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        stack.client().chat.completions.create(**body(3, model="no-such-model"))
+    waiting.wait_until("the refusal scraped", lambda: query(
+        scraped, 'thaw_tenant_requests_total{outcome="rate_limit_requests"}'), 30, 0.5)
+    empty = []
+    for d in DASHBOARDS:
+        for title, expr in queries(d):
+            result = query(scraped, expr.replace(RATE, "1h"))  # valid, or this raises naming it
+            if not has_numbers(result):
+                empty.append(f"{d.uid}: {title}: {expr}")
+    assert empty == [], "panels with no data:\n" + "\n".join(empty)

@@ -62,6 +62,9 @@ class PoolMetrics:
                                "Standby instances wanted but not granted by a budget", ["shape"], registry=registry)
         self.spend = Gauge("thaw_pool_spend_usd_per_hour", "Serving + asleep + standby spend", ["shape"],
                            registry=registry)
+        self.budget = Gauge("thaw_pool_budget_usd_per_hour",
+                            "The budget in force: a pool's (shape), the whole fleet's (shape=\"all\")", ["shape"],
+                            registry=registry)
         # Batches (warm_pool/batch/runner.py, updated each of its ticks).
         self.batches = Gauge("thaw_batches", "Batches by status", ["status"], registry=registry)
         self.batch_lines = Gauge("thaw_batch_lines", "Lines of batches not yet ended, by state and model",
@@ -150,7 +153,12 @@ def export(mx: PoolMetrics, now: float, cfg: ThawConfig, views: dict[str, Worker
     for (shape, st), n in counts.items():
         mx.workers.labels(shape, st).set(n)
     mx.models.latest = (now, cfg, state)
+    mx.budget.clear()
+    if cfg.budget_usd_per_hour is not None:
+        mx.budget.labels("all").set(cfg.budget_usd_per_hour)
     for p in cfg.pools:
+        if p.budget_usd_per_hour is not None:
+            mx.budget.labels(p.shape).set(p.budget_usd_per_hour)
         b = shape_backoff.get(p.shape)
         mx.launch_backoff.labels(p.shape).set(max(b.until - now, 0.0) if b else 0.0)
         ps = state.pools.get(p.shape)

@@ -434,6 +434,13 @@ async def test_every_request_is_metered_with_the_usage_the_client_saw(
     ]
     assert all(r["tenant"] == "all" and r["replica"] in ("demo-9", None) for r in rows)
     assert rows[0]["stream"] == 1 and rows[2]["stream"] == 0
+    # The tenant's counts on /metrics (the tenants' dashboard): by outcome, and its tokens.
+    metrics = (await client.get("/metrics")).text
+    for line in ('thaw_tenant_requests_total{outcome="ok",tenant="all"} 3.0',
+                 'thaw_tenant_requests_total{outcome="model_not_found",tenant="all"} 1.0',
+                 'thaw_tenant_tokens_total{tenant="all",type="input"} 9.0',
+                 'thaw_tenant_tokens_total{tenant="all",type="output"} 15.0'):
+        assert line in metrics, line
 
     # GET /v1/usage: the caller's own records only.
     mine = (await client.get("/v1/usage", headers={"Authorization": f"Bearer {KEY}"})).json()

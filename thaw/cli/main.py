@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     aws_cli.add_parsers(sub, add)
 
+    from thaw.cli import monitoring as monitoring_cli
+
+    monitoring_cli.add_parsers(sub, add)
+
     _add_model_commands(sub, add)
     return parser
 
