@@ -15,6 +15,7 @@ import httpx
 
 from tests.waiting import wait_until
 from thaw.embedded_store import free_port
+from thaw.process import stop_group
 
 BINARY = "prometheus"
 
@@ -30,19 +31,14 @@ def prometheus(config: Path, work: Path) -> Iterator[str | None]:
     log = open(work / "prometheus.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until("Prometheus ready", lambda: proc.poll() is not None or _ready(url), 60, 0.2)
         assert proc.poll() is None, (work / "prometheus.log").read_text()[-2000:]
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_group(proc, 20)
         log.close()
 
 

@@ -15,8 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from thaw.auth import ClusterAuth, document_cluster_auth
+from thaw.auth import OPEN_PATHS, ClusterAuth, document_cluster_auth
 from thaw.http_api import refuse_in_api_shape
+from warm_pool import console
 from warm_pool.api import activators, keys, metrics, ops, pool, registry, workers
 from warm_pool.api.errors import install as install_refusals
 from warm_pool.api.errors import refusal_doc
@@ -61,12 +62,16 @@ def create_pool_app(manager: PoolManager, token: str | None, *, manage_lifecycle
     app.include_router(responses_router(parts.responses, parts.clock))
     app.include_router(metrics.router)
 
+    app.include_router(console.router)
+
     def admin_key(path: str, authorization: bytes) -> bool:
-        # The model and tenant API also admits an admin key (`thaw admin-keys add`).
-        return path.startswith("/v1/admin/") and parts.key_admin.admin(authorization) is not None
+        # The model and tenant API also admits an admin key (`thaw admin-keys add`), and
+        # so do the reads the console makes.
+        return ((path.startswith("/v1/admin/") or path in console.READS)
+                and parts.key_admin.admin(authorization) is not None)
 
     if token is not None:
-        app.add_middleware(ClusterAuth, token=token, also=admin_key)
+        app.add_middleware(ClusterAuth, token=token, also=admin_key, open_paths=OPEN_PATHS | frozenset(console.ASSETS))
         fastapi_openapi = app.openapi
         app.openapi = lambda: app.openapi_schema or document_cluster_auth(fastapi_openapi())  # type: ignore[method-assign]
     app.add_middleware(ops.FollowTheLeader)  # the outermost: added last

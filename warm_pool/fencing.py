@@ -54,6 +54,20 @@ class Deposed(StateUnavailable):
         self.leader_url = leader_url
 
 
+@dataclass(frozen=True)
+class Lease:
+    holder: str
+    url: str
+    term: int
+    expires_at: float  # the database's clock
+
+
+def lease_row(tx: Tx) -> Lease | None:
+    """The lease as the database holds it now (None: never claimed)."""
+    row = tx.one("SELECT holder, url, term, expires_at FROM controller_lease WHERE name = ?", (LEASE,))
+    return Lease(str(row[0]), str(row[1]), int(row[2]), float(row[3])) if row else None
+
+
 def db_now(tx: Tx) -> float:
     """The database's clock (PostgreSQL: the same for every controller), in epoch seconds."""
     if tx.dialect == "postgres":
@@ -76,13 +90,14 @@ class LeaseFence:
         """Raise :class:`Deposed` unless ``me`` holds the lease in ``term`` (None: the
         term it leads in now)."""
         term = self._term() if term is None else term
-        row = tx.one("SELECT holder, url, term, expires_at FROM controller_lease WHERE name = ?", (LEASE,))
+        lease = lease_row(tx)
         if term is None:
-            raise Deposed("this controller does not lead", str(row[1]) if row else None)
-        if row is None or str(row[0]) != self.me or int(row[2]) != term:
-            raise Deposed(f"term {term} is over: " + (f"{row[0]} leads in term {row[2]}" if row else "no lease"),
-                          str(row[1]) if row and str(row[0]) != self.me else None)
-        if float(row[3]) <= db_now(tx):
+            raise Deposed("this controller does not lead", lease.url if lease else None)
+        if lease is None or lease.holder != self.me or lease.term != term:
+            raise Deposed(f"term {term} is over: " + (f"{lease.holder} leads in term {lease.term}" if lease
+                                                      else "no lease"),
+                          lease.url if lease and lease.holder != self.me else None)
+        if lease.expires_at <= db_now(tx):
             raise Deposed(f"term {term}'s lease ran out before it was renewed")
 
 

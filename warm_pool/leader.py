@@ -24,23 +24,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from thaw.log import get_logger
-from warm_pool.db import Db, StateUnavailable, Tx
-from warm_pool.fencing import LEASE, db_now
+from warm_pool.db import Db, StateUnavailable
+from warm_pool.fencing import LEASE, Lease, db_now, lease_row
 
 log = get_logger()
 # A leader's own count of its lease ends this much before the database's.
 SAFETY = 0.1
-
-
-@dataclass(frozen=True)
-class Lease:
-    holder: str
-    url: str
-    term: int
-    expires_at: float  # the database's clock
 
 
 def claim(current: Lease | None, me: str, url: str, now: float, lease_s: float) -> Lease | None:
@@ -64,15 +55,10 @@ class LeaseStore:
     def __init__(self, db: Db) -> None:
         self.db = db
 
-    @staticmethod
-    def _row(tx: Tx) -> Lease | None:
-        row = tx.one("SELECT holder, url, term, expires_at FROM controller_lease WHERE name = ?", (LEASE,))
-        return Lease(str(row[0]), str(row[1]), int(row[2]), float(row[3])) if row else None
-
     def claim(self, me: str, url: str, lease_s: float) -> tuple[Lease | None, bool]:
         """Ask for the lease: (the lease as it stands now, whether ``me`` holds it)."""
         with self.db.write(fenced=False) as tx:
-            current = self._row(tx)
+            current = lease_row(tx)
             now = db_now(tx)
             lease = claim(current, me, url, now, lease_s)
             if lease is None:
@@ -93,7 +79,7 @@ class LeaseStore:
 
     def current(self) -> Lease | None:
         with self.db.read() as tx:
-            return self._row(tx)
+            return lease_row(tx)
 
 
 class Leadership:

@@ -5,8 +5,9 @@ a fake engine host and engine) started by an in-process provider."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,3 +204,18 @@ async def steps_pass(m: PoolManager, n: int = 5, timeout_s: float = 30.0) -> Non
 
 def states(m: PoolManager) -> dict[str, str]:
     return {wid: v.state.value for wid, v in m.fleet.views(time.time()).items()}
+
+
+def on_postgres(cfg: ThawConfig, provider: Provider, postgres_url: str, lease_s: float,
+                ) -> Callable[[str, int], contextlib.AbstractAsyncContextManager[Controller]]:
+    """``one(name, port)``: a controller named ``name`` on ``port`` that shares the
+    PostgreSQL at ``postgres_url`` (its state and its lease) with the others ``one`` makes."""
+    from warm_pool.db import Db
+    from warm_pool.leader import LeaseStore
+
+    def one(name: str, port: int) -> contextlib.AbstractAsyncContextManager[Controller]:
+        return controller(cfg, provider, port, state_db=Db.postgres(postgres_url),
+                          lease=LeaseStore(Db.postgres(postgres_url)), url=f"http://127.0.0.1:{port}",
+                          controller_id=name, lease_s=lease_s, store_reader=FakeStoreReader())
+
+    return one

@@ -21,10 +21,9 @@ import pytest
 
 from tests.warm_pool.in_process import (
     TOKEN,
-    FakeStoreReader,
     InProcessProvider,
-    controller,
     fleet_config,
+    on_postgres,
     until,
 )
 from thaw.controllers import LEADER_HEADER, Controllers
@@ -113,10 +112,7 @@ async def test_a_leader_that_has_not_noticed_its_deposition_changes_nothing(
     provider = InProcessProvider(tmp_path / "workers", ",".join(urls))
     cfg = fleet_config(idle_grace_s=120)
 
-    def one(name: str, port: int) -> contextlib.AbstractAsyncContextManager:  # type: ignore[type-arg]
-        return controller(cfg, provider, port, state_db=Db.postgres(postgres_url),
-                          lease=LeaseStore(Db.postgres(postgres_url)), url=f"http://127.0.0.1:{port}",
-                          controller_id=name, lease_s=LEASE_S, store_reader=FakeStoreReader())
+    one = on_postgres(cfg, provider, postgres_url, LEASE_S)
 
     auth = {"Authorization": f"Bearer {TOKEN}", "X-Thaw-Actor": "ops@test"}
     stack = contextlib.AsyncExitStack()

@@ -20,10 +20,9 @@ import pytest
 from activator.routing.router import Router
 from tests.warm_pool.in_process import (
     TOKEN,
-    FakeStoreReader,
     InProcessProvider,
-    controller,
     fleet_config,
+    on_postgres,
     until,
 )
 from thaw.controllers import LEADER_HEADER, Controllers
@@ -31,7 +30,6 @@ from thaw.embedded_store import free_port
 from thaw.wire import Catalog, ReleaseRequest
 from warm_pool.db import Db
 from warm_pool.fleet.control import ControlError, HttpWorkerControl
-from warm_pool.leader import LeaseStore
 from warm_pool.persist import ControllerStore
 
 # Long enough that a loaded machine (CI runs two lanes on two cores) does not stall a
@@ -49,10 +47,7 @@ async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
     # demo stays warm across the failover (the test's idle grace would release it).
     cfg = fleet_config(idle_grace_s=120)
 
-    def one(name: str, port: int) -> contextlib.AbstractAsyncContextManager:  # type: ignore[type-arg]
-        return controller(cfg, provider, port, state_db=Db.postgres(url), lease=LeaseStore(Db.postgres(url)),
-                          url=f"http://127.0.0.1:{port}", controller_id=name, lease_s=LEASE_S,
-                          store_reader=FakeStoreReader())
+    one = on_postgres(cfg, provider, url, LEASE_S)
 
     catalogs: list[Catalog] = []
 
@@ -92,8 +87,10 @@ async def test_the_follower_takes_over_a_dead_leader_and_serves_a_cold_request(
         served_by = watcher.replicas("demo").listed[0].worker_id
 
         # The leader dies: no release, its lease left to run out.
-        monkeypatch.setattr(a.manager.parts.leadership.store, "release", lambda me: None)
-        await a.manager.parts.leadership.close(release=False)
+        leadership = a.manager.parts.leadership
+        assert leadership is not None
+        monkeypatch.setattr(leadership.store, "release", lambda me: None)
+        await leadership.close(release=False)
         await a.stop()
         # A cold request arrives while nobody leads: it waits at the activator, which
         # reports it queued; demand signals go nowhere until a leader answers.

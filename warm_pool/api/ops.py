@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from thaw.controllers import LEADER_HEADER
 from thaw.wire import ErrorReply, LeaderView
+from warm_pool import console
 from warm_pool.api.parts import Manager
 
 if TYPE_CHECKING:
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
 router = APIRouter()
 
 # What a follower answers itself: liveness, metrics, and where the leader is.
-FOLLOWER_PATHS = frozenset({"/healthz", "/metrics", "/v1/leader"})
+# What a follower answers itself: its health, its metrics, where the leader is, and the
+# console's page (whose reads then say where the leader is).
+FOLLOWER_PATHS = frozenset({"/healthz", "/metrics", "/v1/leader"}) | frozenset(console.ASSETS)
 
 
 @router.get("/healthz")

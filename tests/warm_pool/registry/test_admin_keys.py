@@ -1,6 +1,6 @@
 """Admin keys over the controller's API: made and revoked with the cluster token only,
-they open the model and tenant API (/v1/admin/) and nothing else, and the audit events
-name the key that made a change."""
+they open the model and tenant API (/v1/admin/) and the console's reads and nothing
+else, and the audit events name the key that made a change."""
 
 from __future__ import annotations
 
@@ -36,8 +36,10 @@ async def test_an_admin_key_opens_the_admin_api_only_until_revoked(provider: InP
         r = await http.post("/v1/admin/models", json=body, headers=admin)
         assert r.status_code == 201, r.text
         assert f"with admin key {prefix}… (ci)" in r.json()["revisions"][0]["who"]
-        # Nothing outside /v1/admin/: not the pool, the tenants' keys, nor other admin keys.
-        for method, path in (("GET", "/v1/state"), ("GET", "/v1/keys"), ("POST", "/v1/keys/admin"),
+        # Nothing outside /v1/admin/ but the console's reads (the pool's state, its
+        # decisions): not a change to the pool, the tenants' keys, nor other admin keys.
+        assert (await http.get("/v1/state", headers=admin)).status_code == 200
+        for method, path in (("PUT", "/v1/pool/budget"), ("GET", "/v1/keys"), ("POST", "/v1/keys/admin"),
                              ("GET", "/v1/keys/admin"), ("GET", "/v1/routes")):
             assert (await http.request(method, path, headers=admin, json={})).status_code == 401, path
         listed = (await http.get("/v1/keys/admin", headers=cluster)).json()["keys"]
