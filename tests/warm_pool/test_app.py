@@ -37,7 +37,7 @@ async def test_a_demand_signal_names_many_models_and_says_which_are_unknown(tmp_
         assert r.status_code == 404 and r.json()["error"] == "unknown models 'gone', 'never'"
 
 
-async def test_an_admin_key_opens_the_registry_and_nothing_else(tmp_path: Path) -> None:
+async def test_an_admin_key_opens_the_registry_and_the_consoles_reads_and_nothing_else(tmp_path: Path) -> None:
     m = build_pool(registry_config(), {}, HttpWorkerControl(TOKEN), state_dir=tmp_path)
     admin = await m.parts.key_admin.add_admin("ops", "test")
     app = create_pool_app(m, TOKEN, manage_lifecycle=False)
@@ -45,4 +45,7 @@ async def test_an_admin_key_opens_the_registry_and_nothing_else(tmp_path: Path) 
                                  headers={"Authorization": f"Bearer {admin.key}"}) as c:
         assert (await c.get("/v1/admin/models")).status_code == 200
         assert (await c.get("/v1/keys")).status_code == 401
-        assert (await c.get("/v1/state")).status_code == 401
+        assert (await c.get("/v1/routes")).status_code == 401
+        assert (await c.get("/v1/pool/budget")).status_code == 401
+        assert (await c.get("/v1/events")).status_code == 200  # the console reads these two
+        assert (await c.get("/v1/state")).status_code == 200
