@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,10 @@ class NetFleet:
     def activator_url(self, name: str) -> str:
         return f"http://{self.ip(name)}:{ACTIVATOR_PORT}/v1"
 
+    def _pool_connected(self, name: str) -> bool:
+        health = httpx.get(self.activator_url(name).removesuffix("/v1") + "/healthz", timeout=2).json()
+        return bool(health["pool_connected"])
+
     @property
     def state_url(self) -> str:
         """PostgreSQL as the checker reads it (directly)."""
@@ -185,8 +190,7 @@ class NetFleet:
                                "--data-dir", str(self.root / w / "engine"),
                                "--host-cache-dir", str(self.root / w / "host-cache")])
         for a in ("a1", "a2"):
-            wait_for(f"activator {a}", lambda a=a: httpx.get(
-                self.activator_url(a).removesuffix("/v1") + "/healthz", timeout=2).json()["pool_connected"], 60)
+            wait_for(f"activator {a}", partial(self._pool_connected, a), 60)
         wait_for("every worker registered", lambda: len([
             w for w in self.state()["workers"] if w["id"] in self.workers]) == len(self.workers), 120)
 
@@ -336,12 +340,12 @@ class NetFleet:
                         self.procs[n].wait(30)
                     except subprocess.TimeoutExpired:
                         os.killpg(self.procs[n].pid, signal.SIGKILL)
-        for p in (*self._proxies, self._store):
-            if p is not None and p.poll() is None and p.stdin is not None:
+        for proxy in [*self._proxies, self._store]:
+            if proxy is not None and proxy.poll() is None and proxy.stdin is not None:
                 with contextlib.suppress(BrokenPipeError):
-                    p.stdin.close()
+                    proxy.stdin.close()
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(30)
+                    proxy.wait(30)
         if self.pg is not None:
             with contextlib.suppress(Exception):
                 self.pg.stop()

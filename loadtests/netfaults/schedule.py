@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from loadtests.netfaults.checker import Fault, History
@@ -68,17 +69,22 @@ def leader_paused(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
     return lambda: fleet.resume(leader)
 
 
+def _heal(fleet: NetFleet, links: list[tuple[str, str]]) -> None:
+    for a, b in links:
+        fleet.net.heal(a, b)
+
+
 def activator_cut_from_controllers(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
     for c in ("c1", "c2"):
         fleet.net.cut("a1", c)
-    return lambda: [fleet.net.heal("a1", c) for c in ("c1", "c2")] and None
+    return lambda: _heal(fleet, [("a1", c) for c in ("c1", "c2")])
 
 
 def leader_cut_from_workers(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
     leader = _leader(fleet)
     for w in fleet.workers:
         fleet.net.cut(leader, w)
-    return lambda: [fleet.net.heal(leader, w) for w in fleet.workers] and None
+    return lambda: _heal(fleet, [(leader, w) for w in fleet.workers])
 
 
 def worker_cut_from_controllers(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
@@ -86,7 +92,7 @@ def worker_cut_from_controllers(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]
     w = serving[0]
     for c in ("c1", "c2"):
         fleet.net.cut(w, c)
-    return lambda: [fleet.net.heal(w, c) for c in ("c1", "c2")] and None
+    return lambda: _heal(fleet, [(w, c) for c in ("c1", "c2")])
 
 
 def leader_to_postgres_one_way(fleet: NetFleet, ctx: Ctx) -> Callable[[], None]:
@@ -200,8 +206,7 @@ def run(fleet: NetFleet, steps: list[Step], log: Path, *, pace_s: float = 0.25) 
             healed = time.time()
             faults.append(Fault(step.name, began, healed))
             try:
-                wait_for(f"the fleet whole after {step.name}", lambda h=healed: whole(fleet, load, h),
-                         WHOLE_WITHIN_S, 0.5)
+                wait_for(f"the fleet whole after {step.name}", partial(whole, fleet, load, healed), WHOLE_WITHIN_S, 0.5)
             except FleetError as exc:
                 notes.append(str(exc))
             if gone := fleet.exited():
