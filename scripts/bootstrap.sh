@@ -19,9 +19,9 @@ pick_python() {
 # (root, or sudo without a password): redis-server (limits shared across activators),
 # postgresql (the controller's state on PostgreSQL), tcmalloc, which CPU engines are
 # started with (worker.allocator), nftables (partitions and loss between the network
-# namespaces of tests/netfaults) and prometheus (the dashboards' queries, against a
-# stack it scrapes). Without the packages they recommend (prometheus's would add its
-# node exporter).
+# namespaces of tests/netfaults), prometheus (the dashboards' queries, against a stack
+# it scrapes) and chromium (the console, drawn headless). Without the packages they
+# recommend (prometheus's would add its node exporter).
 install_debian_package() {  # PACKAGE FOUND_CMD WHAT_NEEDS_IT
     local package=$1 found=$2 why=$3
     eval "$found" >/dev/null 2>&1 && return 0
@@ -48,6 +48,7 @@ install_debian_package() {  # PACKAGE FOUND_CMD WHAT_NEEDS_IT
     install_debian_package libtcmalloc-minimal4 "ls /usr/lib/*/libtcmalloc_minimal.so.4" "CPU engine allocator"
     install_debian_package nftables "command -v nft" "network faults (tests/netfaults)"
     install_debian_package prometheus "command -v prometheus" "dashboards (tests/test_e2e_batch.py)"
+    install_debian_package chromium "command -v chromium" "console (tests/warm_pool/test_console_browser.py)"
 } </dev/null &
 DEBIAN_PACKAGES=$!
 

@@ -1,5 +1,5 @@
-"""The console's page and its reads over the controller's API. (The page drawn in a real
-browser is not tested yet: docs/OPERATIONS.md, "The console".)"""
+"""The console's page and its reads over the controller's API (drawn in a real browser:
+test_console_browser.py)."""
 
 from __future__ import annotations
 

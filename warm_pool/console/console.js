@@ -82,6 +82,14 @@ async function refresh() {
   }
 }
 
+// A token in the address's fragment (console#token=...; never sent to the server) is
+// taken for this tab and dropped from the address.
+const given = new URLSearchParams(location.hash.slice(1)).get("token");
+if (given) {
+  sessionStorage.setItem("thaw-token", given);
+  history.replaceState(null, "", location.pathname);
+}
+
 document.getElementById("login").addEventListener("submit", (ev) => {
   ev.preventDefault();
   sessionStorage.setItem("thaw-token", document.getElementById("token").value);
