@@ -128,12 +128,15 @@ class Answers:
                 yield error_event(ApiError(f"internal error (request id {ctx.request_id}); the operator's logs "
                                            "have the details", code="internal_error"))
                 return
-            yield ready_comment(ctx)
+            # No yield until the answer owns the replica's slot and its connection: a
+            # client gone at a yield before would leave both taken.
             if upstream.status >= 400:  # the engine's refusal: one JSON body, as an event
                 whole = await self.respond_whole(model, upstream, replica, ctx, first)
-                yield error_payload_event(bytes(whole.body))
+                yield ready_comment(ctx) + error_payload_event(bytes(whole.body))
                 return
-            answer = self.respond(model, upstream, replica, client_wants_usage, ctx, first).chunks
+            # The ready line goes out with the answer's first bytes (an SSE comment, which
+            # the usage tap passes on as it is).
+            answer = self.respond(model, upstream, replica, client_wants_usage, ctx, ready_comment(ctx) + first).chunks
             async for chunk in answer:
                 yield chunk
         finally:

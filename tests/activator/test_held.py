@@ -200,3 +200,26 @@ async def test_a_held_stream_outlives_a_proxy_idle_limit_shorter_than_its_cold_s
             with pytest.raises(httpx.RemoteProtocolError):
                 await c.post(f"{proxied}/v1/chat/completions", json=CHAT, headers=AUTH)
         assert len(cuts) == 1 and cuts[0] >= idle_s
+
+
+async def test_a_client_that_leaves_as_its_held_answer_begins_frees_the_replica(
+        activator: tuple[Any, str], engine: tuple[FakeEngine, str]) -> None:
+    app, base = activator
+    eng, url = engine
+    routes = app.state.routes
+    cancelled_before, eng.token_delay_s = eng.cancelled, 0.2  # an answer still streaming when the client goes
+    try:
+        routes.apply(table(1, [], loading=1))
+        async with httpx.AsyncClient(timeout=30) as c, c.stream("POST", f"{base}/v1/chat/completions", json=CHAT,
+                                                                headers=AUTH) as r:
+            async for line in r.aiter_lines():
+                if line.startswith(": thaw held") and not routes.status("demo").ready:
+                    routes.apply(table(2, [replica(url, assignment="demo-5")]))
+                if line.startswith(": thaw ready"):
+                    break  # hang up as the answer begins
+        await until("the engine's stream cancelled", lambda: eng.cancelled > cancelled_before, 10)
+        await until("the replica's slot free", lambda: routes.report_body().models["demo"].in_flight == 0, 10)
+        (row,) = await until("the usage row", lambda: ledger_rows(app), 10)
+        assert (row["cancelled"], row["cold_start"], row["status"]) == (1, 1, 200)
+    finally:
+        eng.token_delay_s = 0.0
