@@ -19,14 +19,15 @@ from fastapi.responses import Response
 
 from activator.context import RequestContext
 from activator.edge import ProxyStream
-from activator.errors import ApiError, UpstreamError, error_body, upstream_error_body
-from activator.held import (
-    error_event,
-    error_payload_event,
-    held_phase,
-    progress_comment,
-    ready_comment,
+from activator.errors import (
+    ApiError,
+    UpstreamError,
+    error_body,
+    internal_error_body,
+    sse_error_event,
+    upstream_error_body,
 )
+from activator.held import error_event, held_phase, progress_comment, ready_comment
 from activator.metrics import ActivatorMetrics
 from activator.protocol import Kind
 from activator.recording import RequestRecorder
@@ -44,6 +45,7 @@ log = get_logger()
 UPSTREAM_PATH: dict[Kind, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Headers from the engine that are about the connection, not the content.
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
+
 
 def _retryable(exc: BaseException, stream: bool) -> bool:
     """A replica that failed before its first byte, such that another may answer: it
@@ -125,14 +127,13 @@ class Answers:
                 log.exception("request_failed", held=True)
                 ctx.status = 500
                 await self.recorder.record(ctx, "internal_error")
-                yield error_event(ApiError(f"internal error (request id {ctx.request_id}); the operator's logs "
-                                           "have the details", code="internal_error"))
+                yield sse_error_event(json.dumps(internal_error_body(ctx.request_id)).encode())
                 return
             # No yield until the answer owns the replica's slot and its connection: a
             # client gone at a yield before would leave both taken.
             if upstream.status >= 400:  # the engine's refusal: one JSON body, as an event
                 whole = await self.respond_whole(model, upstream, replica, ctx, first)
-                yield ready_comment(ctx) + error_payload_event(bytes(whole.body))
+                yield ready_comment(ctx) + sse_error_event(bytes(whole.body))
                 return
             # The ready line goes out with the answer's first bytes (an SSE comment, which
             # the usage tap passes on as it is).
@@ -277,7 +278,7 @@ class Answers:
                     err = error_body(502, f"the replica failed mid-stream: {why}; the answer is incomplete",
                                      "server_error", None, "upstream_error")
                     await self.recorder.record(ctx, error_code="upstream_error")
-                    yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+                    yield sse_error_event(json.dumps(err).encode())
                 else:
                     raise
             finally:

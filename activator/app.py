@@ -43,7 +43,7 @@ from thaw.config import ThawConfig
 from thaw.controllers import ControllerClient
 from thaw.log import get_logger
 from thaw.s3client import S3Client
-from thaw.telemetry import tracing_from
+from thaw.telemetry import shutdown, tracing_from
 from thaw.wire import Catalog, KeyTable
 
 log = get_logger()
@@ -206,7 +206,6 @@ def _lifespan(cfg: ThawConfig, routes: Router, limiter: Any, batch_worker: Batch
             ledger.close()
             if shipper is not None:
                 await shipper.close()  # after the ledger's last commit
-            if service.tracing is not None:  # its last spans sent (on its own thread)
-                await asyncio.to_thread(service.tracing.close)
+            await shutdown(service.tracing)
 
     return lifespan

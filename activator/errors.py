@@ -97,12 +97,20 @@ def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> JSON
     )
 
 
+def internal_error_body(request_id: str) -> dict[str, object]:
+    """What a client is told of our own bug: its request id, no detail."""
+    return error_body(500, f"internal error (request id {request_id}); the operator's logs have the details",
+                      "server_error", None, "internal_error")
+
+
 def internal_error_response(request_id: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(
-        error_body(500, f"internal error (request id {request_id}); the operator's logs have the details",
-                   "server_error", None, "internal_error"),
-        status_code=500, headers=headers,
-    )
+    return JSONResponse(internal_error_body(request_id), status_code=500, headers=headers)
+
+
+def sse_error_event(body: bytes) -> bytes:
+    """An error (``body``: JSON in OpenAI's error shape) inside a stream already under
+    way, as an event, then the stream's end."""
+    return b"data: " + body + b"\n\ndata: [DONE]\n\n"
 
 
 def upstream_error_body(status: int, content: bytes) -> bytes:

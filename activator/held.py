@@ -15,7 +15,7 @@ import json
 from typing import Literal
 
 from activator.context import RequestContext
-from activator.errors import ApiError, error_body
+from activator.errors import ApiError, error_body, sse_error_event
 
 # waiting for an instance to be given the model; a replica loading it (weights, engine);
 # sent to the replica, its first token not yet out.
@@ -50,10 +50,4 @@ def ready_comment(ctx: RequestContext) -> bytes:
 
 def error_event(exc: ApiError) -> bytes:
     """A refusal after the 200 was sent: the error as an event, then the end."""
-    body = error_body(exc.status, exc.message, exc.type, exc.param, exc.code)
-    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
-
-
-def error_payload_event(content: bytes) -> bytes:
-    """An engine's refusal (already in OpenAI's error shape) as an event, then the end."""
-    return b"data: " + content + b"\n\ndata: [DONE]\n\n"
+    return sse_error_event(json.dumps(error_body(exc.status, exc.message, exc.type, exc.param, exc.code)).encode())

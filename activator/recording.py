@@ -124,4 +124,3 @@ class RequestRecorder:
 def _weights_from(load_tier: str | None) -> LoadSource | None:
     """Where a replica's weights came from (None: woken, or not reported)."""
     return load_tier if load_tier in ("host", "disk", "s3", "local") else None  # type: ignore[return-value]
-

@@ -55,7 +55,6 @@ from thaw.telemetry import Tracing
 
 log = get_logger()
 
-# Headers from the engine that are about the connection, not the content.
 
 def upstream_client(timeout_s: float = 600.0) -> UpstreamPool:
     """The client the activator proxies to replicas with (``loadtests.http_overhead``
@@ -90,9 +89,13 @@ class CompletionService:
         self.limiter: Limiter = limiter or LocalLimiter()
         self.clock = clock
         self.recorder = RequestRecorder(ledger, self.limiter, metrics, routes, clock, tracing)
-        self.tracing = tracing
         self.answers = Answers(cfg, routes, metrics, self.recorder, upstream_client(cfg.server.upstream_timeout_s),
                                clock)
+
+    @property
+    def tracing(self) -> Tracing | None:
+        """This activator's tracing (None: off), its recorder's."""
+        return self.recorder.tracing
 
     async def close(self) -> None:
         await self.answers.http.close()

@@ -910,7 +910,9 @@ def _check_adapter(i: int, m: Model, by_name: Mapping[str, Model]) -> None:
 
 
 class TelemetryConfig(_Strict):
-    """OpenTelemetry traces (docs/OPERATIONS.md, "Traces"): off unless an endpoint is given."""
+    """OpenTelemetry traces (docs/OPERATIONS.md, "Tracing a request"): off unless an
+    endpoint is given. No span carries a prompt's or an answer's text (the conventions'
+    opt-in gen_ai.input.messages and output.messages are not offered)."""
 
     # The OTLP/HTTP endpoint spans are sent to, e.g. http://collector:4318 (its
     # /v1/traces path is added). None: no spans are made at all.
@@ -920,8 +922,6 @@ class TelemetryConfig(_Strict):
     # The share of hot, successful requests traced. A cold start, a failure and a
     # request whose caller sent a sampled W3C traceparent are always traced.
     sample_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
-    # No span carries a prompt's or an answer's text (the conventions' opt-in
-    # gen_ai.input.messages and output.messages are not offered).
 
 
 class ThawConfig(_Strict):

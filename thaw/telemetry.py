@@ -16,6 +16,7 @@ nothing here runs. See docs/OPERATIONS.md, "Traces".
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 from collections.abc import Mapping
@@ -168,6 +169,12 @@ class Tracing:
 
     def close(self) -> None:
         self.provider.shutdown()
+
+
+async def shutdown(tracing: Tracing | None) -> None:
+    """A service's last spans sent as it stops (on a thread: the export blocks)."""
+    if tracing is not None:
+        await asyncio.to_thread(tracing.close)
 
 
 def tracing_from(cfg: TelemetryConfig, service: str) -> Tracing | None:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from thaw.aio import wait_event
 from thaw.config import ThawConfig
 from thaw.log import get_logger
+from thaw.telemetry import shutdown
 from thaw.wire import (
     HeartbeatReply,
     ModelRoute,
@@ -226,8 +227,7 @@ class PoolManager:
         await p.control.close()
         p.key_admin.keys.close()
         p.model_admin.store.close()
-        if p.start_traces.tracing is not None:  # its last spans sent (on its own thread)
-            await asyncio.to_thread(p.start_traces.tracing.close)
+        await shutdown(p.start_traces.tracing)
 
     # -- what outlives a restart -----------------------------------------------------
     async def _save_keepalive(self, *, now: bool = False) -> None:

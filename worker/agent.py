@@ -46,7 +46,7 @@ from thaw.aio import wait_event
 from thaw.embedded_store import free_port
 from thaw.log import get_logger
 from thaw.s3uri import S3UriError, check_allowed
-from thaw.telemetry import tracing_from
+from thaw.telemetry import shutdown, tracing_from
 from thaw.wire import AssignRequest, FailureKind, WorkerStatus
 from weight_streaming.fetch import fetch_model_files
 from worker.adapters import AdapterFetch, Adapters
@@ -210,7 +210,7 @@ class Agent:
         if spare is not None:
             await spare.close()
         await self._caches.close()
-        await self.load_traces.close()
+        await shutdown(self.load_traces.tracing)
         log.info("agent_stopped")
 
     async def scan_caches(self) -> list[Any]:

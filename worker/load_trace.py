@@ -11,8 +11,6 @@ timed twice.
 
 from __future__ import annotations
 
-import asyncio
-
 from thaw.telemetry import TraceContext, Tracing, parse_traceparent
 from worker.state import Assignment, Facts
 
@@ -22,11 +20,6 @@ class LoadTraces:
         self.tracing = tracing
         self.worker_id = worker_id
         self._traced: dict[str, TraceContext] = {}  # assignment id -> the control call's context
-
-    async def close(self) -> None:
-        """The last spans sent (on the exporter's thread)."""
-        if self.tracing is not None:
-            await asyncio.to_thread(self.tracing.close)
 
     def assigned(self, assignment_id: str, traceparent: str | None) -> None:
         """An assign call for ``assignment_id`` came with ``traceparent`` (or none)."""

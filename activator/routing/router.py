@@ -395,7 +395,6 @@ class Router:
             r.cold_totals.append(record.total_s)
         self.feed.record_cold_start(record)
 
-
     def report_body(self) -> ActivityReport:
         """This activator's traffic; takes the TTFT samples it reports. A model it never
         had a request for is left out (with thousands of models most are: the controller
