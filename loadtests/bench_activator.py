@@ -61,6 +61,8 @@ DEFAULT_RATES = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200)
 API_KEY = "bench-key"
 MODEL = "bench"
 TARGETS = ("direct", "activator", "activator_traced", "vllm_router")
+# A point whose added median passes this was overloaded, not just noisy.
+STEADY_ADDED_P50_MS = 10.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,6 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--traced-ratio", type=float, default=0.01,
                    help="also measure an activator with tracing on (OTLP to a sink in this process), keeping "
                         "this share of requests (default 0.01); a negative value skips it")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="measure each rate this many times, the targets' order alternating (default 1)")
     p.add_argument("--seed", type=int, default=1)
 
 
@@ -390,52 +394,26 @@ async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, s
         await _load(base[t], 50.0, 1.0, args.tokens, args.seed)
     results: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
     misses = {t: 0 for t in targets if t != "direct"}
+    saturated = False
     for i, rate in enumerate(rates):
-        live = [t for t in targets if t == "direct" or misses[t] < 2]
-        if live == ["direct"]:
-            break
-        if i % 2 and "activator" in live and "activator_traced" in live:
-            # Traced first at every other rate: neither is always the one measured after the other.
-            a, b = live.index("activator"), live.index("activator_traced")
-            live[a], live[b] = live[b], live[a]
-        direct: dict[str, Any] | None = None
-        duration = max(args.duration_s, args.min_requests / rate)
-        for t in live:
-            pid = pids.get(t)
-            cpu0 = tree_cpu_s(pid) if pid else None
-            samples, wall = await _load(base[t], rate, duration, args.tokens, args.seed + i)
-            cpu = (tree_cpu_s(pid) - cpu0) if pid and cpu0 is not None else None
-            point = summarize(samples, rate, duration, wall, cpu)
-            if t == "direct" and not _within(point, args.p99_budget_ms):
-                # Once more before concluding: a shared machine has its moments.
-                samples, wall = await _load(base[t], rate, duration, args.tokens, args.seed + i)
-                point = summarize(samples, rate, duration, wall, None)
-            if t == "direct":
-                direct = point
-                if not _within(point, args.p99_budget_ms):
-                    # The load generator and the upstream (one core) are the limit here:
-                    # nothing in front of them can be judged at this rate or above.
-                    point["generator_saturated"] = True
-                    results[t].append(point)
-                    print(_line(t, point) + "  (generator saturated: sweep ends)", file=sys.stderr, flush=True)
-                    break
-            else:
-                assert direct is not None
-                point.update(added(point, direct))
-                point["sustained"] = sustained(point, args.p99_budget_ms)
-                # Keep measuring a proxy that misses the p99 budget (its figures at more
-                # rates are the point); stop once it is overloaded: errors, or a median
-                # past the budget.
-                overloaded = point["errors"] > 0 or (point["added_latency_p50_ms"] or 0) >= args.p99_budget_ms
-                misses[t] = misses[t] + 1 if overloaded else 0
-            results[t].append(point)
-            print(_line(t, point), file=sys.stderr, flush=True)
-        if results["direct"] and results["direct"][-1].get("generator_saturated"):
+        for rep in range(args.repeat):
+            live = [t for t in targets if t == "direct" or misses[t] < 2]
+            if live == ["direct"]:
+                break
+            if (i + rep) % 2 and "activator" in live and "activator_traced" in live:
+                # Traced first every other time: neither is always the one measured after the other.
+                a, b = live.index("activator"), live.index("activator_traced")
+                live[a], live[b] = live[b], live[a]
+            saturated = await _measure_rate(args, i, rep, rate, live, base, pids, results, misses)
+            if saturated:
+                break
+        if saturated or (misses and all(m >= 2 for m in misses.values())):
             break
     summary = {t: _target_summary(results[t], results["direct"]) for t in targets if t != "direct"}
     return {
         "benchmark": "activator",
-        "params": {"rates": rates, "duration_s": args.duration_s, "min_requests": args.min_requests,
+        "params": {"rates": rates, "repeat": args.repeat, "duration_s": args.duration_s,
+                   "min_requests": args.min_requests,
                    "tokens": args.tokens, "itl_ms": args.itl_ms,
                    "p99_budget_ms": args.p99_budget_ms, "seed": args.seed,
                    "proxy_cores": sorted(proxy_cores) if proxy_cores else None,
@@ -448,23 +426,69 @@ async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, s
     }
 
 
+async def _measure_rate(args: argparse.Namespace, i: int, rep: int, rate: float, live: list[str],
+                        base: dict[str, str], pids: dict[str, int | None],
+                        results: dict[str, list[dict[str, Any]]], misses: dict[str, int]) -> bool:
+    """One rate, once, for each live target; True once the generator is the limit."""
+    direct: dict[str, Any] | None = None
+    duration = max(args.duration_s, args.min_requests / rate)
+    seed = args.seed + i + 1000 * rep
+    for t in live:
+        pid = pids.get(t)
+        cpu0 = tree_cpu_s(pid) if pid else None
+        samples, wall = await _load(base[t], rate, duration, args.tokens, seed)
+        cpu = (tree_cpu_s(pid) - cpu0) if pid and cpu0 is not None else None
+        point = summarize(samples, rate, duration, wall, cpu)
+        point["repeat"] = rep
+        if t == "direct" and not _within(point, args.p99_budget_ms):
+            # Once more before concluding: a shared machine has its moments.
+            samples, wall = await _load(base[t], rate, duration, args.tokens, seed)
+            point = summarize(samples, rate, duration, wall, None)
+            point["repeat"] = rep
+        if t == "direct":
+            direct = point
+            if not _within(point, args.p99_budget_ms):
+                # The load generator and the upstream (one core) are the limit here:
+                # nothing in front of them can be judged at this rate or above.
+                point["generator_saturated"] = True
+                results[t].append(point)
+                print(_line(t, point) + "  (generator saturated: sweep ends)", file=sys.stderr, flush=True)
+                return True
+        else:
+            assert direct is not None
+            point.update(added(point, direct))
+            point["sustained"] = sustained(point, args.p99_budget_ms)
+            # Keep measuring a proxy that misses the p99 budget (its figures at more
+            # rates are the point); stop once it is overloaded: errors, or a median
+            # past the budget.
+            overloaded = point["errors"] > 0 or (point["added_latency_p50_ms"] or 0) >= args.p99_budget_ms
+            misses[t] = misses[t] + 1 if overloaded else 0
+        results[t].append(point)
+        print(_line(t, point), file=sys.stderr, flush=True)
+    return False
+
+
 def _within(point: dict[str, Any], budget_ms: float) -> bool:
     return point["errors"] == 0 and point["latency_p99_ms"] is not None and point["latency_p99_ms"] < budget_ms
 
 
 def _target_summary(points: list[dict[str, Any]], direct: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [p for p in points if p.get("sustained")]
-    best = max((p["offered_rps"] for p in ok), default=None)
+    # With --repeat, a rate is sustained when every time it was measured was.
+    by_rate: dict[float, list[bool]] = {}
+    for p in points:
+        by_rate.setdefault(p["offered_rps"], []).append(bool(p.get("sustained")))
+    best = max((r for r, oks in by_rate.items() if all(oks)), default=None)
     # A proxy still sustaining the highest rate the generator could offer was not
     # measured to its limit.
     judged = [d["offered_rps"] for d in direct if not d.get("generator_saturated")]
     return {"max_sustained_rps": best, "lower_bound_only": best is not None and best == max(judged, default=None),
-            "rates_tried": [p["offered_rps"] for p in points]}
+            "rates_tried": list(by_rate)}
 
 
 def _common(results: dict[str, list[dict[str, Any]]], a: str, b: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    pb = {p["offered_rps"]: p for p in results.get(b, [])}
-    return [(p, pb[p["offered_rps"]]) for p in results.get(a, []) if p["offered_rps"] in pb]
+    # Paired by rate and repeat: measured one after the other.
+    pb = {(p["offered_rps"], p.get("repeat", 0)): p for p in results.get(b, [])}
+    return [(p, pb[k]) for p in results.get(a, []) if (k := (p["offered_rps"], p.get("repeat", 0))) in pb]
 
 
 def _ratios(results: dict[str, list[dict[str, Any]]], summary: dict[str, Any]) -> dict[str, float | None]:
@@ -491,12 +515,19 @@ def _ratios(results: dict[str, list[dict[str, Any]]], summary: dict[str, Any]) -
         out["cpu_per_request_activator_over_router_median"] = _median_ratio(
             [div(x["proxy_cpu_ms_per_request"], y["proxy_cpu_ms_per_request"])
              for x, y in _common(results, "activator", "vllm_router")])
-    # Tracing on (at --traced-ratio) over off, rate by rate where both sustained.
-    both = [(x, y) for x, y in _common(results, "activator_traced", "activator") if x["sustained"] and y["sustained"]]
+    # Tracing on (at --traced-ratio) over off, pair by pair (the same rate, one after the
+    # other) where neither was overloaded: a p99 past the budget is this machine's noise
+    # as often as the proxy's, and CPU per request is measured either way.
+    both = [(x, y) for x, y in _common(results, "activator_traced", "activator") if _steady(x) and _steady(y)]
+    out["traced_untraced_pairs"] = len(both)
     for key in ("proxy_cpu_ms_per_request", "added_latency_p50_ms", "added_latency_p99_ms"):
         out[f"{key.removeprefix('proxy_')}_traced_over_untraced_median"] = _median_ratio(
             [div(x[key], y[key]) for x, y in both])
     return out
+
+
+def _steady(point: dict[str, Any]) -> bool:
+    return point["errors"] == 0 and (point.get("added_latency_p50_ms") or 0) < STEADY_ADDED_P50_MS
 
 
 def _median_ratio(xs: list[float | None]) -> float | None:

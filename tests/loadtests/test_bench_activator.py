@@ -54,6 +54,30 @@ def test_sustained_needs_no_errors_and_added_p99_under_budget(proxy_p99: float, 
     assert bench.sustained(proxy, 10.0) is ok
 
 
+def test_repeats_pair_by_time_and_a_rate_counts_only_if_every_time_sustained() -> None:
+    def pt(rate: float, rep: int, ok: bool, cpu: float) -> dict[str, object]:
+        return {"offered_rps": rate, "repeat": rep, "sustained": ok, "proxy_cpu_ms_per_request": cpu,
+                "added_latency_p50_ms": 1.0, "added_latency_p99_ms": 2.0, "latency_p50_ms": 2.0,
+                "tokens_per_s": 100.0, "errors": 0}
+
+    direct = [{"offered_rps": r, "repeat": k, "latency_p50_ms": 1.0, "tokens_per_s": 100.0}
+              for r in (50.0, 100.0) for k in (0, 1)]
+    untraced = [pt(50, 0, True, 1.0), pt(50, 1, True, 2.0), pt(100, 0, True, 1.0), pt(100, 1, False, 1.0)]
+    traced = [pt(50, 0, True, 1.1), pt(50, 1, True, 2.4), pt(100, 0, True, 1.0), pt(100, 1, True, 1.0)]
+    results = {"direct": direct, "activator": untraced, "activator_traced": traced}
+    summary = {t: bench._target_summary(results[t], direct) for t in ("activator", "activator_traced")}
+    assert summary["activator"]["max_sustained_rps"] == 50.0  # one of 100's two missed
+    assert summary["activator_traced"]["max_sustained_rps"] == 100.0
+    assert summary["activator"]["rates_tried"] == [50.0, 100.0]
+    ratios = bench._ratios(results, summary)
+    # Every pair is steady (no errors, added p50 1 ms), the one that missed its p99 too:
+    # 1.1, 1.2, 1.0, 1.0 -> median 1.05.
+    assert ratios["traced_untraced_pairs"] == 4
+    assert ratios["cpu_ms_per_request_traced_over_untraced_median"] == pytest.approx(1.05)
+    untraced[0]["errors"] = 1  # (50, 0) drops out: 1.2, 1.0, 1.0 -> 1.0
+    assert bench._ratios(results, summary)["cpu_ms_per_request_traced_over_untraced_median"] == pytest.approx(1.0)
+
+
 async def test_fast_upstream_streams_tokens_usage_and_done() -> None:
     port = free_port()
     ready = asyncio.Event()
@@ -81,7 +105,7 @@ def test_one_short_real_run_writes_the_report(tmp_path: Path) -> None:
     args = argparse.Namespace(out=str(out), rates="20", duration_s=1.0, min_requests=10, tokens=4, itl_ms=0.0,
                               p99_budget_ms=1e9,
                               no_router=shutil.which("vllm-router") is None and bench._venv_bin("vllm-router") is None,
-                              seed=1, traced_ratio=1.0)
+                              seed=1, traced_ratio=1.0, repeat=2)
     assert bench.run(args) == 0
     report = json.loads(out.read_text())
     assert set(report["results"]) >= {"direct", "activator"}
@@ -94,3 +118,6 @@ def test_one_short_real_run_writes_the_report(tmp_path: Path) -> None:
     traced = report["tracing"]
     assert traced["requests"] > 5 and traced["spans_received"] >= 2 * traced["requests"]
     assert report["results"]["activator_traced"][0]["errors"] == 0
+    # --repeat 2: each target measured twice at the one rate, and paired time by time.
+    assert [p["repeat"] for p in report["results"]["activator"]] == [0, 1]
+    assert report["ratios"]["traced_untraced_pairs"] == 2
