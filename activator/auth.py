@@ -45,7 +45,7 @@ class Authenticator:
         self.update_dynamic(self._active, self._revoked)
 
     def update_dynamic(self, active: dict[bytes, str], revoked: set[bytes]) -> None:
-        """Apply the key table (`thaw tenants add|revoke`): new keys work, revoked ones stop."""
+        """Apply the key table (`thaw tenants keys add|revoke`): new keys work, revoked ones stop."""
         self._active, self._revoked = active, revoked
         entries = {h: p for h, p in self._config_entries.items() if h not in revoked}
         entries.update({h: self._tenants[t] for h, t in active.items() if t in self._tenants and h not in revoked})

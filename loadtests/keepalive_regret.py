@@ -14,7 +14,7 @@ bounds. Regret: the window's cost over the reference's, less 1, averaged over th
 
 Offline and exact: no simulator, no server. The distributions are shapes a model's gaps
 take (a rate that does not change, one that bursts, a cron, a cron between bursts); the
-traces say which models have which (docs/OPERATIONS.md).
+traces say which models have which (docs/notes/keepalive-research.md).
 
 With ``--trace`` the shapes are the traces' own: each model's idle gaps under the cost
 model (``simulator.oracle.gaps_of``, as the oracle counts them), for every model with

@@ -1,6 +1,6 @@
 """`thaw load calibrate`: the simulator against the live stack, side by side.
 
-    thaw load calibrate --out DIR [--models 3] [--size tiny] [--idle-grace-s 10] [--reps 2]
+    thaw load calibrate --out-dir DIR [--models 3] [--size tiny] [--idle-grace-s 10] [--reps 2]
                         [--trace-source FILE] [--trace-start-s 0] [--duration-s 240] [--speedup 4]
                         [--rate-per-s 0.3] [--zipf-s 1] [--seed 0] [--tick-s 0.25]
 
@@ -91,6 +91,7 @@ from loadtests.load_schema import (
     Verdict,
 )
 from loadtests.load_stats import completed, percentile, tpot_ms
+from thaw.cli.aliases import add_renamed_flag
 from thaw.units import GiB
 
 if TYPE_CHECKING:
@@ -133,7 +134,8 @@ class CalibrationError(RuntimeError):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `thaw load calibrate`."""
-    p.add_argument("--out", required=True, type=Path, metavar="DIR",
+    add_renamed_flag(p, "--out", "--out-dir", dest="out", type=Path)
+    p.add_argument("--out-dir", dest="out", required=True, type=Path, metavar="DIR",
                    help="where costs.json, trace.csv, live/, sim/, calibration.json and the plots go")
     p.add_argument("--models", type=int, default=3, metavar="N", help="models served (default 3)")
     p.add_argument("--size", default="tiny", help="demo model size: 'tiny' (11 MB, default) or e.g. 256MiB")
@@ -730,7 +732,7 @@ def sim_outcome(result: SimResult, trace: Trace, ttft_s: Mapping[int, float], co
 def run_simulation(cfg_dict: Mapping[str, Any], trace_file: Path, costs_file: Path, tick_s: float,
                    out_dir: Path) -> tuple[SimOutcome, Trace]:
     """The simulator on the stack's config, the trace file and the measured costs;
-    writes ``out_dir`` as `thaw simulate --out` does. Each request's TTFT is taken as the
+    writes ``out_dir`` as `thaw simulate --out-dir` does. Each request's TTFT is taken as the
     simulator admits it (``on_admit``; the simulation is unchanged)."""
     from simulator.run import prepare, write
     from simulator.sim import Simulator

@@ -39,7 +39,7 @@ DEFAULT_TPOT_SLO_MS = 100.0
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `thaw load report`."""
-    p.add_argument("dir", metavar="DIR", help="a `thaw load run --out` directory")
+    p.add_argument("dir", metavar="DIR", help="a `thaw load run --out-dir` directory")
     p.add_argument("--ttft-slo-s", type=float, default=DEFAULT_TTFT_SLO_S,
                    help="TTFT target for goodput, seconds (default %(default)s)")
     p.add_argument("--tpot-slo-ms", type=float, default=DEFAULT_TPOT_SLO_MS,

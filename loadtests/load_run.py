@@ -1,9 +1,9 @@
 """`thaw load run`: replay a request trace against a running Thaw, open loop, and record each request.
 
-    thaw load run --trace FILE [--format FMT] --base-url URL --api-key KEY --out DIR
+    thaw load run --trace FILE [--format FMT] --base-url URL --api-key KEY --out-dir DIR
                   [--speedup X] [--max-requests N] [--duration-s S] [--model-map TRACE=SERVED ...]
                   [--seed N] [--max-tokens-cap N] [--max-input-tokens N] [--timeout-s S] [--grace-s S]
-                  [--controller-url URL --cluster-token TOKEN]
+                  [--controller URL --cluster-token TOKEN]
 
 The trace is read with :func:`simulator.traces.read_trace` (generic, azure, mooncake,
 servegen). Request ``i`` is sent ``t[i] / speedup`` seconds after the run's start
@@ -17,7 +17,7 @@ Requests still running when the window ends get ``--grace-s`` more, then are
 cancelled and recorded as such. ``--max-requests`` keeps the first N.
 
 Written to DIR: ``requests.jsonl`` (one record per request, as it ends), ``run.json``
-(config, counts, the generator's lag) and, with ``--controller-url``, ``replicas.jsonl``
+(config, counts, the generator's lag) and, with ``--controller``, ``replicas.jsonl``
 (the controller's replicas per model, polled). The shapes are in
 :mod:`loadtests.load_schema`; `thaw load report DIR` turns them into figures.
 
@@ -50,6 +50,7 @@ from loadtests.load_schema import (
 )
 from loadtests.load_stats import DEFAULT_LAG_THRESHOLD_MS, counts, fell_behind, lag_summary, tier_of
 from thaw.aio import wait_event
+from thaw.cli.aliases import add_renamed_flag
 
 if TYPE_CHECKING:
     import openai
@@ -79,8 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, metavar="FILE", help="the request trace")
     p.add_argument("--format", choices=FORMATS, default=None, help="the trace's format (default: told from the file)")
     p.add_argument("--base-url", required=True, metavar="URL", help="the OpenAI API root, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--api-key", required=True, metavar="KEY")
-    p.add_argument("--out", required=True, metavar="DIR", help="where the records and run.json go")
+    p.add_argument("--api-key", required=True, metavar="KEY", help="a tenant's API key (`thaw tenants keys add`)")
+    add_renamed_flag(p, "--out", "--out-dir", dest="out")
+    p.add_argument("--out-dir", dest="out", required=True, metavar="DIR", help="where the records and run.json go")
     p.add_argument("--speedup", type=float, default=1.0, help="replay X times faster than the trace (default 1)")
     p.add_argument("--max-requests", type=int, default=None, metavar="N", help="send at most the first N requests")
     p.add_argument("--duration-s", type=float, default=None, metavar="S",
@@ -100,7 +102,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_GRACE_S:g})")
     p.add_argument("--lag-threshold-ms", type=float, default=DEFAULT_LAG_THRESHOLD_MS, metavar="MS",
                    help="the generator fell behind when its p99 send lag passes this (default %(default)s)")
-    p.add_argument("--controller-url", default=None, metavar="URL",
+    add_renamed_flag(p, "--controller-url", "--controller", dest="controller_url")
+    p.add_argument("--controller", dest="controller_url", default=None, metavar="URL",
                    help="poll this controller's /v1/state for replicas per model (default: derive replicas "
                         "in use from x-thaw-replica)")
     p.add_argument("--cluster-token", default=None, metavar="TOKEN",

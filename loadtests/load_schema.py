@@ -2,7 +2,7 @@
 
 ``requests.jsonl`` holds one :class:`RequestRecord` per line (in the order the
 requests ended), ``run.json`` the :class:`RunInfo`, ``replicas.jsonl`` one
-:class:`ReplicaSample` per controller poll (only with ``--controller-url``), and
+:class:`ReplicaSample` per controller poll (only with ``--controller``), and
 ``report.json`` (written by `thaw load report`) the :class:`Report`. Times named
 ``*_s`` without a date are seconds from the run's start.
 """

@@ -401,8 +401,8 @@ def format_report(doc: dict[str, Any]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle", action="store_true",
                    help="the best any keep-alive policy could do with perfect foresight, against fixed "
-                        "timeouts at the same idle replica time (writes OUT/oracle.json, or OUT itself "
-                        "when it ends in .json)")
+                        "timeouts at the same idle replica time (writes oracle.json into --out-dir, or to "
+                        "--out-dir itself when it ends in .json)")
 
 
 def run_oracle(args: argparse.Namespace, trace: Trace, costs: CostModel) -> int:

@@ -33,11 +33,11 @@ _HEADERS = {"one_per_instance": "one per instance", "packed": "packed"}
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
-    """`thaw simulate`'s packing comparison (the run's inputs and ``--out`` are its own)."""
+    """`thaw simulate`'s packing comparison (the run's inputs and ``--out-dir`` are its own)."""
     p.add_argument("--compare-packing", action="store_true",
                    help="run the trace twice, every pool with pack: false (one model per instance) and with "
                         "pack: true (several engines per instance), and print them side by side; writes "
-                        "OUT/compare-packing.json, or OUT itself when it ends in .json")
+                        "compare-packing.json into --out-dir, or to --out-dir itself when it ends in .json")
     p.add_argument("--gpu-memory-utilization", metavar="F", type=_share, default=None,
                    help="with --compare-packing: every model's engine.gpu_memory_utilization in both runs "
                         "(its engine's share of a GPU: 0.45 fits two on one GPU; default: the config's)")
@@ -128,7 +128,7 @@ def format_comparison(summaries: dict[str, dict[str, Any]]) -> str:
 
 
 def out_file(out: Path) -> Path:
-    """``--out``: a ``.json`` file itself, else the directory it goes in."""
+    """``--out-dir``: a ``.json`` file itself, else the directory it goes in."""
     return out if out.suffix == ".json" else out / "compare-packing.json"
 
 

@@ -56,6 +56,7 @@ from simulator import ray_backend
 from simulator.gen_cli import fail
 from simulator.oracle import Gaps, distance, gaps_of, oracle_report
 from simulator.run import Inputs, simulate
+from thaw.cli.aliases import add_renamed_flag
 from thaw.config import Autoscaling, Pool, ThawConfig, format_errors
 from thaw.exits import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 
@@ -110,7 +111,7 @@ def budgets_arg(text: str) -> tuple[float, ...]:
 
 def seconds_list_arg(text: str) -> tuple[float, ...]:
     """``30,60,300`` → seconds (each >= 0)."""
-    return _comma_list(text, "idle-grace", lambda s: _non_negative("idle-grace", s))
+    return _comma_list(text, "idle-grace-s", lambda s: _non_negative("idle-grace-s", s))
 
 
 def keep_alive_arg(text: str) -> tuple[KeepAlive, ...]:
@@ -604,8 +605,9 @@ def _add_range_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budgets", metavar="USD[,USD...]", type=budgets_arg, default=DEFAULT_BUDGETS,
                    help="pool budget_usd_per_hour values, applied to every pool; 'none' is no budget "
                         "(default 0,2,5,10,20,50,none)")
-    p.add_argument("--idle-grace", metavar="S[,S...]", type=seconds_list_arg, default=DEFAULT_IDLE_GRACE_S,
-                   help="models' idle_grace_s values (default 30,60,120,300,600,1800)")
+    add_renamed_flag(p, "--idle-grace", "--idle-grace-s", dest="idle_grace", type=seconds_list_arg)
+    p.add_argument("--idle-grace-s", dest="idle_grace", metavar="S[,S...]", type=seconds_list_arg,
+                   default=DEFAULT_IDLE_GRACE_S, help="models' idle_grace_s values (default 30,60,120,300,600,1800)")
     p.add_argument("--keep-alive", metavar="POLICY[,POLICY...]", type=keep_alive_arg, default=KEEP_ALIVES,
                    help="keep-alive policies: fixed, histogram (default both)")
     p.add_argument("--standby-max", metavar="N[,N...]", type=counts_arg, default=None,
@@ -625,7 +627,7 @@ def _add_range_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
-    """`thaw simulate`'s sweep options (the run's inputs and ``--out`` are its own)."""
+    """`thaw simulate`'s sweep options (the run's inputs and ``--out-dir`` are its own)."""
     p.add_argument("--sweep", action="store_true",
                    help="sweep pool budgets, idle_grace_s and keep-alive policies, with baselines; writes "
                         "OUT/sweep.json and a PNG of the Pareto frontier")
@@ -675,7 +677,7 @@ def _write(out: Path, png: Path, points: Sequence[Point], axes: Axes, inputs: In
 
 
 def run_sweep(args: argparse.Namespace, inputs: Inputs) -> int:
-    """`thaw simulate --sweep`: the table on stdout, sweep.json and the PNG under --out."""
+    """`thaw simulate --sweep`: the table on stdout, sweep.json and the PNG under --out-dir."""
     swept = _sweep(args, inputs)
     if isinstance(swept, int):
         return swept
@@ -702,7 +704,8 @@ def add_recommend_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-cold-start-share", metavar="F", type=share_arg, default=None,
                    help="also keep the share of requests that wait for a cold start at or under F (0.05 = 5%%)")
     _add_range_arguments(p)
-    p.add_argument("--out", metavar="DIR", type=Path, default=None,
+    add_renamed_flag(p, "--out", "--out-dir", dest="out", type=Path)
+    p.add_argument("--out-dir", dest="out", metavar="DIR", type=Path, default=None,
                    help="also write the sweep there (sweep.json, frontier.png)")
 
 

@@ -30,6 +30,24 @@ if (_lane := os.environ.get("PYTEST_XDIST_WORKER", "")).startswith("gw"):
     os.environ["THAW_LISTEN_PORTS"] = f"{_low}-{_low + 5_000}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """XDG_STATE_HOME for the session's fixtures (a `thaw up` a module starts): the `thaw up`
+    records (thaw.cli.stack) never go to the real home."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))
+        yield
+
+
+@pytest.fixture
+def state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """XDG_STATE_HOME of this test (and of what it starts) in a directory of its own: it
+    sees no `thaw up` record but its own."""
+    path = tmp_path_factory.mktemp("state-home")
+    monkeypatch.setenv("XDG_STATE_HOME", str(path))
+    return path
+
+
 @pytest.fixture(scope="session")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStore]:
     """One SeaweedFS server for the whole session (it takes ~4 s to start, 2 s to stop)."""
@@ -137,7 +155,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # Engine tests of one worker or one engine host, not a fleet of them: they run last, a
 # module at a time, beside the engine group's last stacks.
-LATE_ENGINE_TESTS = ("tests/worker/", "tests/loadtests/test_bench_cold_start.py")
+LATE_ENGINE_TESTS = ("tests/worker/", "tests/loadtests/test_bench_cold_start.py", "tests/test_e2e_quickstart.py")
 
 
 def _lane_group(item: pytest.Item) -> str:

@@ -76,7 +76,7 @@ def scraped(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     `thaw monitoring write` makes (None: Prometheus is not installed)."""
     work = tmp_path_factory.mktemp("monitoring")
     out = subprocess.run([sys.executable, "-m", "thaw.cli.main", "monitoring", "write", "--config", str(stack.config),
-                          "--out", str(work), "--interval-s", "1"], capture_output=True, text=True, timeout=60)
+                          "--out-dir", str(work), "--interval-s", "1"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     with prometheus(work / "prometheus.yml", work) as url:
         yield url

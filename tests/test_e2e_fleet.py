@@ -302,7 +302,7 @@ def test_a_key_revoked_at_the_controller_is_refused_by_both_activators(fleet: Fl
     # The table reaches the activators by the route table's long poll (pushed, no
     # period): 65 ms here. How long is printed, not asserted: a paused or
     # loaded CI machine once took 5 s for the new key, and a timed bound fails there.
-    out = fleet.thaw("tenants", "add", "demo", "--label", "e2e", "--controller", fleet.controller_url)
+    out = fleet.thaw("tenants", "keys", "add", "demo", "--label", "e2e", "--controller", fleet.controller_url)
     assert out.returncode == 0, out.stderr
     key = out.stdout.strip()
 
@@ -317,7 +317,7 @@ def test_a_key_revoked_at_the_controller_is_refused_by_both_activators(fleet: Fl
         return seen[0] == want
 
     wait_until("the new key at both activators", lambda: answer([200, 200]), 60, 0.05, detail=lambda: str(seen[0]))
-    out = fleet.thaw("tenants", "revoke", key, "--controller", fleet.controller_url)
+    out = fleet.thaw("tenants", "keys", "revoke", key, "--controller", fleet.controller_url)
     assert out.returncode == 0, out.stderr
     revoked_at = time.time()
     wait_until("the revocation at both activators", lambda: answer([401, 401]), 60, 0.02, detail=lambda: str(seen[0]))

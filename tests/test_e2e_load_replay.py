@@ -82,9 +82,9 @@ def test_replayed_trace_matches_what_the_activator_recorded(stack: Stack, tmp_pa
     out = tmp_path / "run"
     # 20 s of trace at 2x: 10 s of sends; "second" waits for its cold start meanwhile.
     rc = thaw(["load", "run", "--trace", str(trace), "--base-url", stack.base_url, "--api-key", KEY,
-               "--out", str(out), "--speedup", "2", "--max-tokens-cap", "16", "--grace-s", "240",
+               "--out-dir", str(out), "--speedup", "2", "--max-tokens-cap", "16", "--grace-s", "240",
                "--model-map", f"chat={TRACE_NAMES['chat']}", "--model-map", f"code={TRACE_NAMES['code']}",
-               "--controller-url", stack.control_url, "--cluster-token", stack.token()])
+               "--controller", stack.control_url, "--cluster-token", stack.token()])
     stack.remember_children()
     assert rc == 0
     assert thaw(["load", "report", str(out), "--ttft-slo-s", "5", "--tpot-slo-ms", "1000"]) == 0
@@ -154,7 +154,7 @@ def test_lag_flag_is_raised_only_when_the_generator_falls_behind(tmp_path: Path,
     engine = FakeEngine(tokens=3)
     with serve(engine) as url:
         run_cli(["load", "run", "--trace", str(trace), "--base-url", f"{url}/v1", "--api-key", "k",
-                 "--out", str(out), "--model-map", "chat=served-demo", "--send-overhead-ms", str(overhead_ms),
+                 "--out-dir", str(out), "--model-map", "chat=served-demo", "--send-overhead-ms", str(overhead_ms),
                  "--grace-s", "30"])
     info, records, _ = read_run(out)
     assert info.counts.completed == 20 and len(engine.requests) == 20

@@ -173,7 +173,7 @@ def test_deploy_roll_rollback_and_rm_under_load(fleet: Fleet, s3: S3Endpoint, tm
 
     # Deployed: both activators list it (how soon is printed), and it is served.
     out = models(fleet, "deploy", "chat", "--uri", v1, "--shape", "cpu-local", "--note", "first",
-                 "--price-prompt", "100", "--price-completion", "400")
+                 "--prompt-usd-per-mtok", "100", "--completion-usd-per-mtok", "400")
     assert out.returncode == 0, out.stderr
     returned = time.monotonic()
     wait_until("the deployed model listed by both activators",
@@ -206,7 +206,7 @@ def test_deploy_roll_rollback_and_rm_under_load(fleet: Fleet, s3: S3Endpoint, tm
     bill = json.loads(usage.stdout)["tenants"]["demo"]["models"]["chat"]
     assert bill["unpriced_requests"] == 0 and bill["cost_usd"] == pytest.approx(
         sum(r["prompt_tokens"] * 100 + r["completion_tokens"] * 400 for r in rows) / 1e6, rel=1e-3)
-    described = json.loads(models(fleet, "describe", "chat", "--json").stdout)
+    described = json.loads(models(fleet, "show", "chat", "--json").stdout)
     assert [(r["revision"], r["change"], r["from_revision"]) for r in described["revisions"]] == [
         (1, "deploy", None), (2, "update", None), (3, "rollback", 1)]
     assert described["revisions"][0]["note"] == "first" and described["revisions"][2]["spec"]["uri"] == v1
@@ -227,7 +227,7 @@ def test_deploy_roll_rollback_and_rm_under_load(fleet: Fleet, s3: S3Endpoint, tm
     assert first.choices and any(c.choices and c.choices[0].finish_reason in ("length", "stop") for c in rest)
     fleet.wait("its replicas released", lambda s: not any(w["model"] == "chat" for w in s["workers"]),
                timeout_s=120)
-    assert [r["revision"] for r in json.loads(models(fleet, "describe", "chat", "--json").stdout)["revisions"]] \
+    assert [r["revision"] for r in json.loads(models(fleet, "show", "chat", "--json").stdout)["revisions"]] \
         == [1, 2, 3]
 
 
@@ -276,7 +276,7 @@ def test_sigkill_of_the_leader_under_load(fleet: Fleet, s3: S3Endpoint, tmp_path
     # What the leader is told before it dies: a model, a key, a budget.
     cold_uri = push_demo(s3, tmp_path, "cold", seed=6)
     thaw(fleet, "models", "deploy", "cold", "--uri", cold_uri, "--shape", "cpu-local")
-    new_key = thaw(fleet, "tenants", "add", "demo", "--label", "before-takeover").splitlines()[0]
+    new_key = thaw(fleet, "tenants", "keys", "add", "demo", "--label", "before-takeover").splitlines()[0]
     thaw(fleet, "pool", "budget", "set", "cpu-local", "--standby-max", "3")
     client = fleet.client("a")
     assert chat(client, "demo")  # the hot model: served before, during and after

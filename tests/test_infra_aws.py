@@ -10,6 +10,7 @@ launch templates and the worker role."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -315,6 +316,9 @@ def test_thaw_aws_check_says_what_is_missing(stack: dict[str, Any], tmp_path: Pa
     assert first.stdout.splitlines() == [
         "- the cluster token's secret does not exist",
         "- no config at config/thaw.yaml in the bucket: write it with `thaw aws config` and upload it"]
+    as_json = thaw_cli(stack, "aws", "check", "--stack", "thaw-test", "--json")
+    assert as_json.returncode == 1 and json.loads(as_json.stdout) == {
+        "stack": "thaw-test", "ok": False, "problems": [line.removeprefix("- ") for line in first.stdout.splitlines()]}
     secret = client(stack, "secretsmanager").create_secret(Name=token_secret_name("prod"), SecretString="t")["ARN"]
     client(stack, "s3").put_object(Bucket=stack["outputs"]["BucketName"], Key="config/thaw.yaml", Body=b"x")
     second = thaw_cli(stack, "aws", "check", "--stack", "thaw-test")

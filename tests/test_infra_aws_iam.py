@@ -411,7 +411,7 @@ def test_the_fleet_runs_with_the_generated_config(aws: dict[str, Any], postgres:
                 return out.stdout
 
             thaw_cli("tenants", "create", "acme")  # every model, by default
-            key = thaw_cli("tenants", "add", "acme").strip()
+            key = thaw_cli("tenants", "keys", "add", "acme").strip()
             act_log = tmp_path / "activator.log"
             argv = ["activator", "--config", str(cfg_path), "--host", "127.0.0.1", "--port", str(api_port),
                     "--id", "act-iam"]

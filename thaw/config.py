@@ -64,7 +64,9 @@ class Credentials(_Strict):
     instance profile's role; what the CloudFormation stack's services use).
     """
 
+    # env, file, generated (embedded store only) or role (boto3's default chain).
     source: Literal["env", "file", "generated", "role"] = "generated"
+    # With source env: the environment variables that hold the key pair.
     access_key_env: str = "AWS_ACCESS_KEY_ID"
     secret_key_env: str = "AWS_SECRET_ACCESS_KEY"
     # JSON file with {"access_key": ..., "secret_key": ...}; relative to the data dir.
@@ -80,16 +82,22 @@ class Credentials(_Strict):
 class EmbeddedStore(_Strict):
     """SeaweedFS started by Thaw on loopback (`thaw store up`, `thaw up`)."""
 
+    # The S3 port on 127.0.0.1, and how long Thaw waits for the store to answer at
+    # start.
     s3_port: Annotated[int, Field(ge=1, le=65535)] = 8333
     startup_timeout_s: PositiveFloat = 60.0
 
 
 class ObjectStore(_Strict):
+    # embedded: SeaweedFS that Thaw runs on loopback; s3: AWS S3 or any S3-compatible
+    # endpoint.
     kind: Literal["embedded", "s3"] = "embedded"
     # Required for kind 's3' with a non-AWS endpoint; for 'embedded' it is derived.
     endpoint_url: str | None = None
+    # The store's region (AWS), and the bucket that holds models, usage and files.
     region: str = "us-east-1"
     bucket: Annotated[str, Field(pattern=BUCKET_PATTERN)] = "thaw"
+    # Where the access key comes from, and the embedded store's settings.
     credentials: Credentials = Credentials()
     embedded: EmbeddedStore = EmbeddedStore()
     # Where models may be: every models[].uri, and every URI a worker is assigned, must
@@ -164,7 +172,7 @@ class KeepAliveHistogram(_Strict):
     # worth a pre-warm; a regular model, or one with many, keeps its detail. 0: the
     # counts as they are. Silverman's rule has an exponent of 0.2, for gaps from one
     # hump; with two (a cron between bursts) their spread is wide and 0.2 smeared the
-    # cron's cluster however many intervals showed it (docs/OPERATIONS.md).
+    # cron's cluster however many intervals showed it (docs/notes/keepalive-research.md).
     smoothing: NonNegativeFloat = 1.0
     smoothing_exponent: NonNegativeFloat = 0.35
     # How far the learned window may stray from the fixed timeout at the same price
@@ -202,6 +210,7 @@ class KeepAliveHistogram(_Strict):
 
 
 class Autoscaling(_Strict):
+    # Replicas kept whatever the traffic (0: scale to zero), and the most it may have.
     min_replicas: NonNegativeInt = 0
     max_replicas: PositiveInt = 1
     # In-flight requests per replica the autoscaler aims for.
@@ -257,10 +266,14 @@ class Autoscaling(_Strict):
 class EngineArgs(_Strict):
     """Engine settings Thaw understands; anything else goes in ``extra`` verbatim."""
 
+    # The weights' dtype in the engine (auto: as the checkpoint's config says).
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    # True: no compiling or CUDA graphs (starts fastest); False: compiled (faster once
+    # up).
     enforce_eager: bool = False
     # None: the shape's gpu_count (one engine spans every GPU of its instance).
     tensor_parallel_size: PositiveInt | None = None
+    # GPU only: the share of the device the engine may take (weights and KV cache).
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
     # CPU engines only: KV-cache size (VLLM_CPU_KVCACHE_SPACE).
     cpu_kvcache_gib: PositiveFloat = 1.0
@@ -268,6 +281,7 @@ class EngineArgs(_Strict):
     load_format: Literal["runai_streamer", "thaw", "safetensors"] = "thaw"
     # Restore/capture compile-cache snapshots for this model (compiled mode only).
     snapshots: bool = True
+    # Other vLLM engine arguments, passed through as they are.
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -298,7 +312,9 @@ class Prewarm(_Strict):
     fields: ``thaw.cron``) for ``for_s`` seconds the model keeps at least ``replicas``
     (within ``max_replicas``), whatever its traffic."""
 
+    # When the window opens: five cron fields, UTC.
     cron: str
+    # Replicas held through the window, and how long it lasts.
     replicas: PositiveInt = 1
     for_s: Annotated[float, Field(gt=0, le=7 * 86400)]
 
@@ -312,14 +328,19 @@ class Prewarm(_Strict):
 
 
 class Model(_Strict):
+    # The model's name in the registry, `thaw models` and usage.
     name: Name
     # The model's files in the store; for an adapter, its adapter_uri (filled in).
     uri: S3Uri
     # What clients put in `model`; defaults to `name`.
     served_name: str | None = None
+    # The longest prompt plus completion (vLLM's max_model_len); longer requests get
+    # 400.
     max_context_tokens: PositiveInt = 2048
+    # The shapes[].name its replicas run on.
     shape: Name
     engine: EngineArgs = EngineArgs()
+    # Replicas, scale to zero, the cold queue and keep-alive.
     autoscaling: Autoscaling = Autoscaling()
     # `thaw up` builds the demo model and pushes it to `uri` when the store has none there.
     demo_if_missing: bool = False
@@ -358,6 +379,7 @@ class WeightCache(_Strict):
 
     # Relative to the data directory. Workers of one machine share it.
     dir: Path
+    # The cache's budget on disk; least recently used models are evicted beyond it.
     max_gib: PositiveFloat
     # Check every file a load reads (from the store or a cache) against the sha256 in
     # the model's manifest. Costs CPU (hashing every byte); without it a cached file is
@@ -371,10 +393,13 @@ class WeightCache(_Strict):
 
 
 class InstanceShape(_Strict):
+    # What pools[].shape and models[].shape refer to.
     name: Name
     gpu_type: str = Field(description="e.g. 'h100-80gb', or 'cpu' for the embedded CPU engine")
+    # GPUs per instance (0 for gpu_type cpu) and the memory of one.
     gpu_count: NonNegativeInt
     gpu_memory_gib: NonNegativeFloat = 0.0
+    # The instance's memory, and what it costs an hour (sizes budgets and usage).
     host_memory_gib: PositiveFloat
     price_per_hour_usd: NonNegativeFloat
     # An instance of this shape that has not registered (heartbeat) this long after its
@@ -408,6 +433,7 @@ class InstanceShape(_Strict):
 class Ec2Pool(_Strict):
     """Where and how the ``ec2`` provider launches a pool's instances."""
 
+    # The AWS region the instances run in.
     region: Annotated[str, Field(min_length=1)]
     # Launch template name, or its id (lt-...). It carries the AMI, the instance profile
     # (the worker's role), security groups and disks; Thaw adds the rest.
@@ -416,6 +442,7 @@ class Ec2Pool(_Strict):
     # Tried in order on a capacity error, for each instance type in turn.
     subnets: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
     instance_types: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    # on-demand or spot instances.
     market: Literal["on-demand", "spot"] = "on-demand"
     # With market spot: when no spot capacity is left anywhere, launch on-demand.
     spot_fallback_to_on_demand: bool = True
@@ -430,12 +457,14 @@ class Ec2Pool(_Strict):
 
 
 class Pool(_Strict):
+    # The shapes[].name whose instances this pool holds (one pool per shape).
     shape: Name
     # local: worker processes on this machine; ec2: instances Thaw launches; static:
     # workers started elsewhere that register themselves (nothing launched or ended).
     provider: Literal["local", "ec2", "static"] = "local"
     # Required with provider 'ec2'.
     ec2: Ec2Pool | None = None
+    # Bounds on the standby target: idle instances ready for the next cold start.
     standby_min: NonNegativeInt = 1
     standby_max: NonNegativeInt = 1
     # Caps on the whole pool for this shape (standby + serving).
@@ -486,18 +515,23 @@ class Pool(_Strict):
 
 
 class RateLimits(_Strict):
+    # Per tenant and model (null: no limit): requests a minute, tokens a minute (prompt
+    # plus max_tokens, reconciled with the real usage) and requests at once. Over one:
+    # 429 with Retry-After.
     requests_per_minute: PositiveInt | None = None
     tokens_per_minute: PositiveInt | None = None
     max_concurrent_requests: PositiveInt | None = None
 
 
 class Tenant(_Strict):
+    # The tenant's name in keys, limits and usage.
     name: Name
     # Keys are stored only as hashes: "sha256:<hex>" of the key (see hash_api_key). May be
-    # empty: keys added at run time (`thaw tenants add`) live in the controller's table.
+    # empty: keys added at run time (`thaw tenants keys add`) live in the controller's table.
     api_key_hashes: list[Sha256Hex] = Field(default_factory=list)
     # Model names, or ["*"] for every model.
     allowed_models: list[str] = Field(default_factory=lambda: ["*"])
+    # Rate limits, per tenant and model.
     limits: RateLimits = RateLimits()
 
 
@@ -506,15 +540,19 @@ class FailedAuthThrottle(_Strict):
     process: a token bucket of ``burst`` refilled at ``refill_per_s``; beyond it, 429.
     A valid key is never throttled."""
 
+    # 401s one address may get before its next bad key gets 429.
     burst: PositiveInt = 20
+    # How fast that allowance comes back, per second.
     refill_per_s: PositiveFloat = 1.0
     # Addresses tracked at once; the least recently seen is forgotten first.
     max_addresses: PositiveInt = 10_000
 
 
 class Server(_Strict):
+    # Where the activator (the OpenAI-compatible API) listens.
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    # A larger request body gets 413.
     max_body_bytes: PositiveInt = 4 * 1024 * 1024
     # Request headers beyond these get 431 (activator/bounds.py). Far beyond (over four
     # times max_header_bytes) the connection itself refuses them (thaw/serve.py).
@@ -568,6 +606,8 @@ class Cluster(_Strict):
     # EC2 workers: the config file they run with (uploaded by the operator; fetched at
     # boot with the instance role), and the pip requirement that installs Thaw there.
     worker_config_uri: S3Uri | None = None
+    # The pip requirement that installs Thaw on EC2 workers (with worker_config_uri
+    # above).
     worker_package: str | None = None
 
     @model_validator(mode="after")
@@ -580,6 +620,7 @@ class Cluster(_Strict):
 class ControllerConfig(_Strict):
     """`thaw controller`: where it listens, and how the others reach it."""
 
+    # Where the controller listens.
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8100
     # How activators and workers reach it; None: http://{host}:{port}.
@@ -617,6 +658,7 @@ class LedgerConfig(_Strict):
     # Ship sealed segments of the ledger to the object store (object_store.bucket), so
     # that `thaw usage` and /v1/usage cover every activator. Serving never waits on it.
     ship: bool = True
+    # How often sealed segments are shipped, and the most records one segment holds.
     ship_interval_s: PositiveFloat = 10.0
     ship_max_records: PositiveInt = 5000
     # Segments go to <ship_prefix><activator-id>/<first-id>-<last-id>.jsonl.gz.
@@ -656,6 +698,7 @@ class ResponsesConfig(_Strict):
     (``store: true``, the default) are kept in the controller's state database this long,
     then deleted."""
 
+    # Stored responses older than this are deleted.
     retention_days: PositiveFloat = 30.0
 
 
@@ -663,6 +706,7 @@ class LimitsConfig(_Strict):
     """Where tenants' rate limits are counted: in each activator (``local``: limits are
     per activator), or in Redis, shared by every activator of the cluster."""
 
+    # local: each activator counts alone; redis: every activator counts in one Redis.
     backend: Literal["local", "redis"] = "local"
     # redis://[user:password@]host:port/db, rediss:// (TLS) or unix:///path/to/socket.
     url: str | None = None
@@ -701,6 +745,8 @@ class StateConfig(_Strict):
     ``postgres``: a PostgreSQL database (on AWS, RDS or Aurora), which several
     controllers may share."""
 
+    # sqlite: one file under data_dir/controller; postgres: a database several
+    # controllers may share.
     backend: Literal["sqlite", "postgres"] = "sqlite"
     # postgres: postgresql://USER@HOST:PORT/DB (a password from ${VAR}, $PGPASSWORD or ~/.pgpass).
     url: str | None = None
@@ -910,7 +956,7 @@ def _check_adapter(i: int, m: Model, by_name: Mapping[str, Model]) -> None:
 
 
 class TelemetryConfig(_Strict):
-    """OpenTelemetry traces (docs/OPERATIONS.md, "Tracing a request"): off unless an
+    """OpenTelemetry traces (docs/guide/monitoring.md, "Traces"): off unless an
     endpoint is given. No span carries a prompt's or an answer's text (the conventions'
     opt-in gen_ai.input.messages and output.messages are not offered)."""
 
@@ -925,22 +971,33 @@ class TelemetryConfig(_Strict):
 
 
 class ThawConfig(_Strict):
-    # Relative paths in the file are resolved against the file's directory.
+    # Where Thaw keeps its state (store data, credentials, the cluster token, ledgers).
+    # A relative data_dir is under the directory `thaw` runs in (load_config); the
+    # other relative paths in the file (caches, the ledger, credential files) are under
+    # data_dir.
     data_dir: Path = Path(".thaw")
+    # How much the services log (JSON lines on stderr).
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # The activator: where it listens, bounds on requests, its reads from replicas.
     server: Server = Server()
     cluster: Cluster = Cluster()
     controller: ControllerConfig = ControllerConfig()
+    # Usage records: each activator's SQLite ledger, shipped to the store.
     ledger: LedgerConfig = LedgerConfig()
     batch: BatchConfig = BatchConfig()
     responses: ResponsesConfig = ResponsesConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     limits: LimitsConfig = LimitsConfig()
     state: StateConfig = StateConfig()
+    # Where model weights, usage segments and uploaded files live.
     object_store: ObjectStore = ObjectStore()
+    # Instance shapes: what a worker runs on, and what it costs.
     shapes: list[InstanceShape] = Field(min_length=1)
+    # Warm pools: standby instances kept per shape, within a budget.
     pools: list[Pool] = Field(default_factory=list)
+    # The seed of a new cluster's model registry (afterwards: `thaw models ...`).
     models: list[Model] = Field(default_factory=list)
+    # The seed of a new cluster's tenants (afterwards: `thaw tenants ...`).
     tenants: list[Tenant] = Field(default_factory=list)
     # Standby plus asleep spend across every pool never exceeds this.
     budget_usd_per_hour: NonNegativeFloat | None = None
@@ -1102,11 +1159,13 @@ def parse_config(data: Any, *, base_dir: Path | None = None, source: str = "<con
     return cfg
 
 
-def load_config(path: Path | str) -> ThawConfig:
+def load_config(path: Path | str, base_dir: Path | None = None) -> ThawConfig:
     """Read, expand ``${ENV}`` references in, and validate a YAML config file.
 
-    ``data_dir`` is resolved relative to the current directory (where `thaw` runs),
-    so the example config keeps its data in ``./.thaw``.
+    ``data_dir`` is resolved relative to ``base_dir``, by default the current directory
+    (where `thaw` runs), so the example config keeps its data in ``./.thaw``; a command
+    run elsewhere that takes the config of a running `thaw up` passes the directory
+    that one ran in (thaw.cli.stack).
     """
     p = Path(path)
     try:
@@ -1123,4 +1182,4 @@ def load_config(path: Path | str) -> ThawConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(p, [f"top level must be a mapping, got {type(data).__name__}"])
-    return parse_config(data, base_dir=Path.cwd(), source=str(p))
+    return parse_config(data, base_dir=base_dir or Path.cwd(), source=str(p))

@@ -824,7 +824,7 @@ class ModelRecords(_Msg):
 
 
 class TenantCreate(_Msg):
-    """``POST /v1/admin/tenants``: a new tenant (its keys: ``thaw tenants add``)."""
+    """``POST /v1/admin/tenants``: a new tenant (its keys: ``thaw tenants keys add``)."""
 
     name: Name
     # Model names, or ["*"] for every model (a tenant's private models are its own anyway).

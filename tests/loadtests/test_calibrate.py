@@ -490,5 +490,5 @@ def test_the_cost_phase_prepares_each_tier_and_measures_it(monkeypatch: pytest.M
 @pytest.mark.parametrize("argv", [["--models", "0"], ["--speedup", "0"], ["--max-input-tokens", "2040"],
                                   ["--trace-source", "/nonexistent.csv"]])
 def test_bad_options_exit_2(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert thaw(["load", "calibrate", "--out", str(tmp_path / "out"), *argv]) == 2
+    assert thaw(["load", "calibrate", "--out-dir", str(tmp_path / "out"), *argv]) == 2
     assert "thaw load calibrate:" in capsys.readouterr().err

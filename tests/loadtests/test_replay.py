@@ -376,7 +376,7 @@ def test_run_records_headers_tokens_and_errors_then_report(tmp_path: Path, capsy
     out = tmp_path / "run"
     with serve_app(fake.app) as url:
         rc = thaw(["load", "run", "--trace", str(trace), "--base-url", f"{url}/v1", "--api-key", "sk-secret-1",
-                   "--out", str(out), "--speedup", "2", "--duration-s", "1", "--max-tokens-cap", "5",
+                   "--out-dir", str(out), "--speedup", "2", "--duration-s", "1", "--max-tokens-cap", "5",
                    "--model-map", "hot=m-hot", "--model-map", "cold=m-cold", "--grace-s", "30"])
     assert rc == 0
     info, records, samples = read_run(out)
@@ -435,7 +435,7 @@ def test_open_loop_against_a_server_that_answers_only_when_all_have_arrived(tmp_
     out = tmp_path / "run"
     with serve_app(fake.app) as url:
         assert thaw(["load", "run", "--trace", str(trace), "--base-url", f"{url}/v1", "--api-key", "k",
-                     "--out", str(out), "--grace-s", "30"]) == 0
+                     "--out-dir", str(out), "--grace-s", "30"]) == 0
     info, records, _ = read_run(out)
     assert info.counts.completed == 5 and info.counts.cancelled == 0
     assert len(fake.bodies) == 5
@@ -447,7 +447,7 @@ def test_a_request_still_running_after_the_grace_is_cancelled_and_recorded(tmp_p
     out = tmp_path / "run"
     with serve_app(fake.app) as url:
         assert thaw(["load", "run", "--trace", str(trace), "--base-url", f"{url}/v1", "--api-key", "k",
-                     "--out", str(out), "--grace-s", "0.5"]) == 0
+                     "--out-dir", str(out), "--grace-s", "0.5"]) == 0
     info, records, _ = read_run(out)
     stuck = next(r for r in records if r.model == "m-stuck")
     assert stuck.cancelled and not stuck.finished and stuck.end_s is not None
@@ -466,7 +466,7 @@ def test_a_request_still_running_after_the_grace_is_cancelled_and_recorded(tmp_p
 def test_bad_options_exit_2(tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     trace = write_trace(tmp_path / "trace.csv", [(0.0, "m", 20, 2)])
     base = ["load", "run", "--trace", str(trace), "--base-url", "http://127.0.0.1:9/v1", "--api-key", "k",
-            "--out", str(tmp_path / "out")]
+            "--out-dir", str(tmp_path / "out")]
     assert thaw(base + argv) == 2
     assert "thaw load run:" in capsys.readouterr().err
 

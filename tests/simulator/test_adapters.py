@@ -269,7 +269,7 @@ def test_the_cli_shows_the_adapter_tier(tmp_path: Path, capsys: pytest.CaptureFi
     tr_file.write_text("timestamp,model,tenant,input_tokens,output_tokens\n0,m0,t,100,100\n20,m1,t,100,100\n")
     out = tmp_path / "out"
     assert main(["simulate", "--trace", str(tr_file), "--config", str(cfg_file), "--costs", str(costs_file),
-                 "--out", str(out)]) == 0
+                 "--out-dir", str(out)]) == 0
     assert "2 cold starts (adapter 1, s3 1)" in capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["per_model"]["m1"]["base"] == "m0"

@@ -166,7 +166,7 @@ def test_the_cli_writes_the_oracle_report(tmp_path: Path, capsys: pytest.Capture
 
     args = cli_args(tmp_path, config(1, idle_grace_s=100), [(0, "m0", 100, 4), (100, "m0", 100, 4),
                                                             (1000, "m0", 100, 4)], prefill=100, tpot_s=0.5)
-    assert main([*args, "--oracle", "--out", str(tmp_path / "o")]) == 0
+    assert main([*args, "--oracle", "--out-dir", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     assert "1 models, 2 idle gaps" in out and "fixed 300 s" in out
     doc = json.loads((tmp_path / "o" / "oracle.json").read_text())
@@ -177,8 +177,8 @@ def test_the_cli_writes_the_oracle_report(tmp_path: Path, capsys: pytest.Capture
     assert main([*args, "--oracle", "--compare-packing"]) == 2
     assert "choose one" in capsys.readouterr().err
     # With --sweep: the sweep, then the oracle's table, both written under --out.
-    assert main([*args, "--sweep", "--oracle", "--budgets", "none", "--idle-grace", "100", "--keep-alive", "fixed",
-                 "--out", str(tmp_path / "s")]) == 0
+    assert main([*args, "--sweep", "--oracle", "--budgets", "none", "--idle-grace-s", "100", "--keep-alive", "fixed",
+                 "--out-dir", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
     assert "x_oracle" in out and "fixed 300 s" in out
     assert {p.name for p in (tmp_path / "s").iterdir()} >= {"sweep.json", "oracle.json", "frontier.png"}

@@ -176,7 +176,7 @@ def test_the_cli_compares_packing_side_by_side(tmp_path: Path, capsys: pytest.Ca
 
     args = cli_args(tmp_path, config(3, idle_grace_s=100), THREE, prefill=1000, tpot_s=0.01)
     out = tmp_path / "packing.json"
-    assert main([*args, "--compare-packing", "--gpu-memory-utilization", "0.3", "--out", str(out)]) == 0
+    assert main([*args, "--compare-packing", "--gpu-memory-utilization", "0.3", "--out-dir", str(out)]) == 0
     captured = capsys.readouterr()
     rows = {line[:20].strip(): line[20:].split() for line in captured.out.splitlines()}
     # The first test's runs: 304.4 instance-seconds without packing (0.08 h); A and B
@@ -191,8 +191,8 @@ def test_the_cli_compares_packing_side_by_side(tmp_path: Path, capsys: pytest.Ca
     assert runs["packed"]["summary"]["instance_seconds"] == pytest.approx(2 * 51.1)
     assert runs["packed"]["summary"]["cold_starts_by_tier"] == {"s3": 1, "packed": 2}
     assert doc["capacity_bytes"] == {"gpu": int(44.4 * GiB)}
-    # Without a .json name, --out is the directory of compare-packing.json.
-    assert main([*args, "--compare-packing", "--out", str(tmp_path / "d")]) == 0
+    # Without a .json name, --out-dir is the directory of compare-packing.json.
+    assert main([*args, "--compare-packing", "--out-dir", str(tmp_path / "d")]) == 0
     assert (tmp_path / "d" / "compare-packing.json").exists()
     # The engine share goes with the comparison; the comparison not with a sweep.
     assert main([*args, "--gpu-memory-utilization", "0.3"]) == 2

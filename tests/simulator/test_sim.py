@@ -237,13 +237,13 @@ def test_the_cli_writes_the_summary(tmp_path: Path) -> None:
     tr_file.write_text("timestamp,model,tenant,input_tokens,output_tokens\n0,m0,t,10,10\n5,m9,t,10,10\n")
     out = tmp_path / "out"
     assert main(["simulate", "--trace", str(tr_file), "--config", str(cfg_file), "--model-template", "m0",
-                 "--out", str(out)]) == 0
+                 "--out-dir", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert tuple(summary) == SUMMARY_KEYS and summary["requests"] == 2
     assert set(summary["per_model"]) == {"m0", "m9"}
     assert json.loads((out / "run.json").read_text())["trace"]["requests"] == 2
     # Without a template, the trace's unknown model is an error naming the fix.
-    assert main(["simulate", "--trace", str(tr_file), "--config", str(cfg_file), "--out", str(out)]) == 2
+    assert main(["simulate", "--trace", str(tr_file), "--config", str(cfg_file), "--out-dir", str(out)]) == 2
     assert not math.isnan(summary["usd"])
 
 
@@ -256,13 +256,13 @@ def test_a_run_starts_from_the_keep_alive_histograms_an_earlier_one_wrote(
     rows = [(float(t), "m0", 100, 4) for t in range(0, 5000, 500)]
     args = cli_args(tmp_path, config(1, idle_grace_s=100, keep_alive="histogram"), rows, prefill=100, tpot_s=0.5)
     day1, day2 = tmp_path / "day1.json", tmp_path / "day2.json"
-    assert main([*args, "--out", str(tmp_path / "a"), "--keepalive-to", str(day1)]) == 0
+    assert main([*args, "--out-dir", str(tmp_path / "a"), "--keepalive-to", str(day1)]) == 0
     saved = json.loads(day1.read_text())
     assert saved["m0"]["bin_s"] == 60.0 and saved["m0"]["histogram"]["counts"][8] == 9
     first = json.loads((tmp_path / "a" / "summary.json").read_text())["cold_starts"]
     # The second day starts from the first's nine intervals (and adds nine), so its
     # first idle period already lets go and pre-warms at 420 s: fewer cold starts.
-    assert main([*args, "--out", str(tmp_path / "b"), "--keepalive-from", str(day1),
+    assert main([*args, "--out-dir", str(tmp_path / "b"), "--keepalive-from", str(day1),
                  "--keepalive-to", str(day2)]) == 0
     assert json.loads(day2.read_text())["m0"]["histogram"]["counts"][8] == 18
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["cold_starts"] < first
@@ -270,7 +270,7 @@ def test_a_run_starts_from_the_keep_alive_histograms_an_earlier_one_wrote(
     saved["m0"]["bin_s"] = 30.0
     day1.write_text(json.dumps(saved))
     capsys.readouterr()
-    assert main([*args, "--out", str(tmp_path / "c"), "--keepalive-from", str(day1)]) == 0
+    assert main([*args, "--out-dir", str(tmp_path / "c"), "--keepalive-from", str(day1)]) == 0
     assert "m0's histogram is not used: counted with other bins than bin_s 60" in capsys.readouterr().err
     day1.write_text("[1, 2]")
     assert main([*args, "--keepalive-from", str(day1)]) == 2
@@ -282,7 +282,7 @@ def test_a_run_starts_from_the_keep_alive_histograms_an_earlier_one_wrote(
     assert "the oracle has no policy to start" in capsys.readouterr().err
     # A fleet whose models keep a fixed timeout learns nothing, and is told so.
     fixed = cli_args(tmp_path, config(1, idle_grace_s=100), rows, prefill=100, tpot_s=0.5)
-    assert main([*fixed, "--out", str(tmp_path / "d"), "--keepalive-to", str(day2)]) == 0
+    assert main([*fixed, "--out-dir", str(tmp_path / "d"), "--keepalive-to", str(day2)]) == 0
     assert json.loads(day2.read_text()) == {} and "only models with keep_alive: histogram" in capsys.readouterr().err
 
 
@@ -294,7 +294,7 @@ def test_the_wait_for_a_models_first_request_is_learnt_from_the_traces_start(tmp
     rows = [(0.0, "m0", 100, 4), (3000.0, "m1", 100, 4)]
     args = cli_args(tmp_path, config(2, idle_grace_s=100, keep_alive="histogram"), rows, prefill=100, tpot_s=0.5)
     out = tmp_path / "h.json"
-    assert main([*args, "--out", str(tmp_path / "a"), "--keepalive-to", str(out)]) == 0
+    assert main([*args, "--out-dir", str(tmp_path / "a"), "--keepalive-to", str(out)]) == 0
     saved = json.loads(out.read_text())
     assert "m0" not in saved and saved["m1"]["histogram"]["counts"] == [0] * 50 + [1]
 
@@ -436,7 +436,7 @@ def test_the_cli_shows_the_swap_tier(tmp_path: Path, capsys: pytest.CaptureFixtu
     tr_file.write_text("timestamp,model,tenant,input_tokens,output_tokens\n100,m1,t,100,100\n400,m0,t,100,100\n")
     out = tmp_path / "out"
     assert main(["simulate", "--trace", str(tr_file), "--config", str(cfg_file), "--costs", str(costs_file),
-                 "--out", str(out)]) == 0
+                 "--out-dir", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["cold_starts_by_tier"] == {"swap": 2}
     err = capsys.readouterr().err

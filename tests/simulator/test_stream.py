@@ -156,17 +156,17 @@ def test_the_cli_writes_a_description_and_simulates_it(tmp_path: Path, capsys: p
     cfg_file.write_text(json.dumps(json.loads(config().model_dump_json(exclude={"data_dir"}))))
     out = tmp_path / "out"
     args = ["simulate", "--trace", str(day_file), "--config", str(cfg_file), "--model-template", "m0"]
-    assert main([*args, "--out", str(out)]) == 0
+    assert main([*args, "--out-dir", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     drawn = sum(len(c) for c in day.chunks())
     assert summary["requests"] == drawn and "big" in summary["per_model"]
     run = json.loads((out / "run.json").read_text())
     assert run["trace"]["requests"] == drawn and 0 < run["trace"]["duration_s"] <= 120
     # The same description, the same answer.
-    assert main([*args, "--out", str(tmp_path / "again")]) == 0
+    assert main([*args, "--out-dir", str(tmp_path / "again")]) == 0
     assert json.loads((tmp_path / "again" / "summary.json").read_text()) == summary
     capsys.readouterr()
-    assert main([*args, "--sweep", "--out", str(tmp_path / "sweep")]) == 2
+    assert main([*args, "--sweep", "--out-dir", str(tmp_path / "sweep")]) == 2
     assert "runs as one simulation" in capsys.readouterr().err
     assert main(["simulate", "gen", "production", "--big-rps", "0", "--out", str(day_file)]) == 2
     assert "big_rps must be a positive number" in capsys.readouterr().err

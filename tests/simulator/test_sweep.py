@@ -36,7 +36,7 @@ CONFIG: dict[str, Any] = {
                                 "activation_timeout_s": 120, "keep_alive": "fixed"}}],
 }
 N_MODELS = 5
-RANGES = ["--budgets", "0,none", "--idle-grace", "30,300", "--keep-alive", "fixed,histogram"]
+RANGES = ["--budgets", "0,none", "--idle-grace-s", "30,300", "--keep-alive", "fixed,histogram"]
 
 
 def base_config() -> ThawConfig:
@@ -178,7 +178,7 @@ def swept(files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) ->
     outs = {}
     for jobs in (1, 2):
         out = tmp_path_factory.mktemp(f"jobs{jobs}")
-        assert main(["simulate", *_inputs(files), *RANGES, "--sweep", "--jobs", str(jobs), "--out", str(out)]) == 0
+        assert main(["simulate", *_inputs(files), *RANGES, "--sweep", "--jobs", str(jobs), "--out-dir", str(out)]) == 0
         outs[jobs] = out
     return {"outs": outs, "doc": json.loads((outs[1] / "sweep.json").read_text())}
 
@@ -254,7 +254,7 @@ def test_recommend_prints_the_cheapest_point_as_yaml(files: tuple[Path, Path], t
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     target = 1000.0  # every point that timed nothing out meets it: the cheapest of them wins
     rc = main(["pool", "recommend", *_inputs(files), *RANGES, "--ttft-p99-s", str(target), "--jobs", "1",
-               "--out", str(tmp_path)])
+               "--out-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0
     doc = json.loads((tmp_path / "sweep.json").read_text())
@@ -278,7 +278,7 @@ def test_recommend_prints_the_cheapest_point_as_yaml(files: tuple[Path, Path], t
 
 def test_recommend_fails_when_no_variant_meets_the_slo(files: tuple[Path, Path],
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["pool", "recommend", *_inputs(files), "--budgets", "none", "--idle-grace", "300",
+    rc = main(["pool", "recommend", *_inputs(files), "--budgets", "none", "--idle-grace-s", "300",
                "--keep-alive", "fixed", "--ttft-p99-s", "0.001", "--jobs", "1"])
     captured = capsys.readouterr()
     assert rc == 1 and captured.out == ""

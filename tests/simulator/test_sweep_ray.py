@@ -28,7 +28,7 @@ from thaw.exits import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 ROWS = sorted([(float(t), "m0", 500, 100) for t in range(0, 1800, 60)]
               + [(float(t), "m1", 500, 100) for t in range(30, 5400, 240)]
               + [(float(t), "m2", 500, 100) for t in range(45, 5400, 900)])
-RANGES = ["--budgets", "0,none", "--idle-grace", "30,300", "--keep-alive", "fixed,histogram"]
+RANGES = ["--budgets", "0,none", "--idle-grace-s", "30,300", "--keep-alive", "fixed,histogram"]
 AXES = Axes((0.0, UNLIMITED), (30.0, 300.0), ("fixed", "histogram"))
 
 
@@ -75,7 +75,7 @@ def test_the_cli_on_ray_writes_the_local_sweeps_points(ray_instance: None, tmp_p
     docs = {}
     for backend, extra in (("local", ["--jobs", "1"]), ("ray", [])):
         out = tmp_path / backend
-        assert main([*args, "--backend", backend, *extra, "--out", str(out)]) == EXIT_OK
+        assert main([*args, "--backend", backend, *extra, "--out-dir", str(out)]) == EXIT_OK
         docs[backend] = json.loads((out / "sweep.json").read_text())
     assert len(docs["ray"]["points"]) == 4 + 2 * 2 * 2  # baselines + budgets x idle graces x keep-alives
     assert docs["ray"]["points"] == docs["local"]["points"]
@@ -190,7 +190,7 @@ def _cli(tmp_path: Path, command: list[str]) -> list[str]:
     """`thaw simulate --sweep` or `thaw pool recommend` (``command``'s own options) on Ray."""
     simulate, *inputs = support.cli_args(tmp_path, config(), ROWS, prefill=1000.0, tpot_s=0.01)
     verb = [simulate] if command[0] == "--sweep" else ["pool", "recommend"]
-    return [*verb, *inputs, *command, *RANGES, "--backend", "ray", "--out", str(tmp_path / "out")]
+    return [*verb, *inputs, *command, *RANGES, "--backend", "ray", "--out-dir", str(tmp_path / "out")]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

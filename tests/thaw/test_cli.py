@@ -41,9 +41,9 @@ def test_help_lists_every_command_with_a_description() -> None:
         line = next((ln for ln in out.splitlines() if ln.strip().startswith(command)), None)
         assert line is not None, f"{command} missing from --help:\n{out}"
     for group, subs in {"config": ("check", "hash-key"), "store": ("up", "down", "status", "ls"),
-                        "models": ("deploy", "update", "rollback", "rm", "ls", "describe"),
+                        "models": ("deploy", "update", "rollback", "rm", "ls", "show"),
                         "bench": ("cold-start", "stream"), "snapshot": ("build", "ls", "rm"),
-                        "tenants": ("create", "rm", "ls", "add", "revoke", "limits", "models"),
+                        "tenants": ("create", "rm", "ls", "show", "keys", "limits", "models"),
                         "pool": ("status", "events")}.items():
         sub_out = thaw(group, "--help").stdout
         for s in subs:
@@ -142,24 +142,26 @@ def test_tenants_commands_keep_keys_at_the_controller(tmp_path: Path) -> None:
             return False
 
         wait_until("the controller healthy", healthy, 15, 0.1)
-        key = thaw("tenants", "add", "demo", "--label", "ci", *c).stdout.strip()
+        key = thaw("tenants", "keys", "add", "demo", "--label", "ci", *c).stdout.strip()
         assert key.startswith("thaw-")
         listed = thaw("tenants", "ls", *c).stdout
         assert key[:9] in listed and "active" in listed and "ci" in listed and key not in listed
-        assert "revoked 1 key" in thaw("tenants", "revoke", key, *c).stdout
+        assert "revoked 1 key" in thaw("tenants", "keys", "revoke", key, *c).stdout
         assert "revoked" in thaw("tenants", "ls", *c).stdout
-        bad = thaw("tenants", "add", "nobody", *c, check=False)
+        bad = thaw("tenants", "keys", "add", "nobody", *c, check=False)
         assert bad.returncode == 2 and "no tenant 'nobody'" in bad.stderr
-        again = thaw("tenants", "revoke", key, *c, check=False)
+        again = thaw("tenants", "keys", "revoke", key, *c, check=False)
         assert again.returncode == 2 and "no such active key" in again.stderr
         # Tenants at run time: made, limited, given models and a key, removed with it.
-        made = thaw("tenants", "create", "beta", "--models", "demo", "--rpm", "60", *c).stdout
-        assert "created tenant beta (models demo; limits rpm 60)" in made
-        assert "rpm 120, tpm 5000" in thaw("tenants", "limits", "set", "beta", "--rpm", "120", "--tpm", "5000",
-                                             *c).stdout
+        made = thaw("tenants", "create", "beta", "--allowed-models", "demo", "--requests-per-minute", "60",
+                    *c).stdout
+        assert "created tenant beta (models demo; limits requests-per-minute 60)" in made
+        assert "requests-per-minute 120, tokens-per-minute 5000" in thaw(
+            "tenants", "limits", "set", "beta", "--requests-per-minute", "120", "--tokens-per-minute", "5000",
+            *c).stdout
         assert "models *" in thaw("tenants", "models", "set", "beta", "*", *c).stdout
         assert "no key" in thaw("tenants", "ls", *c).stdout
-        beta_key = thaw("tenants", "add", "beta", *c).stdout.strip()
+        beta_key = thaw("tenants", "keys", "add", "beta", *c).stdout.strip()
         assert beta_key[:9] in thaw("tenants", "ls", *c).stdout
         unknown = thaw("tenants", "models", "set", "beta", "nope", *c, check=False)
         assert unknown.returncode == 2 and "no models ['nope'] are deployed" in unknown.stderr
@@ -182,7 +184,7 @@ def test_tenants_commands_keep_keys_at_the_controller(tmp_path: Path) -> None:
         assert admin.startswith("thawadmin-") and admin[:14] in thaw("admin-keys", "ls", *c).stdout
         with_key = {"THAW_ADMIN_KEY": admin}
         assert "created tenant delta" in thaw("tenants", "create", "delta", *c, env=with_key).stdout
-        refused = thaw("tenants", "add", "delta", *c, env=with_key, check=False)  # keys: the cluster token's
+        refused = thaw("tenants", "keys", "add", "delta", *c, env=with_key, check=False)  # keys: the cluster token's
         assert refused.returncode == 1 and "refused the admin key in THAW_ADMIN_KEY" in refused.stderr
         assert "revoked 1 admin key" in thaw("admin-keys", "revoke", admin, *c).stdout
         assert thaw("tenants", "ls", *c, env=with_key, check=False).returncode == 1
@@ -217,6 +219,7 @@ def test_usage_command(tmp_path: Path) -> None:
     window = thaw("usage", "--since", "1h", *c).stdout
     assert "no usage in that window" in window and "incomplete: the object store is not available" in window
     answer = json.loads(thaw("usage", "--format", "json", *c).stdout)
+    assert json.loads(thaw("usage", "--json", *c).stdout)["tenants"] == answer["tenants"]  # the same
     assert answer["tenants"]["demo"]["requests"] == 1 and answer["complete"] is False
     assert answer["tenants"]["demo"]["models"]["demo"]["requests"] == 1
     # No controller to ask for prices: no cost, and said so.

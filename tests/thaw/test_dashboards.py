@@ -72,7 +72,7 @@ def test_monitoring_write_makes_a_prometheus_config_and_grafana_provisioning(tmp
     data["data_dir"] = str(tmp_path / "data")
     cfg.write_text(yaml.safe_dump(data))
     out = subprocess.run([sys.executable, "-m", "thaw.cli.main", "monitoring", "write", "--config", str(cfg),
-                          "--out", str(tmp_path / "mon"), "--activator", "http://10.0.0.1:8000,http://10.0.0.2:8000",
+                          "--out-dir", str(tmp_path / "mon"), "--activator", "http://10.0.0.1:8000,http://10.0.0.2:8000",
                           "--token-file", str(tmp_path / "token")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     prom = yaml.safe_load((tmp_path / "mon" / "prometheus.yml").read_text())

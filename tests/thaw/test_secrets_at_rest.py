@@ -165,7 +165,7 @@ async def test_keys_created_with_thaw_tenants_exist_on_disk_only_as_hashes(
     app = create_pool_app(manager, TOKEN, manage_lifecycle=False)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://controller",
                                  headers={"Authorization": f"Bearer {TOKEN}", "x-thaw-actor": "ops"}) as http:
-        # `thaw tenants add demo`, twice; the second key is revoked by the key itself.
+        # `thaw tenants keys add demo`, twice; the second key is revoked by the key itself.
         keys = []
         for label in ("ci", "laptop"):
             r = await http.post("/v1/keys", json={"tenant": "demo", "label": label})

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from thaw.cli.aliases import add_renamed_flag
 from thaw.cli.common import EXIT_FAILED, EXIT_INVALID, CliError
 
 
@@ -87,9 +88,9 @@ def cmd_config(args: argparse.Namespace) -> int:
         raise CliError(f"the config made from stack {args.stack!r} does not check: {exc}", EXIT_FAILED) from None
     text = ("# Made by `thaw aws config --stack " + args.stack + "`; add models and tenants with `thaw models` "
             "and `thaw tenants`.\n" + yaml.safe_dump(data, sort_keys=False))
-    if args.output:
-        Path(args.output).write_text(text)
-        print(f"wrote {args.output}; upload it to s3://{data['object_store']['bucket']}/config/thaw.yaml",
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}; upload it to s3://{data['object_store']['bucket']}/config/thaw.yaml",
               file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -171,6 +172,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from thaw.aws_stack import check_problems
 
     problems = check_problems(stack_facts(args.stack, args.region))
+    if args.json:
+        print(json.dumps({"stack": args.stack, "ok": not problems, "problems": [str(p) for p in problems]}, indent=2))
+        return EXIT_FAILED if problems else 0
     for p in problems:
         print(f"- {p}")
     if not problems:
@@ -183,13 +187,16 @@ def add_parsers(sub: argparse._SubParsersAction, add: Any) -> None:  # type: ign
     a_sub = aws.add_subparsers(dest="aws_command", metavar="SUBCOMMAND", required=True)
     p = add(a_sub, "config", "Write the config the stack's services run with, from its outputs.", cmd_config,
             with_common=False)
-    p.add_argument("--stack", required=True, metavar="NAME")
+    p.add_argument("--stack", required=True, metavar="NAME", help="the CloudFormation stack's name")
     p.add_argument("--region", default=None, help="default: the AWS default chain's")
     p.add_argument("--redis-url", default=None,
                    help="limits.url, in place of the stack's ElastiCache group (rediss://HOST:PORT/DB)")
-    p.add_argument("-o", "--output", default=None, metavar="FILE", help="default: standard output")
+    add_renamed_flag(p, "--output", "--out")
+    p.add_argument("-o", "--out", default=None, metavar="FILE", help="write it here (default: standard output)")
     p = add(a_sub, "check", "Say what keeps the stack's cluster from working: zones without a shape's instance "
             "type, launch templates without the worker profile, a token secret a role cannot read, no config.",
             cmd_check, with_common=False)
-    p.add_argument("--stack", required=True, metavar="NAME")
+    p.add_argument("--stack", required=True, metavar="NAME", help="the CloudFormation stack's name")
     p.add_argument("--region", default=None, help="default: the AWS default chain's")
+    p.add_argument("--json", action="store_true",
+                   help='print the verdict as one JSON document: {"stack", "ok", "problems"}')

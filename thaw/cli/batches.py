@@ -8,7 +8,14 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from thaw.cli.common import _call, _controller, _get, _load
+from thaw.cli.common import (
+    _call,
+    _controller,
+    _get,
+    _load,
+    add_controller_argument,
+    add_json_argument,
+)
 
 COMMANDS = {
     "ls": "List the newest batches of every tenant (or --tenant's), with their progress.",
@@ -18,16 +25,16 @@ COMMANDS = {
 
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
-    p.add_argument("--controller", metavar="URL", default=None)
+    add_controller_argument(p)
+    add_json_argument(p, "print the controller's JSON")
     if name == "ls":
-        p.add_argument("--tenant", default=None)
+        p.add_argument("--tenant", default=None, help="only this tenant's batches")
         p.add_argument("--status", default=None, choices=["validating", "failed", "in_progress", "finalizing",
-                                                          "completed", "expired", "cancelling", "cancelled"])
-        p.add_argument("--limit", type=int, default=100)
+                                                          "completed", "expired", "cancelling", "cancelled"],
+                       help="only batches in this status")
+        p.add_argument("--limit", type=int, default=100, metavar="N", help="the newest N (default 100)")
     if name in ("show", "cancel"):
-        p.add_argument("batch_id", metavar="BATCH_ID")
-    if name in ("ls", "show"):
-        p.add_argument("--json", action="store_true", help="print the controller's JSON")
+        p.add_argument("batch_id", metavar="BATCH_ID", help="the batch's id (batch_...)")
 
 
 def _when(ts: float | None) -> str:
@@ -73,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  error: {e['code']}: {e['message']}")
     elif command == "cancel":
         b = _call(cfg, "POST", url, f"/v1/admin/batches/{args.batch_id}/cancel")
-        print(f"{b['id']}: {b['status']}")
+        print(json.dumps(b, indent=2) if args.json else f"{b['id']}: {b['status']}")
     return 0
 
 
@@ -81,4 +88,4 @@ def add_parsers(sub: argparse._SubParsersAction, add: Any) -> None:  # type: ign
     bat = sub.add_parser("batches", help="Every tenant's batches at the controller (operators).")
     b_sub = bat.add_subparsers(dest="batches_command", metavar="SUBCOMMAND", required=True)
     for name, help_ in COMMANDS.items():
-        add_arguments(name, add(b_sub, name, help_, run))
+        add_arguments(name, add(b_sub, name, help_, run, needs="controller"))

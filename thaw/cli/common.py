@@ -19,13 +19,64 @@ class CliError(Exception):
         self.code = code
 
 
+# What a command needs running and where it finds its token: one sentence each, ending
+# every such command's description (`thaw <command> --help`, docs/reference/cli.md).
+NEEDS_CONTROLLER = ("Needs a running controller (`thaw up` or `thaw controller`); authenticates with the "
+                    "cluster token from the config's data directory, or an admin key in THAW_ADMIN_KEY.")
+NEEDS_STORE = "Needs the object store (the embedded one runs under `thaw up` or `thaw store up`)."
+# By what a command needs (the `needs` of `add` in thaw.cli.main): its sentences.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "controller": (NEEDS_CONTROLLER,),
+    "store": (NEEDS_STORE,),
+    "store+controller": (NEEDS_STORE, NEEDS_CONTROLLER),
+    "local": (),
+}
+CONTROLLER_HELP = ("the controllers, comma-separated (calls go to the leader); default: the running "
+                   "`thaw up`'s, else controller.urls in the config")
+
+
+def add_controller_argument(p: argparse.ArgumentParser) -> None:
+    """``--controller URL[,URL]``, the same on every command that calls a controller."""
+    p.add_argument("--controller", metavar="URL[,URL]", default=None, help=CONTROLLER_HELP)
+
+
+def add_json_argument(p: argparse.ArgumentParser, help_: str = "print the result as one JSON document") -> None:
+    """``--json``: the command's result on stdout as one JSON document."""
+    p.add_argument("--json", action="store_true", help=help_)
+
+
+def print_json(body: object) -> None:
+    print(json.dumps(body, indent=2))
+
+
 def _config_path(args: argparse.Namespace) -> Path:
     return Path(args.config or os.environ.get("THAW_CONFIG") or DEFAULT_CONFIG_PATH)
 
 
-def _load(args: argparse.Namespace) -> ThawConfig:
+def _config_source(args: argparse.Namespace, running_stack: bool) -> tuple[Path, Path | None]:
+    """The config file a command reads, and the directory its relative paths resolve
+    from (None: the current one): --config, else THAW_CONFIG, else the default here,
+    else (``running_stack``) the running `thaw up`'s that this user started last."""
+    if args.config or os.environ.get("THAW_CONFIG") or DEFAULT_CONFIG_PATH.exists():
+        return _config_path(args), None
+    from thaw.cli.stack import latest
+
+    stack = latest() if running_stack else None
+    if stack is None:
+        raise CliError(f"{DEFAULT_CONFIG_PATH}: no such file in {Path.cwd()}"
+                       + (", and no `thaw up` of yours is running to take its config from" if running_stack else "")
+                       + ": give the config with --config FILE or THAW_CONFIG=FILE, or run from the directory "
+                       "that holds it (the checkout)", EXIT_INVALID)
+    return stack.config, stack.base_dir
+
+
+def _load(args: argparse.Namespace, *, running_stack: bool = True) -> ThawConfig:
+    """The config (``_config_source``). ``running_stack``: without --config, THAW_CONFIG
+    and the default config here, take the running `thaw up`'s (False: the services, which
+    run with a config of their own)."""
+    path, base_dir = _config_source(args, running_stack)
     try:
-        cfg = load_config(_config_path(args))
+        cfg = load_config(path, base_dir)
     except ConfigError as exc:
         raise CliError(str(exc), EXIT_INVALID) from None
     setup_logging("cli", args.log_level or cfg.log_level)

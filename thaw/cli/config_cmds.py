@@ -90,10 +90,14 @@ def _read_hf_config(client: object, uri: str) -> dict[str, object] | None:
 def cmd_config_check(args: argparse.Namespace) -> int:
     from thaw.fit import ModelSize, fit_problem
 
+    as_json = getattr(args, "json", False)
     try:
         cfg = load_config(args.file)
     except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
+        if as_json:
+            print(json.dumps({"file": str(args.file), "ok": False, "problems": [str(exc)], "notes": []}, indent=2))
+        else:
+            print(str(exc), file=sys.stderr)
         return EXIT_INVALID
     sizes, notes = _model_sizes(cfg, _assumed_sizes(args.assume_size or [], cfg))
     problems = []
@@ -103,10 +107,18 @@ def cmd_config_check(args: argparse.Namespace) -> int:
             problem = fit_problem(i, m, cfg, size)
             if problem:
                 problems.append(problem)
+    unsized = [m.name for m in cfg.models if m.name not in sizes and m.base is None]
+    if as_json:
+        print(json.dumps({"file": str(args.file), "ok": not problems, "problems": problems, "notes": notes,
+                          "unsized_models": unsized, "models": len(cfg.models), "shapes": len(cfg.shapes),
+                          "pools": len(cfg.pools), "tenants": len(cfg.tenants),
+                          "store": {"kind": cfg.object_store.kind, "endpoint_url":
+                                    cfg.object_store.resolved_endpoint_url, "bucket": cfg.object_store.bucket}},
+                         indent=2))
+        return EXIT_INVALID if problems else 0
     if problems:
         print(f"{args.file}: invalid config\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
         return EXIT_INVALID
-    unsized = [m.name for m in cfg.models if m.name not in sizes and m.base is None]
     if unsized:
         print(f"note: not checked whether these models fit their shapes: {', '.join(unsized)}: "
               f"{'; '.join(notes) or 'no size known'} (give --assume-size SIZE or NAME=SIZE)", file=sys.stderr)

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from thaw.cli.common import CliError
+from thaw.cli.aliases import add_hidden_parser, add_renamed_flag, renamed_command
+from thaw.cli.common import NEEDS, CliError, add_controller_argument, add_json_argument
 from thaw.cli.config_cmds import cmd_config_check, cmd_config_hash_key
 from thaw.cli.pool import (
     cmd_pool_budget_set,
@@ -47,8 +48,9 @@ def _version() -> str:
 
 Handler = Callable[[argparse.Namespace], int]
 Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
-# add(parent, name, help, handler, with_common=True): a command with its handler and,
-# by default, the common options (--config, --log-level).
+# add(parent, name, help, handler, with_common=True, needs="local", hidden_as=None): a
+# command with its handler, by default the common options (--config, --log-level), and
+# what it needs running said in its description (thaw.cli.common.NEEDS).
 Add = Callable[..., argparse.ArgumentParser]
 
 
@@ -61,8 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"thaw {_version()}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", metavar="FILE",
-                        help=f"config file (default: $THAW_CONFIG or {DEFAULT_CONFIG_PATH})")
-    common.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+                        help=f"config file (default: $THAW_CONFIG, else {DEFAULT_CONFIG_PATH} here, else the "
+                             "running `thaw up`'s)")
+    common.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None,
+                        help="what to log (default: the config's log_level)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add = _adder(common)
     # In the order `thaw --help` lists them.
@@ -100,10 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _adder(common: argparse.ArgumentParser) -> Add:
-    def add(parent: Subparsers, name: str, help_: str, fn: Handler,
-            with_common: bool = True) -> argparse.ArgumentParser:
-        p = parent.add_parser(name, help=help_, description=help_, parents=[common] if with_common else [])
-        p.set_defaults(fn=fn)
+    def add(parent: Subparsers, name: str, help_: str, fn: Handler, with_common: bool = True,
+            needs: str = "local", hidden_as: str | None = None) -> argparse.ArgumentParser:
+        """``needs`` (a key of thaw.cli.common.NEEDS) ends the description with what the
+        command needs running; ``hidden_as`` ("tenants keys add") makes it an old
+        name, not listed, that says the new one first."""
+        description = " ".join((help_, *NEEDS[needs]))
+        parents = [common] if with_common else []
+        if hidden_as is None:
+            p = parent.add_parser(name, help=help_, description=description, parents=parents)
+        else:
+            p = add_hidden_parser(parent, name, description=description, parents=parents)
+            path = parent._prog_prefix.removeprefix("thaw").strip()  # the group: "tenants"
+            fn = renamed_command(f"{path} {name}".strip(), hidden_as, fn)
+        p.set_defaults(fn=fn, needs=needs)
         return p
 
     return add
@@ -114,8 +128,9 @@ def _add_service_commands(sub: Subparsers, add: Add) -> None:
     p = add(sub, "up", "Run the embedded platform: store, control plane, activator, standby workers.", cmd_up)
     p.add_argument("--port", type=int, default=None, help="activator port (default: server.port)")
     p = add(sub, "status", "Show models (replicas, queue, last cold start) and workers of a running `thaw up`.",
-            cmd_status)
-    p.add_argument("--json", action="store_true")
+            cmd_status, needs="controller")
+    add_controller_argument(p)
+    add_json_argument(p)
 
     p = add(sub, "controller", "Run the controller: the pool manager, its API and the providers.", cmd_controller)
     p.add_argument("--host", default=None, help="listen address (default: controller.host)")
@@ -126,7 +141,7 @@ def _add_service_commands(sub: Subparsers, add: Add) -> None:
     p.add_argument("--url", default=None,
                    help="where the others reach this controller, one of controller.urls when several share "
                         "one PostgreSQL (default: controller.url, else http://HOST:PORT)")
-    p = add(sub, "activator", "Run an activator: the OpenAI-compatible API.", cmd_activator)
+    p = add(sub, "activator", "Run an activator: the OpenAI-compatible API.", cmd_activator, needs="controller")
     p.add_argument("--controller", metavar="URL[,URL]", default=None,
                    help="the controllers (it follows the leader); default: controller.urls or controller.url")
     p.add_argument("--host", default=None, help="listen address (default: server.host)")
@@ -149,17 +164,18 @@ def _add_pool_commands(sub: Subparsers, add: Add) -> None:
     """`thaw pool`: the warm pool at a running controller, and recommendations offline."""
     pool = sub.add_parser("pool", help="The warm pool: workers, shapes, models, and the controller's decisions.")
     pl_sub = pool.add_subparsers(dest="pool_command", metavar="SUBCOMMAND", required=True)
-    p = add(pl_sub, "status", "Per shape, model and worker: states, targets, budget and spend.", cmd_pool_status)
-    p.add_argument("--controller", metavar="URL", default=None)
-    p.add_argument("--json", action="store_true")
+    p = add(pl_sub, "status", "Per shape, model and worker: states, targets, budget and spend.", cmd_pool_status,
+            needs="controller")
+    add_controller_argument(p)
+    add_json_argument(p)
     p = add(pl_sub, "events", "Every decision the controller carried out, with its reason and inputs.",
-            cmd_pool_events)
-    p.add_argument("--controller", metavar="URL", default=None)
+            cmd_pool_events, needs="controller")
+    add_controller_argument(p)
     p.add_argument("--since", default="1h", help="epoch seconds, ISO time, or a duration back (default 1h)")
     p.add_argument("--history", action="store_true",
                    help="the decision log in the state database: every leader's events, each with its "
                         "controller and term (default: this controller's recent events)")
-    p.add_argument("--json", action="store_true")
+    add_json_argument(p)
     from thaw.cli import simulate as simulate_cli
 
     p = add(pl_sub, "recommend", "Sweep warm-pool settings on a request trace and print the cheapest config "
@@ -168,24 +184,33 @@ def _add_pool_commands(sub: Subparsers, add: Add) -> None:
     budget = pl_sub.add_parser("budget", help="Show or change standby bands and budgets at run time.")
     b_sub = budget.add_subparsers(dest="budget_command", metavar="SUBCOMMAND", required=True)
     p = add(b_sub, "show", "Each pool's standby band and budget, and the budget across all pools.",
-            cmd_pool_budget_show)
-    p.add_argument("--controller", metavar="URL", default=None)
-    p.add_argument("--json", action="store_true")
+            cmd_pool_budget_show, needs="controller")
+    add_controller_argument(p)
+    add_json_argument(p)
     p = add(b_sub, "set", "Change a pool's standby band or budget, or the total budget; kept across restarts.",
-            cmd_pool_budget_set)
-    p.add_argument("shape", metavar="SHAPE", nargs="?", default=None)
-    p.add_argument("--standby-min", type=int, default=None)
-    p.add_argument("--standby-max", type=int, default=None)
-    p.add_argument("--usd-per-hour", type=float, default=None, help="the pool's budget for standby + asleep")
-    p.add_argument("--total-usd-per-hour", type=float, default=None, help="the budget across all pools")
-    p.add_argument("--controller", metavar="URL", default=None)
+            cmd_pool_budget_set, needs="controller")
+    p.add_argument("shape", metavar="SHAPE", nargs="?", default=None, help="the pool's shape (pools[].shape)")
+    p.add_argument("--standby-min", type=int, default=None, metavar="N",
+                   help="the pool's standby_min: instances kept standing by at the least")
+    p.add_argument("--standby-max", type=int, default=None, metavar="N",
+                   help="the pool's standby_max: instances standing by at the most")
+    # Named like the fields they set (pools[].budget_usd_per_hour, budget_usd_per_hour); the old names.
+    add_renamed_flag(p, "--usd-per-hour", "--budget-usd-per-hour", dest="usd_per_hour", type=float)
+    add_renamed_flag(p, "--total-usd-per-hour", "--total-budget-usd-per-hour", dest="total_usd_per_hour",
+                     type=float)
+    p.add_argument("--budget-usd-per-hour", dest="usd_per_hour", type=float, default=None, metavar="USD",
+                   help="the pool's budget_usd_per_hour: its standby + asleep spend")
+    p.add_argument("--total-budget-usd-per-hour", dest="total_usd_per_hour", type=float, default=None,
+                   metavar="USD", help="the config's top-level budget_usd_per_hour: the spend across all pools")
+    add_controller_argument(p)
+    add_json_argument(p)
     p = add(pl_sub, "clock", "The controller's time; --advance steps it forward (controller.stepped_clock: "
-            "tests and rehearsals of a schedule).", cmd_pool_clock)
+            "tests and rehearsals of a schedule).", cmd_pool_clock, needs="controller")
     p.add_argument("--advance", type=float, default=None, metavar="S",
                    help="move the controller's clock S seconds forward (refused unless stepped_clock is on, "
                         "or when S is longer than a worker's heartbeats outlast)")
-    p.add_argument("--controller", metavar="URL", default=None)
-    p.add_argument("--json", action="store_true")
+    add_controller_argument(p)
+    add_json_argument(p)
 
 
 def _add_config_commands(sub: Subparsers, add: Add) -> None:
@@ -197,6 +222,7 @@ def _add_config_commands(sub: Subparsers, add: Add) -> None:
     p.add_argument("file", metavar="FILE")
     p.add_argument("--assume-size", action="append", metavar="[NAME=]SIZE", default=None,
                    help="weights size when the store cannot say (e.g. 140GiB, or llama-70b=140GiB); repeatable")
+    add_json_argument(p, 'print the verdict as one JSON document: {"file", "ok", "problems", "notes", ...}')
     p = add(cfg_sub, "hash-key", "Print the hash of an API key, as stored in tenants[].api_key_hashes.",
             cmd_config_hash_key, with_common=False)
     p.add_argument("key", metavar="KEY")
@@ -207,10 +233,13 @@ def _add_store_commands(sub: Subparsers, add: Add) -> None:
     store = sub.add_parser("store", help="Start, stop or inspect the embedded S3 store (SeaweedFS).")
     st_sub = store.add_subparsers(dest="store_command", metavar="SUBCOMMAND", required=True)
     add(st_sub, "up", "Start the embedded store on loopback and create the bucket.", cmd_store_up)
-    add(st_sub, "down", "Stop the embedded store (waits for a clean shutdown).", cmd_store_down)
+    p = add(st_sub, "down", "Stop the embedded store (waits for a clean shutdown); refused while a running "
+            "`thaw up` uses it.", cmd_store_down)
+    p.add_argument("--force", action="store_true",
+                   help="stop it even while a running `thaw up` uses it (that stack's services then fail)")
     add(st_sub, "status", "Say whether the embedded store is running.", cmd_store_status)
-    p = add(st_sub, "ls", "List model prefixes in the store, with their manifests.", cmd_store_ls)
-    p.add_argument("--json", action="store_true")
+    p = add(st_sub, "ls", "List model prefixes in the store, with their manifests.", cmd_store_ls, needs="store")
+    add_json_argument(p)
 
     p = add(sub, "demo-model", "Build the tiny demo Llama (deterministic by seed) as safetensors.",
             cmd_demo_model)
@@ -231,7 +260,7 @@ def _add_tool_commands(sub: Subparsers, add: Add) -> None:
             plan_cli.run, with_common=False)
     plan_cli.add_arguments(p)
 
-    p = add(sub, "push", "Upload a model directory to the store and write its manifest.", cmd_push)
+    p = add(sub, "push", "Upload a model directory to the store and write its manifest.", cmd_push, needs="store")
     p.add_argument("dir", metavar="DIR")
     p.add_argument("uri", metavar="S3_URI", help="s3://bucket/prefix")
     p.add_argument("--concurrency", type=int, default=8, help="parallel parts per file (default 8)")
@@ -307,19 +336,21 @@ def _add_snapshot_commands(sub: Subparsers, add: Add) -> None:
     snap = sub.add_parser("snapshot", help="Build, list or remove engine snapshots (compile caches) in the store.")
     s_sub = snap.add_subparsers(dest="snapshot_command", metavar="SUBCOMMAND", required=True)
     for name, help_ in snapshot_cli.COMMANDS.items():
-        p = add(s_sub, name, help_, getattr(snapshot_cli, f"cmd_{name}"))
+        p = add(s_sub, name, help_, getattr(snapshot_cli, f"cmd_{name}"), needs="store")
         snapshot_cli.add_arguments(name, p)
 
 
 def _add_usage_command(sub: Subparsers, add: Add) -> None:
     """`thaw usage`: usage per tenant and model across every activator."""
     p = add(sub, "usage", "Usage per tenant and model across every activator: tokens, errors, cold starts, "
-            "GPU-seconds, cost.", cmd_usage)
-    p.add_argument("--tenant", default=None)
-    p.add_argument("--controller", metavar="URL", default=None, help="where the prices are (the model registry)")
+            "GPU-seconds, cost (prices from the controller's model registry).", cmd_usage, needs="store+controller")
+    p.add_argument("--tenant", default=None, help="only this tenant's usage (default: every tenant's)")
+    add_controller_argument(p)
     p.add_argument("--since", default=None, help="epoch seconds, ISO time, or a duration back (15m, 2h, 7d)")
-    p.add_argument("--until", default=None)
-    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--until", default=None, help="the window's end, as --since (default: now)")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table",
+                   help="a table (default), CSV (one row per request), or one JSON document")
+    p.add_argument("--json", dest="format", action="store_const", const="json", help="the same as --format json")
 
 
 def _add_model_commands(sub: Subparsers, add: Add) -> None:
@@ -327,15 +358,18 @@ def _add_model_commands(sub: Subparsers, add: Add) -> None:
     from thaw.cli import models as models_cli
 
     p = add(sub, "apply", "Make the models and tenants served match a file (prints the plan first; "
-            "all or nothing).", models_cli.run_apply)
+            "all or nothing).", models_cli.run_apply, needs="controller")
     models_cli.add_apply_arguments(p)
 
     models = sub.add_parser("models", help="Deploy, change, roll back, remove and list the models served "
                                            "(at the controller; every activator follows within a second).")
     m_sub = models.add_subparsers(dest="models_command", metavar="SUBCOMMAND", required=True)
     for name, help_ in models_cli.COMMANDS.items():
-        p = add(m_sub, name, help_, models_cli.run)
+        p = add(m_sub, name, help_, models_cli.run, needs="controller")
         models_cli.add_arguments(name, p)
+    for old, new in models_cli.RENAMED.items():
+        p = add(m_sub, old, models_cli.COMMANDS[new], models_cli.run, needs="controller", hidden_as=f"models {new}")
+        models_cli.add_arguments(old, p)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

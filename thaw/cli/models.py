@@ -1,4 +1,4 @@
-"""`thaw models deploy|update|rollback|rm|ls|describe`: the controller's model registry
+"""`thaw models deploy|update|rollback|rm|ls|show`: the controller's model registry
 (``/v1/admin/models``), from the command line."""
 
 from __future__ import annotations
@@ -8,7 +8,17 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from thaw.cli.common import CliError, _call, _controller, _get, _load
+from thaw.cli.aliases import add_renamed_flag
+from thaw.cli.common import (
+    CliError,
+    _call,
+    _controller,
+    _get,
+    _load,
+    add_controller_argument,
+    add_json_argument,
+    print_json,
+)
 from thaw.config import EngineArgs
 from thaw.exits import EXIT_INVALID
 
@@ -18,14 +28,26 @@ COMMANDS = {
     "rollback": "Go back to an earlier revision's weights and settings (a new revision).",
     "rm": "Stop serving a model: new requests get 404, requests in flight finish, revisions are kept.",
     "ls": "The models in the registry: current revision, weights, shape, tenant, replicas.",
-    "describe": "One model: every revision (who changed what, when), replicas, last cold start.",
+    "show": "One model: every revision (who changed what, when), replicas, last cold start.",
+}
+# Old names (one release): `models describe` is `models show`.
+RENAMED = {"describe": "show"}
+# The price flags are named like their fields (models[].pricing); the old ones.
+PRICES = {
+    "prompt_usd_per_mtok": ("--price-prompt", "USD per million prompt tokens (a price change is a revision; "
+                                              "bills name it)"),
+    "cached_usd_per_mtok": ("--price-cached", "USD per million cached prompt tokens (default: the prompt price)"),
+    "completion_usd_per_mtok": ("--price-completion", "USD per million completion tokens"),
+    "usd_per_gpu_second": ("--price-gpu-second", "USD per GPU-second of replica time the tenant's requests used"),
 }
 
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
-    p.add_argument("--controller", metavar="URL", default=None)
-    if name in ("deploy", "update", "rollback", "rm", "describe"):
-        p.add_argument("name", metavar="NAME")
+    name = RENAMED.get(name, name)
+    add_controller_argument(p)
+    add_json_argument(p)
+    if name in ("deploy", "update", "rollback", "rm", "show"):
+        p.add_argument("name", metavar="NAME", help="the model's name")
     if name in ("deploy", "update"):
         p.add_argument("--uri", default=None, help="the weights: s3://bucket/prefix, pushed with `thaw push`")
         p.add_argument("--shape", default=None, help="the instance shape it runs on")
@@ -33,25 +55,27 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--base", default=None, help="a LoRA adapter: the model whose engines serve it")
         p.add_argument("--adapter-uri", default=None, help="a LoRA adapter: its files (PEFT layout)")
         p.add_argument("--served-name", default=None, help="what clients put in `model` (default: NAME)")
-        p.add_argument("--max-context-tokens", type=int, default=None)
-        p.add_argument("--min-replicas", type=int, default=None)
-        p.add_argument("--max-replicas", type=int, default=None)
-        p.add_argument("--idle-grace-s", type=float, default=None)
-        p.add_argument("--price-prompt", type=float, default=None, metavar="USD",
-                       help="USD per million prompt tokens (a price change is a revision; bills name it)")
-        p.add_argument("--price-cached", type=float, default=None, metavar="USD",
-                       help="USD per million cached prompt tokens (default: the prompt price)")
-        p.add_argument("--price-completion", type=float, default=None, metavar="USD",
-                       help="USD per million completion tokens")
-        p.add_argument("--price-gpu-second", type=float, default=None, metavar="USD",
-                       help="USD per GPU-second of replica time the tenant's requests used")
+        p.add_argument("--max-context-tokens", type=int, default=None, metavar="N",
+                       help="the longest prompt plus completion it serves (the engine's max_model_len)")
+        p.add_argument("--min-replicas", type=int, default=None, metavar="N",
+                       help="autoscaling.min_replicas: replicas kept even when idle")
+        p.add_argument("--max-replicas", type=int, default=None, metavar="N",
+                       help="autoscaling.max_replicas: replicas at the most")
+        p.add_argument("--idle-grace-s", type=float, default=None, metavar="S",
+                       help="autoscaling.idle_grace_s: with no request for this long, replicas above "
+                            "--min-replicas are released")
+        for field, (old, help_) in PRICES.items():
+            new = "--" + field.replace("_", "-")
+            add_renamed_flag(p, old, new, type=float)
+            p.add_argument(new, type=float, default=None, metavar="USD", help=help_)
         p.add_argument("--prewarm", action="append", default=None, metavar="'CRON;FOR_S[;REPLICAS]'",
                        help="a scheduled pre-warm window (UTC cron, 5 fields): hold REPLICAS (default 1) for "
                             "FOR_S seconds from each time CRON fires; repeatable, replaces the schedule; "
                             "'none' clears it")
         p.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
                        help="an engine setting (dtype, enforce_eager, cpu_kvcache_gib, ...) or any vLLM "
-                            "argument; V is read as JSON where it parses (true, 2, 0.5), else as text; repeatable")
+                            "argument; V is read as JSON where it parses (true, 2, 0.5), else as text; repeatable. "
+                            "A deploy on a CPU shape runs eager unless enforce_eager=false")
     if name in ("deploy", "update", "rollback"):
         p.add_argument("--note", default=None, help="why, kept with the revision")
     if name in ("update", "rollback", "rm"):
@@ -60,8 +84,6 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
                             "default: the current one, read just before")
     if name == "rollback":
         p.add_argument("--to", type=int, default=None, help="the revision to go back to (default: the previous)")
-    if name in ("ls", "describe"):
-        p.add_argument("--json", action="store_true")
 
 
 def spec_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,10 +96,7 @@ def spec_of(args: argparse.Namespace) -> dict[str, Any]:
                                  ("idle_grace_s", args.idle_grace_s)) if v is not None}
     if scaling:
         spec["autoscaling"] = scaling
-    pricing = {k: v for k, v in (("prompt_usd_per_mtok", args.price_prompt),
-                                 ("cached_usd_per_mtok", args.price_cached),
-                                 ("completion_usd_per_mtok", args.price_completion),
-                                 ("usd_per_gpu_second", args.price_gpu_second)) if v is not None}
+    pricing = {k: v for k in PRICES if (v := getattr(args, k, None)) is not None}
     if pricing:
         spec["pricing"] = pricing
     if args.prewarm is not None:
@@ -98,6 +117,18 @@ def spec_of(args: argparse.Namespace) -> dict[str, Any]:
     if engine:
         spec["engine"] = engine
     return spec
+
+
+def eager_note(sent: dict[str, Any], record: dict[str, Any]) -> str | None:
+    """The line saying that the controller chose eager mode (a deploy on a CPU shape
+    that left ``enforce_eager`` out: warm_pool.registry.models.eager_on_cpu), else None."""
+    rev = _current(record) or {}
+    engine = rev.get("spec", {}).get("engine") or {}
+    if "enforce_eager" in (sent.get("engine") or {}) or engine.get("enforce_eager") is not True:
+        return None
+    return (f"  engine: eager (enforce_eager: true), the default on CPU shape {rev['spec'].get('shape')!r}: a "
+            "compiled engine's CPU cold start (~110 s) nears activation_timeout_s; "
+            "`--engine-arg enforce_eager=false` compiles")
 
 
 def prewarm_windows(items: list[str]) -> list[dict[str, Any]]:
@@ -144,23 +175,37 @@ def run(args: argparse.Namespace) -> int:
     if command == "deploy":
         record = _call(cfg, "POST", url, "/v1/admin/models",
                        body={"name": args.name, "spec": spec_of(args), "note": args.note})
+        if args.json:
+            print_json(record)
+            return 0
         print(f"deployed {args.name} revision {record['revision']}; every activator serves it within a second")
+        if note := eager_note(spec_of(args), record):
+            print(note)
     elif command == "update":
         spec = spec_of(args)
         if not spec:
             raise CliError("nothing to change: give --uri or a setting", EXIT_INVALID)
         record = _call(cfg, "PATCH", url, path, body={"revision": based_on(), "spec": spec, "note": args.note})
+        if args.json:
+            print_json(record)
+            return 0
         print(f"updated {args.name} to revision {record['revision']}")
     elif command == "rollback":
         record = _call(cfg, "POST", url, f"{path}/rollback",
                        body={"to": args.to, "revision": based_on(), "note": args.note})
+        if args.json:
+            print_json(record)
+            return 0
         rev = _current(record)
         print(f"rolled {args.name} back to the settings of revision {rev['from_revision'] if rev else '?'}: "
               f"revision {record['revision']}")
     elif command == "rm":
-        _call(cfg, "DELETE", url, path, params={"revision": based_on()})
+        record = _call(cfg, "DELETE", url, path, params={"revision": based_on()})
+        if args.json:
+            print_json(record)
+            return 0
         print(f"removed {args.name}: new requests get 404, requests in flight finish; its revisions are kept "
-              f"(`thaw models describe {args.name}`)")
+              f"(`thaw models show {args.name}`)")
     elif command == "ls":
         records = _get(cfg, url, "/v1/admin/models")["models"]
         rows = {r["name"]: r for r in _get(cfg, url, "/v1/state")["models"]}
@@ -182,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{spec.get('tenant') or '-':12} {ready:<10} {row.get('engine_class') or '-':12} "
                   f"{_when(r['removed_at'] if not r['revision'] else rev.get('created_at')):20} "
                   f"{spec.get('uri') or spec.get('adapter_uri') or '-'}")
-    elif command == "describe":
+    elif command in ("show", "describe"):
         record = _get(cfg, url, path)
         row = next((m for m in _get(cfg, url, "/v1/state")["models"] if m["name"] == args.name), None)
         if args.json:
@@ -223,7 +268,9 @@ def add_apply_arguments(p: argparse.ArgumentParser) -> None:
                         "config file will do: its other sections are ignored); a section left out is not touched")
     p.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
     p.add_argument("--note", default=None, help="why, kept with each revision made")
-    p.add_argument("--controller", metavar="URL", default=None)
+    add_controller_argument(p)
+    add_json_argument(p, "print the plan (and whether it was applied) as one JSON document: "
+                         '{"changes": [...], "applied": true|false}')
 
 
 def render_plan(changes: list[dict[str, Any]]) -> str:
@@ -261,6 +308,9 @@ def run_apply(args: argparse.Namespace) -> int:
         body["tenants"] = data["tenants"] or []
     reply = _call(cfg, "POST", _controller(args, cfg), "/v1/admin/apply", body=body)
     changes = reply["changes"]
+    if args.json:
+        print_json(reply)
+        return 0
     if not changes:
         print("nothing to change: the registry holds what the file declares")
         return 0

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from thaw.cli.aliases import add_renamed_flag
 from thaw.cli.common import _load
 
 
@@ -50,7 +51,8 @@ def add_parsers(sub: argparse._SubParsersAction, add: Any) -> None:  # type: ign
     m_sub = mon.add_subparsers(dest="monitoring_command", metavar="SUBCOMMAND", required=True)
     p = add(m_sub, "write", "Write prometheus.yml (scraping the activators and controllers with the cluster "
                             "token) and Grafana's provisioning with Thaw's dashboards into a folder.", run)
-    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write into")
+    add_renamed_flag(p, "--out", "--out-dir", dest="out")
+    p.add_argument("--out-dir", dest="out", required=True, metavar="DIR", help="the folder to write into")
     p.add_argument("--activator", action="append", metavar="URL[,URL]",
                    help="activators to scrape (default: the running `thaw up`'s, else server.host:port)")
     p.add_argument("--controller", action="append", metavar="URL[,URL]",

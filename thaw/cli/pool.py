@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 from thaw.cli.common import (
     EXIT_INVALID,
-    EXIT_STORE,
     CliError,
     _call,
     _controller,
@@ -25,10 +24,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     cfg = _load(args)
     path = endpoint_file(cfg)
     try:
-        info = json.loads(path.read_text())
+        local = json.loads(path.read_text())
     except (OSError, ValueError):
-        raise CliError(f"Thaw is not running here (no {path}); start it with `thaw up`", EXIT_STORE) from None
-    state = _get(cfg, info["control_url"], "/v1/state")
+        local = None
+    # --controller, else the running `thaw up`'s, else the config's: no `thaw up` needed.
+    url = _controller(args, cfg)
+    # The endpoint of the local `thaw up` when it is that controller's; else none known here.
+    info = local if isinstance(local, dict) and local.get("control_url") in url.split(",") else \
+        {"base_url": None, "control_url": url}
+    state = _get(cfg, url, "/v1/state")
     if args.json:
         print(json.dumps({"endpoint": info, **state}, indent=2))
     else:
@@ -90,13 +94,12 @@ def cmd_pool_budget_set(args: argparse.Namespace) -> int:
               "usd_per_hour": args.usd_per_hour, "total_usd_per_hour": args.total_usd_per_hour}
     change = {k: v for k, v in change.items() if v is not None}
     if set(change) <= {"shape"}:
-        raise CliError("nothing to set: give --standby-min, --standby-max, --usd-per-hour (with a SHAPE) or "
-                       "--total-usd-per-hour", EXIT_INVALID)
+        raise CliError("nothing to set: give --standby-min, --standby-max, --budget-usd-per-hour (with a SHAPE) "
+                       "or --total-budget-usd-per-hour", EXIT_INVALID)
     if args.shape is None and set(change) - {"total_usd_per_hour"}:
-        raise CliError("--standby-min, --standby-max and --usd-per-hour need a SHAPE", EXIT_INVALID)
+        raise CliError("--standby-min, --standby-max and --budget-usd-per-hour need a SHAPE", EXIT_INVALID)
     view = _call(cfg, "PUT", _controller(args, cfg), "/v1/pool/budget", body=change)
-    print(_render_budget(view))
-    return 0
+    return _emit(args, view, _render_budget)
 
 
 def _render_clock(view: dict) -> str:  # type: ignore[type-arg]

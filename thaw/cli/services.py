@@ -20,7 +20,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     from thaw.serve import run_server
     from warm_pool.server import create_controller_app
 
-    cfg = _load(args)
+    cfg = _load(args, running_stack=False)
     setup_logging("controller", args.log_level or cfg.log_level)
     host = args.host or cfg.controller.host
     port = args.port or cfg.controller.port
@@ -44,7 +44,7 @@ def cmd_activator(args: argparse.Namespace) -> int:
     )
     from thaw.serve import run_server
 
-    cfg = _load(args)
+    cfg = _load(args, running_stack=False)
     setup_logging("activator", args.log_level or cfg.log_level)
     port, host = args.port or cfg.server.port, args.host or cfg.server.host
     try:
@@ -74,13 +74,13 @@ def cmd_activator(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from worker.__main__ import run
 
-    return run(args, _load(args))
+    return run(args, _load(args, running_stack=False))
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     from thaw.cli.up import run_up
 
-    cfg = _load(args)
+    cfg = _load(args, running_stack=False)
     try:
         return run_up(cfg, _config_path(args), port=args.port)
     except ValueError as exc:

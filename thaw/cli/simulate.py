@@ -23,6 +23,7 @@ from simulator.run import (
 from simulator.sim import engine_classes, tier_order
 from simulator.stream import TraceStream, read_stream
 from simulator.traces import FORMATS, Trace, TraceError, read_trace
+from thaw.cli.aliases import add_renamed_flag
 from thaw.config import ConfigError, load_config
 from thaw.exits import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 
@@ -58,10 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_trace_arguments(p)
     p.epilog = ENGINE_CLASSES_HELP
-    p.add_argument("--out", metavar="DIR", type=Path, default=Path("sim-out"),
+    add_renamed_flag(p, "--out", "--out-dir", dest="out", type=Path)
+    p.add_argument("--out-dir", dest="out", metavar="DIR", type=Path, default=Path("sim-out"),
                    help="where summary.json, run.json and cold_starts.jsonl go (default sim-out); with "
-                        "--compare-packing (--oracle), a FILE.json or the DIR of compare-packing.json "
-                        "(oracle.json)")
+                        "--compare-packing (--oracle), where compare-packing.json (oracle.json) goes (a path "
+                        "ending in .json names the file itself)")
     p.add_argument("--exact", action="store_true",
                    help="judge every model on every tick, as the controller does (slow; same decisions)")
     p.add_argument("--keepalive-from", metavar="FILE", type=Path, default=None,

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import functools
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -73,6 +72,8 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("model", help="model name from the config")
         parser.add_argument("fingerprint", nargs="?", default=None, help="the snapshot to remove")
         parser.add_argument("--all", action="store_true", help="remove every snapshot of the model")
+        parser.add_argument("--json", action="store_true",
+                            help='print what was removed as one JSON document: {"removed": [{"uri", "objects"}]}')
     else:
         raise ValueError(f"unknown snapshot command {name!r}; known: {sorted(COMMANDS)}")
 
@@ -95,9 +96,14 @@ def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 
 
 def _config(args: argparse.Namespace) -> ThawConfig:
-    path = args.config or os.environ.get("THAW_CONFIG") or "examples/thaw.yaml"
+    from thaw.cli.common import CliError, _config_source
+
     try:
-        cfg = load_config(path)
+        path, base_dir = _config_source(args, running_stack=True)
+    except CliError as exc:
+        raise SnapshotCliError(str(exc), exc.code) from None
+    try:
+        cfg = load_config(path, base_dir)
     except ConfigError as exc:
         raise SnapshotCliError(str(exc), EXIT_INVALID) from None
     setup_logging("cli", args.log_level or cfg.log_level)
@@ -320,10 +326,14 @@ def cmd_rm(args: argparse.Namespace) -> int:
         raise SnapshotCliError(f"model {model.name!r} has no snapshot {args.fingerprint!r}; it has: {have}",
                                EXIT_INVALID)
     targets = sorted(stored) if args.all else [args.fingerprint]
+    removed = []
     for fp in targets:
         loc = SnapshotLocation(bucket, model.name, fp)
-        n = delete_snapshot(client, loc)
-        print(f"removed {loc.uri} ({n} objects)")
-    if not targets:
+        removed.append({"uri": loc.uri, "objects": delete_snapshot(client, loc)})
+        if not args.json:
+            print(f"removed {loc.uri} ({removed[-1]['objects']} objects)")
+    if args.json:
+        print(json.dumps({"model": model.name, "removed": removed}, indent=2))
+    elif not targets:
         print(f"model {model.name!r} has no snapshots")
     return 0

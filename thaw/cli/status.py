@@ -98,7 +98,9 @@ def _pct(part: int, whole: int) -> str:
 
 def render_status(info: dict[str, Any], state: dict[str, Any]) -> str:
     now = state.get("now") or time.time()
-    out = [f"endpoint {info['base_url']}  (controller {info['control_url']})", ""]
+    # (No base_url: a controller named with --controller, whose activators are not known here.)
+    out = [f"endpoint {info['base_url']}  (controller {info['control_url']})" if info.get("base_url")
+           else f"controller {info['control_url']}", ""]
     return "\n".join(out + _models(state, now) + [""] + _workers(state))
 
 

@@ -50,8 +50,17 @@ def cmd_store_up(args: argparse.Namespace) -> int:
 
 
 def cmd_store_down(args: argparse.Namespace) -> int:
+    from thaw.cli.stack import using
+
     cfg = _load(args)
-    stopped = _embedded(cfg).stop()
+    store = _embedded(cfg)
+    stack = using(cfg.data_dir)
+    if stack is not None and not args.force:
+        # Stopped under it, the stack's models could not load and its usage not ship.
+        raise CliError(f"the store in {store.root} is in use by the running `thaw up` (pid {stack.pid}, "
+                       f"config {stack.config}): stop that first (Ctrl-C where it runs stops the store with it), "
+                       "or give --force to stop the store under it", EXIT_FAILED)
+    stopped = store.stop()
     print("store stopped" if stopped else "store was not running")
     return 0
 

@@ -210,11 +210,27 @@ async def serve(cfg: ThawConfig, config_path: Path, port: int | None, stop: asyn
 
 
 def run_up(cfg: ThawConfig, config_path: Path, port: int | None = None) -> int:
-    from thaw.embedded_store import EmbeddedStore
-    from thaw.objstore import embedded_store_root
+    from thaw.cli import stack
 
     _refuse_remote_pools(cfg)
     config_file = config_path.resolve()
+    # Recorded while it runs (thaw.cli.stack): `thaw` run in another directory reads this
+    # config, its relative paths resolved from here; `thaw store down` sees the store in use.
+    try:
+        stack.record(config_file, Path.cwd(), cfg.data_dir)
+    except OSError as exc:  # a home it cannot write to: it runs all the same
+        print(f"thaw up: cannot record this stack under {stack.records_dir()} ({exc}): `thaw` run in another "
+              "directory needs --config", flush=True)
+    try:
+        return _run_stack(cfg, config_file, port)
+    finally:
+        stack.forget()
+
+
+def _run_stack(cfg: ThawConfig, config_file: Path, port: int | None) -> int:
+    from thaw.embedded_store import EmbeddedStore
+    from thaw.objstore import embedded_store_root
+
     store = None
     if cfg.object_store.kind == "embedded":
         store = EmbeddedStore(embedded_store_root(cfg), s3_port=cfg.object_store.embedded.s3_port,

@@ -21,7 +21,7 @@ from thaw.objstore import WeightsCheck
 from thaw.wire import ApplyReply, ApplyRequest, ModelRevision, PlannedChange
 from warm_pool.events import EventLog
 from warm_pool.registry.in_force import current_spec, with_models
-from warm_pool.registry.models import ModelRegistry, RegistryRefused
+from warm_pool.registry.models import ModelRegistry, RegistryRefused, eager_on_cpu
 from warm_pool.registry.store import Batch, StaleRevision, TenantConflict
 from warm_pool.registry.tenants import TenantAdmin
 
@@ -56,7 +56,11 @@ class Applier:
                 entries = [{"name": m.name, **spec} for m in now_cfg.models
                            if (spec := current_spec(reg.records[m.name])) is not None]
             else:
-                entries = [e.fields() for e in req.models]
+                # A model new to the registry on a CPU shape runs eager unless its entry says;
+                # one in force keeps its mode (eager_on_cpu): applying a file twice changes nothing.
+                entries = [eager_on_cpu(e.fields(), now_cfg,
+                                        current_spec(r) if (r := reg.records.get(e.name)) else None)
+                           for e in req.models]
                 names = [e["name"] for e in entries]
                 if len(set(names)) != len(names):
                     raise RegistryRefused(f"models: a name appears twice: {sorted({n for n in names if names.count(n) > 1})}")

@@ -1,4 +1,4 @@
-"""The API key table, kept by the controller (`thaw tenants add|revoke|ls` talk to it).
+"""The API key table, kept by the controller (`thaw tenants keys add|revoke|ls` talk to it).
 
 Keys exist here only as sha256 hashes, in ``<data_dir>/controller/keys.db`` (SQLite,
 mode 0600), or in the PostgreSQL of ``state.backend: postgres``. Every change bumps the

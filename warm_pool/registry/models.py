@@ -97,6 +97,27 @@ def outdated_revisions(record: ModelRecord) -> frozenset[int]:
             and r.weights_sha256 != now.weights_sha256)))
 
 
+def eager_on_cpu(spec: dict[str, Any], cfg: ThawConfig, current: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``spec`` of a model being deployed, ``engine.enforce_eager`` filled in where it
+    leaves it out: as ``current`` has it (the spec in force of the model, for ``thaw apply``
+    of a file that leaves it out), else ``true`` on a CPU shape (``gpu_count`` 0 in
+    ``cfg``). A compiled engine on a CPU started in about 110 s (256 MiB), near the
+    default ``activation_timeout_s`` of 120 s; an eager one has nothing to compile. Set
+    in the revision, so it shows and a roll does not change it. An adapter (its engine is
+    its base's), a GPU shape, or a spec that says: unchanged. The config file's models
+    are not deployed through here: its ``engine.enforce_eager`` keeps its default."""
+    engine = spec.get("engine") or {}
+    if spec.get("base") is not None or "enforce_eager" in engine:
+        return spec
+    if current is not None:
+        held = (current.get("engine") or {}).get("enforce_eager")
+        return spec if held is None else {**spec, "engine": {**engine, "enforce_eager": held}}
+    shape = cfg.shape(spec["shape"]) if isinstance(spec.get("shape"), str) else None
+    if shape is None or shape.gpu_count > 0:
+        return spec
+    return {**spec, "engine": {**engine, "enforce_eager": True}}
+
+
 def config_entry(m: Model) -> dict[str, Any]:
     """A model of the config as a spec: what differs from the defaults, an adapter without
     what it takes from its base."""
@@ -229,7 +250,7 @@ class ModelRegistry:
             other = self.cfg.model(body.name)
             if other is not None:
                 raise RegistryRefused(f"{body.name!r} is the served name of model {other.name!r}", 409)
-            candidate = await self._checked(body.name, body.spec.fields())
+            candidate = await self._checked(body.name, eager_on_cpu(body.spec.fields(), self.cfg))
             return await self._commit(body.name, candidate, "deploy", who, based_on=None, note=body.note)
 
     async def update(self, name: str, body: ModelUpdate, who: str) -> ModelRecord:

@@ -53,7 +53,7 @@ class StaleRevision(Exception):
     def __init__(self, model: str, based_on: int | None, current: int | None) -> None:
         super().__init__(
             f"model {model!r} is at revision {current}, not {based_on}: it changed since you read it; "
-            "read it again (`thaw models describe`) and base the change on the current revision"
+            "read it again (`thaw models show`) and base the change on the current revision"
             if current is not None else f"model {model!r} is not deployed (removed or never deployed)")
         self.current = current
 

@@ -4,7 +4,7 @@
 and a change moves the same catalog version, so activators take it within a second.
 
 A new cluster's tenants are the config file's, imported once. Keys stay in the key
-table (``warm_pool.registry.keys``): ``thaw tenants add`` gives a tenant one. Removing a tenant
+table (``warm_pool.registry.keys``): ``thaw tenants keys add`` gives a tenant one. Removing a tenant
 revokes its keys and is refused while it owns private models.
 """
 
