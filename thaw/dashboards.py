@@ -1,7 +1,7 @@
 """Thaw's Grafana dashboards and the monitoring set-up that serves them.
 
 Each dashboard is a list of panels, each a PromQL query over the activators' and the
-controllers' ``/metrics`` (docs/OPERATIONS.md, "Dashboards"). They are written as
+controllers' ``/metrics`` (docs/guide/monitoring.md, "Dashboards"). They are written as
 Grafana JSON by :func:`dashboard_json`, into ``deploy/grafana/dashboards/`` (kept in
 the repository; ``tests/thaw/test_dashboards.py`` fails when they differ from these
 definitions), and with a Prometheus scrape config and Grafana's provisioning files by

@@ -11,7 +11,7 @@ worker's spans of a cold start join the trace of the request that woke the model
 
 Exported over OTLP/HTTP (protobuf) by the SDK's batch processor, on its own thread,
 when ``telemetry.otlp_endpoint`` is set; with none, :func:`tracing_from` gives None and
-nothing here runs. See docs/OPERATIONS.md, "Traces".
+nothing here runs. See docs/guide/monitoring.md, "Traces".
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ controller stops answering it says so, and what it last saw stays on the page.
 
 The page itself needs no token (a browser does not send one when it opens a page); its
 calls do: the cluster token, or an admin key (``thaw admin-keys add``), which the
-controller admits on these reads (docs/OPERATIONS.md, "The console").
+controller admits on these reads (docs/guide/monitoring.md, "The console").
 """
 
 from __future__ import annotations
