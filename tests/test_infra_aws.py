@@ -284,6 +284,9 @@ def test_thaw_aws_config_writes_a_config_that_checks(stack: dict[str, Any], tmp_
     made = thaw_cli(stack, "aws", "config", "--stack", "thaw-test", "--redis-url", "rediss://limits.internal:6379/0",
                     "-o", str(out))
     assert made.returncode == 0, made.stderr
+    as_json = thaw_cli(stack, "aws", "config", "--stack", "thaw-test", "--redis-url", "rediss://limits.internal:6379/0",
+                       "--json")
+    assert as_json.returncode == 0 and json.loads(as_json.stdout)["config"] == yaml.safe_load(out.read_text())
     checked = thaw_cli(stack, "config", "check", str(out))
     assert checked.returncode == 0, checked.stdout + checked.stderr
     cfg = yaml.safe_load(out.read_text())

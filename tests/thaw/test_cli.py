@@ -100,6 +100,7 @@ def test_store_push_ls_and_restart_keeps_data(tmp_path: Path, demo_model_dir: Pa
 
         assert thaw("store", "down", *c).stdout.strip() == "store stopped"
         assert thaw("store", "status", *c, check=False).returncode == 3
+        assert json.loads(thaw("store", "down", "--json", *c).stdout) == {"stopped": False}
 
         thaw("store", "up", *c)
         again = json.loads(thaw("store", "ls", "--json", *c).stdout)

@@ -53,6 +53,22 @@ def test_every_command_says_what_it_needs() -> None:
     assert unsaid == []
 
 
+# Commands (as `thaw` is followed) without --json, and why: the services run until stopped and log; the tools
+# write their reports as files (JSON among them) or one value.
+NO_JSON = {
+    **dict.fromkeys(["up", "controller", "activator", "worker"], "a service"),
+    **dict.fromkeys(["bench", "load", "simulate", "pool recommend", "demo-model"], "a tool writing files"),
+    "config hash-key": "prints one hash",
+}
+
+
+def test_every_command_that_lists_or_changes_something_takes_json() -> None:
+    missing = [c.path for c, _ in leaves()
+               if not any(c.path == k or c.path.startswith(k + " ") for k in NO_JSON)
+               and not any("--json" in a.option_strings for a in c.parser._actions)]
+    assert missing == [], "give these commands --json (thaw.cli.common.add_json_argument)"
+
+
 def test_a_command_that_calls_the_controller_says_so_and_takes_controller() -> None:
     for c, needs in leaves():
         option = controller_option(c.parser)

@@ -87,3 +87,9 @@ def test_monitoring_write_makes_a_prometheus_config_and_grafana_provisioning(tmp
     assert Path(provider["providers"][0]["options"]["path"]).is_dir()
     source = yaml.safe_load((tmp_path / "mon" / "grafana" / "provisioning" / "datasources" / "thaw.yaml").read_text())
     assert source["datasources"][0]["url"] == "http://127.0.0.1:9090"
+    # --json: what it wrote, as one document.
+    again = subprocess.run([sys.executable, "-m", "thaw.cli.main", "monitoring", "write", "--config", str(cfg),
+                            "--out-dir", str(tmp_path / "mon"), "--json"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    wrote = json.loads(again.stdout)
+    assert wrote["prometheus_config"] == str(tmp_path / "mon" / "prometheus.yml") and len(wrote["wrote"]) > 5

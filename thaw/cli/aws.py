@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from thaw.cli.aliases import add_renamed_flag
-from thaw.cli.common import EXIT_FAILED, EXIT_INVALID, CliError
+from thaw.cli.common import EXIT_FAILED, EXIT_INVALID, CliError, add_json_argument
 
 
 def _aws(service: str, region: str | None) -> Any:
@@ -92,7 +92,9 @@ def cmd_config(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text)
         print(f"wrote {args.out}; upload it to s3://{data['object_store']['bucket']}/config/thaw.yaml",
               file=sys.stderr)
-    else:
+    if args.json:
+        print(json.dumps({"stack": args.stack, "wrote": args.out, "config": data}, indent=2))
+    elif not args.out:
         sys.stdout.write(text)
     return 0
 
@@ -193,6 +195,7 @@ def add_parsers(sub: argparse._SubParsersAction, add: Any) -> None:  # type: ign
                    help="limits.url, in place of the stack's ElastiCache group (rediss://HOST:PORT/DB)")
     add_renamed_flag(p, "--output", "--out")
     p.add_argument("-o", "--out", default=None, metavar="FILE", help="write it here (default: standard output)")
+    add_json_argument(p, "print the config as one JSON document (and the file written, if --out)")
     p = add(a_sub, "check", "Say what keeps the stack's cluster from working: zones without a shape's instance "
             "type, launch templates without the worker profile, a token secret a role cannot read, no config.",
             cmd_check, with_common=False)

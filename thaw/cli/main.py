@@ -232,12 +232,15 @@ def _add_store_commands(sub: Subparsers, add: Add) -> None:
     """`thaw store` (the embedded store) and `thaw demo-model`."""
     store = sub.add_parser("store", help="Start, stop or inspect the embedded S3 store (SeaweedFS).")
     st_sub = store.add_subparsers(dest="store_command", metavar="SUBCOMMAND", required=True)
-    add(st_sub, "up", "Start the embedded store on loopback and create the bucket.", cmd_store_up)
+    p = add(st_sub, "up", "Start the embedded store on loopback and create the bucket.", cmd_store_up)
+    add_json_argument(p, "print the result as one JSON document (always: its endpoint, bucket, pid and data)")
     p = add(st_sub, "down", "Stop the embedded store (waits for a clean shutdown); refused while a running "
             "`thaw up` uses it.", cmd_store_down)
     p.add_argument("--force", action="store_true",
                    help="stop it even while a running `thaw up` uses it (that stack's services then fail)")
-    add(st_sub, "status", "Say whether the embedded store is running.", cmd_store_status)
+    add_json_argument(p)
+    p = add(st_sub, "status", "Say whether the embedded store is running.", cmd_store_status)
+    add_json_argument(p, "print the result as one JSON document (always: running, pid, endpoint)")
     p = add(st_sub, "ls", "List model prefixes in the store, with their manifests.", cmd_store_ls, needs="store")
     add_json_argument(p)
 

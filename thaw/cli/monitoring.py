@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from thaw.cli.aliases import add_renamed_flag
-from thaw.cli.common import _load
+from thaw.cli.common import _load, add_json_argument
 
 
 def _urls(values: list[str] | None) -> list[str]:
@@ -39,8 +39,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     written = write_monitoring(out, activators, controllers, token_file.resolve(), args.prometheus_url,
                                args.interval_s)
-    for path in written:
-        print(path)
+    if args.json:
+        print(json.dumps({"wrote": [str(p) for p in written], "prometheus_config": str(out / "prometheus.yml"),
+                          "grafana_provisioning": str(out / "grafana" / "provisioning")}, indent=2))
+    else:
+        for path in written:
+            print(path)
     print(f"thaw monitoring: prometheus --config.file {out / 'prometheus.yml'}; Grafana with "
           f"GF_PATHS_PROVISIONING={out / 'grafana' / 'provisioning'}", file=sys.stderr)
     return 0
@@ -62,3 +66,4 @@ def add_parsers(sub: argparse._SubParsersAction, add: Any) -> None:  # type: ign
     p.add_argument("--prometheus-url", default="http://127.0.0.1:9090",
                    help="where Grafana reaches Prometheus (default http://127.0.0.1:9090)")
     p.add_argument("--interval-s", type=float, default=15.0, help="scrape interval (default 15)")
+    add_json_argument(p)

@@ -61,7 +61,10 @@ def cmd_store_down(args: argparse.Namespace) -> int:
                        f"config {stack.config}): stop that first (Ctrl-C where it runs stops the store with it), "
                        "or give --force to stop the store under it", EXIT_FAILED)
     stopped = store.stop()
-    print("store stopped" if stopped else "store was not running")
+    if args.json:
+        print(json.dumps({"stopped": stopped}))
+    else:
+        print("store stopped" if stopped else "store was not running")
     return 0
 
 
