@@ -50,6 +50,9 @@ class RequestContext:
     served_by: Replica | None = None
     recorded: bool = False
     admission: Admission | None = None
+    # The prompt was counted exactly before admission (False: admitted on its bound, or
+    # the model has no tokenizer: activator.token_bound).
+    counted: bool = False
     rate_headers: dict[str, str] = field(default_factory=dict)
     # "batch" for a batch's line (activator.batch.worker); None online.
     service_tier: str | None = None

@@ -90,6 +90,11 @@ class ActivatorMetrics:
         # (a replica gone or answering 5xx).
         self.batch_lines = Counter("thaw_batch_lines_total", "Batch lines run here, by outcome",
                                    ["model", "outcome"], registry=registry)
+        # exact: the prompt rendered and encoded before admission; bound: admitted on its
+        # upper bound from the request's bytes (activator/token_bound.py), not counted.
+        self.prompt_counts = Counter("thaw_prompt_counts_total",
+                                     "Requests admitted on an exact prompt count or on the bound, by how",
+                                     ["how"], registry=registry)
         self.limits_store_seconds = Histogram(
             "thaw_limits_store_seconds", "Time of one call to the shared limits store", ["op"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0), registry=registry)

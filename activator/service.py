@@ -26,6 +26,7 @@ from activator.errors import (
     NotFound,
     PayloadTooLarge,
     TooManyFailedAuth,
+    TooManyRequests,
     Unauthorized,
     UpstreamError,
     error_body,
@@ -40,9 +41,11 @@ from activator.replica_choice import prefix_key
 from activator.routing.replicas import Replica, cold_start_tier
 from activator.routing.router import Router, wakes
 from activator.throttle import FailedAuthThrottle
+from activator.token_bound import fits, reservation
 from activator.tokens import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     INLINE_COUNT_CHARS,
+    ModelTokenizer,
     PromptRejected,
     TokenCounter,
     prompt_chars,
@@ -54,6 +57,9 @@ from thaw.log import get_logger
 from thaw.telemetry import Tracing
 
 log = get_logger()
+
+# Refusals by the tenant's token budget: with the bound's reservation, the exact one may fit.
+_TOKEN_REFUSALS = ("tokens_exceeded", "rate_limit_tokens")
 
 
 def upstream_client(timeout_s: float = 600.0) -> UpstreamPool:
@@ -192,7 +198,10 @@ class CompletionService:
             if ctx.trace is not None:  # a cold start is always traced, here and downstream
                 ctx.trace = ctx.trace.kept()
             self.routes.feed.signal_demand(model.name, ctx.trace)
-        await self.admit(principal.tenant, principal, model, kind, body, ctx)
+        # A model without a ready replica is counted exactly: a prompt its template
+        # refuses is refused here, and a count costs nothing beside a cold start.
+        await self.admit(principal.tenant, principal, model, kind, body, ctx,
+                         exact=not self.routes.replicas(model.name).usable)
         # The engine's prefix cache is shared by every request: salted per tenant, one
         # tenant's cached prompts cannot speed up (and so reveal themselves to) another's.
         body = {**body, "cache_salt": tenant_cache_salt(principal.tenant, req.cache_salt)}
@@ -234,28 +243,68 @@ class CompletionService:
         return upstream, replica, first
 
     async def admit(self, tenant: str, principal: Principal, model: Model, kind: Kind, body: dict[str, Any],
-                    ctx: RequestContext) -> None:
-        """Context length with the model's tokenizer, then the tenant's rate limits."""
-        lengths = await self.check_context(model, kind, body)
-        prompt_tokens = max(lengths) if lengths else None
+                    ctx: RequestContext, *, exact: bool = False) -> None:
+        """Context length with the model's tokenizer, then the tenant's rate limits.
+
+        The prompt is bounded from its bytes (``activator.token_bound``) and counted
+        exactly only where the bound cannot decide: the bound and what the request may
+        generate may not fit the context, the tenant's token budget refuses the bound's
+        reservation (it may hold the exact one), or ``exact`` (the model has no ready
+        replica: a count is nothing beside a cold start). ``ctx.counted`` says which."""
+        counter = await self._tokenizer(model)
+        max_new = body.get("max_completion_tokens") or body.get("max_tokens")
+        bounds = None if exact or counter is None else counter.prompt_bounds(kind, body)
+        lengths: list[int] | None = None
+        if bounds is not None and not fits(bounds, max_new, model.max_context_tokens):
+            bounds = None
+        try:
+            if bounds is None:
+                ctx.counted = counter is not None
+                lengths = await self.check_context(model, kind, body)
+            try:
+                ctx.admission = await self.limiter.admit(
+                    tenant, model.name, principal.limits,
+                    self._reserve(model, kind, body, bounds or lengths, upper=bounds is not None), self.clock())
+            except TooManyRequests as exc:
+                if bounds is None or exc.code not in _TOKEN_REFUSALS:
+                    raise
+                # The bound's reservation is more than the exact one: refused by the
+                # tenant's token budget, the request is counted and asks again.
+                ctx.counted = True
+                lengths = await self.check_context(model, kind, body)
+                ctx.admission = await self.limiter.admit(tenant, model.name, principal.limits,
+                                                         self._reserve(model, kind, body, lengths), self.clock())
+        finally:
+            if counter is not None:
+                self.metrics.prompt_counts.labels("exact" if ctx.counted else "bound").inc()
+        ctx.rate_headers = ctx.admission.headers
+
+    @staticmethod
+    def _reserve(model: Model, kind: Kind, body: dict[str, Any], prompts: list[int] | None, *,
+                 upper: bool = False) -> int:
+        """The tokens a request reserves of its tenant's budget, from its prompts' counts
+        (``upper``: their bounds), or an estimate from its size when it has none."""
         max_new = body.get("max_completion_tokens") or body.get("max_tokens")
         n = body.get("n") or 1
-        estimate = sum(lengths) if lengths else len(json.dumps(body)) // 4
-        sequences = n * (len(lengths) if lengths else 1)
+        if prompts:
+            return reservation(kind, prompts, max_new, n, model.max_context_tokens, upper=upper,
+                               completions_default=COMPLETIONS_DEFAULT_MAX_TOKENS)
+        estimate = len(json.dumps(body)) // 4
         # Without max_tokens the engine generates up to the context (chat) or its
         # completions default: reserve that.
-        default_new = (max(model.max_context_tokens - (prompt_tokens or estimate), 0) if kind == "chat"
+        default_new = (max(model.max_context_tokens - estimate, 0) if kind == "chat"
                        else COMPLETIONS_DEFAULT_MAX_TOKENS)
-        reserve = estimate + sequences * (max_new or default_new)
-        ctx.admission = await self.limiter.admit(tenant, model.name, principal.limits, reserve, self.clock())
-        ctx.rate_headers = ctx.admission.headers
+        return estimate + n * (max_new or default_new)
+
+    async def _tokenizer(self, model: Model) -> ModelTokenizer | None:
+        # An adapter's prompts are its base's tokens (the adapter ships no tokenizer).
+        return await self.tokens.get(self.cfg.engine_model(model).uri) if self.tokens else None
 
     async def check_context(self, model: Model, kind: Kind, body: dict[str, Any]) -> list[int] | None:
         """Each prompt's tokens, counted with the model's tokenizer (None: no tokenizer);
         BadRequest when the longest and what it may generate exceed the context, or the
         chat template refuses the messages."""
-        # An adapter's prompts are its base's tokens (the adapter ships no tokenizer).
-        counter = await self.tokens.get(self.cfg.engine_model(model).uri) if self.tokens else None
+        counter = await self._tokenizer(model)
         lengths: list[int] | None = None
         if counter is not None:
             try:

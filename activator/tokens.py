@@ -7,6 +7,11 @@ template arguments) with the tokenizer's own ``apply_chat_template``, then encod
 without special tokens; a completions prompt is encoded with them. vLLM 0.32 does the
 same, so the count is its ``usage.prompt_tokens``.
 
+Counting is the slow way: the activator first bounds a prompt from its bytes
+(``ModelTokenizer.prompt_bounds``, ``activator.token_bound``, measured against the
+template here when the tokenizer is loaded) and counts only where the bound cannot
+decide (``activator.service``).
+
 ``AutoTokenizer`` is not used: it imports torch (through ``AutoConfig``), which the
 activator never loads. The tokenizer class is resolved from ``tokenizer_config.json``
 as ``AutoTokenizer`` does for a model without remote code: the class it names when
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from activator import token_bound
 from activator.chat_render import (
     Unsupported,
     accepted_kwargs,
@@ -159,6 +165,14 @@ class ModelTokenizer:
     tokenizer: Any  # a transformers TokenizersBackend
     apply_params: frozenset[str]  # what its apply_chat_template takes by name
     segments: SegmentCounter | None = None
+    # The upper bound on its prompts without counting them (activator.token_bound);
+    # None: every prompt is counted exactly.
+    bound: token_bound.PromptBound | None = None
+
+    def prompt_bounds(self, kind: str, body: dict[str, Any]) -> list[int] | None:
+        """An upper bound on each of :meth:`prompt_lengths`, from the request's bytes
+        (no rendering, no encoding); None where the bound does not cover it."""
+        return None if self.bound is None else token_bound.prompt_bounds(kind, body, self.bound)
 
     def prompt_lengths(self, kind: str, body: dict[str, Any], *, max_model_len: int | None = None) -> list[int] | None:
         """Tokens in each prompt the engine runs for ``body`` (a chat: one; a batch of
@@ -177,6 +191,12 @@ class ModelTokenizer:
         return None if lengths is None else sum(lengths)
 
     def _chat(self, body: dict[str, Any]) -> list[int]:
+        text, add_special = self.render_chat(body)
+        return [self._length(text, add_special)]
+
+    def render_chat(self, body: dict[str, Any]) -> tuple[str, bool]:
+        """The text the engine encodes for a chat, and whether with special tokens.
+        Raises ``Unsupported`` or ``PromptRejected`` as :meth:`prompt_lengths` says."""
         if body.get("chat_template") is not None:
             raise Unsupported("chat_template")  # refused by the engine unless it trusts it
         kwargs = template_kwargs(body, tool_dicts(body.get("tools")))
@@ -197,7 +217,7 @@ class ModelTokenizer:
         add_special = body.get("add_special_tokens", False)
         if not isinstance(add_special, bool):
             raise Unsupported("add_special_tokens")
-        return [self._length(text, add_special)]
+        return text, add_special
 
     def _completions(self, body: dict[str, Any]) -> list[int]:
         if body.get("prompt_embeds") is not None or body.get("suffix") is not None:
@@ -294,8 +314,39 @@ def build_tokenizer(files: Mapping[str, bytes]) -> ModelTokenizer:
     for fn in (tok.apply_chat_template, PythonBackend.apply_chat_template):
         params |= {p.name for p in inspect.signature(fn).parameters.values()
                    if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
-    return ModelTokenizer(tok, frozenset(params), SegmentCounter.for_tokenizer(tok.backend_tokenizer,
-                                                                             _samples(tok)))
+    model = ModelTokenizer(tok, frozenset(params), SegmentCounter.for_tokenizer(tok.backend_tokenizer,
+                                                                              _samples(tok)))
+    try:
+        model.bound = _bound(model)
+    except Exception as exc:  # a bound that cannot be measured: count every prompt
+        log.warning("prompt_bound_failed", error=repr(exc))
+    return model
+
+
+def _bound(model: ModelTokenizer) -> token_bound.PromptBound | None:
+    """The model's prompt bound: its tokenizer's expansion (None: not bounded), what its
+    post-processor adds, and its chat template's overhead measured by rendering probes."""
+    backend = model.tokenizer.backend_tokenizer
+
+    def state(part: Any) -> Any:
+        return None if part is None else json.loads(part.__getstate__())
+
+    factor = token_bound.expansion(state(backend.normalizer), state(backend.pre_tokenizer),
+                                   type(backend.model).__name__)
+    if factor is None:
+        log.info("prompt_bound_off", reason="tokenizer")
+        return None
+    added = {flag: len(backend.encode("", add_special_tokens=flag)) for flag in (False, True)}
+    overhead = None
+    try:
+        template = model.tokenizer.get_chat_template(None, tools=None)
+    except ValueError:
+        template = None  # no template: the engine refuses chats, counted to say so
+    if template is not None:
+        overhead = token_bound.measure(lambda body: model.render_chat(body)[0], ascii_template=template.isascii())
+        if overhead is None:
+            log.info("prompt_bound_off", reason="template")
+    return token_bound.PromptBound(factor, added, overhead)
 
 
 def _samples(tok: Any) -> list[str]:
