@@ -169,6 +169,21 @@ def serve_activator(config: Path, pool_url: str, model_dir: Path) -> None:
                 timeout_graceful_shutdown=5)
 
 
+def prompt_counts(base_url: str, data_dir: Path) -> dict[str, float]:
+    """How the activator counted its prompts (``thaw_prompt_counts_total``: exactly, or
+    decided by the bound from their bytes), with the share counted exactly."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from thaw.auth import bearer, local_token
+
+    text = httpx.get(f"{base_url}/metrics", headers=bearer(local_token(data_dir)), timeout=10).text
+    counts = {s.labels["how"]: s.value for fam in text_string_to_metric_families(text)
+              if fam.name == "thaw_prompt_counts" for s in fam.samples if s.name == "thaw_prompt_counts_total"}
+    total = sum(counts.values())
+    return {**counts, "exact_share": counts.get("exact", 0.0) / total if total else 0.0}
+
+
 class _Sink:
     url = ""
     spans = 0
@@ -378,6 +393,8 @@ async def _bench_in(args: argparse.Namespace, rates: list[float], router_bin: st
                 base["vllm_router"] = f"http://127.0.0.1:{router_port}"
                 pids["vllm_router"] = router.pid
             report = await _sweep(args, rates, base, pids, proxy_cores, gen_cores)
+            data_dirs = {"activator": work / "data", "activator_traced": work / "traced" / "data"}
+            report["prompt_counts"] = {t: prompt_counts(base[t], d) for t, d in data_dirs.items() if t in base}
             if sink is not None:
                 procs.close()  # the traced activator sends its last spans as it stops
                 requests = sum(p["requests"] for p in report["results"].get("activator_traced", []))
@@ -571,6 +588,8 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"(added p99 < {report['params']['p99_budget_ms']:.0f} ms, no errors){bound}")
     for k, v in report["ratios"].items():
         print(f"  {k}: {_fmt(v, '.3f')}")
+    for t, c in report.get("prompt_counts", {}).items():
+        print(f"{t}: prompts counted exactly {c.get('exact', 0):.0f}, decided by their bound {c.get('bound', 0):.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:

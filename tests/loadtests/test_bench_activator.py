@@ -118,6 +118,11 @@ def test_one_short_real_run_writes_the_report(tmp_path: Path) -> None:
     traced = report["tracing"]
     assert traced["requests"] > 5 and traced["spans_received"] >= 2 * traced["requests"]
     assert report["results"]["activator_traced"][0]["errors"] == 0
+    # Every prompt of the benchmark is short: its bound decides, none is counted exactly.
+    counts = report["prompt_counts"]["activator"]
+    assert counts["bound"] >= act["requests"] and counts.get("exact", 0) == 0 and counts["exact_share"] == 0
     # --repeat 2: each target measured twice at the one rate, and paired time by time.
     assert [p["repeat"] for p in report["results"]["activator"]] == [0, 1]
-    assert report["ratios"]["traced_untraced_pairs"] == 2
+    assert len(bench._common(report["results"], "activator_traced", "activator")) == 2
+    # (Which pairs count in the ratios depends on the machine's load: not asserted here.)
+    assert report["ratios"]["traced_untraced_pairs"] in (0, 1, 2)
