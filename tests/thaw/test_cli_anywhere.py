@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,14 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.waiting import wait_until
+from tests.thaw.controller_proc import EXAMPLE, THAW, controller_process
 from thaw.cli import stack
 from thaw.cli.up import endpoint_file, write_endpoint_file
 from thaw.config import DEFAULT_CONFIG_PATH, load_config
 from thaw.embedded_store import free_port
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
-THAW = [sys.executable, "-m", "thaw.cli.main"]
 
 
 def thaw(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -44,8 +40,6 @@ class Checkout:
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checkout]:
-    import httpx
-
     tmp = tmp_path_factory.mktemp("anywhere")
     root, elsewhere = tmp / "checkout", tmp / "elsewhere"
     elsewhere.mkdir()
@@ -56,24 +50,11 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checkout]:
     data["controller"] = {"port": port}
     (root / DEFAULT_CONFIG_PATH).parent.mkdir(parents=True)
     (root / DEFAULT_CONFIG_PATH).write_text(yaml.safe_dump(data))
-    proc = subprocess.Popen([*THAW, "controller", "--config", str(DEFAULT_CONFIG_PATH)], cwd=root,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def healthy() -> bool:
-            assert proc.poll() is None, "the controller exited"
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-            return False
-
-        wait_until("the controller healthy", healthy, 30, 0.1)
+    with controller_process(DEFAULT_CONFIG_PATH, port, root) as url:
         # Its cluster token is in the checkout's .thaw only: a command that resolved the
         # data directory from anywhere else would be refused.
         assert (root / ".thaw" / "cluster-token").exists()
         yield Checkout(root=root, elsewhere=elsewhere, url=url)
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def test_commands_run_elsewhere_use_the_running_thaw_up(checkout: Checkout, state_home: Path) -> None:

@@ -5,26 +5,18 @@ store."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.conftest import BUCKET
-from tests.waiting import wait_until
+from tests.thaw.controller_proc import controller_with_demo
 from thaw.cli.main import main
 from thaw.cli.models import eager_note
-from thaw.embedded_store import EmbeddedStore, free_port
+from thaw.embedded_store import EmbeddedStore
 from thaw.objstore import S3Endpoint
-from weight_streaming.push import push_model
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 
 
 def record(engine: dict[str, Any] | None, shape: str = "cpu-local") -> dict[str, Any]:
@@ -54,38 +46,8 @@ def test_nothing_is_said_when_the_user_chose_or_nothing_was_chosen(sent: dict[st
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory, store: EmbeddedStore, s3: S3Endpoint,
                demo_model_dir: Path) -> Iterator[tuple[list[str], str]]:
-    """A controller of its own; yields the common arguments and the URI of the demo
-    model's weights, pushed to the session's store."""
-    import httpx
-
-    tmp = tmp_path_factory.mktemp("deploy-default")
-    uri = f"s3://{BUCKET}/tests/deploy-default-{tmp.name}"
-    push_model(s3.client(), demo_model_dir, uri)
-    data = yaml.safe_load(EXAMPLE.read_text())
-    data["data_dir"] = str(tmp / "data")
-    data["pools"] = []  # a controller that launches nothing
-    port = free_port()
-    data["controller"] = {"port": port}
-    data["object_store"] = {"kind": "s3", "endpoint_url": s3.endpoint_url, "bucket": BUCKET,
-                            "credentials": {"source": "file", "file": str(store.root / "credentials.json")}}
-    data["models"][0].update({"uri": uri, "demo_if_missing": False})
-    cfg = tmp / "thaw.yaml"
-    cfg.write_text(yaml.safe_dump(data))
-    proc = subprocess.Popen([sys.executable, "-m", "thaw.cli.main", "controller", "--config", str(cfg)], cwd=tmp,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def healthy() -> bool:
-            assert proc.poll() is None, "the controller exited"
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-            return False
-
-        wait_until("the controller healthy", healthy, 30, 0.1)
-        yield ["--config", str(cfg), "--controller", url], uri
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with controller_with_demo(tmp_path_factory.mktemp("deploy-default"), store, s3, demo_model_dir) as c:
+        yield c
 
 
 def thaw(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

@@ -4,10 +4,7 @@ controller (`thaw controller`, no pools) over the session's store."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,13 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import BUCKET
-from tests.waiting import wait_until
+from tests.thaw.controller_proc import controller_with_demo
 from thaw.cli.aliases import deprecation_line
 from thaw.cli.main import main
-from thaw.embedded_store import EmbeddedStore, free_port
+from thaw.embedded_store import EmbeddedStore
 from thaw.objstore import S3Endpoint
-from weight_streaming.push import push_model
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 
@@ -29,38 +24,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "thaw.yaml"
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory, store: EmbeddedStore, s3: S3Endpoint,
                demo_model_dir: Path) -> Iterator[tuple[list[str], str]]:
-    """A controller of its own; yields the common arguments (--config, --controller) and
-    the URI of the demo model's weights, pushed to the session's store."""
-    import httpx
-
-    tmp = tmp_path_factory.mktemp("cli-json")
-    uri = f"s3://{BUCKET}/tests/cli-json-{tmp.name}"
-    push_model(s3.client(), demo_model_dir, uri)
-    data = yaml.safe_load(EXAMPLE.read_text())
-    data["data_dir"] = str(tmp / "data")
-    data["pools"] = []  # a controller that launches nothing
-    port = free_port()
-    data["controller"] = {"port": port}
-    data["object_store"] = {"kind": "s3", "endpoint_url": s3.endpoint_url, "bucket": BUCKET,
-                            "credentials": {"source": "file", "file": str(store.root / "credentials.json")}}
-    data["models"][0].update({"uri": uri, "demo_if_missing": False})
-    cfg = tmp / "thaw.yaml"
-    cfg.write_text(yaml.safe_dump(data))
-    proc = subprocess.Popen([sys.executable, "-m", "thaw.cli.main", "controller", "--config", str(cfg)], cwd=tmp,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def healthy() -> bool:
-            assert proc.poll() is None, "the controller exited"
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-            return False
-
-        wait_until("the controller healthy", healthy, 30, 0.1)
-        yield ["--config", str(cfg), "--controller", url], uri
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with controller_with_demo(tmp_path_factory.mktemp("cli-json"), store, s3, demo_model_dir) as c:
+        yield c
 
 
 @pytest.fixture(autouse=True)

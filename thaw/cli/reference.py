@@ -122,21 +122,10 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m thaw.cli.reference", description=__doc__.split("\n\n")[0])
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--write", action="store_true", help=f"write {REFERENCE.relative_to(ROOT)}")
-    what.add_argument("--check", action="store_true", help="exit 1 when the page is out of date")
-    args = parser.parse_args(argv)
-    page = render()
-    if args.write:
-        REFERENCE.parent.mkdir(parents=True, exist_ok=True)
-        REFERENCE.write_text(page)
-        print(f"wrote {REFERENCE.relative_to(ROOT)}")
-        return 0
-    if not REFERENCE.exists() or REFERENCE.read_text() != page:
-        print(f"{REFERENCE.relative_to(ROOT)} is out of date: run `{COMMAND}`", file=sys.stderr)
-        return 1
-    return 0
+    from thaw.generated_page import write_or_check
+
+    return write_or_check(argv, prog="python -m thaw.cli.reference", description=(__doc__ or "").split("\n\n")[0], page=REFERENCE,
+                          root=ROOT, render=render, command=COMMAND)
 
 
 if __name__ == "__main__":
