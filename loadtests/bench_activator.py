@@ -47,12 +47,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtests.activator_observers import otlp_sink, prompt_counts
 from loadtests.procs import pinned, serving, tree_cpu_s
 from thaw.config import hash_api_key
 from thaw.embedded_store import free_port
@@ -167,60 +167,6 @@ def serve_activator(config: Path, pool_url: str, model_dir: Path) -> None:
     app = create_app(cfg, pool_url, activator_id="bench", store_fetcher=dir_fetcher(model_dir))
     uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_config=None, access_log=False,
                 timeout_graceful_shutdown=5)
-
-
-def prompt_counts(base_url: str, data_dir: Path) -> dict[str, float]:
-    """How the activator counted its prompts (``thaw_prompt_counts_total``: exactly, or
-    decided by the bound from their bytes), with the share counted exactly."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from thaw.auth import bearer, local_token
-
-    text = httpx.get(f"{base_url}/metrics", headers=bearer(local_token(data_dir)), timeout=10).text
-    counts = {s.labels["how"]: s.value for fam in text_string_to_metric_families(text)
-              if fam.name == "thaw_prompt_counts" for s in fam.samples if s.name == "thaw_prompt_counts_total"}
-    total = sum(counts.values())
-    return {**counts, "exact_share": counts.get("exact", 0.0) / total if total else 0.0}
-
-
-class _Sink:
-    url = ""
-    spans = 0
-    exports = 0
-
-
-@contextmanager
-def otlp_sink() -> Iterator[_Sink]:
-    """An OTLP/HTTP endpoint that counts the spans it is sent and keeps nothing."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    sink = _Sink()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            req = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers.get("content-length") or 0)))
-            sink.exports += 1
-            sink.spans += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
-            self.send_response(200)
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-    sink.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield sink
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 # -- load generator -------------------------------------------------------------------
