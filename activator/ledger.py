@@ -109,7 +109,8 @@ class Ledger:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.group_window_s = group_window_s
-        self._queue: queue.Queue[tuple[str, Any, asyncio.Future[None] | None, asyncio.AbstractEventLoop | None] | None] = queue.Queue()
+        # SimpleQueue: the event loop's put takes no lock and no condition (queue.Queue's do).
+        self._queue: queue.SimpleQueue[tuple[str, Any, asyncio.Future[None] | None, asyncio.AbstractEventLoop | None] | None] = queue.SimpleQueue()
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
@@ -182,9 +183,14 @@ class Ledger:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
+            # One wake-up of each waiting loop for the whole batch, not one per record
+            # (each is a write to the loop's self-pipe and a turn of the loop).
+            waiting: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
             for _, _, fut, loop in batch:
                 if fut is not None and loop is not None:
-                    loop.call_soon_threadsafe(_settle, fut, error)
+                    waiting.setdefault(loop, []).append(fut)
+            for loop, futs in waiting.items():
+                loop.call_soon_threadsafe(_settle_all, futs, error)
             if stop:
                 break
         conn.close()
@@ -218,13 +224,14 @@ class Ledger:
         self._thread.join(timeout=30)
 
 
-def _settle(fut: asyncio.Future[None], error: BaseException | None) -> None:
-    if fut.done():
-        return
-    if error is None:
-        fut.set_result(None)
-    else:
-        fut.set_exception(error)
+def _settle_all(futs: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for fut in futs:
+        if fut.done():  # its request went away meanwhile
+            continue
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)
 
 
 # -- reading (the `thaw usage` command and GET /v1/usage) ------------------------------
