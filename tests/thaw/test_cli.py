@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.waiting import wait_until
+from tests.thaw.controller_proc import controller_process
 from thaw.config import Model, parse_config
 from thaw.embedded_store import free_port
 from thaw.engine_class import engine_class_of
@@ -121,8 +120,6 @@ def test_models_ls_without_store_says_so(tmp_path: Path) -> None:
 
 
 def test_tenants_commands_keep_keys_at_the_controller(tmp_path: Path) -> None:
-    import httpx
-
     data = yaml.safe_load(EXAMPLE.read_text())
     data["data_dir"] = str(tmp_path / "data")
     data["pools"] = []  # a controller that launches nothing
@@ -133,16 +130,7 @@ def test_tenants_commands_keep_keys_at_the_controller(tmp_path: Path) -> None:
     c = ("--config", str(cfg))
     down = thaw("tenants", "ls", *c, check=False)
     assert down.returncode == 3 and "does not answer" in down.stderr
-    proc = subprocess.Popen([sys.executable, "-m", "thaw.cli.main", "controller", *c], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        def healthy() -> bool:
-            assert proc.poll() is None, "the controller exited"
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
-            return False
-
-        wait_until("the controller healthy", healthy, 15, 0.1)
+    with controller_process(cfg, port, tmp_path):
         key = thaw("tenants", "keys", "add", "demo", "--label", "ci", *c).stdout.strip()
         assert key.startswith("thaw-")
         listed = thaw("tenants", "ls", *c).stdout
@@ -189,9 +177,6 @@ def test_tenants_commands_keep_keys_at_the_controller(tmp_path: Path) -> None:
         assert refused.returncode == 1 and "refused the admin key in THAW_ADMIN_KEY" in refused.stderr
         assert "revoked 1 admin key" in thaw("admin-keys", "revoke", admin, *c).stdout
         assert thaw("tenants", "ls", *c, env=with_key, check=False).returncode == 1
-    finally:
-        proc.terminate()
-        proc.wait(30)
     assert (tmp_path / "data" / "controller" / "keys.db").exists()
 
 
