@@ -155,6 +155,12 @@ _EXPECTED = {
 }
 
 
+def max_new_tokens(body: dict[str, Any]) -> int | None:
+    """What a request may generate per sequence, as it says: ``max_completion_tokens``,
+    else ``max_tokens`` (None: neither, the engine's default)."""
+    return body.get("max_completion_tokens") or body.get("max_tokens")
+
+
 def tenant_cache_salt(tenant: str, client_salt: str | None = None) -> str:
     """The ``cache_salt`` the engine receives for a request of ``tenant``.
 

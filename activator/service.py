@@ -35,7 +35,7 @@ from activator.errors import (
 from activator.ledger import Ledger
 from activator.limits import Limiter, LocalLimiter
 from activator.metrics import ActivatorMetrics
-from activator.protocol import Kind, parse_request, tenant_cache_salt
+from activator.protocol import Kind, max_new_tokens, parse_request, tenant_cache_salt
 from activator.recording import RequestRecorder
 from activator.replica_choice import prefix_key
 from activator.routing.replicas import Replica, cold_start_tier
@@ -252,7 +252,7 @@ class CompletionService:
         reservation (it may hold the exact one), or ``exact`` (the model has no ready
         replica: a count is nothing beside a cold start). ``ctx.counted`` says which."""
         counter = await self._tokenizer(model)
-        max_new = body.get("max_completion_tokens") or body.get("max_tokens")
+        max_new = max_new_tokens(body)
         bounds = None if exact or counter is None else counter.prompt_bounds(kind, body)
         lengths: list[int] | None = None
         if bounds is not None and not fits(bounds, max_new, model.max_context_tokens):
@@ -284,7 +284,7 @@ class CompletionService:
                  upper: bool = False) -> int:
         """The tokens a request reserves of its tenant's budget, from its prompts' counts
         (``upper``: their bounds), or an estimate from its size when it has none."""
-        max_new = body.get("max_completion_tokens") or body.get("max_tokens")
+        max_new = max_new_tokens(body)
         n = body.get("n") or 1
         if prompts:
             return reservation(kind, prompts, max_new, n, model.max_context_tokens, upper=upper,
@@ -320,7 +320,7 @@ class CompletionService:
                 log.warning("prompt_count_failed", model=model.name, error=repr(exc))
         # Each prompt of a batch is its own sequence in the engine: the longest must fit.
         prompt_tokens = max(lengths) if lengths else None
-        max_new = body.get("max_completion_tokens") or body.get("max_tokens")
+        max_new = max_new_tokens(body)
         if prompt_tokens is not None:
             limit = model.max_context_tokens
             if prompt_tokens + (max_new or 0) > limit:

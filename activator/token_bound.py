@@ -398,8 +398,13 @@ def _step(over: Mapping[str, int], series: str, ks: range) -> int | None:
     return max(steps) if steps else None
 
 
-def _margin(v: int | None, extra: int = 8) -> int | None:
-    return None if v is None else math.ceil(max(v, 0) * 1.25) + extra
+def _grown(v: int, extra: int = 8) -> int:
+    """A measured overhead with the margin kept: a quarter more, and ``extra`` bytes."""
+    return math.ceil(max(v, 0) * 1.25) + extra
+
+
+def _margin(v: int | None) -> int | None:
+    return None if v is None else _grown(v)
 
 
 def measure(render: Render, *, ascii_template: bool = True) -> TemplateOverhead | None:
@@ -414,7 +419,7 @@ def measure(render: Render, *, ascii_template: bool = True) -> TemplateOverhead 
         return None
     role_steps = {role: _step(short, f"role-{role}", range(0, 3)) for role in _ROLES}
     steps = [_step(short, "msgs", range(1, 6)), _step(short, "sys", range(1, 6)), *role_steps.values()]
-    per_message = math.ceil(max([0, *(s for s in steps if s is not None)]) * 1.25) + 8
+    per_message = _grown(max([0, *(s for s in steps if s is not None)]))
     first_call = short["calls:1"] - short["calls:0"] if {"calls:0", "calls:1"} <= short.keys() else None
     call_steps = [s for s in (first_call, _step(short, "calls", range(1, 3))) if s is not None]
     # A tool call brings a tool message with it in the probes: its overhead is in the step.
@@ -427,7 +432,7 @@ def measure(render: Render, *, ascii_template: bool = True) -> TemplateOverhead 
     # The fixed part: the most any probe needs beyond its units.
     units = {name: _units(probes[name], over) for name in short}
     fixed = max(v - u for name, v in short.items() if (u := units[name]) is not None)
-    over = replace(over, fixed=math.ceil(max(fixed, 0) * 1.25) + 32)
+    over = replace(over, fixed=_grown(fixed, 32))
     return over if _extrapolates(render, over) else None
 
 

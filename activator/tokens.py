@@ -41,6 +41,7 @@ from activator.chat_render import (
     template_kwargs,
     tool_dicts,
 )
+from activator.protocol import max_new_tokens
 from thaw.log import get_logger
 from thaw.s3errors import is_missing_key
 
@@ -258,7 +259,7 @@ def _truncated(n: int, kind: str, body: dict[str, Any], max_model_len: int | Non
         if max_model_len is None:
             return n
         if kind == "chat":
-            max_out = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+            max_out = max_new_tokens(body) or 0
         else:
             max_out = body.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS) or 0
         keep = max_model_len if max_out == 0 else max(0, max_model_len - 1)
