@@ -5,7 +5,6 @@ manages them; a command run with `THAW_ADMIN_KEY` set sends that key instead."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -32,12 +31,18 @@ def run(args: argparse.Namespace) -> int:
     url = _controller(args, cfg)
     if args.admin_keys_command == "add":
         reply = _call(cfg, "POST", url, "/v1/keys/admin", body={"label": args.label})
-        print(json.dumps(reply, indent=2) if args.json else reply["key"])
+        if args.json:
+            print_json(reply)
+        else:
+            print(reply["key"])
         print("admin key (shown once; stored only as a hash): give it as THAW_ADMIN_KEY to `thaw models`, "
               "`thaw tenants` and `thaw apply`, or as the bearer token of /v1/admin/", file=sys.stderr)
     elif args.admin_keys_command == "revoke":
         reply = _call(cfg, "POST", url, "/v1/keys/admin/revoke", body={"key": args.key})
-        print(json.dumps(reply, indent=2) if args.json else f"revoked {reply['revoked']} admin key(s)")
+        if args.json:
+            print_json(reply)
+        else:
+            print(f"revoked {reply['revoked']} admin key(s)")
     else:
         listed = _get(cfg, url, "/v1/keys/admin")
         if args.json:

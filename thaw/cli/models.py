@@ -172,41 +172,36 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"no model {args.name!r} is deployed (removed)", EXIT_INVALID)
         return int(revision)
 
+    # A change: the registry's record of the model after it, and what a person reads.
     if command == "deploy":
-        record = _call(cfg, "POST", url, "/v1/admin/models",
-                       body={"name": args.name, "spec": spec_of(args), "note": args.note})
-        if args.json:
-            print_json(record)
-            return 0
-        print(f"deployed {args.name} revision {record['revision']}; every activator serves it within a second")
-        if note := eager_note(spec_of(args), record):
-            print(note)
+        spec = spec_of(args)
+        record = _call(cfg, "POST", url, "/v1/admin/models", body={"name": args.name, "spec": spec, "note": args.note})
+        note = eager_note(spec, record)
+        text = (f"deployed {args.name} revision {record['revision']}; every activator serves it within a second"
+                + (f"\n{note}" if note else ""))
     elif command == "update":
         spec = spec_of(args)
         if not spec:
             raise CliError("nothing to change: give --uri or a setting", EXIT_INVALID)
         record = _call(cfg, "PATCH", url, path, body={"revision": based_on(), "spec": spec, "note": args.note})
-        if args.json:
-            print_json(record)
-            return 0
-        print(f"updated {args.name} to revision {record['revision']}")
+        text = f"updated {args.name} to revision {record['revision']}"
     elif command == "rollback":
         record = _call(cfg, "POST", url, f"{path}/rollback",
                        body={"to": args.to, "revision": based_on(), "note": args.note})
-        if args.json:
-            print_json(record)
-            return 0
         rev = _current(record)
-        print(f"rolled {args.name} back to the settings of revision {rev['from_revision'] if rev else '?'}: "
-              f"revision {record['revision']}")
+        text = (f"rolled {args.name} back to the settings of revision {rev['from_revision'] if rev else '?'}: "
+                f"revision {record['revision']}")
     elif command == "rm":
         record = _call(cfg, "DELETE", url, path, params={"revision": based_on()})
+        text = (f"removed {args.name}: new requests get 404, requests in flight finish; its revisions are kept "
+                f"(`thaw models show {args.name}`)")
+    if command in ("deploy", "update", "rollback", "rm"):
         if args.json:
             print_json(record)
-            return 0
-        print(f"removed {args.name}: new requests get 404, requests in flight finish; its revisions are kept "
-              f"(`thaw models show {args.name}`)")
-    elif command == "ls":
+        else:
+            print(text)
+        return 0
+    if command == "ls":
         records = _get(cfg, url, "/v1/admin/models")["models"]
         rows = {r["name"]: r for r in _get(cfg, url, "/v1/state")["models"]}
         if args.json:

@@ -187,9 +187,7 @@ def _keys_revoke(args: argparse.Namespace, cfg: ThawConfig, url: str) -> Result:
 
 
 def _keys_ls(args: argparse.Namespace, cfg: ThawConfig, url: str) -> Result:
-    tenants = [t for t in _tenants(cfg, url) if args.tenant is None or t["name"] == args.tenant]
-    if args.tenant is not None and not tenants:
-        raise CliError(f"no tenant {args.tenant!r}", EXIT_INVALID)
+    tenants = _tenants(cfg, url) if args.tenant is None else [_one(cfg, url, args.tenant)]
     keys = [{"tenant": t["name"], **k} for t in tenants for k in t["keys"]]
     lines = [f"{'TENANT':16} {'KEY':14} {'SOURCE':8} {'STATUS':8} LABEL"]
     lines += [f"{k['tenant']:16} {k['key'] + '…':14} {k['source']:8} {k['status']:8} {k['label'] or ''}"
