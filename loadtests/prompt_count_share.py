@@ -48,13 +48,13 @@ def read_sizes(path: Path) -> Iterator[tuple[int, int]]:
 
 def demo_bound() -> Any:
     """The demo model's PromptBound, measured as the activator measures it at load."""
-    from activator.tokens import build_tokenizer
+    from activator.tokens import TOKENIZER_FILES, build_tokenizer
     from thaw.demo_model import build_demo_model
 
     with tempfile.TemporaryDirectory(prefix="thaw-count-share-") as tmp:
-        build_demo_model(Path(tmp) / "m")
-        files = {p.name: p.read_bytes() for p in (Path(tmp) / "m").iterdir()
-                 if p.is_file() and not p.name.endswith(".safetensors")}
+        model = Path(tmp) / "m"
+        build_demo_model(model)
+        files = {name: (model / name).read_bytes() for name in TOKENIZER_FILES if (model / name).is_file()}
     tok = build_tokenizer(files)
     if tok.bound is None:
         raise SystemExit("the demo model's tokenizer has no bound: nothing to measure")
@@ -66,11 +66,12 @@ def shares(sizes: list[tuple[int, int]], bound: Any, context: int, bytes_per_tok
 
     exact = over = 0
     for prompt, answer in sizes:
+        max_tokens = max(answer, 1)
         body = {"messages": [{"role": "system", "content": SYSTEM},
                              {"role": "user", "content": "a" * round(prompt * bytes_per_token)}],
-                "max_tokens": max(answer, 1)}
+                "max_tokens": max_tokens}
         bounds = prompt_bounds("chat", body, bound)
-        if bounds is None or not fits(bounds, body["max_tokens"], context):
+        if bounds is None or not fits(bounds, max_tokens, context):
             exact += 1
         if prompt + answer > context:
             over += 1
