@@ -18,7 +18,7 @@ from typing import Any
 from fastapi.responses import Response
 
 from activator.context import RequestContext
-from activator.edge import ProxyStream
+from activator.edge import FinalChunk, ProxyStream
 from activator.errors import (
     ApiError,
     UpstreamError,
@@ -264,6 +264,13 @@ class Answers:
                             # The guarantee: committed before the client sees the end.
                             await self.recorder.record(ctx)
                         out += event
+                    if tap.saw_done and upstream.at_eof():
+                        # The end (the replica's terminator came in during the commit):
+                        # the replica is given back first, as before the end was sent.
+                        out += tap.flush()
+                        await finish()
+                        yield FinalChunk(out)
+                        return
                     if out:
                         yield bytes(out)
                     chunk = b""

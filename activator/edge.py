@@ -133,9 +133,16 @@ class CompletionEdge:
         await self.app(scope, receive, send)
 
 
+class FinalChunk(bytes):
+    """The last piece of a streamed answer, yielded once everything its end waits for
+    is done: it goes out with the response's own end (the chunked terminator) in one
+    write, not two."""
+
+
 class ProxyStream(Response):
     """A streamed answer. ``chunks`` is closed whatever happens (its ``finally`` frees the
-    replica and records the request); a client that disconnects cancels it."""
+    replica and records the request); a client that disconnects cancels it. A
+    :class:`FinalChunk` ends it."""
 
     def __init__(self, chunks: AsyncGenerator[bytes, None], status_code: int, headers: Mapping[str, str],
                  media_type: str | None) -> None:
@@ -162,10 +169,17 @@ class ProxyStream(Response):
         watcher = asyncio.ensure_future(watch())
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            final = False
             async for chunk in self.chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            streaming = False
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                final = isinstance(chunk, FinalChunk)
+                if final:
+                    streaming = False
+                await send({"type": "http.response.body", "body": chunk, "more_body": not final})
+                if final:
+                    break
+            if not final:
+                streaming = False
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not gone:
                 raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from activator.edge import CompletionEdge, RawRequest, route_of
+from activator.edge import CompletionEdge, FinalChunk, ProxyStream, RawRequest, route_of
 
 
 def test_route_of_takes_only_the_completion_endpoints() -> None:
@@ -56,3 +56,41 @@ def test_everything_else_goes_to_the_app() -> None:
     for method, path in (("GET", "/v1/chat/completions"), ("POST", "/v1/models"), ("POST", "/m/x/v1/embeddings")):
         asyncio.run(edge({"type": "http", "method": method, "path": path, "headers": []}, nothing, ignore))
     assert seen == ["GET /v1/chat/completions", "POST /v1/models", "POST /m/x/v1/embeddings"]
+
+
+def _stream(pieces: list[bytes]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The messages a ProxyStream of ``pieces`` sends, and what its generator saw."""
+    sent: list[dict[str, Any]] = []
+    seen: list[str] = []
+
+    async def chunks() -> Any:
+        try:
+            for piece in pieces:
+                yield piece
+            seen.append("exhausted")
+        finally:
+            seen.append("closed")
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()  # the client stays
+        return {}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(ProxyStream(chunks(), 200, {}, "text/event-stream")({"type": "http"}, receive, send))
+    return sent, seen
+
+
+def test_a_final_chunk_goes_out_with_the_end_of_the_response() -> None:
+    sent, seen = _stream([b"data: 1\n\n", FinalChunk(b"data: [DONE]\n\n"), b"never"])
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body", "http.response.body"]
+    assert [(m["body"], m["more_body"]) for m in sent[1:]] == [(b"data: 1\n\n", True), (b"data: [DONE]\n\n", False)]
+    assert seen == ["closed"]  # closed at the final chunk: nothing after it is read
+
+
+def test_a_stream_without_a_final_chunk_ends_with_an_empty_one() -> None:
+    sent, seen = _stream([b"data: 1\n\n", b"data: [DONE]\n\n"])
+    assert [(m["body"], m["more_body"]) for m in sent[1:]] == [
+        (b"data: 1\n\n", True), (b"data: [DONE]\n\n", True), (b"", False)]
+    assert seen == ["exhausted", "closed"]
