@@ -166,16 +166,7 @@ class Ledger:
                 batch.append(item)
             error: BaseException | None = None
             try:
-                conn.execute("BEGIN")
-                # The usage records of the batch in one statement; the rest in order. (This
-                # thread holds the GIL while it runs Python: the less, the less the event
-                # loop waits for it.)
-                conn.executemany(_INSERT, [[getattr(p, c) for c in _COLUMNS] for k, p, _, _ in batch
-                                           if k == "usage"])
-                for kind, payload, _, _ in batch:
-                    if kind != "usage":
-                        self._write(conn, kind, payload)
-                conn.execute("COMMIT")
+                self._commit(conn, batch)
             except BaseException as exc:
                 error = exc
                 log.exception("ledger_commit_failed", records=len(batch))
@@ -194,6 +185,23 @@ class Ledger:
             if stop:
                 break
         conn.close()
+
+    @classmethod
+    def _commit(cls, conn: sqlite3.Connection, batch: list[tuple[str, Any, Any, Any]]) -> None:
+        """One transaction for the batch. The sqlite3 module lets go of the GIL around each
+        statement and takes it back after, and each time the event loop's thread may have
+        to hand it over: so a lone record is one statement (its own transaction, as
+        durable), and a batch's usage records are one ``executemany``."""
+        if len(batch) == 1 and batch[0][0] == "usage":
+            record = batch[0][1]
+            conn.execute(_INSERT, [getattr(record, c) for c in _COLUMNS])
+            return
+        conn.execute("BEGIN")
+        conn.executemany(_INSERT, [[getattr(p, c) for c in _COLUMNS] for k, p, _, _ in batch if k == "usage"])
+        for kind, payload, _, _ in batch:
+            if kind != "usage":
+                cls._write(conn, kind, payload)
+        conn.execute("COMMIT")
 
     @staticmethod
     def _write(conn: sqlite3.Connection, kind: str, payload: Any) -> None:

@@ -37,11 +37,23 @@ async def test_records_queued_during_a_commit_share_the_next_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     commits: list[int] = []
+    in_transaction = False
     connect = Ledger.connect
+
+    def trace(sql: str) -> None:
+        # A transaction ends at a COMMIT, or is one INSERT of its own (a lone record).
+        nonlocal in_transaction
+        if sql == "BEGIN":
+            in_transaction = True
+        elif sql == "COMMIT":
+            in_transaction = False
+            commits.append(1)
+        elif sql.startswith("INSERT") and not in_transaction:
+            commits.append(1)
 
     def counting(path: Path) -> sqlite3.Connection:
         conn = connect(path)
-        conn.set_trace_callback(lambda sql: commits.append(1) if sql == "COMMIT" else None)
+        conn.set_trace_callback(trace)
         return conn
 
     monkeypatch.setattr(Ledger, "connect", staticmethod(counting))
@@ -51,6 +63,20 @@ async def test_records_queued_during_a_commit_share_the_next_one(
         assert len(query_usage(tmp_path / "u.db")) == 200
         # Appended faster than one commit takes: most share a commit.
         assert 1 <= len(commits) < 50
+    finally:
+        ledger.close()
+
+
+async def test_records_of_every_kind_are_committed_alone_or_in_a_batch(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "u.db")
+    try:
+        await ledger.append(record(1))  # alone: one INSERT, its own transaction
+        ledger.replica_up("rep-1", "m", 1, 1000.0)
+        ledger.replica_down("rep-1", 1010.0)
+        await ledger.append(record(2))  # behind the two replica records, or after them
+        assert [r["request_id"] for r in query_usage(tmp_path / "u.db")] == ["r1", "r2"]
+        rows = sqlite3.connect(tmp_path / "u.db").execute("SELECT replica, ended_at FROM replica_intervals").fetchall()
+        assert rows == [("rep-1", 1010.0)]
     finally:
         ledger.close()
 
