@@ -7,21 +7,25 @@ One run starts, on loopback:
 - a minimal fast upstream (:mod:`loadtests.fast_upstream`) that streams ``--tokens``
   one-token SSE chunks per request in vLLM's shape; it also serves the activator's
   route table, naming itself as the model's one ready replica;
-- the activator (the real app of `thaw up`: auth, limits, the model's tokenizer and
-  chat template counting every prompt, routing, SSE proxy, usage tap, SQLite ledger),
-  one uvicorn process pinned to one core;
+- the activator (:mod:`loadtests.activator_process`: the app and server of `thaw
+  activator`, with auth, limits, the model's tokenizer and chat template bounding or
+  counting every prompt, routing, SSE proxy, usage tap, SQLite ledger), one process
+  pinned to one core, or ``--activator-workers N`` on one port, all on that core;
+- the bare proxy (:mod:`loadtests.bare_proxy`): the activator's server and upstream
+  client and nothing else, the floor of a Python proxy, pinned to the same core;
 - ``vllm-router`` (the Rust router from PyPI, policy ``cache_aware``) in front of the
   same upstream, pinned to the same core.
 
 The load generator (open loop, Poisson arrivals, seeded) and the upstream share the
 other core. For each offered rate, in ascending order, it runs ``--duration-s`` of
-streaming chat completions straight at the upstream (``direct``), then through the
-activator, then through the router, and records per request the latency from the
+streaming chat completions straight at the upstream (``direct``), then through each
+proxy in the order above, and records per request the latency from the
 *scheduled* send time (so a proxy that falls behind is charged for its queue) to the
 first body byte (TTFT) and to the end of the stream, and the tokens received.
 
 Reported per target and rate: achieved rate, errors, p50/p99 TTFT and latency,
-streamed tokens/s, the proxy's CPU time per request; for the proxies, the *added*
+streamed tokens/s, the proxy's CPU time per request (and its split: user and kernel,
+the processes' main threads against their other threads); for the proxies, the *added*
 p50/p99 latency and TTFT (proxy minus direct at the same rate). A proxy *sustains*
 a rate when every request succeeded and its added p99 latency is under
 ``--p99-budget-ms`` (10 ms); as latencies count from the scheduled send time, a proxy
@@ -53,14 +57,12 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.activator_observers import otlp_sink, prompt_counts
-from loadtests.procs import pinned, serving, tree_cpu_s
-from thaw.config import hash_api_key
+from loadtests.activator_process import API_KEY, MODEL, activator_config
+from loadtests.procs import cpu_split, pinned, serving, wait_for_files
 from thaw.embedded_store import free_port
 
 DEFAULT_RATES = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200)
-API_KEY = "bench-key"
-MODEL = "bench"
-TARGETS = ("direct", "activator", "activator_traced", "vllm_router")
+TARGETS = ("direct", "activator", "activator_traced", "bare_proxy", "vllm_router")
 # A point whose added median passes this was overloaded, not just noisy.
 STEADY_ADDED_P50_MS = 10.0
 
@@ -84,6 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "this share of requests (default 0.01); a negative value skips it")
     p.add_argument("--repeat", type=int, default=1,
                    help="measure each rate this many times, the targets' order alternating (default 1)")
+    p.add_argument("--activator-workers", type=int, default=1, metavar="N",
+                   help="processes per activator, on one port as `thaw activator --workers N` runs them, "
+                        "all pinned to the proxy core (default 1)")
     p.add_argument("--seed", type=int, default=1)
 
 
@@ -116,57 +121,6 @@ def _cores() -> tuple[set[int] | None, set[int] | None]:
     if len(cpus) < 2:
         return None, None
     return {cpus[0]}, set(cpus[1:])
-
-
-def activator_config(work: Path, port: int) -> dict[str, Any]:
-    """A config for the activator alone: one tenant with limits far above the load (so
-    the buckets run but never refuse), one model whose replica is the upstream."""
-    return {
-        "data_dir": str(work / "data"),
-        "log_level": "warning",
-        "server": {"host": "127.0.0.1", "port": port},
-        "object_store": {"kind": "s3", "endpoint_url": "http://127.0.0.1:9", "bucket": "unused",
-                         "credentials": {"source": "env"}},
-        "shapes": [{"name": "cpu", "gpu_type": "cpu", "gpu_count": 0, "host_memory_gib": 1,
-                    "price_per_hour_usd": 0}],
-        "pools": [{"shape": "cpu", "provider": "local", "standby_min": 0, "standby_max": 0,
-                   "max_instances": 1, "budget_usd_per_hour": 0}],
-        "models": [{"name": MODEL, "uri": "s3://unused/bench", "shape": "cpu",
-                    "autoscaling": {"min_replicas": 1, "max_replicas": 1,
-                                    "max_concurrency_per_replica": 100000, "max_queue_length": 100000}}],
-        "tenants": [{"name": "bench", "api_key_hashes": [hash_api_key(API_KEY)],
-                     "limits": {"requests_per_minute": 100_000_000, "tokens_per_minute": 1_000_000_000,
-                                "max_concurrent_requests": 100000}}],
-    }
-
-
-def dir_fetcher(root: Path) -> Any:
-    """A tokenizer-file fetcher over a local model directory (the benchmark's stand-in
-    for the store: the same files, read once per model as from S3)."""
-    def fetch(uri: str, name: str) -> bytes | None:
-        path = root / name
-        return path.read_bytes() if path.is_file() else None
-
-    return fetch
-
-
-def serve_activator(config: Path, pool_url: str, model_dir: Path) -> None:
-    """The activator process of the benchmark (``--serve-activator``): `thaw up`'s app and
-    uvicorn settings, with ``pool_url`` (the upstream's fixed route table) as its pool,
-    and the demo model's tokenizer and chat template (``model_dir``), so that every
-    request is tokenized and its context length checked, as in `thaw up`."""
-    import uvicorn
-    import yaml
-
-    from activator.app import create_app
-    from thaw.config import ThawConfig
-    from thaw.log import setup_logging
-
-    cfg = ThawConfig.model_validate(yaml.safe_load(config.read_text()))
-    setup_logging("activator", cfg.log_level)
-    app = create_app(cfg, pool_url, activator_id="bench", store_fetcher=dir_fetcher(model_dir))
-    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_config=None, access_log=False,
-                timeout_graceful_shutdown=5)
 
 
 # -- load generator -------------------------------------------------------------------
@@ -304,13 +258,23 @@ async def _bench_in(args: argparse.Namespace, rates: list[float], router_bin: st
         py = sys.executable
         up_cmd = pinned([py, "-m", "loadtests.fast_upstream", "--port", str(up_port), "--model", MODEL,
                          "--tokens", str(args.tokens), "--itl-ms", str(args.itl_ms)], gen_cores)
-        act_cmd = pinned([py, "-m", "loadtests.bench_activator", "--serve-activator", str(cfg_path),
-                          "--pool-url", upstream_url, "--model-dir", str(work / "model")], proxy_cores)
+
+        def activator(procs: ExitStack, cfg: Path, port: int) -> list[int]:
+            """`--activator-workers` processes of the activator of ``cfg``: their pids, once each is up."""
+            pids = []
+            for k in range(args.activator_workers):
+                cmd = pinned([py, "-m", "loadtests.activator_process", "--config", str(cfg),
+                              "--pool-url", upstream_url, "--model-dir", str(work / "model"),
+                              "--worker", str(k), "--workers", str(args.activator_workers)], proxy_cores)
+                pids.append(procs.enter_context(serving(cmd, cfg.with_suffix(f".{k}.log"),
+                                                        f"http://127.0.0.1:{port}/healthz")).pid)
+            wait_for_files([cfg.with_name(f"{cfg.name}.ready.{k}") for k in range(args.activator_workers)])
+            return pids
+
         with ExitStack() as procs:
             procs.enter_context(serving(up_cmd, work / "upstream.log", upstream_url + "/health"))
-            act = procs.enter_context(serving(act_cmd, work / "activator.log", f"http://127.0.0.1:{act_port}/healthz"))
             base = {"direct": upstream_url, "activator": f"http://127.0.0.1:{act_port}"}
-            pids: dict[str, int | None] = {"direct": None, "activator": act.pid}
+            pids: dict[str, list[int]] = {"direct": [], "activator": activator(procs, cfg_path, act_port)}
             sink = None
             if args.traced_ratio >= 0:
                 # The same activator with tracing on, its spans sent to a sink here.
@@ -320,12 +284,14 @@ async def _bench_in(args: argparse.Namespace, rates: list[float], router_bin: st
                 traced_cfg["telemetry"] = {"otlp_endpoint": sink.url, "sample_ratio": args.traced_ratio}
                 (work / "traced").mkdir()
                 (work / "traced.yaml").write_text(yaml.safe_dump(traced_cfg))
-                traced = procs.enter_context(serving(
-                    pinned([py, "-m", "loadtests.bench_activator", "--serve-activator", str(work / "traced.yaml"),
-                            "--pool-url", upstream_url, "--model-dir", str(work / "model")], proxy_cores),
-                    work / "traced.log", f"http://127.0.0.1:{traced_port}/healthz"))
+                pids["activator_traced"] = activator(procs, work / "traced.yaml", traced_port)
                 base["activator_traced"] = f"http://127.0.0.1:{traced_port}"
-                pids["activator_traced"] = traced.pid
+            bare_port = free_port()
+            bare = procs.enter_context(serving(
+                pinned([py, "-m", "loadtests.bare_proxy", "--port", str(bare_port), "--upstream", upstream_url],
+                       proxy_cores), work / "bare_proxy.log", f"http://127.0.0.1:{bare_port}/health"))
+            base["bare_proxy"] = f"http://127.0.0.1:{bare_port}"
+            pids["bare_proxy"] = [bare.pid]
             if router_bin is not None:
                 router_cmd = pinned([router_bin, "--host", "127.0.0.1", "--port", str(router_port),
                                      "--worker-urls", upstream_url, "--policy", "cache_aware",
@@ -337,10 +303,11 @@ async def _bench_in(args: argparse.Namespace, rates: list[float], router_bin: st
                 router = procs.enter_context(
                     serving(router_cmd, work / "router.log", f"http://127.0.0.1:{router_port}/health"))
                 base["vllm_router"] = f"http://127.0.0.1:{router_port}"
-                pids["vllm_router"] = router.pid
+                pids["vllm_router"] = [router.pid]
             report = await _sweep(args, rates, base, pids, proxy_cores, gen_cores)
             data_dirs = {"activator": work / "data", "activator_traced": work / "traced" / "data"}
-            report["prompt_counts"] = {t: prompt_counts(base[t], d) for t, d in data_dirs.items() if t in base}
+            if args.activator_workers == 1:  # (with more, /metrics is one worker's, whichever answers)
+                report["prompt_counts"] = {t: prompt_counts(base[t], d) for t, d in data_dirs.items() if t in base}
             if sink is not None:
                 procs.close()  # the traced activator sends its last spans as it stops
                 requests = sum(p["requests"] for p in report["results"].get("activator_traced", []))
@@ -349,7 +316,7 @@ async def _bench_in(args: argparse.Namespace, rates: list[float], router_bin: st
             return report
 
 
-async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, str], pids: dict[str, int | None],
+async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, str], pids: dict[str, list[int]],
                  proxy_cores: set[int] | None, gen_cores: set[int] | None) -> dict[str, Any]:
     targets = [t for t in TARGETS if t in base]
     # Warm every path (connections, caches, the ledger file) before measuring.
@@ -381,27 +348,34 @@ async def _sweep(args: argparse.Namespace, rates: list[float], base: dict[str, s
                    "p99_budget_ms": args.p99_budget_ms, "seed": args.seed,
                    "proxy_cores": sorted(proxy_cores) if proxy_cores else None,
                    "generator_and_upstream_cores": sorted(gen_cores) if gen_cores else None,
+                   "activator_workers": args.activator_workers,
                    "vllm_router_policy": "cache_aware" if "vllm_router" in base else None},
         "environment": _environment(),
         "results": results,
         "summary": summary,
         "ratios": _ratios(results, summary),
+        "cpu_cost": {t: cpu_cost(results[t]) for t in targets if t != "direct"},
     }
 
 
 async def _measure_rate(args: argparse.Namespace, i: int, rep: int, rate: float, live: list[str],
-                        base: dict[str, str], pids: dict[str, int | None],
+                        base: dict[str, str], pids: dict[str, list[int]],
                         results: dict[str, list[dict[str, Any]]], misses: dict[str, int]) -> bool:
     """One rate, once, for each live target; True once the generator is the limit."""
     direct: dict[str, Any] | None = None
     duration = max(args.duration_s, args.min_requests / rate)
     seed = args.seed + i + 1000 * rep
     for t in live:
-        pid = pids.get(t)
-        cpu0 = tree_cpu_s(pid) if pid else None
+        procs = pids.get(t) or []
+        cpu0 = cpu_split(procs) if procs else None
         samples, wall = await _load(base[t], rate, duration, args.tokens, seed)
-        cpu = (tree_cpu_s(pid) - cpu0) if pid and cpu0 is not None else None
-        point = summarize(samples, rate, duration, wall, cpu)
+        split = cpu_split(procs, since=cpu0) if cpu0 is not None else None
+        point = summarize(samples, rate, duration, wall, split["total_s"] if split else None)
+        if split is not None and samples:
+            # Where the proxy's CPU went, per request: user and kernel time, and for the
+            # activator its event loops' threads against the rest (the ledger's writer).
+            point["proxy_cpu_split_ms_per_request"] = {k.removesuffix("_s"): v * 1000 / len(samples)
+                                                       for k, v in split.items() if k != "total_s"}
         point["repeat"] = rep
         if t == "direct" and not _within(point, args.p99_budget_ms):
             # Once more before concluding: a shared machine has its moments.
@@ -475,9 +449,12 @@ def _ratios(results: dict[str, list[dict[str, Any]]], summary: dict[str, Any]) -
     if a and r:
         out["added_p50_ms_activator_over_router_at_lowest_rate"] = div(
             a.get("added_latency_p50_ms"), r.get("added_latency_p50_ms"))
-        out["cpu_per_request_activator_over_router_median"] = _median_ratio(
-            [div(x["proxy_cpu_ms_per_request"], y["proxy_cpu_ms_per_request"])
-             for x, y in _common(results, "activator", "vllm_router")])
+    # CPU per request, rate by rate (the median of the ratios): against the router, and
+    # split at the bare Python proxy (what Python costs; what the activator's work costs).
+    for a_, b_ in (("activator", "vllm_router"), ("bare_proxy", "vllm_router"), ("activator", "bare_proxy")):
+        if results.get(a_) and results.get(b_):
+            out[f"cpu_per_request_{a_}_over_{b_.removeprefix('vllm_')}_median"] = _median_ratio(
+                [div(x["proxy_cpu_ms_per_request"], y["proxy_cpu_ms_per_request"]) for x, y in _common(results, a_, b_)])
     # Tracing on (at --traced-ratio) over off, pair by pair (the same rate, one after the
     # other) where neither was overloaded: a p99 past the budget is this machine's noise
     # as often as the proxy's, and CPU per request is measured either way.
@@ -487,6 +464,20 @@ def _ratios(results: dict[str, list[dict[str, Any]]], summary: dict[str, Any]) -
         out[f"{key.removeprefix('proxy_')}_traced_over_untraced_median"] = _median_ratio(
             [div(x[key], y[key]) for x, y in both])
     return out
+
+
+def cpu_cost(points: list[dict[str, Any]]) -> dict[str, float] | None:
+    """A proxy's CPU as a fixed part and a slope: the least-squares line through its CPU
+    per second against the rate it carried (``fixed_ms_per_s``: what it spends whatever
+    the load, e.g. its background tasks; ``ms_per_request``: what each request adds)."""
+    measured = [p for p in points if p.get("proxy_cpu_ms_per_request") is not None]
+    if len({p["offered_rps"] for p in measured}) < 2:  # one rate (repeated or not) has no slope
+        return None
+    xy = [(p["achieved_rps"], p["proxy_cpu_ms_per_request"] * p["achieved_rps"]) for p in measured]
+    n = len(xy)
+    mx, my = sum(x for x, _ in xy) / n, sum(y for _, y in xy) / n
+    slope = sum((x - mx) * (y - my) for x, y in xy) / sum((x - mx) ** 2 for x, _ in xy)
+    return {"fixed_ms_per_s": my - slope * mx, "ms_per_request": slope, "points": n}
 
 
 def _steady(point: dict[str, Any]) -> bool:
@@ -534,21 +525,17 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"(added p99 < {report['params']['p99_budget_ms']:.0f} ms, no errors){bound}")
     for k, v in report["ratios"].items():
         print(f"  {k}: {_fmt(v, '.3f')}")
+    for t, c in report.get("cpu_cost", {}).items():
+        if c is not None:
+            print(f"{t}: CPU {c['fixed_ms_per_s']:.1f} ms per second + {c['ms_per_request']:.3f} ms per request")
     for t, c in report.get("prompt_counts", {}).items():
         print(f"{t}: prompts counted exactly {c.get('exact', 0):.0f}, decided by their bound {c.get('bound', 0):.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--serve-activator", type=Path, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--pool-url", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--model-dir", type=Path, default=None, help=argparse.SUPPRESS)
     add_arguments(p)
-    args = p.parse_args(argv)
-    if args.serve_activator is not None:
-        serve_activator(args.serve_activator, args.pool_url, args.model_dir)
-        return 0
-    return run(args)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,40 @@ def serving(cmd: list[str], log: Path, ready_url: str, timeout_s: float = 30.0,
         stop_group(proc, stop_grace_s)
 
 
+def cpu_split(pids: list[int], since: dict[str, float] | None = None) -> dict[str, float]:
+    """CPU seconds of the processes ``pids`` and their live descendants (minus ``since``,
+    an earlier call's answer): ``total_s``, ``user_s`` and ``system_s``, and the time of
+    the processes' own main threads (``main_thread_s``: an activator's event loop)
+    against all their other threads and descendants (``other_threads_s``)."""
+    import psutil
+
+    out = {"total_s": 0.0, "user_s": 0.0, "system_s": 0.0, "main_thread_s": 0.0}
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            for q in (p, *p.children(recursive=True)):
+                t = q.cpu_times()
+                out["user_s"] += t.user
+                out["system_s"] += t.system
+            out["main_thread_s"] += sum(t.user_time + t.system_time for t in p.threads() if t.id == pid)
+        except psutil.Error:
+            pass
+    out["total_s"] = out["user_s"] + out["system_s"]
+    out["other_threads_s"] = out["total_s"] - out["main_thread_s"]
+    if since is not None:
+        out = {k: v - since.get(k, 0.0) for k, v in out.items()}
+    return out
+
+
+def wait_for_files(paths: list[Path], timeout_s: float = 60.0) -> None:
+    """Until every one of ``paths`` exists (a process's sign that it is up)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(p.exists() for p in paths):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not there after {timeout_s:.0f} s: {[str(p) for p in paths if not p.exists()]}")
+        time.sleep(0.1)  # not a poll: a wait for other processes, bounded by the deadline
+
+
 def tree_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process and its live descendants (0 once it is gone)."""
     import psutil

@@ -78,6 +78,19 @@ def test_repeats_pair_by_time_and_a_rate_counts_only_if_every_time_sustained() -
     assert bench._ratios(results, summary)["cpu_ms_per_request_traced_over_untraced_median"] == pytest.approx(1.0)
 
 
+def test_cpu_cost_is_a_fixed_part_and_a_slope() -> None:
+    # 20 ms of CPU a second whatever the load, and 0.5 ms a request: 100 req/s -> 0.7 ms
+    # per request, 400 -> 0.55, 800 -> 0.525.
+    points = [{"offered_rps": r, "achieved_rps": r, "proxy_cpu_ms_per_request": (20 + 0.5 * r) / r}
+              for r in (100.0, 400.0, 800.0)]
+    cost = bench.cpu_cost(points)
+    assert cost is not None and cost["points"] == 3
+    assert cost["fixed_ms_per_s"] == pytest.approx(20.0) and cost["ms_per_request"] == pytest.approx(0.5)
+    assert bench.cpu_cost(points[:1]) is None  # one rate says nothing of the slope
+    assert bench.cpu_cost([points[0], {**points[0], "achieved_rps": 99.0}]) is None  # one rate, repeated
+    assert bench.cpu_cost([{**p, "proxy_cpu_ms_per_request": None} for p in points]) is None
+
+
 async def test_fast_upstream_streams_tokens_usage_and_done() -> None:
     port = free_port()
     ready = asyncio.Event()
@@ -105,7 +118,7 @@ def test_one_short_real_run_writes_the_report(tmp_path: Path) -> None:
     args = argparse.Namespace(out=str(out), rates="20", duration_s=1.0, min_requests=10, tokens=4, itl_ms=0.0,
                               p99_budget_ms=1e9,
                               no_router=shutil.which("vllm-router") is None and bench._venv_bin("vllm-router") is None,
-                              seed=1, traced_ratio=1.0, repeat=2)
+                              seed=1, traced_ratio=1.0, repeat=2, activator_workers=1)
     assert bench.run(args) == 0
     report = json.loads(out.read_text())
     assert set(report["results"]) >= {"direct", "activator"}
@@ -126,3 +139,26 @@ def test_one_short_real_run_writes_the_report(tmp_path: Path) -> None:
     assert len(bench._common(report["results"], "activator_traced", "activator")) == 2
     # (Which pairs count in the ratios depends on the machine's load: not asserted here.)
     assert report["ratios"]["traced_untraced_pairs"] in (0, 1, 2)
+    # The bare proxy streamed the same answers, and the CPU splits at it.
+    bare = report["results"]["bare_proxy"][0]
+    # (CPU comes in clock ticks: a second of a cheap proxy may fall within one.)
+    assert bare["errors"] == 0 and bare["tokens_per_s"] > 0 and bare["proxy_cpu_ms_per_request"] >= 0
+    assert "cpu_per_request_activator_over_bare_proxy_median" in report["ratios"]
+    assert report["cpu_cost"]["activator"] is None  # one rate, if twice: no slope
+    split = act["proxy_cpu_split_ms_per_request"]
+    assert split["main_thread"] > 0 and split["other_threads"] >= 0
+    assert split["user"] + split["system"] == pytest.approx(act["proxy_cpu_ms_per_request"])
+
+
+@pytest.mark.integration
+def test_two_activator_workers_serve_the_benchmark_on_one_port(tmp_path: Path) -> None:
+    out = tmp_path / "w.json"
+    args = argparse.Namespace(out=str(out), rates="20", duration_s=1.0, min_requests=40, tokens=4, itl_ms=0.0,
+                              p99_budget_ms=1e9, no_router=True, seed=1, traced_ratio=-1.0, repeat=1,
+                              activator_workers=2)
+    assert bench.run(args) == 0
+    report = json.loads(out.read_text())
+    assert report["params"]["activator_workers"] == 2
+    act = report["results"]["activator"][0]
+    assert act["errors"] == 0 and act["requests"] >= 40
+    assert "activator_traced" not in report["results"] and "prompt_counts" not in report
