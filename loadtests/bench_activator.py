@@ -97,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     if not rates or rates[0] <= 0:
         print("--rates needs positive numbers", file=sys.stderr)
         return 2
+    if args.activator_workers < 1:
+        print("--activator-workers needs at least 1", file=sys.stderr)
+        return 2
     router_bin = None if args.no_router else shutil.which("vllm-router") or _venv_bin("vllm-router")
     if not args.no_router and router_bin is None:
         print("vllm-router is not installed (pip install vllm-router, or --no-router)", file=sys.stderr)
@@ -261,15 +264,15 @@ async def _bench_in(args: argparse.Namespace, rates: list[float], router_bin: st
 
         def activator(procs: ExitStack, cfg: Path, port: int) -> list[int]:
             """`--activator-workers` processes of the activator of ``cfg``: their pids, once each is up."""
-            pids = []
+            started = []
             for k in range(args.activator_workers):
                 cmd = pinned([py, "-m", "loadtests.activator_process", "--config", str(cfg),
                               "--pool-url", upstream_url, "--model-dir", str(work / "model"),
                               "--worker", str(k), "--workers", str(args.activator_workers)], proxy_cores)
-                pids.append(procs.enter_context(serving(cmd, cfg.with_suffix(f".{k}.log"),
-                                                        f"http://127.0.0.1:{port}/healthz")).pid)
+                started.append(procs.enter_context(serving(cmd, cfg.with_suffix(f".{k}.log"),
+                                                           f"http://127.0.0.1:{port}/healthz")).pid)
             wait_for_files([cfg.with_name(f"{cfg.name}.ready.{k}") for k in range(args.activator_workers)])
-            return pids
+            return started
 
         with ExitStack() as procs:
             procs.enter_context(serving(up_cmd, work / "upstream.log", upstream_url + "/health"))

@@ -91,11 +91,4 @@ def wait_for_files(paths: list[Path], timeout_s: float = 60.0) -> None:
 
 def tree_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process and its live descendants (0 once it is gone)."""
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        procs = [p, *p.children(recursive=True)]
-        return sum(sum(q.cpu_times()[:2]) for q in procs)
-    except psutil.Error:
-        return 0.0
+    return cpu_split([pid])["total_s"]

@@ -150,6 +150,12 @@ def test_one_short_real_run_writes_the_report(tmp_path: Path) -> None:
     assert split["user"] + split["system"] == pytest.approx(act["proxy_cpu_ms_per_request"])
 
 
+def test_bad_rates_or_workers_are_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--rates", "0,50"]) == 2
+    assert bench.main(["--activator-workers", "0", "--no-router"]) == 2
+    assert "--activator-workers needs at least 1" in capsys.readouterr().err
+
+
 @pytest.mark.integration
 def test_two_activator_workers_serve_the_benchmark_on_one_port(tmp_path: Path) -> None:
     out = tmp_path / "w.json"
