@@ -24,12 +24,12 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from activator.ledger import _COLUMNS, _INSERT, Ledger, UsageRecord
+from loadtests.procs import cpu_split
 
 RECORD = UsageRecord(request_id="r", tenant="t", model="m", status=200, error_code=None, prompt_tokens=10,
                      completion_tokens=32, cached_tokens=0, usage_source="engine", queue_ms=0.1, ttft_ms=1.0,
@@ -69,24 +69,17 @@ def sqlite_commits(d: Path, n: int, batch: int) -> dict[str, float]:
 
 
 async def ledger_appends(d: Path, n: int, in_flight: int) -> dict[str, float]:
-    import psutil
-
+    """The ledger from an event loop on this process's main thread (``asyncio.run``, as
+    :func:`main` runs it): that thread's CPU is the loop's, the rest the writer's."""
     ledger = Ledger(d / f"ledger{in_flight}.db")
-    me = threading.get_native_id()
-    proc = psutil.Process()
-
-    def threads() -> tuple[float, float]:
-        times = {t.id: t.user_time + t.system_time for t in proc.threads()}
-        return times.get(me, 0.0), sum(v for k, v in times.items() if k != me)
-
     try:
-        (loop0, rest0), w0 = threads(), time.perf_counter()
+        cpu0, w0 = cpu_split([os.getpid()]), time.perf_counter()
         for _ in range(n // in_flight):
             await asyncio.gather(*(ledger.append(RECORD) for _ in range(in_flight)))
-        (loop1, rest1), wall = threads(), time.perf_counter() - w0
+        cpu, wall = cpu_split([os.getpid()], since=cpu0), time.perf_counter() - w0
         done = n // in_flight * in_flight
-        return _per_record(done, (loop1 - loop0) + (rest1 - rest0), wall, event_loop_cpu_us=loop1 - loop0,
-                           writer_cpu_us=rest1 - rest0)
+        return _per_record(done, cpu["total_s"], wall, event_loop_cpu_us=cpu["main_thread_s"],
+                           writer_cpu_us=cpu["other_threads_s"])
     finally:
         ledger.close()
 
