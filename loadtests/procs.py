@@ -59,7 +59,10 @@ def cpu_split(pids: list[int], since: dict[str, float] | None = None) -> dict[st
     """CPU seconds of the processes ``pids`` and their live descendants (minus ``since``,
     an earlier call's answer): ``total_s``, ``user_s`` and ``system_s``, and the time of
     the processes' own main threads (``main_thread_s``: an activator's event loop)
-    against all their other threads and descendants (``other_threads_s``)."""
+    against all their other threads and descendants (``other_threads_s``). Each is
+    counted in clock ticks, the process's and its main thread's read a moment apart: a
+    difference of two calls can be a tick off, ``other_threads_s`` of a short span a
+    tick below zero."""
     import psutil
 
     out = {"total_s": 0.0, "user_s": 0.0, "system_s": 0.0, "main_thread_s": 0.0}
